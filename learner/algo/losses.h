@@ -1,0 +1,62 @@
+// The two training signals of DESIGN.md §3 as pure tensor functions, so the
+// learner can form L_R and L_D separately (separate backward passes for κ and
+// K_DR build on exactly these). All per-position tensors are aligned with
+// the *target* tokens: position t predicts tokens[:, t + 1].
+#pragma once
+
+#include <torch/torch.h>
+
+#include <string>
+
+namespace kappa::learner {
+
+enum class Aggregation { kTokenMean, kSeqMeanTokenMean, kSeqMeanTokenSum };
+enum class DistillLoss { kReverseKl, kForwardKl, kSampledReverseKl };
+
+// Parses "token-mean" | "seq-mean-token-mean" | "seq-mean-token-sum";
+// throws std::invalid_argument listing the allowed values.
+Aggregation ParseAggregation(const std::string& name);
+// "reverse_kl" | "forward_kl" | "sampled_reverse_kl".
+DistillLoss ParseDistillLoss(const std::string& name);
+
+// agg over valid positions. per_position, mask: [B, T]; mask is 1.0 at valid
+// response positions, 0.0 elsewhere. token-mean: sum / #valid tokens;
+// seq-mean-token-mean: mean over sequences (with >= 1 valid token) of the
+// per-sequence token mean; seq-mean-token-sum: mean over sequences of the
+// per-sequence sum.
+torch::Tensor Aggregate(const torch::Tensor& per_position, const torch::Tensor& mask,
+                        Aggregation agg);
+
+// A_i = (r_i - mean_j r_j) / (std_j r_j + eps), std the population std over
+// the group (norm_std=false: no division). rewards: [num_groups, G].
+torch::Tensor GrpoAdvantages(const torch::Tensor& rewards, bool norm_std, double eps = 1e-6);
+
+struct PpoConfig {
+  double clip_low = 0.2;    // ε_low
+  double clip_high = 0.28;  // ε_high
+  double dual_clip = 3.0;   // c > 1; <= 0 disables the dual clip
+};
+
+// Per-token ℓ_R(n) = -min(ρ Â, clip(ρ, 1-ε_low, 1+ε_high) Â), with the
+// log-ratio clamped to ±20 before exp and, for Â < 0, the loss capped at
+// -c·Â (dual clip). logp_new, logp_old, advantages: [B, T].
+torch::Tensor PpoTokenLoss(const torch::Tensor& logp_new, const torch::Tensor& logp_old,
+                           const torch::Tensor& advantages, const PpoConfig& config);
+
+// KL(p ‖ q) per position: Σ_v p (log p − log q). student_logits [B, T, V]
+// (raw logits; softmax taken here), teacher_logprobs [B, T, V] (log q).
+torch::Tensor ReverseKlTokenLoss(const torch::Tensor& student_logits,
+                                 const torch::Tensor& teacher_logprobs);
+// KL(q ‖ p) per position.
+torch::Tensor ForwardKlTokenLoss(const torch::Tensor& student_logits,
+                                 const torch::Tensor& teacher_logprobs);
+// ℓ_D(n) = sg(log p(y_n) − log q(y_n)) · log p(y_n); inputs [B, T].
+torch::Tensor SampledReverseKlTokenLoss(const torch::Tensor& student_token_logprobs,
+                                        const torch::Tensor& teacher_token_logprobs);
+
+// Log-probs of `targets` [B, T] under logits [B, T, V] (log_softmax + gather).
+torch::Tensor TokenLogProbs(const torch::Tensor& logits, const torch::Tensor& targets);
+// Entropy H(p_n) per position, [B, T].
+torch::Tensor TokenEntropy(const torch::Tensor& logits);
+
+}  // namespace kappa::learner

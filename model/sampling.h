@@ -1,0 +1,36 @@
+// Batched autoregressive sampling with a KV cache.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "model/transformer.h"
+
+namespace kappa::model {
+
+struct SamplingParams {
+  int64_t max_new_tokens = 16;
+  double temperature = 1.0;  // 0 = greedy (argmax)
+  double top_p = 1.0;        // nucleus sampling; 1 = full distribution
+  int64_t eos_id = 2;
+  int64_t pad_id = 0;
+};
+
+struct SampledSequence {
+  std::vector<int64_t> tokens;   // response tokens, ending with EOS unless truncated
+  std::vector<float> logprobs;   // log p(token) under softmax(logits / temperature)
+                                 // (the untruncated distribution; greedy: temperature 1)
+};
+
+// Samples one response per prompt, all prompts in one batch (prompts of
+// different lengths are left-padded and masked). To sample G responses of a
+// prompt, pass it G times. Runs under NoGradGuard. `generator` may be
+// undefined (global RNG).
+std::vector<SampledSequence> Sample(Decoder& model,
+                                    const std::vector<std::vector<int64_t>>& prompts,
+                                    const SamplingParams& params,
+                                    std::optional<at::Generator> generator = std::nullopt);
+
+}  // namespace kappa::model

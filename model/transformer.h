@@ -1,0 +1,63 @@
+// Llama-style decoder-only transformer: token embedding, pre-norm blocks of
+// RMSNorm -> causal multi-head attention with RoPE (grouped KV heads
+// optional) -> RMSNorm -> SwiGLU MLP, final RMSNorm, output projection.
+// Parameter names follow Hugging Face Llama ("model.layers.0.self_attn.q_proj.weight",
+// "lm_head.weight", ...) so checkpoints interchange.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <vector>
+
+#include "model/model_config.h"
+
+namespace kappa::model {
+
+// Per-layer key/value cache for incremental decoding. Keys/values are stored
+// as [B, n_kv_heads, capacity, head_dim]; `length` positions are filled.
+struct KVCache {
+  std::vector<torch::Tensor> keys;
+  std::vector<torch::Tensor> values;
+  int64_t length = 0;
+  // Key padding mask [B, capacity] (true = a real token may be attended).
+  torch::Tensor key_valid;
+};
+
+struct ForwardOutput {
+  torch::Tensor logits;  // [B, T, V]
+  torch::Tensor hidden;  // [B, T, D] final hidden state (after the last norm)
+};
+
+class DecoderImpl : public torch::nn::Module {
+ public:
+  explicit DecoderImpl(const ModelConfig& config);
+
+  // tokens: [B, T] int64. attention_mask: optional [B, T] bool/int (1 = real
+  // token, 0 = padding); padding keys are never attended. positions: optional
+  // [B, T] int64 RoPE positions (default: 0..T-1, or cache->length.. when a
+  // cache is given). With `cache`, keys/values are appended to it and the
+  // queries attend to everything cached so far.
+  ForwardOutput Forward(const torch::Tensor& tokens,
+                        const torch::Tensor& attention_mask = {},
+                        const torch::Tensor& positions = {},
+                        KVCache* cache = nullptr);
+
+  // Convenience: logits only.
+  torch::Tensor forward(const torch::Tensor& tokens) { return Forward(tokens).logits; }
+
+  KVCache NewCache(int64_t batch, int64_t capacity) const;
+  const ModelConfig& config() const { return config_; }
+  torch::nn::Linear& lm_head() { return lm_head_; }
+
+ private:
+  ModelConfig config_;
+  torch::nn::Linear lm_head_{nullptr};
+  // Remaining members (embedding, blocks, norm, RoPE tables) are the
+  // implementation's choice.
+};
+TORCH_MODULE(Decoder);
+
+// Deep copy with identical weights (used for snapshots and weight publication).
+Decoder CloneDecoder(Decoder& source);
+
+}  // namespace kappa::model

@@ -1,0 +1,126 @@
+// The one run configuration, shared by every process: a YAML file plus
+// `key=value` command-line overrides (`trainer.steps=20 workers=3`).
+// Every key has a default; unknown keys and wrong types are errors that name
+// the file, line and key path.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace kappa::services {
+
+struct ModelShape {  // mirrors model::ModelConfig sizes
+  int64_t hidden_size = 64;
+  int64_t intermediate_size = 176;
+  int64_t num_hidden_layers = 2;
+  int64_t num_attention_heads = 4;
+  int64_t num_key_value_heads = 4;
+  int64_t max_position_embeddings = 32;
+};
+
+struct SftConfig {  // `kappa sft` and the demo's bootstrap
+  int64_t steps = 1000;
+  int64_t batch_size = 64;
+  double lr = 3e-3;
+  double weight_decay = 0.0;
+  int64_t warmup_steps = 50;
+  int64_t train_examples = 0;  // 0: the whole train split; else the first N
+  uint64_t seed = 1;
+};
+
+struct Config {
+  // --- run
+  std::string name = "demo";          // runs/<name>/
+  std::string runs_dir = "runs";
+  std::string data_dir = "runs/cache"; // bootstrap checkpoints cached here
+  uint64_t seed = 1;
+  int64_t workers = 2;                 // rollout worker processes `kappa run` starts
+  std::string host = "127.0.0.1";      // bind/connect host for loopback runs
+  int64_t threads_per_process = 1;     // libtorch intra-op threads (0 = libtorch default)
+
+  // --- task
+  struct Task {
+    std::string kind = "arithmetic";   // arithmetic | jsonl
+    int64_t min_digits = 1;
+    int64_t max_digits = 2;
+    std::string operators = "+";       // subset of "+-*"
+    int64_t train_size = 2000;
+    int64_t heldout_size = 200;
+    std::string train_path;            // jsonl only
+    std::string heldout_path;          // jsonl only
+  } task;
+
+  // --- models
+  struct Student {
+    std::string checkpoint;            // empty: bootstrap into data_dir/student
+    ModelShape shape;
+    SftConfig bootstrap;               // weak warm start
+  } student;
+  struct Teacher {
+    std::string checkpoint;            // empty: bootstrap into data_dir/teacher
+    ModelShape shape;
+    SftConfig bootstrap;               // strong teacher
+    std::string address = "127.0.0.1:50052";
+    int64_t max_batch_sequences = 64;
+    int64_t max_wait_ms = 5;
+    int64_t threads = 1;
+  } teacher;
+
+  // --- services
+  struct Verifier {
+    std::string address = "127.0.0.1:50053";
+  } verifier;
+  struct Learner {
+    std::string address = "127.0.0.1:50051";
+    int64_t lease_timeout_ms = 30000;
+    int64_t buffer_groups = 64;        // bounded buffer of scored groups
+    int64_t max_staleness = 2;         // drop groups older than this many versions
+    int64_t threads = 1;
+  } learner;
+  struct Rollout {
+    int64_t max_outstanding = 2;       // work items a worker holds at once
+    double temperature = 1.0;
+    double top_p = 1.0;
+    int64_t max_new_tokens = 8;
+    int64_t threads = 1;
+    int64_t rpc_deadline_ms = 10000;
+  } rollout;
+
+  // --- training
+  struct Trainer {
+    int64_t steps = 60;
+    int64_t groups_per_step = 8;       // prompts per optimizer step
+    int64_t group_size = 8;            // G
+    double lr = 1e-3;
+    double weight_decay = 0.0;
+    double max_grad_norm = 1.0;
+    double lambda = 1.0;               // L = L_R + λ L_D
+    std::string aggregation = "token-mean";
+    std::string distill_loss = "reverse_kl";
+    bool norm_std = true;
+    double clip_low = 0.2;
+    double clip_high = 0.28;
+    double dual_clip = 3.0;
+    int64_t eval_every = 10;           // steps; 0 disables periodic eval
+    int64_t eval_examples = 200;       // held-out examples per evaluation
+    int64_t checkpoint_every = 20;     // steps; 0: only at the end
+  } trainer;
+};
+
+// Loads `path` (YAML), then applies overrides ("a.b=value"). Errors:
+// INVALID_ARGUMENT "<file>:<line>: unknown key 'trainer.stepz'" /
+// "<file>:<line>: key 'trainer.steps' expects an integer, got 'ten'" /
+// "override 'x=1': unknown key 'x'".
+absl::StatusOr<Config> LoadConfig(const std::string& path,
+                                  const std::vector<std::string>& overrides = {});
+// From YAML text (file name only used in messages).
+absl::StatusOr<Config> ParseConfig(const std::string& yaml_text, const std::string& file_name,
+                                   const std::vector<std::string>& overrides = {});
+// The resolved configuration as YAML (every key, defaults included); parsing
+// it back yields an equal Config.
+std::string ConfigToYaml(const Config& config);
+
+}  // namespace kappa::services

@@ -1,0 +1,29 @@
+// The reward function for exact-answer tasks (used by the verifier service
+// and by the learner's held-out evaluation, so both agree by construction).
+//
+// Parsing rules for "arithmetic":
+//  * the final answer is the last whitespace-separated token of the response;
+//  * it must match [+-]?[0-9]+ entirely (no other characters, no decimals);
+//  * it is compared to the reference as an integer: leading zeros and a '+'
+//    sign are ignored, "-0" equals "0";
+//  * an empty response, or one whose last token is not an integer, gets 0.
+#pragma once
+
+#include <optional>
+#include <string_view>
+
+#include "absl/status/statusor.h"
+
+namespace kappa::tasks {
+
+// The canonical integer text of the final answer ("007" -> "7", "-0" -> "0"),
+// or nullopt if the response has none. Arbitrary length (no overflow).
+std::optional<std::string> ParseFinalAnswer(std::string_view response);
+
+// 1.0 if the response's final answer equals the reference, else 0.0.
+// INVALID_ARGUMENT when the reference itself is not a valid answer or the
+// task family is unknown ("" means "arithmetic").
+absl::StatusOr<float> ExactAnswerReward(std::string_view task, std::string_view reference,
+                                        std::string_view response);
+
+}  // namespace kappa::tasks
