@@ -1,0 +1,18 @@
+// The one place statuses convert between abseil and gRPC.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/status/status.h"
+
+namespace kappa::services {
+
+grpc::Status ToGrpcStatus(const absl::Status& status);
+absl::Status FromGrpcStatus(const grpc::Status& status);
+
+// Channel to `target` ("host:port" or "dns:///name:port") with round-robin
+// load balancing, keepalive, and the given max message size.
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target,
+                                           int max_message_bytes = 64 << 20);
+
+}  // namespace kappa::services

@@ -1,0 +1,52 @@
+// Server bootstrap shared by every kappa service: binds, registers the
+// services plus grpc.health.v1 (SERVING once started), and shuts down within
+// a deadline.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace kappa::services {
+
+struct ServerOptions {
+  int max_message_bytes = 64 << 20;
+};
+
+class GrpcServer {
+ public:
+  // `address` "host:port"; port 0 picks a free port (see port()).
+  static absl::StatusOr<std::unique_ptr<GrpcServer>> Start(
+      const std::string& address, const std::vector<grpc::Service*>& services,
+      const ServerOptions& options = {});
+  ~GrpcServer();
+
+  int port() const { return port_; }
+  // Marks health NOT_SERVING, then shuts down; in-flight calls get `grace`
+  // before they are cancelled.
+  void Shutdown(absl::Duration grace = absl::Seconds(2));
+  grpc::Server* server() { return server_.get(); }
+
+ private:
+  GrpcServer() = default;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+};
+
+// Blocks until SIGINT or SIGTERM arrives (installs handlers on first call).
+void WaitForTerminationSignal();
+// True once SIGINT/SIGTERM arrived (for loops that poll).
+bool TerminationRequested();
+
+// grpc.health.v1.Health/Check against `address` (overall service ""):
+// OK when SERVING; UNAVAILABLE otherwise. Backs every binary's
+// `--health-check ADDR` mode.
+absl::Status CheckHealth(const std::string& address, absl::Duration timeout);
+
+}  // namespace kappa::services
