@@ -10,6 +10,7 @@
 #pragma once
 
 #include <optional>
+#include <string>
 #include <string_view>
 
 #include "absl/status/statusor.h"
@@ -23,6 +24,13 @@ std::optional<std::string> ParseFinalAnswer(std::string_view response);
 // 1.0 if the response's final answer equals the reference, else 0.0.
 // INVALID_ARGUMENT when the reference itself is not a valid answer or the
 // task family is unknown ("" means "arithmetic").
+// OK for "" and "arithmetic"; INVALID_ARGUMENT "unknown task 'x' ..." otherwise.
+absl::Status ValidateTask(std::string_view task);
+// ValidateTask, then: the reference must be exactly one integer token
+// (surrounding whitespace allowed). Messages carry no field name, so callers
+// can prefix their own ("items[3].reference_answer: ...").
+absl::Status ValidateReference(std::string_view task, std::string_view reference);
+
 absl::StatusOr<float> ExactAnswerReward(std::string_view task, std::string_view reference,
                                         std::string_view response);
 

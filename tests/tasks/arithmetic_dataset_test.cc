@@ -1,0 +1,177 @@
+#include <gtest/gtest.h>
+
+#include <set>
+#include <string>
+
+#include "absl/strings/numbers.h"
+#include "tasks/answer.h"
+#include "tasks/dataset.h"
+
+namespace kappa::tasks {
+namespace {
+
+std::unique_ptr<Dataset> Make(const ArithmeticSpec& spec, Split split) {
+  absl::StatusOr<std::unique_ptr<Dataset>> dataset = MakeArithmeticDataset(spec, split);
+  EXPECT_TRUE(dataset.ok()) << dataset.status();
+  return dataset.ok() ? std::move(*dataset) : nullptr;
+}
+
+// Evaluates "a<op>b=" independently of the generator.
+int64_t Evaluate(const std::string& prompt) {
+  EXPECT_EQ(prompt.back(), '=');
+  const size_t op_pos = prompt.find_first_of("+-*", 1);
+  EXPECT_NE(op_pos, std::string::npos) << prompt;
+  int64_t a = 0;
+  int64_t b = 0;
+  EXPECT_TRUE(absl::SimpleAtoi(prompt.substr(0, op_pos), &a)) << prompt;
+  EXPECT_TRUE(absl::SimpleAtoi(prompt.substr(op_pos + 1, prompt.size() - op_pos - 2), &b))
+      << prompt;
+  switch (prompt[op_pos]) {
+    case '+': return a + b;
+    case '-': return a - b;
+    default: return a * b;
+  }
+}
+
+TEST(ArithmeticDatasetTest, SizesIdsAndCorrectAnswers) {
+  ArithmeticSpec spec;
+  spec.operators = {'+', '-', '*'};
+  spec.train_size = 500;
+  spec.heldout_size = 50;
+  auto train = Make(spec, Split::kTrain);
+  auto heldout = Make(spec, Split::kHeldOut);
+  ASSERT_EQ(train->size(), 500u);
+  ASSERT_EQ(heldout->size(), 50u);
+  EXPECT_EQ(train->at(17).id, "train-17");
+  EXPECT_EQ(heldout->at(3).id, "heldout-3");
+  for (const Dataset* dataset : {train.get(), heldout.get()}) {
+    for (size_t i = 0; i < dataset->size(); ++i) {
+      const Example& example = dataset->at(i);
+      EXPECT_EQ(example.task, "arithmetic");
+      EXPECT_EQ(example.answer, std::to_string(Evaluate(example.prompt))) << example.prompt;
+      EXPECT_TRUE(ValidateReference(example.task, example.answer).ok());
+    }
+  }
+}
+
+TEST(ArithmeticDatasetTest, DeterministicInSeed) {
+  ArithmeticSpec spec;
+  spec.train_size = 100;
+  spec.heldout_size = 20;
+  auto a = Make(spec, Split::kTrain);
+  auto b = Make(spec, Split::kTrain);
+  spec.seed = 2;
+  auto c = Make(spec, Split::kTrain);
+  size_t differing = 0;
+  for (size_t i = 0; i < a->size(); ++i) {
+    EXPECT_EQ(a->at(i).prompt, b->at(i).prompt);
+    differing += a->at(i).prompt != c->at(i).prompt;
+  }
+  EXPECT_GT(differing, 50u);
+}
+
+// Pins the exact problems for seed 1: the generator must not depend on the
+// standard library's distributions, so this holds on every toolchain.
+TEST(ArithmeticDatasetTest, GoldenPrompts) {
+  ArithmeticSpec spec;
+  spec.train_size = 3;
+  spec.heldout_size = 2;
+  auto heldout = Make(spec, Split::kHeldOut);
+  auto train = Make(spec, Split::kTrain);
+  const std::string got = heldout->at(0).prompt + " " + heldout->at(1).prompt + " " +
+                          train->at(0).prompt + " " + train->at(1).prompt + " " +
+                          train->at(2).prompt;
+  EXPECT_EQ(got, "0+4= 5+4= 87+30= 40+30= 78+87=");
+}
+
+TEST(ArithmeticDatasetTest, HeldOutIndependentOfTrainSize) {
+  ArithmeticSpec spec;
+  spec.heldout_size = 30;
+  spec.train_size = 10;
+  auto small = Make(spec, Split::kHeldOut);
+  spec.train_size = 1000;
+  auto large = Make(spec, Split::kHeldOut);
+  for (size_t i = 0; i < small->size(); ++i) EXPECT_EQ(small->at(i).prompt, large->at(i).prompt);
+}
+
+TEST(ArithmeticDatasetTest, NoOverlapAndNoDuplicatesEvenWhenSpaceIsExhausted) {
+  ArithmeticSpec spec;
+  spec.min_digits = 1;
+  spec.max_digits = 1;
+  spec.train_size = 80;
+  spec.heldout_size = 20;  // exactly the 10*10 possible "a+b=" prompts
+  auto train = Make(spec, Split::kTrain);
+  auto heldout = Make(spec, Split::kHeldOut);
+  std::set<std::string> prompts;
+  for (size_t i = 0; i < train->size(); ++i) prompts.insert(train->at(i).prompt);
+  for (size_t i = 0; i < heldout->size(); ++i) prompts.insert(heldout->at(i).prompt);
+  EXPECT_EQ(prompts.size(), 100u);
+}
+
+TEST(ArithmeticDatasetTest, DigitCountsCoverTheRange) {
+  ArithmeticSpec spec;
+  spec.min_digits = 2;
+  spec.max_digits = 3;
+  spec.train_size = 400;
+  spec.heldout_size = 0;
+  auto train = Make(spec, Split::kTrain);
+  std::set<size_t> lengths;
+  for (size_t i = 0; i < train->size(); ++i) {
+    const std::string& prompt = train->at(i).prompt;
+    const size_t op = prompt.find('+');
+    lengths.insert(op);
+    lengths.insert(prompt.size() - op - 2);
+  }
+  EXPECT_EQ(lengths, (std::set<size_t>{2, 3}));
+}
+
+TEST(ArithmeticDatasetTest, NonNegativeSubtraction) {
+  ArithmeticSpec spec;
+  spec.operators = {'-'};
+  spec.allow_negative = false;
+  spec.train_size = 300;
+  auto train = Make(spec, Split::kTrain);
+  for (size_t i = 0; i < train->size(); ++i) {
+    EXPECT_NE(train->at(i).answer[0], '-') << train->at(i).prompt;
+  }
+  spec.allow_negative = true;
+  auto with_negative = Make(spec, Split::kTrain);
+  bool any_negative = false;
+  for (size_t i = 0; i < with_negative->size(); ++i) {
+    any_negative |= with_negative->at(i).answer[0] == '-';
+  }
+  EXPECT_TRUE(any_negative);
+}
+
+TEST(ArithmeticDatasetTest, RejectsTooSmallSpace) {
+  ArithmeticSpec spec;
+  spec.min_digits = 1;
+  spec.max_digits = 1;
+  spec.train_size = 81;
+  spec.heldout_size = 20;
+  auto dataset = MakeArithmeticDataset(spec, Split::kTrain);
+  EXPECT_EQ(dataset.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(dataset.status().message().find("only 100 distinct problems"), std::string::npos)
+      << dataset.status();
+}
+
+TEST(ArithmeticDatasetTest, RejectsBadSpecs) {
+  ArithmeticSpec bad_digits;
+  bad_digits.min_digits = 3;
+  bad_digits.max_digits = 2;
+  ArithmeticSpec zero_digits;
+  zero_digits.min_digits = 0;
+  ArithmeticSpec too_many_digits;
+  too_many_digits.max_digits = 10;
+  ArithmeticSpec no_ops;
+  no_ops.operators = {};
+  ArithmeticSpec bad_op;
+  bad_op.operators = {'/'};
+  for (const ArithmeticSpec& spec : {bad_digits, zero_digits, too_many_digits, no_ops, bad_op}) {
+    EXPECT_EQ(MakeArithmeticDataset(spec, Split::kTrain).status().code(),
+              absl::StatusCode::kInvalidArgument);
+  }
+}
+
+}  // namespace
+}  // namespace kappa::tasks
