@@ -1,0 +1,109 @@
+// Hands prompts to rollout workers under leases and collects their scored
+// groups into a bounded buffer for the trainer (DESIGN.md §6).
+//
+// Capacity rule: leased-but-unreturned prompts plus buffered groups never
+// exceed `buffer_groups`, so memory is bounded however many workers connect;
+// a worker only receives a lease (and the credit to return it) when a slot
+// is free. A lease not returned before its deadline, or whose worker
+// disconnected, goes back to the front of the queue. A group is consumed at
+// most once: it is accepted only against an outstanding lease, which it
+// closes.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "learner/algo/train_batch.h"
+#include "learner/prompt_source.h"
+
+namespace kappa::learner {
+
+struct CoordinatorOptions {
+  int64_t buffer_groups = 64;
+  int64_t max_staleness = 2;
+  absl::Duration lease_timeout = absl::Seconds(30);
+};
+
+struct Lease {
+  std::string lease_id;
+  size_t example_index = 0;
+  std::string worker_id;
+  absl::Time deadline;
+};
+
+// A group as the trainer consumes it.
+struct BufferedGroup {
+  std::string lease_id;
+  size_t example_index = 0;
+  ScoredGroup group;
+};
+
+enum class SubmitVerdict { kAccepted, kUnknownLease, kWrongWorker };
+
+struct CoordinatorCounters {
+  int64_t leases_issued = 0;
+  int64_t leases_reissued = 0;   // expired or orphaned by a disconnect
+  int64_t groups_accepted = 0;
+  int64_t groups_consumed = 0;
+  int64_t dropped_stale = 0;
+  int64_t dropped_unknown_lease = 0;  // duplicate, expired or never issued
+  int64_t buffered = 0;
+  int64_t outstanding = 0;
+};
+
+class Coordinator {
+ public:
+  Coordinator(size_t dataset_size, uint64_t seed, int64_t data_position,
+              const CoordinatorOptions& options);
+
+  // Blocks until `worker_id` holds fewer than `max_outstanding` leases and a
+  // slot is free, then leases the next prompt. nullopt on deadline or
+  // shutdown.
+  std::optional<Lease> LeaseNext(const std::string& worker_id, int max_outstanding,
+                                 absl::Time deadline) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Closes the lease and buffers the group.
+  SubmitVerdict Submit(const std::string& lease_id, const std::string& worker_id,
+                       ScoredGroup group) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // The worker's stream ended: its leases are re-issued now rather than at
+  // their deadlines.
+  void ReleaseWorker(const std::string& worker_id) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Blocks until `count` groups sampled at version >= current_version -
+  // max_staleness are buffered (older ones are dropped and counted), then
+  // removes and returns them in arrival order. Empty on deadline/shutdown.
+  std::vector<BufferedGroup> TakeBatch(size_t count, int64_t current_version,
+                                       absl::Time deadline) ABSL_LOCKS_EXCLUDED(mu_);
+
+  void Shutdown() ABSL_LOCKS_EXCLUDED(mu_);
+  CoordinatorCounters counters() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Prompts drawn from the dataset so far (for resume).
+  int64_t data_position() const ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  void ExpireLeasesLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  int64_t UsedSlotsLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const CoordinatorOptions options_;
+  const std::string lease_prefix_;  // distinguishes leases across learner restarts
+
+  mutable absl::Mutex mu_;
+  absl::CondVar changed_;  // signalled when slots, leases or the buffer change
+  PromptSource prompts_ ABSL_GUARDED_BY(mu_);
+  std::deque<size_t> reissue_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, Lease> leases_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, int> outstanding_by_worker_ ABSL_GUARDED_BY(mu_);
+  std::deque<BufferedGroup> buffer_ ABSL_GUARDED_BY(mu_);
+  int64_t next_lease_ ABSL_GUARDED_BY(mu_) = 0;
+  bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
+  CoordinatorCounters counters_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace kappa::learner

@@ -1,0 +1,24 @@
+// Translates a worker's kappa.v1.ScoredGroup into the trainer's ScoredGroup
+// at the service edge, validating everything the loss relies on. Errors are
+// INVALID_ARGUMENT naming the field, e.g. "samples[3].behavior_logprobs: ...".
+#pragma once
+
+#include <cstdint>
+
+#include "absl/status/statusor.h"
+#include "kappa/v1/learner.pb.h"
+#include "learner/algo/train_batch.h"
+
+namespace kappa::learner {
+
+struct GroupExpectations {
+  int64_t group_size = 0;
+  int64_t vocab_size = 0;
+  int64_t max_new_tokens = 0;
+  int teacher_form = 0;  // kappa.v1.ScoreForm value the loss needs; 0 = none
+};
+
+absl::StatusOr<ScoredGroup> DecodeScoredGroup(const kappa::v1::ScoredGroup& message,
+                                              const GroupExpectations& expect);
+
+}  // namespace kappa::learner

@@ -1,0 +1,176 @@
+#include "learner/learner_service.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cstring>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "services/torch_tensor_codec.h"
+
+namespace kappa::learner {
+namespace {
+
+// Large parameters are split so no message approaches gRPC's size limit.
+constexpr int64_t kPolicyChunkBytes = 1 << 20;
+// Blocking waits wake this often to notice cancellation and shutdown.
+constexpr absl::Duration kWakeInterval = absl::Milliseconds(500);
+
+}  // namespace
+
+LearnerService::LearnerService(const tasks::Dataset& train, Tokenize tokenize,
+                               const WorkTemplate& work, GroupExpectations expectations,
+                               Coordinator* coordinator, PolicyPublisher* publisher)
+    : train_(train),
+      tokenize_(std::move(tokenize)),
+      work_(work),
+      expectations_(expectations),
+      coordinator_(coordinator),
+      publisher_(publisher) {}
+
+kappa::v1::WorkItem LearnerService::MakeWorkItem(const Lease& lease) const {
+  const tasks::Example& example = train_.at(lease.example_index);
+  kappa::v1::WorkItem item;
+  item.set_lease_id(lease.lease_id);
+  item.set_prompt_id(example.id);
+  item.set_prompt_text(example.prompt);
+  for (int32_t token : tokenize_(example.prompt)) item.add_prompt_tokens(token);
+  item.set_reference_answer(example.answer);
+  item.set_task(example.task);
+  item.set_policy_version(std::max<int64_t>(publisher_->version(), 0));
+  item.set_group_size(work_.group_size);
+  item.set_max_new_tokens(work_.max_new_tokens);
+  item.set_temperature(work_.temperature);
+  item.set_top_p(work_.top_p);
+  item.set_teacher_form(work_.teacher_form);
+  item.set_teacher_top_k(work_.teacher_top_k);
+  item.set_lease_deadline_unix_ms(absl::ToUnixMillis(lease.deadline));
+  return item;
+}
+
+grpc::Status LearnerService::Rollout(
+    grpc::ServerContext* context,
+    grpc::ServerReaderWriter<kappa::v1::LearnerMessage, kappa::v1::WorkerMessage>* stream) {
+  kappa::v1::WorkerMessage first;
+  if (!stream->Read(&first)) return grpc::Status::OK;  // client left before saying hello
+  if (!first.has_hello()) {
+    return {grpc::StatusCode::INVALID_ARGUMENT, "hello: the first message must be a Hello"};
+  }
+  const kappa::v1::Hello& hello = first.hello();
+  if (hello.worker_id().empty()) {
+    return {grpc::StatusCode::INVALID_ARGUMENT, "hello.worker_id: empty"};
+  }
+  if (hello.max_outstanding() <= 0 || hello.max_outstanding() > work_.max_outstanding_limit) {
+    return {grpc::StatusCode::INVALID_ARGUMENT,
+            absl::StrCat("hello.max_outstanding: ", hello.max_outstanding(), " outside [1, ",
+                         work_.max_outstanding_limit, "]")};
+  }
+  // A reconnecting worker gets a fresh identity: its old stream's leases must
+  // not be closable through the new one after they were re-issued.
+  const std::string stream_id = absl::StrCat(hello.worker_id(), "#", next_stream_++);
+  const int max_outstanding = hello.max_outstanding();
+  ++counters_.streams_opened;
+  spdlog::info("worker {} connected (max_outstanding={})", stream_id, max_outstanding);
+
+  std::atomic<bool> reader_done{false};
+  std::atomic<int64_t> credits_granted{0};
+  std::thread writer([&] {
+    while (!reader_done && !shutting_down_ && !context->IsCancelled()) {
+      std::optional<Lease> lease =
+          coordinator_->LeaseNext(stream_id, max_outstanding, absl::Now() + kWakeInterval);
+      if (!lease) continue;
+      kappa::v1::LearnerMessage work;
+      *work.mutable_work() = MakeWorkItem(*lease);
+      kappa::v1::LearnerMessage credit;
+      credit.mutable_credit()->set_groups(1);
+      // Grant the credit before the worker can possibly answer.
+      credits_granted += 1;
+      if (!stream->Write(work) || !stream->Write(credit)) break;
+    }
+  });
+
+  grpc::Status result = grpc::Status::OK;
+  int64_t groups_received = 0;
+  kappa::v1::WorkerMessage message;
+  while (stream->Read(&message)) {
+    if (!message.has_group()) {
+      result = {grpc::StatusCode::INVALID_ARGUMENT, "kind: only groups may follow the hello"};
+      break;
+    }
+    if (++groups_received > credits_granted) {
+      result = {grpc::StatusCode::RESOURCE_EXHAUSTED,
+                absl::StrCat("group: sent ", groups_received, " groups with only ",
+                             credits_granted.load(), " credits")};
+      break;
+    }
+    ++counters_.groups_received;
+    const kappa::v1::ScoredGroup& wire = message.group();
+    absl::StatusOr<ScoredGroup> group = DecodeScoredGroup(wire, expectations_);
+    if (!group.ok()) {
+      // The prompt is re-issued when its lease lapses; the stream stays up so
+      // the worker's other groups are not lost.
+      ++counters_.groups_invalid;
+      spdlog::warn("worker {}: rejected group for lease {}: {}", stream_id, wire.lease_id(),
+                   group.status().message());
+      continue;
+    }
+    const SubmitVerdict verdict = coordinator_->Submit(wire.lease_id(), stream_id,
+                                                       *std::move(group));
+    if (verdict != SubmitVerdict::kAccepted) {
+      spdlog::warn("worker {}: dropped group for unknown or expired lease {}", stream_id,
+                   wire.lease_id());
+    }
+  }
+  reader_done = true;
+  writer.join();
+  coordinator_->ReleaseWorker(stream_id);
+  spdlog::info("worker {} disconnected after {} groups", stream_id, groups_received);
+  return result;
+}
+
+bool LearnerService::SendPolicy(const PolicySnapshot& snapshot,
+                                grpc::ServerWriter<kappa::v1::PolicyChunk>* writer) const {
+  const int num_parameters = static_cast<int>(snapshot.weights.size());
+  bool first = true;
+  for (int p = 0; p < num_parameters; ++p) {
+    const auto& [name, tensor] = snapshot.weights[p];
+    const auto* bytes = static_cast<const char*>(tensor.data_ptr());
+    const int64_t total = tensor.numel() * static_cast<int64_t>(tensor.element_size());
+    int64_t offset = 0;
+    do {
+      const int64_t size = std::min(kPolicyChunkBytes, total - offset);
+      kappa::v1::PolicyChunk chunk;
+      chunk.set_version(snapshot.version);
+      if (first) chunk.set_model_config_json(snapshot.model_config_json);
+      first = false;
+      chunk.set_name(name);
+      chunk.set_dtype(services::ToWireDType(tensor.scalar_type()));
+      for (int64_t dim : tensor.sizes()) chunk.add_shape(dim);
+      chunk.set_byte_offset(offset);
+      chunk.set_data(bytes + offset, static_cast<size_t>(size));
+      chunk.set_num_parameters(num_parameters);
+      offset += size;
+      chunk.set_last_of_version(p == num_parameters - 1 && offset == total);
+      if (!writer->Write(chunk)) return false;
+    } while (offset < total);
+  }
+  return true;
+}
+
+grpc::Status LearnerService::WatchPolicy(grpc::ServerContext* context,
+                                         const kappa::v1::WatchPolicyRequest* request,
+                                         grpc::ServerWriter<kappa::v1::PolicyChunk>* writer) {
+  int64_t known = request->known_version();
+  while (!shutting_down_ && !context->IsCancelled()) {
+    std::shared_ptr<const PolicySnapshot> snapshot =
+        publisher_->WaitNewer(known, absl::Now() + kWakeInterval);
+    if (snapshot == nullptr) continue;
+    if (!SendPolicy(*snapshot, writer)) break;
+    known = snapshot->version;
+  }
+  return grpc::Status::OK;
+}
+
+}  // namespace kappa::learner

@@ -1,0 +1,72 @@
+// kappa.v1.Learner: leases prompts to rollout workers over their Rollout
+// streams, accepts scored groups into the Coordinator, and streams policy
+// weights from the PolicyPublisher. Knows nothing about training itself.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <string>
+
+#include "kappa/v1/learner.grpc.pb.h"
+#include "learner/coordinator.h"
+#include "learner/group_decoder.h"
+#include "learner/policy_publisher.h"
+#include "tasks/dataset.h"
+
+namespace kappa::learner {
+
+// What every work item asks of the worker (from the run config).
+struct WorkTemplate {
+  int32_t group_size = 8;
+  int32_t max_new_tokens = 8;
+  float temperature = 1.0f;
+  float top_p = 1.0f;
+  int32_t teacher_form = 0;  // kappa.v1.ScoreForm; 0 = no teacher data
+  int32_t teacher_top_k = 0;
+  int32_t max_outstanding_limit = 16;  // cap on a worker's Hello.max_outstanding
+};
+
+struct ServiceCounters {
+  std::atomic<int64_t> groups_received{0};
+  std::atomic<int64_t> groups_invalid{0};
+  std::atomic<int64_t> streams_opened{0};
+};
+
+class LearnerService final : public kappa::v1::Learner::Service {
+ public:
+  using Tokenize = std::function<std::vector<int32_t>(const std::string& prompt)>;
+
+  LearnerService(const tasks::Dataset& train, Tokenize tokenize, const WorkTemplate& work,
+                 GroupExpectations expectations, Coordinator* coordinator,
+                 PolicyPublisher* publisher);
+
+  grpc::Status Rollout(
+      grpc::ServerContext* context,
+      grpc::ServerReaderWriter<kappa::v1::LearnerMessage, kappa::v1::WorkerMessage>* stream)
+      override;
+
+  grpc::Status WatchPolicy(grpc::ServerContext* context,
+                           const kappa::v1::WatchPolicyRequest* request,
+                           grpc::ServerWriter<kappa::v1::PolicyChunk>* writer) override;
+
+  // Stops handing out work and ends open streams' waits.
+  void Shutdown() { shutting_down_ = true; }
+  const ServiceCounters& counters() const { return counters_; }
+
+ private:
+  kappa::v1::WorkItem MakeWorkItem(const Lease& lease) const;
+  bool SendPolicy(const PolicySnapshot& snapshot,
+                  grpc::ServerWriter<kappa::v1::PolicyChunk>* writer) const;
+
+  const tasks::Dataset& train_;
+  const Tokenize tokenize_;
+  const WorkTemplate work_;
+  const GroupExpectations expectations_;
+  Coordinator* const coordinator_;
+  PolicyPublisher* const publisher_;
+  std::atomic<bool> shutting_down_{false};
+  std::atomic<int64_t> next_stream_{0};
+  ServiceCounters counters_;
+};
+
+}  // namespace kappa::learner

@@ -1,0 +1,181 @@
+// kappa-learner: the coordinator and trainer process.
+//
+//   kappa-learner --config FILE [key=value ...] [--run-dir DIR] [--resume]
+//                 [--log-file FILE] [--address HOST:PORT]
+//   kappa-learner --health-check HOST:PORT
+#include <spdlog/spdlog.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+#include <memory>
+
+#include "absl/strings/str_cat.h"
+#include "learner/algo/optimizer_step.h"
+#include "learner/coordinator.h"
+#include "learner/learner_service.h"
+#include "learner/policy_publisher.h"
+#include "learner/run_state.h"
+#include "learner/trainer_loop.h"
+#include "model/checkpoint.h"
+#include "model/tokenizer.h"
+#include "services/cli_flags.h"
+#include "services/config.h"
+#include "services/logging.h"
+#include "services/server.h"
+#include "services/torch_runtime.h"
+#include "tasks/from_config.h"
+#include "kappa/v1/teacher.pb.h"
+
+namespace kappa::learner {
+namespace {
+
+int TeacherFormFor(const services::Config& config) {
+  if (config.trainer.lambda == 0.0) return 0;
+  if (config.trainer.distill_loss == "sampled_reverse_kl") return kappa::v1::SCORE_FORM_SAMPLED;
+  return kappa::v1::SCORE_FORM_FULL;
+}
+
+struct StartPoint {
+  model::Decoder student{nullptr};
+  TrainerState state;
+  std::string optimizer_path;  // empty: fresh optimizer
+};
+
+absl::StatusOr<StartPoint> LoadStartPoint(const services::Config& config,
+                                          const std::string& run_dir, bool resume) {
+  StartPoint start;
+  start.state.seed = config.seed;
+  std::string checkpoint = config.student.checkpoint.empty()
+                               ? config.data_dir + "/student"
+                               : config.student.checkpoint;
+  if (resume) {
+    absl::StatusOr<std::optional<std::string>> latest = FindLatest(run_dir);
+    if (!latest.ok()) return latest.status();
+    if (latest->has_value()) {
+      checkpoint = **latest;
+      absl::StatusOr<TrainerState> state = ReadTrainerState(checkpoint);
+      if (!state.ok()) return state.status();
+      start.state = *state;
+      start.optimizer_path = checkpoint + "/optimizer.pt";
+      spdlog::info("resuming from {} (step {})", checkpoint, start.state.step);
+    } else {
+      spdlog::info("--resume: no checkpoint in {}, starting fresh", run_dir);
+    }
+  }
+  try {
+    start.student = model::LoadCheckpoint(checkpoint);
+  } catch (const std::exception& e) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("student checkpoint ", checkpoint, ": ", e.what()));
+  }
+  return start;
+}
+
+int Main(int argc, char** argv) {
+  absl::StatusOr<services::CommandLine> flags =
+      services::ParseCommandLine(argc, argv, {"run-dir", "address"}, {"resume"});
+  if (!flags.ok()) {
+    std::cerr << "kappa-learner: " << flags.status().message() << "\n";
+    return 2;
+  }
+  services::InitLogging("learner", flags->log_file);
+  if (!flags->health_check.empty()) return services::RunHealthCheck(flags->health_check);
+
+  absl::StatusOr<services::Config> config =
+      services::LoadConfig(flags->config_path, flags->overrides);
+  if (!config.ok()) {
+    spdlog::error("{}", config.status().message());
+    return 2;
+  }
+  services::ConfigureTorchThreads(config->learner.threads);
+  torch::manual_seed(config->seed);
+  const std::string run_dir = flags->Value("run-dir").empty()
+                                  ? absl::StrCat(config->runs_dir, "/", config->name)
+                                  : flags->Value("run-dir");
+  const std::string address =
+      flags->Value("address").empty() ? config->learner.address : flags->Value("address");
+  std::filesystem::create_directories(run_dir);
+
+  auto train = tasks::MakeDataset(*config, tasks::Split::kTrain);
+  auto heldout = tasks::MakeDataset(*config, tasks::Split::kHeldOut);
+  if (!train.ok() || !heldout.ok()) {
+    spdlog::error("dataset: {}", (!train.ok() ? train : heldout).status().message());
+    return 2;
+  }
+  absl::StatusOr<StartPoint> start = LoadStartPoint(*config, run_dir, flags->Flag("resume"));
+  if (!start.ok()) {
+    spdlog::error("{}", start.status().message());
+    return 2;
+  }
+  model::CharTokenizer tokenizer;
+  if (start->student->config().vocab_size != tokenizer.vocab_size()) {
+    spdlog::error("student vocab_size {} does not match the tokenizer's {}",
+                  start->student->config().vocab_size, tokenizer.vocab_size());
+    return 2;
+  }
+
+  auto optimizer = std::make_unique<PolicyOptimizer>(
+      start->student, config->trainer.lr, config->trainer.weight_decay,
+      config->trainer.max_grad_norm);
+  if (!start->optimizer_path.empty()) optimizer->Load(start->optimizer_path);
+
+  CoordinatorOptions coordinator_options;
+  coordinator_options.buffer_groups = config->learner.buffer_groups;
+  coordinator_options.max_staleness = config->learner.max_staleness;
+  coordinator_options.lease_timeout = absl::Milliseconds(config->learner.lease_timeout_ms);
+  Coordinator coordinator((*train)->size(), config->seed, start->state.data_position,
+                          coordinator_options);
+  PolicyPublisher publisher;
+
+  WorkTemplate work;
+  work.group_size = static_cast<int32_t>(config->trainer.group_size);
+  work.max_new_tokens = static_cast<int32_t>(config->rollout.max_new_tokens);
+  work.temperature = static_cast<float>(config->rollout.temperature);
+  work.top_p = static_cast<float>(config->rollout.top_p);
+  work.teacher_form = TeacherFormFor(*config);
+  GroupExpectations expect;
+  expect.group_size = config->trainer.group_size;
+  expect.vocab_size = tokenizer.vocab_size();
+  expect.max_new_tokens = config->rollout.max_new_tokens;
+  expect.teacher_form = work.teacher_form;
+  LearnerService service(
+      **train,
+      [&tokenizer](const std::string& prompt) {
+        std::vector<int64_t> ids = tokenizer.Encode(prompt, /*add_bos=*/true);
+        return std::vector<int32_t>(ids.begin(), ids.end());
+      },
+      work, expect, &coordinator, &publisher);
+
+  absl::StatusOr<std::unique_ptr<services::GrpcServer>> server =
+      services::GrpcServer::Start(address, {&service});
+  if (!server.ok()) {
+    spdlog::error("cannot serve on {}: {}", address, server.status().message());
+    return 1;
+  }
+  spdlog::info("learner serving on {} (run dir {})", address, run_dir);
+
+  TrainerLoop trainer(*config, run_dir, start->student, std::move(optimizer), start->state,
+                      &coordinator, &publisher, **heldout, tokenizer);
+  absl::Status status = trainer.Run([] { return services::TerminationRequested(); });
+
+  service.Shutdown();
+  coordinator.Shutdown();
+  publisher.Shutdown();
+  (*server)->Shutdown(absl::Seconds(2));
+  if (status.ok()) {
+    spdlog::info("training finished");
+    return 0;
+  }
+  if (absl::IsCancelled(status)) {
+    spdlog::info("stopped by signal");
+    return 0;
+  }
+  spdlog::error("training failed: {}", status.message());
+  return 1;
+}
+
+}  // namespace
+}  // namespace kappa::learner
+
+int main(int argc, char** argv) { return kappa::learner::Main(argc, argv); }

@@ -1,0 +1,28 @@
+// Endless, seeded stream of training prompts: a fresh permutation of the
+// dataset each epoch. `position` counts prompts drawn so far, which is all a
+// resumed run needs to continue the same sequence.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace kappa::learner {
+
+class PromptSource {
+ public:
+  PromptSource(size_t dataset_size, uint64_t seed, int64_t position = 0);
+
+  size_t Next();  // index into the dataset
+  int64_t position() const { return position_; }
+
+ private:
+  void ShuffleEpoch(int64_t epoch);
+
+  size_t size_;
+  uint64_t seed_;
+  int64_t position_;
+  int64_t epoch_ = -1;
+  std::vector<size_t> order_;
+};
+
+}  // namespace kappa::learner

@@ -1,0 +1,187 @@
+#include "learner/trainer_loop.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "learner/algo/evaluate.h"
+#include "learner/algo/train_batch.h"
+#include "model/checkpoint.h"
+#include "tasks/answer.h"
+
+namespace kappa::learner {
+namespace {
+
+LossConfig MakeLossConfig(const services::Config& config) {
+  LossConfig loss;
+  loss.aggregation = ParseAggregation(config.trainer.aggregation);
+  loss.ppo.clip_low = config.trainer.clip_low;
+  loss.ppo.clip_high = config.trainer.clip_high;
+  loss.ppo.dual_clip = config.trainer.dual_clip;
+  loss.distill = ParseDistillLoss(config.trainer.distill_loss);
+  loss.lambda = config.trainer.lambda;
+  loss.temperature = config.rollout.temperature > 0 ? config.rollout.temperature : 1.0;
+  return loss;
+}
+
+std::vector<ScoredGroup> TakeGroups(std::vector<BufferedGroup>& buffered) {
+  std::vector<ScoredGroup> groups;
+  groups.reserve(buffered.size());
+  for (BufferedGroup& entry : buffered) groups.push_back(std::move(entry.group));
+  return groups;
+}
+
+}  // namespace
+
+TrainerLoop::TrainerLoop(const services::Config& config, std::string run_dir,
+                         model::Decoder student, std::unique_ptr<PolicyOptimizer> optimizer,
+                         const TrainerState& start, Coordinator* coordinator,
+                         PolicyPublisher* publisher, const tasks::Dataset& heldout,
+                         const model::CharTokenizer& tokenizer)
+    : config_(config),
+      run_dir_(std::move(run_dir)),
+      student_(std::move(student)),
+      optimizer_(std::move(optimizer)),
+      state_(start),
+      coordinator_(coordinator),
+      publisher_(publisher),
+      heldout_(heldout),
+      tokenizer_(tokenizer),
+      loss_config_(MakeLossConfig(config)),
+      metrics_(run_dir_ + "/metrics.jsonl") {}
+
+void TrainerLoop::PublishPolicy() {
+  auto snapshot = std::make_shared<PolicySnapshot>();
+  snapshot->version = state_.policy_version;
+  snapshot->model_config_json = student_->config().ToJson();
+  torch::NoGradGuard no_grad;
+  for (const auto& [name, tensor] : model::NamedWeights(student_)) {
+    snapshot->weights.emplace_back(name,
+                                   tensor.detach().to(torch::kCPU, torch::kFloat32).clone());
+  }
+  publisher_->Publish(std::move(snapshot));
+}
+
+double TrainerLoop::EvaluateHeldOut() {
+  const size_t count =
+      std::min<size_t>(heldout_.size(), static_cast<size_t>(config_.trainer.eval_examples));
+  std::vector<std::vector<int64_t>> prompts;
+  prompts.reserve(count);
+  for (size_t i = 0; i < count; ++i) {
+    prompts.push_back(tokenizer_.Encode(heldout_.at(i).prompt, /*add_bos=*/true));
+  }
+  return GreedyAccuracy(
+      student_, prompts, config_.rollout.max_new_tokens,
+      [&](size_t index, const std::vector<int64_t>& response) {
+        const tasks::Example& example = heldout_.at(index);
+        absl::StatusOr<float> reward =
+            tasks::ExactAnswerReward(example.task, example.answer, tokenizer_.Decode(response));
+        return reward.ok() && *reward > 0.5f;
+      });
+}
+
+absl::Status TrainerLoop::SaveCheckpoint(int64_t step) {
+  const std::string dir = CheckpointDir(run_dir_, step);
+  try {
+    model::SaveCheckpoint(dir, student_);
+    optimizer_->Save(dir + "/optimizer.pt");
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("checkpoint ", dir, ": ", e.what()));
+  }
+  state_.data_position = coordinator_->data_position();
+  if (absl::Status status = WriteTrainerState(dir, state_); !status.ok()) return status;
+  return MarkLatest(run_dir_, dir);
+}
+
+absl::Status TrainerLoop::Run(const std::function<bool()>& stop_requested) {
+  std::filesystem::create_directories(run_dir_ + "/checkpoints");
+  PublishPolicy();
+  const absl::Time run_start = absl::Now();
+  if (state_.step == 0) {
+    const double accuracy = EvaluateHeldOut();
+    spdlog::info("step 0: held-out accuracy {:.3f}", accuracy);
+    metrics_.Write({{"step", 0},
+                    {"policy_version", state_.policy_version},
+                    {"eval_accuracy", accuracy},
+                    {"elapsed_seconds", 0.0}});
+  }
+  absl::Time last_step_end = absl::Now();
+  while (state_.step < config_.trainer.steps) {
+    if (stop_requested()) return absl::CancelledError("stop requested");
+    std::vector<BufferedGroup> buffered =
+        coordinator_->TakeBatch(static_cast<size_t>(config_.trainer.groups_per_step),
+                                state_.policy_version, absl::Now() + absl::Seconds(1));
+    if (buffered.empty()) continue;
+    const absl::Time step_start = absl::Now();
+    std::vector<ScoredGroup> groups = TakeGroups(buffered);
+
+    double staleness_sum = 0.0;
+    int64_t tokens = 0;
+    for (const ScoredGroup& group : groups) {
+      staleness_sum += static_cast<double>(state_.policy_version - group.policy_version);
+      for (const ScoredSample& sample : group.samples) {
+        tokens += static_cast<int64_t>(sample.response_tokens.size());
+      }
+    }
+    TrainBatch batch =
+        BuildTrainBatch(groups, config_.trainer.norm_std, model::CharTokenizer::kPad);
+    LossTerms terms = ComputeLossTerms(student_, batch, loss_config_);
+    StepStats stats = optimizer_->Step(terms, loss_config_.lambda);
+    ++state_.step;
+    state_.policy_version = state_.step;
+    PublishPolicy();
+
+    const absl::Time now = absl::Now();
+    const double interval = absl::ToDoubleSeconds(now - last_step_end);
+    last_step_end = now;
+    const int64_t samples = batch.num_groups * batch.group_size;
+    const CoordinatorCounters counters = coordinator_->counters();
+    nlohmann::json record = {
+        {"step", state_.step},
+        {"policy_version", state_.policy_version},
+        {"reward_mean", batch.rewards.mean().item<double>()},
+        {"loss_reward", stats.reward_loss},
+        {"loss_distill", stats.distill_loss},
+        {"entropy", terms.entropy},
+        {"clip_fraction", terms.clip_fraction},
+        {"approx_kl", terms.approx_kl},
+        {"grad_norm", stats.grad_norm},
+        {"grad_norm_reward", stats.reward_grad_norm},
+        {"grad_norm_distill", stats.distill_grad_norm},
+        {"lr", stats.lr},
+        {"samples", samples},
+        {"tokens", tokens},
+        {"samples_per_second", interval > 0 ? samples / interval : 0.0},
+        {"staleness_mean", staleness_sum / static_cast<double>(groups.size())},
+        {"groups_dropped_stale", counters.dropped_stale},
+        {"groups_dropped_unknown_lease", counters.dropped_unknown_lease},
+        {"leases_reissued", counters.leases_reissued},
+        {"buffer_groups", counters.buffered},
+        {"step_seconds", absl::ToDoubleSeconds(now - step_start)},
+        {"elapsed_seconds", absl::ToDoubleSeconds(now - run_start)},
+    };
+    const bool last = state_.step == config_.trainer.steps;
+    if ((config_.trainer.eval_every > 0 && state_.step % config_.trainer.eval_every == 0) ||
+        last) {
+      record["eval_accuracy"] = EvaluateHeldOut();
+    }
+    metrics_.Write(record);
+    spdlog::info("step {}: reward {:.3f} L_R {:.4f} L_D {:.4f} |g| {:.3f}{}", state_.step,
+                 record["reward_mean"].get<double>(), stats.reward_loss, stats.distill_loss,
+                 stats.grad_norm,
+                 record.contains("eval_accuracy")
+                     ? absl::StrCat(" eval ", record["eval_accuracy"].get<double>())
+                     : "");
+    if ((config_.trainer.checkpoint_every > 0 &&
+         state_.step % config_.trainer.checkpoint_every == 0) ||
+        last) {
+      if (absl::Status status = SaveCheckpoint(state_.step); !status.ok()) return status;
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace kappa::learner

@@ -1,0 +1,54 @@
+// The learner's training loop: take a batch of scored groups, form L_R and
+// L_D, step the optimizer, publish the new policy version, evaluate and
+// checkpoint on schedule, and log one metrics.jsonl line per step.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "learner/algo/hybrid_loss.h"
+#include "learner/algo/optimizer_step.h"
+#include "learner/coordinator.h"
+#include "learner/metrics_log.h"
+#include "learner/policy_publisher.h"
+#include "learner/run_state.h"
+#include "model/tokenizer.h"
+#include "model/transformer.h"
+#include "services/config.h"
+#include "tasks/dataset.h"
+
+namespace kappa::learner {
+
+class TrainerLoop {
+ public:
+  TrainerLoop(const services::Config& config, std::string run_dir, model::Decoder student,
+              std::unique_ptr<PolicyOptimizer> optimizer, const TrainerState& start,
+              Coordinator* coordinator, PolicyPublisher* publisher,
+              const tasks::Dataset& heldout, const model::CharTokenizer& tokenizer);
+
+  // Runs until trainer.steps are done or `stop_requested` returns true.
+  absl::Status Run(const std::function<bool()>& stop_requested);
+
+  // Greedy accuracy on the held-out split (trainer.eval_examples of it).
+  double EvaluateHeldOut();
+
+ private:
+  void PublishPolicy();
+  absl::Status SaveCheckpoint(int64_t step);
+
+  const services::Config config_;
+  const std::string run_dir_;
+  model::Decoder student_;
+  std::unique_ptr<PolicyOptimizer> optimizer_;
+  TrainerState state_;
+  Coordinator* const coordinator_;
+  PolicyPublisher* const publisher_;
+  const tasks::Dataset& heldout_;
+  const model::CharTokenizer& tokenizer_;
+  LossConfig loss_config_;
+  MetricsLog metrics_;
+};
+
+}  // namespace kappa::learner

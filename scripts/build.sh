@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Configures and builds kappa into ./build (Ninja, ccache when present).
+# Extra arguments go to cmake's configure step.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD_DIR=${KAPPA_BUILD_DIR:-build}
+if [[ ! -f "$BUILD_DIR/build.ninja" ]]; then
+  cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@"
+fi
+# libtorch translation units need ~1 GiB each; two jobs fit 2 cores / 24 GiB.
+cmake --build "$BUILD_DIR" -j "${KAPPA_JOBS:-$(nproc)}"

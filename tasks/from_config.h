@@ -1,0 +1,15 @@
+// Builds the run's train or held-out dataset from the `task:` section of the
+// run configuration — the one place that maps config keys to datasets.
+#pragma once
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "services/config.h"
+#include "tasks/dataset.h"
+
+namespace kappa::tasks {
+
+absl::StatusOr<std::unique_ptr<Dataset>> MakeDataset(const services::Config& config, Split split);
+
+}  // namespace kappa::tasks
