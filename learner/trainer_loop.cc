@@ -116,6 +116,12 @@ absl::Status TrainerLoop::Run(const std::function<bool()>& stop_requested) {
                                 state_.policy_version, absl::Now() + absl::Seconds(1));
     if (buffered.empty()) continue;
     const absl::Time step_start = absl::Now();
+    nlohmann::json lease_ids = nlohmann::json::array();
+    nlohmann::json group_versions = nlohmann::json::array();
+    for (const BufferedGroup& entry : buffered) {
+      lease_ids.push_back(entry.lease_id);
+      group_versions.push_back(entry.group.policy_version);
+    }
     std::vector<ScoredGroup> groups = TakeGroups(buffered);
 
     double staleness_sum = 0.0;
@@ -156,12 +162,19 @@ absl::Status TrainerLoop::Run(const std::function<bool()>& stop_requested) {
         {"tokens", tokens},
         {"samples_per_second", interval > 0 ? samples / interval : 0.0},
         {"staleness_mean", staleness_sum / static_cast<double>(groups.size())},
+        {"groups_accepted", counters.groups_accepted},
+        {"groups_consumed", counters.groups_consumed},
         {"groups_dropped_stale", counters.dropped_stale},
         {"groups_dropped_unknown_lease", counters.dropped_unknown_lease},
         {"leases_reissued", counters.leases_reissued},
         {"buffer_groups", counters.buffered},
         {"step_seconds", absl::ToDoubleSeconds(now - step_start)},
         {"elapsed_seconds", absl::ToDoubleSeconds(now - run_start)},
+        // Which leases and policy versions fed this step: lets tests and
+        // reports check that no group is consumed twice and that workers
+        // sample with fresh weights.
+        {"lease_ids", std::move(lease_ids)},
+        {"group_versions", std::move(group_versions)},
     };
     const bool last = state_.step == config_.trainer.steps;
     if ((config_.trainer.eval_every > 0 && state_.step % config_.trainer.eval_every == 0) ||

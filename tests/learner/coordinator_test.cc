@@ -1,0 +1,136 @@
+#include "learner/coordinator.h"
+
+#include <gtest/gtest.h>
+
+#include <set>
+#include <thread>
+
+#include "learner/prompt_source.h"
+
+namespace kappa::learner {
+namespace {
+
+ScoredGroup GroupAtVersion(int64_t version) {
+  ScoredGroup group;
+  group.prompt_tokens = {1, 5};
+  group.policy_version = version;
+  return group;
+}
+
+CoordinatorOptions Options(int64_t buffer, int64_t staleness, absl::Duration lease) {
+  CoordinatorOptions options;
+  options.buffer_groups = buffer;
+  options.max_staleness = staleness;
+  options.lease_timeout = lease;
+  return options;
+}
+
+TEST(PromptSourceTest, EachEpochIsAPermutationAndResumeContinuesTheSequence) {
+  PromptSource source(10, /*seed=*/7);
+  std::vector<size_t> drawn;
+  for (int i = 0; i < 25; ++i) drawn.push_back(source.Next());
+  for (int epoch = 0; epoch < 2; ++epoch) {
+    std::set<size_t> seen(drawn.begin() + epoch * 10, drawn.begin() + epoch * 10 + 10);
+    EXPECT_EQ(seen.size(), 10u) << "epoch " << epoch;
+  }
+  PromptSource resumed(10, 7, /*position=*/13);
+  for (int i = 13; i < 25; ++i) EXPECT_EQ(resumed.Next(), drawn[i]) << i;
+}
+
+TEST(CoordinatorTest, LeasesAreBoundedByCapacityAndPerWorkerLimit) {
+  Coordinator coordinator(100, 1, 0, Options(3, 2, absl::Seconds(30)));
+  const absl::Time soon = absl::Now() + absl::Milliseconds(50);
+  ASSERT_TRUE(coordinator.LeaseNext("a", 2, soon));
+  ASSERT_TRUE(coordinator.LeaseNext("a", 2, soon));
+  EXPECT_FALSE(coordinator.LeaseNext("a", 2, absl::Now() + absl::Milliseconds(50)))
+      << "worker a holds its limit of 2";
+  ASSERT_TRUE(coordinator.LeaseNext("b", 2, soon));
+  EXPECT_FALSE(coordinator.LeaseNext("b", 2, absl::Now() + absl::Milliseconds(50)))
+      << "3 slots are all in use";
+  EXPECT_EQ(coordinator.counters().outstanding, 3);
+}
+
+TEST(CoordinatorTest, GroupIsAcceptedOnceAndOnlyForItsOwnLease) {
+  Coordinator coordinator(100, 1, 0, Options(8, 2, absl::Seconds(30)));
+  auto lease = coordinator.LeaseNext("a", 4, absl::InfiniteFuture());
+  ASSERT_TRUE(lease);
+  EXPECT_EQ(coordinator.Submit(lease->lease_id, "b", GroupAtVersion(0)),
+            SubmitVerdict::kWrongWorker);
+  EXPECT_EQ(coordinator.Submit(lease->lease_id, "a", GroupAtVersion(0)),
+            SubmitVerdict::kAccepted);
+  EXPECT_EQ(coordinator.Submit(lease->lease_id, "a", GroupAtVersion(0)),
+            SubmitVerdict::kUnknownLease);
+  EXPECT_EQ(coordinator.Submit("never-issued", "a", GroupAtVersion(0)),
+            SubmitVerdict::kUnknownLease);
+  auto batch = coordinator.TakeBatch(1, 0, absl::Now() + absl::Seconds(1));
+  ASSERT_EQ(batch.size(), 1u);
+  EXPECT_EQ(batch[0].lease_id, lease->lease_id);
+  EXPECT_EQ(batch[0].example_index, lease->example_index);
+  EXPECT_EQ(coordinator.counters().groups_consumed, 1);
+  EXPECT_EQ(coordinator.counters().dropped_unknown_lease, 3);
+}
+
+TEST(CoordinatorTest, ExpiredLeaseIsReissuedAndItsLateGroupDropped) {
+  Coordinator coordinator(100, 1, 0, Options(8, 2, absl::Milliseconds(50)));
+  auto first = coordinator.LeaseNext("a", 4, absl::InfiniteFuture());
+  ASSERT_TRUE(first);
+  std::this_thread::sleep_for(std::chrono::milliseconds(80));
+  auto second = coordinator.LeaseNext("b", 4, absl::InfiniteFuture());
+  ASSERT_TRUE(second);
+  EXPECT_EQ(second->example_index, first->example_index) << "the expired prompt comes back first";
+  EXPECT_NE(second->lease_id, first->lease_id);
+  EXPECT_EQ(coordinator.Submit(first->lease_id, "a", GroupAtVersion(0)),
+            SubmitVerdict::kUnknownLease);
+  EXPECT_EQ(coordinator.counters().leases_reissued, 1);
+}
+
+TEST(CoordinatorTest, DisconnectedWorkersLeasesAreReissuedImmediately) {
+  Coordinator coordinator(100, 1, 0, Options(8, 2, absl::Seconds(30)));
+  auto lease = coordinator.LeaseNext("a", 4, absl::InfiniteFuture());
+  ASSERT_TRUE(lease);
+  coordinator.ReleaseWorker("a");
+  auto again = coordinator.LeaseNext("b", 4, absl::InfiniteFuture());
+  ASSERT_TRUE(again);
+  EXPECT_EQ(again->example_index, lease->example_index);
+}
+
+TEST(CoordinatorTest, StaleGroupsAreDroppedAndCounted) {
+  Coordinator coordinator(100, 1, 0, Options(8, /*max_staleness=*/1, absl::Seconds(30)));
+  for (int64_t version : {3, 5, 4}) {
+    auto lease = coordinator.LeaseNext("a", 8, absl::InfiniteFuture());
+    ASSERT_TRUE(lease);
+    ASSERT_EQ(coordinator.Submit(lease->lease_id, "a", GroupAtVersion(version)),
+              SubmitVerdict::kAccepted);
+  }
+  auto batch = coordinator.TakeBatch(2, /*current_version=*/5, absl::Now() + absl::Seconds(1));
+  ASSERT_EQ(batch.size(), 2u);
+  EXPECT_EQ(batch[0].group.policy_version, 5);
+  EXPECT_EQ(batch[1].group.policy_version, 4);
+  EXPECT_EQ(coordinator.counters().dropped_stale, 1);
+}
+
+TEST(CoordinatorTest, TakeBatchWaitsForProducersAndShutdownWakesIt) {
+  Coordinator coordinator(100, 1, 0, Options(8, 2, absl::Seconds(30)));
+  std::thread producer([&] {
+    for (int i = 0; i < 2; ++i) {
+      auto lease = coordinator.LeaseNext("a", 8, absl::InfiniteFuture());
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      coordinator.Submit(lease->lease_id, "a", GroupAtVersion(0));
+    }
+  });
+  auto batch = coordinator.TakeBatch(2, 0, absl::Now() + absl::Seconds(5));
+  producer.join();
+  EXPECT_EQ(batch.size(), 2u);
+
+  std::thread stopper([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    coordinator.Shutdown();
+  });
+  const absl::Time start = absl::Now();
+  EXPECT_TRUE(coordinator.TakeBatch(1, 0, absl::InfiniteFuture()).empty());
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+  stopper.join();
+}
+
+}  // namespace
+}  // namespace kappa::learner
