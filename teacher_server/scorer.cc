@@ -1,0 +1,127 @@
+#include "teacher_server/scorer.h"
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+namespace kappa::teacher {
+
+std::vector<torch::Tensor> ResponseLogProbs(model::Decoder& model,
+                                            const std::vector<const TokenSequence*>& sequences) {
+  if (sequences.empty()) return {};
+  const model::ModelConfig& config = model->config();
+  const int64_t batch = static_cast<int64_t>(sequences.size());
+
+  // The last response token predicts nothing we return, so each row feeds
+  // prompt + response[:-1]: P + T - 1 tokens.
+  int64_t max_len = 0;
+  int64_t total_rows = 0;
+  for (size_t i = 0; i < sequences.size(); ++i) {
+    const TokenSequence& s = *sequences[i];
+    if (s.prompt_tokens.empty() || s.response_tokens.empty()) {
+      throw std::invalid_argument("sequence " + std::to_string(i) +
+                                  ": prompt and response must be non-empty");
+    }
+    const int64_t len =
+        static_cast<int64_t>(s.prompt_tokens.size() + s.response_tokens.size()) - 1;
+    if (len > config.max_position_embeddings) {
+      throw std::invalid_argument("sequence " + std::to_string(i) + ": " + std::to_string(len) +
+                                  " input tokens exceed max_position_embeddings " +
+                                  std::to_string(config.max_position_embeddings));
+    }
+    max_len = std::max(max_len, len);
+    total_rows += static_cast<int64_t>(s.response_tokens.size());
+  }
+
+  torch::Tensor tokens = torch::full({batch, max_len}, config.pad_token_id, torch::kLong);
+  torch::Tensor mask = torch::zeros({batch, max_len}, torch::kBool);
+  // Flat row index (b * max_len + position) of every response position.
+  torch::Tensor rows = torch::empty({total_rows}, torch::kLong);
+  std::vector<int64_t> row_counts;
+  row_counts.reserve(sequences.size());
+  {
+    auto tok = tokens.accessor<int64_t, 2>();
+    auto msk = mask.accessor<bool, 2>();
+    auto row = rows.accessor<int64_t, 1>();
+    int64_t next_row = 0;
+    for (int64_t b = 0; b < batch; ++b) {
+      const TokenSequence& s = *sequences[b];
+      const int64_t prompt_len = static_cast<int64_t>(s.prompt_tokens.size());
+      const int64_t response_len = static_cast<int64_t>(s.response_tokens.size());
+      int64_t pos = 0;
+      for (int64_t id : s.prompt_tokens) {
+        if (id < 0 || id >= config.vocab_size) {
+          throw std::invalid_argument("token id " + std::to_string(id) + " out of range");
+        }
+        tok[b][pos] = id;
+        msk[b][pos++] = true;
+      }
+      for (int64_t t = 0; t < response_len; ++t) {
+        const int64_t id = s.response_tokens[t];
+        if (id < 0 || id >= config.vocab_size) {
+          throw std::invalid_argument("token id " + std::to_string(id) + " out of range");
+        }
+        if (t + 1 == response_len) break;  // predicts nothing we return
+        tok[b][pos] = id;
+        msk[b][pos++] = true;
+      }
+      for (int64_t t = 0; t < response_len; ++t) row[next_row++] = b * max_len + prompt_len - 1 + t;
+      row_counts.push_back(response_len);
+    }
+  }
+
+  torch::NoGradGuard no_grad;
+  const torch::Device device = model->lm_head()->weight.device();
+  torch::Tensor logits = model->Forward(tokens.to(device), mask.to(device)).logits;
+  const int64_t vocab = logits.size(-1);
+  torch::Tensor gathered = logits.reshape({batch * max_len, vocab}).index_select(0, rows.to(device));
+  torch::Tensor logprobs = torch::log_softmax(gathered.to(torch::kFloat32), -1).to(torch::kCPU);
+  return logprobs.split_with_sizes(row_counts, 0).vec();
+}
+
+ScoredTensors SelectForm(const torch::Tensor& full_logprobs,
+                         const std::vector<int64_t>& response_tokens, ScoreForm form,
+                         int64_t top_k) {
+  const int64_t rows = full_logprobs.size(0);
+  const int64_t vocab = full_logprobs.size(1);
+  if (rows != static_cast<int64_t>(response_tokens.size())) {
+    throw std::invalid_argument("SelectForm: " + std::to_string(rows) + " rows for " +
+                                std::to_string(response_tokens.size()) + " response tokens");
+  }
+  ScoredTensors out;
+  switch (form) {
+    case ScoreForm::kFull:
+      out.logprobs = full_logprobs.contiguous();
+      break;
+    case ScoreForm::kTopK: {
+      if (top_k < 1 || top_k > vocab) {
+        throw std::invalid_argument("top_k " + std::to_string(top_k) + " not in [1, " +
+                                    std::to_string(vocab) + "]");
+      }
+      auto [values, ids] = full_logprobs.topk(top_k, /*dim=*/-1, /*largest=*/true, /*sorted=*/true);
+      out.logprobs = values.contiguous();
+      out.topk_ids = ids.to(torch::kInt32).contiguous();
+      break;
+    }
+    case ScoreForm::kSampled: {
+      torch::Tensor ids = torch::tensor(response_tokens, torch::kLong).unsqueeze(1);
+      out.logprobs = full_logprobs.gather(1, ids).squeeze(1).contiguous();
+      break;
+    }
+  }
+  return out;
+}
+
+std::vector<ScoredTensors> ScoreSequences(model::Decoder& model,
+                                          const std::vector<const TokenSequence*>& sequences,
+                                          ScoreForm form, int64_t top_k) {
+  std::vector<torch::Tensor> full = ResponseLogProbs(model, sequences);
+  std::vector<ScoredTensors> out;
+  out.reserve(full.size());
+  for (size_t i = 0; i < full.size(); ++i) {
+    out.push_back(SelectForm(full[i], sequences[i]->response_tokens, form, top_k));
+  }
+  return out;
+}
+
+}  // namespace kappa::teacher

@@ -1,0 +1,55 @@
+// Teacher-forced scoring: the teacher's next-token log-probs at every
+// response position of a batch of prompt+response sequences, from ONE
+// right-padded forward pass. Row t of a sequence's result is the distribution
+// that predicts response_tokens[t], i.e. the logits at position
+// len(prompt) - 1 + t.
+//
+// No proto types here: the service translates messages at its edge.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "model/transformer.h"
+
+namespace kappa::teacher {
+
+struct TokenSequence {
+  std::vector<int64_t> prompt_tokens;    // non-empty
+  std::vector<int64_t> response_tokens;  // non-empty
+};
+
+enum class ScoreForm {
+  kFull,     // logprobs [T, V]
+  kTopK,     // logprobs [T, k] (descending) and topk_ids [T, k] int32
+  kSampled,  // logprobs [T]: log q(response_tokens[t])
+};
+
+struct ScoredTensors {
+  torch::Tensor logprobs;  // float32, CPU
+  torch::Tensor topk_ids;  // int32, CPU; kTopK only (undefined otherwise)
+};
+
+// Full-vocabulary log-probs [T_i, V] (float32, CPU) at the response positions
+// of each sequence. Sequences are right-padded with the model's pad id and
+// masked; the forward runs under NoGradGuard and log_softmax runs once over
+// all gathered rows. The caller validates inputs (non-empty, ids in range,
+// total length within max_position_embeddings); violations throw
+// std::invalid_argument. The returned tensors may be views of one buffer.
+std::vector<torch::Tensor> ResponseLogProbs(model::Decoder& model,
+                                            const std::vector<const TokenSequence*>& sequences);
+
+// Reduces one sequence's [T, V] log-probs to `form`. `top_k` must be in
+// [1, V] for kTopK (std::invalid_argument otherwise); ignored else.
+ScoredTensors SelectForm(const torch::Tensor& full_logprobs,
+                         const std::vector<int64_t>& response_tokens, ScoreForm form,
+                         int64_t top_k);
+
+// ResponseLogProbs followed by SelectForm for every sequence.
+std::vector<ScoredTensors> ScoreSequences(model::Decoder& model,
+                                          const std::vector<const TokenSequence*>& sequences,
+                                          ScoreForm form, int64_t top_k = 0);
+
+}  // namespace kappa::teacher

@@ -1,0 +1,353 @@
+#include "teacher_server/teacher_service.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <spdlog/spdlog.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <optional>
+#include <random>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "model/sampling.h"
+#include "services/grpc_util.h"
+#include "services/tensor_codec.h"
+#include "services/torch_tensor_codec.h"
+#include "teacher_server/scorer.h"
+
+namespace kappa::teacher {
+namespace {
+
+using kappa::v1::DType;
+
+// One Score request's share of a batch (a request larger than a batch is
+// split into several units). The batch function fills `logprobs`.
+class ScoreUnit final : public BatchUnit {
+ public:
+  int64_t num_sequences() const override { return static_cast<int64_t>(sequences.size()); }
+
+  std::vector<TokenSequence> sequences;
+  std::vector<torch::Tensor> logprobs;  // [T_i, V] per sequence
+};
+
+absl::StatusOr<ScoreForm> ToScoreForm(kappa::v1::ScoreForm form) {
+  switch (form) {
+    case kappa::v1::SCORE_FORM_UNSPECIFIED:
+    case kappa::v1::SCORE_FORM_FULL:
+      return ScoreForm::kFull;
+    case kappa::v1::SCORE_FORM_TOPK:
+      return ScoreForm::kTopK;
+    case kappa::v1::SCORE_FORM_SAMPLED:
+      return ScoreForm::kSampled;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat("form: unknown value ", static_cast<int>(form)));
+  }
+}
+
+// The wire dtype of returned values: FLOAT32 unless BFLOAT16 was asked for.
+DType ValueDType(DType requested) {
+  return requested == kappa::v1::DTYPE_BFLOAT16 ? kappa::v1::DTYPE_BFLOAT16
+                                                 : kappa::v1::DTYPE_FLOAT32;
+}
+
+template <typename Ids>
+absl::Status ValidateTokenIds(const Ids& ids, const std::string& field, int64_t vocab_size) {
+  if (ids.empty()) return absl::InvalidArgumentError(absl::StrCat(field, ": empty"));
+  for (int i = 0; i < ids.size(); ++i) {
+    if (ids[i] < 0 || ids[i] >= vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat(field, "[", i, "]: token id ", ids[i],
+                                                     " out of range [0, ", vocab_size, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Runs `fn` (returning absl::Status) so that nothing escapes the handler.
+template <typename Fn>
+grpc::Status Guarded(const char* rpc, Fn&& fn) {
+  try {
+    absl::Status status = fn();
+    if (!status.ok() && status.code() != absl::StatusCode::kInvalidArgument) {
+      spdlog::warn("Teacher.{}: {}", rpc, status.ToString());
+    }
+    return services::ToGrpcStatus(status);
+  } catch (const c10::Error& e) {
+    spdlog::error("Teacher.{}: torch error: {}", rpc, e.what_without_backtrace());
+    return grpc::Status(grpc::StatusCode::INTERNAL,
+                        absl::StrCat("teacher ", rpc, ": ", e.what_without_backtrace()));
+  } catch (const std::exception& e) {
+    spdlog::error("Teacher.{}: {}", rpc, e.what());
+    return grpc::Status(grpc::StatusCode::INTERNAL, absl::StrCat("teacher ", rpc, ": ", e.what()));
+  } catch (...) {
+    spdlog::error("Teacher.{}: unknown exception", rpc);
+    return grpc::Status(grpc::StatusCode::INTERNAL, absl::StrCat("teacher ", rpc, ": unknown error"));
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<TeacherService>> TeacherService::Create(
+    model::Decoder model, const TeacherOptions& options) {
+  if (model.is_empty()) return absl::InvalidArgumentError("model: empty");
+  if (options.max_request_sequences <= 0) {
+    return absl::InvalidArgumentError("max_request_sequences: must be > 0");
+  }
+  if (options.max_generate_samples <= 0) {
+    return absl::InvalidArgumentError("max_generate_samples: must be > 0");
+  }
+  if (options.max_new_tokens < 0) return absl::InvalidArgumentError("max_new_tokens: must be >= 0");
+  if (options.default_deadline <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("default_deadline: must be > 0");
+  }
+  std::unique_ptr<TeacherService> service(new TeacherService(std::move(model), options));
+  absl::StatusOr<std::unique_ptr<DynamicBatcher>> batcher = DynamicBatcher::Create(
+      options.batching,
+      [raw = service.get()](const std::vector<BatchUnit*>& units) { return raw->RunScoreBatch(units); });
+  if (!batcher.ok()) return batcher.status();
+  service->batcher_ = std::move(*batcher);
+  return service;
+}
+
+TeacherService::TeacherService(model::Decoder model, const TeacherOptions& options)
+    : options_(options),
+      vocab_size_(model->config().vocab_size),
+      max_positions_(model->config().max_position_embeddings),
+      max_new_tokens_(options.max_new_tokens > 0
+                          ? std::min(options.max_new_tokens, model->config().max_position_embeddings)
+                          : model->config().max_position_embeddings),
+      model_(std::move(model)) {
+  model_->eval();
+}
+
+TeacherService::~TeacherService() { Shutdown(); }
+
+void TeacherService::Shutdown() {
+  if (batcher_ != nullptr) batcher_->Shutdown();
+}
+
+absl::Time TeacherService::DeadlineOf(const grpc::ServerContext* context) const {
+  const auto deadline = context->deadline();
+  if (deadline == std::chrono::system_clock::time_point::max()) {
+    return absl::Now() + options_.default_deadline;
+  }
+  return absl::FromChrono(deadline);
+}
+
+// ---------------------------------------------------------------- Score
+
+absl::Status TeacherService::ValidateScoreRequest(const kappa::v1::ScoreRequest& request) const {
+  if (request.vocab_size() != vocab_size_) {
+    if (request.vocab_size() == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "vocab_size: required (the student's vocabulary size); teacher has ", vocab_size_));
+    }
+    return absl::InvalidArgumentError(absl::StrCat("vocab_size: student has ", request.vocab_size(),
+                                                   ", teacher has ", vocab_size_));
+  }
+  absl::StatusOr<ScoreForm> form = ToScoreForm(request.form());
+  if (!form.ok()) return form.status();
+  if (*form == ScoreForm::kTopK && (request.top_k() <= 0 || request.top_k() > vocab_size_)) {
+    return absl::InvalidArgumentError(absl::StrCat("top_k: must be in [1, ", vocab_size_,
+                                                   "] for SCORE_FORM_TOPK, got ", request.top_k()));
+  }
+  const DType dtype = request.value_dtype();
+  if (dtype != kappa::v1::DTYPE_UNSPECIFIED && dtype != kappa::v1::DTYPE_FLOAT32 &&
+      dtype != kappa::v1::DTYPE_BFLOAT16) {
+    const std::string_view name = services::DTypeName(dtype);
+    return absl::InvalidArgumentError(
+        absl::StrCat("value_dtype: ", name.empty() ? absl::StrCat(static_cast<int>(dtype)) : name,
+                     " unsupported; use DTYPE_FLOAT32 or DTYPE_BFLOAT16"));
+  }
+  if (request.sequences().empty()) return absl::InvalidArgumentError("sequences: empty");
+  if (request.sequences_size() > options_.max_request_sequences) {
+    return absl::InvalidArgumentError(absl::StrCat("sequences: ", request.sequences_size(),
+                                                   " exceed the limit of ",
+                                                   options_.max_request_sequences, " per request"));
+  }
+  for (int i = 0; i < request.sequences_size(); ++i) {
+    const kappa::v1::ScoreSequence& s = request.sequences(i);
+    const std::string field = absl::StrCat("sequences[", i, "]");
+    if (absl::Status st = ValidateTokenIds(s.prompt_tokens(), field + ".prompt_tokens", vocab_size_);
+        !st.ok()) {
+      return st;
+    }
+    if (absl::Status st =
+            ValidateTokenIds(s.response_tokens(), field + ".response_tokens", vocab_size_);
+        !st.ok()) {
+      return st;
+    }
+    const int64_t total = static_cast<int64_t>(s.prompt_tokens_size()) + s.response_tokens_size();
+    if (total > max_positions_) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ": ", total, " tokens (prompt ", s.prompt_tokens_size(), " + response ",
+          s.response_tokens_size(), ") exceed max_position_embeddings ", max_positions_));
+    }
+  }
+  return absl::OkStatus();
+}
+
+grpc::Status TeacherService::Score(grpc::ServerContext* context,
+                                   const kappa::v1::ScoreRequest* request,
+                                   kappa::v1::ScoreResponse* response) {
+  return Guarded("Score", [&] { return ScoreImpl(*request, DeadlineOf(context), response); });
+}
+
+absl::Status TeacherService::ScoreImpl(const kappa::v1::ScoreRequest& request, absl::Time deadline,
+                                       kappa::v1::ScoreResponse* response) {
+  if (absl::Status st = ValidateScoreRequest(request); !st.ok()) return st;
+  const ScoreForm form = *ToScoreForm(request.form());
+  const DType wire_dtype = ValueDType(request.value_dtype());
+  const int64_t unit_size = batcher_->options().max_batch_sequences;
+
+  response->set_vocab_size(static_cast<int32_t>(vocab_size_));
+  for (int begin = 0; begin < request.sequences_size(); begin += unit_size) {
+    const int end = static_cast<int>(std::min<int64_t>(request.sequences_size(), begin + unit_size));
+    auto unit = std::make_shared<ScoreUnit>();
+    unit->sequences.reserve(end - begin);
+    for (int i = begin; i < end; ++i) {
+      const kappa::v1::ScoreSequence& s = request.sequences(i);
+      unit->sequences.push_back(
+          TokenSequence{{s.prompt_tokens().begin(), s.prompt_tokens().end()},
+                        {s.response_tokens().begin(), s.response_tokens().end()}});
+    }
+    if (absl::Status st = batcher_->Submit(unit, deadline); !st.ok()) return st;
+
+    // Reducing to the requested form and encoding happen here, on the handler
+    // thread, so the batching thread only runs forwards.
+    for (size_t i = 0; i < unit->sequences.size(); ++i) {
+      ScoredTensors scored = SelectForm(unit->logprobs[i], unit->sequences[i].response_tokens,
+                                        form, request.top_k());
+      kappa::v1::ScoredSequence* out = response->add_sequences();
+      services::EncodeTensor(scored.logprobs, out->mutable_logprobs(), wire_dtype);
+      if (scored.topk_ids.defined()) {
+        services::EncodeTensor(scored.topk_ids, out->mutable_topk_ids(), kappa::v1::DTYPE_INT32);
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TeacherService::RunScoreBatch(const std::vector<BatchUnit*>& units) {
+  std::vector<const TokenSequence*> sequences;
+  for (BatchUnit* unit : units) {
+    for (const TokenSequence& s : static_cast<ScoreUnit*>(unit)->sequences) sequences.push_back(&s);
+  }
+  std::vector<torch::Tensor> logprobs;
+  {
+    absl::MutexLock lock(&model_mu_);
+    logprobs = ResponseLogProbs(model_, sequences);
+  }
+  size_t next = 0;
+  for (BatchUnit* unit : units) {
+    auto* score_unit = static_cast<ScoreUnit*>(unit);
+    score_unit->logprobs.assign(logprobs.begin() + next,
+                                logprobs.begin() + next + score_unit->sequences.size());
+    next += score_unit->sequences.size();
+  }
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------- Generate
+
+absl::Status TeacherService::ValidateGenerateRequest(
+    const kappa::v1::GenerateRequest& request) const {
+  if (absl::Status st = ValidateTokenIds(request.prompt_tokens(), "prompt_tokens", vocab_size_);
+      !st.ok()) {
+    return st;
+  }
+  if (request.num_samples() < 1 || request.num_samples() > options_.max_generate_samples) {
+    return absl::InvalidArgumentError(absl::StrCat("num_samples: must be in [1, ",
+                                                   options_.max_generate_samples, "], got ",
+                                                   request.num_samples()));
+  }
+  if (request.max_new_tokens() < 1 || request.max_new_tokens() > max_new_tokens_) {
+    return absl::InvalidArgumentError(absl::StrCat("max_new_tokens: must be in [1, ",
+                                                   max_new_tokens_, "], got ",
+                                                   request.max_new_tokens()));
+  }
+  const int64_t total = static_cast<int64_t>(request.prompt_tokens_size()) + request.max_new_tokens();
+  if (total > max_positions_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_new_tokens: prompt of ", request.prompt_tokens_size(), " tokens + ",
+        request.max_new_tokens(), " new tokens exceed max_position_embeddings ", max_positions_));
+  }
+  if (!std::isfinite(request.temperature()) || request.temperature() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("temperature: must be > 0 (0 means 1.0), got ", request.temperature()));
+  }
+  if (!std::isfinite(request.top_p()) || request.top_p() < 0 || request.top_p() > 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("top_p: must be in (0, 1] (0 means 1.0), got ", request.top_p()));
+  }
+  return absl::OkStatus();
+}
+
+grpc::Status TeacherService::Generate(grpc::ServerContext* /*context*/,
+                                      const kappa::v1::GenerateRequest* request,
+                                      kappa::v1::GenerateResponse* response) {
+  return Guarded("Generate", [&] { return GenerateImpl(*request, response); });
+}
+
+absl::Status TeacherService::GenerateImpl(const kappa::v1::GenerateRequest& request,
+                                          kappa::v1::GenerateResponse* response) {
+  if (absl::Status st = ValidateGenerateRequest(request); !st.ok()) return st;
+
+  const std::vector<int64_t> prompt(request.prompt_tokens().begin(), request.prompt_tokens().end());
+  const std::vector<std::vector<int64_t>> prompts(request.num_samples(), prompt);
+  model::SamplingParams params;
+  params.max_new_tokens = request.max_new_tokens();
+  params.temperature = request.temperature() == 0 ? 1.0 : request.temperature();
+  params.top_p = request.top_p() == 0 ? 1.0 : request.top_p();
+
+  uint64_t seed = request.seed();
+  if (seed == 0) seed = (static_cast<uint64_t>(std::random_device{}()) << 32) | std::random_device{}();
+
+  std::vector<model::SampledSequence> samples;
+  {
+    absl::MutexLock lock(&model_mu_);
+    params.eos_id = model_->config().eos_token_id;
+    params.pad_id = model_->config().pad_token_id;
+    std::optional<at::Generator> generator;
+    // A CPU generator only drives CPU sampling; on an accelerator the global
+    // RNG is used (seeded per request).
+    if (model_->lm_head()->weight.device().is_cpu()) {
+      generator = at::detail::createCPUGenerator(seed);
+    } else {
+      torch::manual_seed(seed);
+    }
+    samples = model::Sample(model_, prompts, params, generator);
+  }
+
+  for (const model::SampledSequence& sample : samples) {
+    kappa::v1::GeneratedSample* out = response->add_samples();
+    out->mutable_tokens()->Reserve(static_cast<int>(sample.tokens.size()));
+    for (int64_t token : sample.tokens) out->add_tokens(static_cast<int32_t>(token));
+    services::SetFloat32(out->mutable_logprobs(), {static_cast<int64_t>(sample.logprobs.size())},
+                         sample.logprobs.data());
+  }
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------- Info
+
+grpc::Status TeacherService::Info(grpc::ServerContext* /*context*/,
+                                  const kappa::v1::InfoRequest* /*request*/,
+                                  kappa::v1::InfoResponse* response) {
+  return Guarded("Info", [&] {
+    response->set_vocab_size(static_cast<int32_t>(vocab_size_));
+    response->set_max_sequence_length(static_cast<int32_t>(max_positions_));
+    if (!options_.model_name.empty()) {
+      response->set_model_name(options_.model_name);
+    } else {
+      absl::MutexLock lock(&model_mu_);
+      response->set_model_name(model_->config().name);
+    }
+    return absl::OkStatus();
+  });
+}
+
+}  // namespace kappa::teacher

@@ -1,0 +1,85 @@
+// kappa.v1.Teacher: Score (through the dynamic batcher), Generate (teacher
+// samples for RSTG) and Info. Every handler validates its request first and
+// answers INVALID_ARGUMENT naming the field; no exception escapes a handler.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "kappa/v1/teacher.grpc.pb.h"
+#include "model/transformer.h"
+#include "teacher_server/dynamic_batcher.h"
+
+namespace kappa::teacher {
+
+struct TeacherOptions {
+  DynamicBatcherOptions batching;
+  // Reported by Info; empty: the model config's name.
+  std::string model_name;
+  // Score: most sequences one request may carry (larger requests are split
+  // into batcher units of at most batching.max_batch_sequences).
+  int64_t max_request_sequences = 1024;
+  // Generate limits. max_new_tokens 0: up to max_position_embeddings.
+  int64_t max_generate_samples = 64;
+  int64_t max_new_tokens = 0;
+  // Used when a client sets no deadline, so no handler waits forever.
+  absl::Duration default_deadline = absl::Seconds(60);
+};
+
+class TeacherService final : public kappa::v1::Teacher::Service {
+ public:
+  // Takes the model (switched to eval mode); starts the batching thread.
+  // INVALID_ARGUMENT for bad options.
+  static absl::StatusOr<std::unique_ptr<TeacherService>> Create(model::Decoder model,
+                                                                const TeacherOptions& options);
+  ~TeacherService() override;
+
+  grpc::Status Score(grpc::ServerContext* context, const kappa::v1::ScoreRequest* request,
+                     kappa::v1::ScoreResponse* response) override;
+  grpc::Status Generate(grpc::ServerContext* context, const kappa::v1::GenerateRequest* request,
+                        kappa::v1::GenerateResponse* response) override;
+  grpc::Status Info(grpc::ServerContext* context, const kappa::v1::InfoRequest* request,
+                    kappa::v1::InfoResponse* response) override;
+
+  // Stops batching: queued Score calls get UNAVAILABLE. Call after the gRPC
+  // server has drained (or is shutting down). Idempotent.
+  void Shutdown();
+
+  // Request checks, public for tests. OK or INVALID_ARGUMENT naming the field.
+  absl::Status ValidateScoreRequest(const kappa::v1::ScoreRequest& request) const;
+  absl::Status ValidateGenerateRequest(const kappa::v1::GenerateRequest& request) const;
+
+  DynamicBatcherStats batcher_stats() const { return batcher_->stats(); }
+
+ private:
+  TeacherService(model::Decoder model, const TeacherOptions& options);
+
+  absl::Status ScoreImpl(const kappa::v1::ScoreRequest& request, absl::Time deadline,
+                         kappa::v1::ScoreResponse* response);
+  absl::Status GenerateImpl(const kappa::v1::GenerateRequest& request,
+                            kappa::v1::GenerateResponse* response);
+  // The batch function: one padded forward over every unit's sequences.
+  absl::Status RunScoreBatch(const std::vector<BatchUnit*>& units) ABSL_LOCKS_EXCLUDED(model_mu_);
+  absl::Time DeadlineOf(const grpc::ServerContext* context) const;
+
+  const TeacherOptions options_;
+  const int64_t vocab_size_;
+  const int64_t max_positions_;
+  const int64_t max_new_tokens_;
+  // Modules are not documented as safe for concurrent forwards (a KV cache or
+  // lazily built tables may be mutated), so the batching thread and Generate
+  // take turns.
+  absl::Mutex model_mu_;
+  model::Decoder model_ ABSL_GUARDED_BY(model_mu_);
+  std::unique_ptr<DynamicBatcher> batcher_;
+};
+
+}  // namespace kappa::teacher
