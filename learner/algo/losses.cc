@@ -1,0 +1,162 @@
+#include "learner/algo/losses.h"
+
+#include <cmath>
+#include <stdexcept>
+
+#include "learner/algo/logprob_losses.h"
+
+namespace kappa::learner {
+namespace {
+
+// Beyond ±20 the ratio is e^20 ≈ 5e8: the sample is useless for the update
+// and exp would overflow in half precision.
+constexpr double kMaxLogRatio = 20.0;
+
+void CheckSameShape(const torch::Tensor& a, const torch::Tensor& b, const char* what) {
+  if (a.sizes() != b.sizes()) {
+    throw std::invalid_argument(std::string(what) + ": shape mismatch " +
+                                c10::str(a.sizes()) + " vs " + c10::str(b.sizes()));
+  }
+}
+
+}  // namespace
+
+Aggregation ParseAggregation(const std::string& name) {
+  if (name == "token-mean") return Aggregation::kTokenMean;
+  if (name == "seq-mean-token-mean") return Aggregation::kSeqMeanTokenMean;
+  if (name == "seq-mean-token-sum") return Aggregation::kSeqMeanTokenSum;
+  throw std::invalid_argument("unknown loss aggregation '" + name +
+                              "' (allowed: token-mean, seq-mean-token-mean, "
+                              "seq-mean-token-sum)");
+}
+
+DistillLoss ParseDistillLoss(const std::string& name) {
+  if (name == "reverse_kl") return DistillLoss::kReverseKl;
+  if (name == "forward_kl") return DistillLoss::kForwardKl;
+  if (name == "sampled_reverse_kl") return DistillLoss::kSampledReverseKl;
+  throw std::invalid_argument("unknown distillation loss '" + name +
+                              "' (allowed: reverse_kl, forward_kl, sampled_reverse_kl)");
+}
+
+torch::Tensor Aggregate(const torch::Tensor& per_position, const torch::Tensor& mask,
+                        Aggregation agg) {
+  CheckSameShape(per_position, mask, "Aggregate");
+  if (per_position.dim() != 2) {
+    throw std::invalid_argument("Aggregate: expected [B, T], got " +
+                                c10::str(per_position.sizes()));
+  }
+  const torch::Tensor weight = mask.to(per_position.scalar_type());
+  // masked_fill first: padded positions may hold inf/NaN (e.g. a KL against a
+  // placeholder teacher row) and NaN * 0 would poison the sum.
+  const torch::Tensor masked = per_position.masked_fill(weight == 0, 0) * weight;
+  if (agg == Aggregation::kTokenMean) {
+    return masked.sum() / weight.sum().clamp_min(1);
+  }
+  const torch::Tensor seq_sum = masked.sum(1);
+  const torch::Tensor seq_tokens = weight.sum(1);
+  // Sequences without a valid token take no part in the mean over sequences.
+  const torch::Tensor seq_valid = (seq_tokens > 0).to(per_position.scalar_type());
+  const torch::Tensor per_seq = agg == Aggregation::kSeqMeanTokenMean
+                                    ? seq_sum / seq_tokens.clamp_min(1)
+                                    : seq_sum;
+  return (per_seq * seq_valid).sum() / seq_valid.sum().clamp_min(1);
+}
+
+torch::Tensor GrpoAdvantages(const torch::Tensor& rewards, bool norm_std, double eps) {
+  if (rewards.dim() != 2 || rewards.size(1) == 0) {
+    throw std::invalid_argument("GrpoAdvantages: rewards must be [num_groups, G] with G > 0, got " +
+                                c10::str(rewards.sizes()));
+  }
+  const torch::Tensor r = rewards.to(torch::kFloat32);
+  const torch::Tensor centered = r - r.mean(1, /*keepdim=*/true);
+  if (!norm_std) return centered;
+  const torch::Tensor std = r.std(1, /*unbiased=*/false, /*keepdim=*/true);
+  return centered / (std + eps);
+}
+
+torch::Tensor PpoTokenLoss(const torch::Tensor& logp_new, const torch::Tensor& logp_old,
+                           const torch::Tensor& advantages, const PpoConfig& config) {
+  CheckSameShape(logp_new, logp_old, "PpoTokenLoss logp_old");
+  CheckSameShape(logp_new, advantages, "PpoTokenLoss advantages");
+  if (config.clip_low < 0 || config.clip_low >= 1 || config.clip_high < 0) {
+    throw std::invalid_argument("PpoTokenLoss: need 0 <= clip_low < 1 and clip_high >= 0");
+  }
+  if (config.dual_clip > 0 && config.dual_clip <= 1) {
+    throw std::invalid_argument("PpoTokenLoss: dual_clip must be > 1 (or <= 0 to disable), got " +
+                                std::to_string(config.dual_clip));
+  }
+  const torch::Tensor log_ratio = (logp_new - logp_old).clamp(-kMaxLogRatio, kMaxLogRatio);
+  const torch::Tensor ratio = log_ratio.exp();
+  const torch::Tensor unclipped = -advantages * ratio;
+  const torch::Tensor clipped =
+      -advantages * ratio.clamp(1.0 - config.clip_low, 1.0 + config.clip_high);
+  torch::Tensor loss = torch::max(unclipped, clipped);
+  if (config.dual_clip > 0) {
+    // With Â < 0 and ρ ≫ 1 the loss grows without bound; the dual clip caps it.
+    const torch::Tensor capped = torch::min(loss, -config.dual_clip * advantages);
+    loss = torch::where(advantages < 0, capped, loss);
+  }
+  return loss;
+}
+
+torch::Tensor ReverseKlTokenLoss(const torch::Tensor& student_logits,
+                                 const torch::Tensor& teacher_logprobs) {
+  CheckSameShape(student_logits, teacher_logprobs, "ReverseKlTokenLoss");
+  return ReverseKlFromLogProbs(StableLogSoftmax(student_logits), teacher_logprobs);
+}
+
+torch::Tensor ForwardKlTokenLoss(const torch::Tensor& student_logits,
+                                 const torch::Tensor& teacher_logprobs) {
+  CheckSameShape(student_logits, teacher_logprobs, "ForwardKlTokenLoss");
+  return ForwardKlFromLogProbs(StableLogSoftmax(student_logits), teacher_logprobs);
+}
+
+torch::Tensor SampledReverseKlTokenLoss(const torch::Tensor& student_token_logprobs,
+                                        const torch::Tensor& teacher_token_logprobs) {
+  CheckSameShape(student_token_logprobs, teacher_token_logprobs, "SampledReverseKlTokenLoss");
+  const torch::Tensor k1 = (student_token_logprobs - teacher_token_logprobs).detach();
+  return k1 * student_token_logprobs;
+}
+
+torch::Tensor TokenLogProbs(const torch::Tensor& logits, const torch::Tensor& targets) {
+  return GatherTokenLogProbs(StableLogSoftmax(logits), targets);
+}
+
+torch::Tensor TokenEntropy(const torch::Tensor& logits) {
+  return EntropyFromLogProbs(StableLogSoftmax(logits));
+}
+
+// ---- log-prob forms (logprob_losses.h) ----
+
+torch::Tensor StableLogSoftmax(const torch::Tensor& logits) {
+  const bool low_precision = logits.scalar_type() == torch::kHalf ||
+                             logits.scalar_type() == torch::kBFloat16;
+  return torch::log_softmax(low_precision ? logits.to(torch::kFloat32) : logits, -1);
+}
+
+torch::Tensor ReverseKlFromLogProbs(const torch::Tensor& student_logprobs,
+                                    const torch::Tensor& teacher_logprobs) {
+  CheckSameShape(student_logprobs, teacher_logprobs, "ReverseKl");
+  return (student_logprobs.exp() * (student_logprobs - teacher_logprobs)).sum(-1);
+}
+
+torch::Tensor ForwardKlFromLogProbs(const torch::Tensor& student_logprobs,
+                                    const torch::Tensor& teacher_logprobs) {
+  CheckSameShape(student_logprobs, teacher_logprobs, "ForwardKl");
+  return (teacher_logprobs.exp() * (teacher_logprobs - student_logprobs)).sum(-1);
+}
+
+torch::Tensor EntropyFromLogProbs(const torch::Tensor& logprobs) {
+  return -(logprobs.exp() * logprobs).sum(-1);
+}
+
+torch::Tensor GatherTokenLogProbs(const torch::Tensor& logprobs, const torch::Tensor& targets) {
+  if (logprobs.dim() != targets.dim() + 1 ||
+      logprobs.sizes().slice(0, targets.dim()) != targets.sizes()) {
+    throw std::invalid_argument("TokenLogProbs: logits " + c10::str(logprobs.sizes()) +
+                                " do not match targets " + c10::str(targets.sizes()));
+  }
+  return logprobs.gather(-1, targets.unsqueeze(-1)).squeeze(-1);
+}
+
+}  // namespace kappa::learner

@@ -1,0 +1,170 @@
+#include "learner/algo/train_batch.h"
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+#include "learner/algo/losses.h"
+
+namespace kappa::learner {
+namespace {
+
+enum class TeacherForm { kNone, kSampled, kFull };
+
+[[noreturn]] void Fail(size_t group, size_t sample, const std::string& what) {
+  throw std::invalid_argument("BuildTrainBatch: group " + std::to_string(group) + " sample " +
+                              std::to_string(sample) + ": " + what);
+}
+
+TeacherForm FormOf(const torch::Tensor& t) {
+  if (!t.defined()) return TeacherForm::kNone;
+  return t.dim() == 1 ? TeacherForm::kSampled : TeacherForm::kFull;
+}
+
+// Checks every group against the first one and returns (teacher form, V).
+std::pair<TeacherForm, int64_t> Validate(const std::vector<ScoredGroup>& groups) {
+  if (groups.empty()) throw std::invalid_argument("BuildTrainBatch: no groups");
+  const size_t group_size = groups[0].samples.size();
+  const TeacherForm form = group_size > 0 ? FormOf(groups[0].samples[0].teacher_logprobs)
+                                          : TeacherForm::kNone;
+  int64_t vocab = 0;
+  if (form == TeacherForm::kFull) vocab = groups[0].samples[0].teacher_logprobs.size(1);
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const ScoredGroup& group = groups[g];
+    if (group.samples.empty()) Fail(g, 0, "group has no samples");
+    if (group.samples.size() != group_size) {
+      Fail(g, 0, "group size " + std::to_string(group.samples.size()) +
+                     " differs from the first group's " + std::to_string(group_size));
+    }
+    if (group.prompt_tokens.empty()) Fail(g, 0, "empty prompt");
+    for (int64_t id : group.prompt_tokens) {
+      if (id < 0) Fail(g, 0, "negative prompt token id " + std::to_string(id));
+    }
+    for (size_t i = 0; i < group.samples.size(); ++i) {
+      const ScoredSample& s = group.samples[i];
+      const int64_t length = static_cast<int64_t>(s.response_tokens.size());
+      if (length == 0) Fail(g, i, "empty response");
+      for (int64_t id : s.response_tokens) {
+        if (id < 0) Fail(g, i, "negative response token id " + std::to_string(id));
+      }
+      if (s.behavior_logprobs.size() != s.response_tokens.size()) {
+        Fail(g, i, "behavior_logprobs has " + std::to_string(s.behavior_logprobs.size()) +
+                       " entries for " + std::to_string(length) + " response tokens");
+      }
+      for (float lp : s.behavior_logprobs) {
+        if (!std::isfinite(lp)) Fail(g, i, "non-finite behavior_logprobs");
+      }
+      if (!std::isfinite(s.reward)) Fail(g, i, "non-finite reward");
+      const torch::Tensor& t = s.teacher_logprobs;
+      if (FormOf(t) != form) {
+        Fail(g, i, "teacher_logprobs must be given for all samples or for none, in one form");
+      }
+      if (!t.defined()) continue;
+      if (!t.is_floating_point()) Fail(g, i, "teacher_logprobs must be floating point");
+      if (t.dim() == 0 || t.dim() > 2 || t.size(0) != length) {
+        Fail(g, i, "teacher_logprobs shape " + c10::str(t.sizes()) + " does not match " +
+                       std::to_string(length) + " response tokens (want [T] or [T, V])");
+      }
+      if (form == TeacherForm::kFull && t.size(1) != vocab) {
+        Fail(g, i, "teacher vocabulary " + std::to_string(t.size(1)) + " differs from " +
+                       std::to_string(vocab));
+      }
+      if (!torch::isfinite(t).all().item<bool>()) Fail(g, i, "non-finite teacher_logprobs");
+    }
+  }
+  return {form, vocab};
+}
+
+}  // namespace
+
+TrainBatch TrainBatch::To(const torch::Device& device) const {
+  auto move = [&](const torch::Tensor& t) { return t.defined() ? t.to(device) : t; };
+  TrainBatch out = *this;
+  out.input_tokens = move(input_tokens);
+  out.attention_mask = move(attention_mask);
+  out.target_tokens = move(target_tokens);
+  out.response_mask = move(response_mask);
+  out.old_logprobs = move(old_logprobs);
+  out.advantages = move(advantages);
+  out.teacher_logprobs = move(teacher_logprobs);
+  out.rewards = move(rewards);
+  return out;
+}
+
+TrainBatch BuildTrainBatch(const std::vector<ScoredGroup>& groups, bool norm_std,
+                           int64_t pad_id) {
+  const auto [form, vocab] = Validate(groups);
+  const int64_t num_groups = static_cast<int64_t>(groups.size());
+  const int64_t group_size = static_cast<int64_t>(groups[0].samples.size());
+  const int64_t batch = num_groups * group_size;
+
+  int64_t max_len = 0;
+  for (const ScoredGroup& group : groups) {
+    for (const ScoredSample& s : group.samples) {
+      const int64_t seq_len =
+          static_cast<int64_t>(group.prompt_tokens.size() + s.response_tokens.size());
+      max_len = std::max(max_len, seq_len - 1);
+    }
+  }
+
+  TrainBatch out;
+  out.num_groups = num_groups;
+  out.group_size = group_size;
+  out.rewards = torch::empty({num_groups, group_size}, torch::kFloat32);
+  auto rewards = out.rewards.accessor<float, 2>();
+  for (int64_t g = 0; g < num_groups; ++g) {
+    for (int64_t i = 0; i < group_size; ++i) rewards[g][i] = groups[g].samples[i].reward;
+  }
+  const torch::Tensor group_adv = GrpoAdvantages(out.rewards, norm_std).contiguous();
+  auto adv_of = group_adv.accessor<float, 2>();
+
+  out.input_tokens = torch::full({batch, max_len}, pad_id, torch::kInt64);
+  out.target_tokens = torch::full({batch, max_len}, pad_id, torch::kInt64);
+  out.attention_mask = torch::zeros({batch, max_len}, torch::kBool);
+  out.response_mask = torch::zeros({batch, max_len}, torch::kFloat32);
+  out.old_logprobs = torch::zeros({batch, max_len}, torch::kFloat32);
+  out.advantages = torch::zeros({batch, max_len}, torch::kFloat32);
+  if (form == TeacherForm::kFull) {
+    out.teacher_logprobs = torch::zeros({batch, max_len, vocab}, torch::kFloat32);
+  } else if (form == TeacherForm::kSampled) {
+    out.teacher_logprobs = torch::zeros({batch, max_len}, torch::kFloat32);
+  }
+  auto input = out.input_tokens.accessor<int64_t, 2>();
+  auto target = out.target_tokens.accessor<int64_t, 2>();
+  auto attend = out.attention_mask.accessor<bool, 2>();
+  auto response = out.response_mask.accessor<float, 2>();
+  auto old_lp = out.old_logprobs.accessor<float, 2>();
+  auto adv = out.advantages.accessor<float, 2>();
+
+  for (int64_t g = 0; g < num_groups; ++g) {
+    const std::vector<int64_t>& prompt = groups[g].prompt_tokens;
+    const int64_t prompt_len = static_cast<int64_t>(prompt.size());
+    for (int64_t i = 0; i < group_size; ++i) {
+      const ScoredSample& s = groups[g].samples[i];
+      const int64_t b = g * group_size + i;
+      const int64_t resp_len = static_cast<int64_t>(s.response_tokens.size());
+      const int64_t seq_len = prompt_len + resp_len;
+      auto token_at = [&](int64_t k) { return k < prompt_len ? prompt[k] : s.response_tokens[k - prompt_len]; };
+      for (int64_t t = 0; t + 1 < seq_len; ++t) {
+        input[b][t] = token_at(t);
+        target[b][t] = token_at(t + 1);
+        attend[b][t] = true;
+      }
+      // Response token k is sequence[prompt_len + k], predicted at position
+      // prompt_len - 1 + k.
+      const int64_t first = prompt_len - 1;
+      for (int64_t k = 0; k < resp_len; ++k) {
+        response[b][first + k] = 1.0f;
+        old_lp[b][first + k] = s.behavior_logprobs[k];
+        adv[b][first + k] = adv_of[g][i];
+      }
+      if (form != TeacherForm::kNone) {
+        out.teacher_logprobs[b].narrow(0, first, resp_len).copy_(s.teacher_logprobs);
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace kappa::learner

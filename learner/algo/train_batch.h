@@ -1,0 +1,53 @@
+// Scored groups (as the learner receives them, minus the wire format) and
+// their padded tensor form for one training step.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace kappa::learner {
+
+struct ScoredSample {
+  std::vector<int64_t> response_tokens;
+  std::vector<float> behavior_logprobs;  // log π_old(y_t), one per response token
+  float reward = 0.0f;
+  // Teacher log-probs per response position: [T, V] full vocabulary, [T] of
+  // the sampled tokens only, or undefined (no distillation).
+  torch::Tensor teacher_logprobs;
+};
+
+struct ScoredGroup {
+  std::vector<int64_t> prompt_tokens;
+  std::vector<ScoredSample> samples;
+  int64_t policy_version = 0;
+};
+
+// Row b holds sequence prompt + response of one sample; position t predicts
+// target_tokens[b, t] = sequence[t + 1] from input_tokens[b, 0..t].
+// Per-position tensors are zero outside response positions.
+struct TrainBatch {
+  torch::Tensor input_tokens;      // [B, L] int64, right-padded with pad_id
+  torch::Tensor attention_mask;    // [B, L] bool, true at real input tokens
+  torch::Tensor target_tokens;     // [B, L] int64
+  torch::Tensor response_mask;     // [B, L] float32, 1 where the target is a response token
+  torch::Tensor old_logprobs;      // [B, L] float32
+  torch::Tensor advantages;        // [B, L] float32, the group advantage of the row
+  torch::Tensor teacher_logprobs;  // [B, L, V] or [B, L] float32, or undefined
+  torch::Tensor rewards;           // [num_groups, G] float32
+  int64_t num_groups = 0;
+  int64_t group_size = 0;
+
+  // Same batch with every tensor on `device` (no copy for tensors already there).
+  TrainBatch To(const torch::Device& device) const;
+};
+
+// Throws std::invalid_argument naming the group and sample on inconsistent
+// input: no groups, unequal group sizes, empty prompts or responses,
+// behavior log-prob count != response length, negative token ids, teacher
+// log-probs of the wrong shape, or teacher log-probs present on some samples
+// but not others.
+TrainBatch BuildTrainBatch(const std::vector<ScoredGroup>& groups, bool norm_std, int64_t pad_id);
+
+}  // namespace kappa::learner
