@@ -1,7 +1,8 @@
 // The one run configuration, shared by every process: a YAML file plus
 // `key=value` command-line overrides (`trainer.steps=20 workers=3`).
 // Every key has a default; unknown keys and wrong types are errors that name
-// the file, line and key path.
+// the file, line and key path. Adding a key: add the member below and one
+// KAPPA_CONFIG_FIELD line to the table in config.cc.
 #pragma once
 
 #include <cstdint>
@@ -72,6 +73,7 @@ struct Config {
   // --- services
   struct Verifier {
     std::string address = "127.0.0.1:50053";
+    int64_t max_items = 4096;          // per Verify request
   } verifier;
   struct Learner {
     std::string address = "127.0.0.1:50051";
@@ -119,6 +121,9 @@ absl::StatusOr<Config> LoadConfig(const std::string& path,
 // From YAML text (file name only used in messages).
 absl::StatusOr<Config> ParseConfig(const std::string& yaml_text, const std::string& file_name,
                                    const std::vector<std::string>& overrides = {});
+// Every key path the config accepts ("trainer.steps", ...), in file order.
+std::vector<std::string> ConfigKeys();
+
 // The resolved configuration as YAML (every key, defaults included); parsing
 // it back yields an equal Config.
 std::string ConfigToYaml(const Config& config);

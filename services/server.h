@@ -39,6 +39,10 @@ class GrpcServer {
   int port_ = 0;
 };
 
+// Installs the SIGINT/SIGTERM handlers (idempotent). Call early in main() so
+// a signal that arrives during startup is not fatal; the two functions below
+// also install them on first use.
+void InstallTerminationHandlers();
 // Blocks until SIGINT or SIGTERM arrives (installs handlers on first call).
 void WaitForTerminationSignal();
 // True once SIGINT/SIGTERM arrived (for loops that poll).

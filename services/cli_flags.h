@@ -1,0 +1,51 @@
+// Command-line flags every kappa binary shares:
+//
+//   <binary> [--config FILE] [key=value ...] [--address HOST:PORT]
+//            [--log-file FILE] [--health-check ADDR] [--help]
+//
+// plus any binary-specific `--name VALUE` flags it declares. Both "--flag
+// VALUE" and "--flag=VALUE" are accepted; every bare "a.b=value" argument is a
+// config override (services/config.h).
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "services/config.h"
+
+namespace kappa::services {
+
+struct CommonFlags {
+  std::string config_path;             // --config; empty: built-in defaults
+  std::vector<std::string> overrides;  // "key=value" arguments, in order
+  std::string address;                 // --address; empty: the config's address
+  std::string log_file;                // --log-file; empty: stderr only
+  std::string health_check_address;    // --health-check; non-empty: probe mode
+  bool help = false;                   // --help / -h
+  std::map<std::string, std::string> extra;  // binary-specific flags, name without "--"
+};
+
+// Parses argv[1..argc). `extra_flags` names additional value flags the binary
+// accepts (without "--", e.g. {"rank", "world-size"}); they land in
+// CommonFlags::extra. INVALID_ARGUMENT for unknown flags, missing values and
+// positional arguments that are not key=value.
+absl::StatusOr<CommonFlags> ParseCommonFlags(int argc, const char* const* argv,
+                                             const std::vector<std::string>& extra_flags = {});
+
+// LoadConfig(config_path, overrides), or the defaults plus overrides when no
+// --config was given.
+absl::StatusOr<Config> LoadConfigFromFlags(const CommonFlags& flags);
+
+// The usage text for `program`, listing the shared flags plus `extra_usage`
+// lines (e.g. "  --rank N   data-parallel rank").
+std::string Usage(const std::string& program, const std::string& extra_usage = "");
+
+// `--health-check ADDR` mode: CheckHealth(address, timeout); prints
+// "ADDR: SERVING" to stdout or the reason to stderr, and returns the process
+// exit code (0 when SERVING, 1 otherwise).
+int RunHealthCheck(const std::string& address, absl::Duration timeout = absl::Seconds(5));
+
+}  // namespace kappa::services

@@ -1,0 +1,46 @@
+#include "services/grpc_util.h"
+
+#include <string>
+
+namespace kappa::services {
+
+// Both enums are the canonical gRPC codes, value for value.
+static_assert(static_cast<int>(absl::StatusCode::kUnauthenticated) ==
+              static_cast<int>(grpc::StatusCode::UNAUTHENTICATED));
+static_assert(static_cast<int>(absl::StatusCode::kDataLoss) ==
+              static_cast<int>(grpc::StatusCode::DATA_LOSS));
+
+grpc::Status ToGrpcStatus(const absl::Status& status) {
+  if (status.ok()) return grpc::Status::OK;
+  const int code = static_cast<int>(status.code());
+  if (code < 0 || code > static_cast<int>(grpc::StatusCode::UNAUTHENTICATED)) {
+    return grpc::Status(grpc::StatusCode::UNKNOWN, std::string(status.message()));
+  }
+  return grpc::Status(static_cast<grpc::StatusCode>(code), std::string(status.message()));
+}
+
+absl::Status FromGrpcStatus(const grpc::Status& status) {
+  if (status.ok()) return absl::OkStatus();
+  const int code = static_cast<int>(status.error_code());
+  if (code < 0 || code > static_cast<int>(absl::StatusCode::kUnauthenticated)) {
+    return absl::UnknownError(status.error_message());
+  }
+  return absl::Status(static_cast<absl::StatusCode>(code), status.error_message());
+}
+
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target, int max_message_bytes) {
+  grpc::ChannelArguments args;
+  args.SetServiceConfigJSON(R"({"loadBalancingConfig": [{"round_robin": {}}]})");
+  args.SetMaxReceiveMessageSize(max_message_bytes);
+  args.SetMaxSendMessageSize(max_message_bytes);
+  // Detect dead peers on long-lived streams (WatchPolicy, group streams).
+  // Pings only while calls are active, at most every 20 s: the server side
+  // (server.cc) permits that rate, so it never answers with GOAWAY.
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 20000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 0);
+  args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+}
+
+}  // namespace kappa::services

@@ -1,0 +1,49 @@
+#include "services/logging.h"
+
+#include <memory>
+#include <vector>
+
+#include <spdlog/cfg/env.h>
+#include <spdlog/sinks/basic_file_sink.h>
+#include <spdlog/sinks/stdout_sinks.h>
+#include <spdlog/spdlog.h>
+
+namespace kappa::services {
+namespace {
+
+// The process name goes into the pattern literally, so escape '%'.
+std::string EscapePattern(const std::string& text) {
+  std::string escaped;
+  for (char c : text) {
+    if (c == '%') escaped += '%';
+    escaped += c;
+  }
+  return escaped;
+}
+
+}  // namespace
+
+void InitLogging(const std::string& process_name, const std::string& log_file) {
+  std::vector<spdlog::sink_ptr> sinks;
+  sinks.push_back(std::make_shared<spdlog::sinks::stderr_sink_mt>());
+  std::string file_error;
+  if (!log_file.empty()) {
+    try {
+      sinks.push_back(
+          std::make_shared<spdlog::sinks::basic_file_sink_mt>(log_file, /*truncate=*/false));
+    } catch (const spdlog::spdlog_ex& e) {
+      file_error = e.what();  // keep logging to stderr rather than die
+    }
+  }
+  auto logger = std::make_shared<spdlog::logger>(process_name, sinks.begin(), sinks.end());
+  logger->set_pattern("[%Y-%m-%d %H:%M:%S.%e] [" + EscapePattern(process_name) + "] [%l] %v");
+  // Logs are read live (tail -f, docker logs): flush at info and above.
+  logger->flush_on(spdlog::level::info);
+  spdlog::set_default_logger(logger);
+  spdlog::cfg::load_env_levels();  // SPDLOG_LEVEL=debug etc.
+  if (!file_error.empty()) {
+    spdlog::warn("cannot open log file '{}': {}; logging to stderr only", log_file, file_error);
+  }
+}
+
+}  // namespace kappa::services

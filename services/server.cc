@@ -1,0 +1,133 @@
+#include "services/server.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <mutex>
+
+#include "absl/strings/str_cat.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "services/grpc_util.h"
+
+namespace kappa::services {
+
+absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(
+    const std::string& address, const std::vector<grpc::Service*>& services,
+    const ServerOptions& options) {
+  // Process-wide switch read by ServerBuilder's constructor.
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &port);
+  for (grpc::Service* service : services) builder.RegisterService(service);
+  builder.SetMaxReceiveMessageSize(options.max_message_bytes);
+  builder.SetMaxSendMessageSize(options.max_message_bytes);
+  // Accept the client keepalive of MakeChannel (one ping per 20 s).
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10000);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+
+  std::unique_ptr<GrpcServer> server(new GrpcServer());
+  server->server_ = builder.BuildAndStart();
+  if (server->server_ == nullptr || port == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on '", address, "'"));
+  }
+  server->port_ = port;
+  if (grpc::HealthCheckServiceInterface* health = server->server_->GetHealthCheckService()) {
+    health->SetServingStatus(true);
+  }
+  return server;
+}
+
+GrpcServer::~GrpcServer() { Shutdown(absl::ZeroDuration()); }
+
+void GrpcServer::Shutdown(absl::Duration grace) {
+  if (server_ == nullptr) return;
+  // Health first, so load balancers stop routing here while in-flight calls
+  // drain; Shutdown() of the health service also freezes it at NOT_SERVING.
+  if (grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService()) {
+    health->Shutdown();
+  }
+  server_->Shutdown(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(grace));
+  server_->Wait();
+  server_.reset();
+}
+
+// --- termination signals: the self-pipe trick, so the handler only does
+// async-signal-safe work (an atomic store and a write()).
+namespace {
+
+std::atomic<bool> g_termination_requested{false};
+int g_signal_pipe[2] = {-1, -1};
+std::once_flag g_handlers_once;
+
+extern "C" void OnTerminationSignal(int) {
+  const int saved_errno = errno;
+  g_termination_requested.store(true);
+  const char byte = 1;
+  [[maybe_unused]] ssize_t ignored = write(g_signal_pipe[1], &byte, 1);
+  errno = saved_errno;
+}
+
+}  // namespace
+
+void InstallTerminationHandlers() {
+  std::call_once(g_handlers_once, [] {
+    if (pipe(g_signal_pipe) == 0) {
+      for (int fd : g_signal_pipe) {
+        fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+        fcntl(fd, F_SETFD, FD_CLOEXEC);
+      }
+    }
+    struct sigaction action = {};
+    action.sa_handler = OnTerminationSignal;
+    sigemptyset(&action.sa_mask);
+    action.sa_flags = SA_RESTART;
+    sigaction(SIGINT, &action, nullptr);
+    sigaction(SIGTERM, &action, nullptr);
+  });
+}
+
+void WaitForTerminationSignal() {
+  InstallTerminationHandlers();
+  while (!g_termination_requested.load()) {
+    pollfd fd = {g_signal_pipe[0], POLLIN, 0};
+    // The timeout only guards against a pipe that failed to open.
+    if (poll(&fd, 1, g_signal_pipe[0] >= 0 ? 1000 : 100) > 0) {
+      char buffer[16];
+      while (read(g_signal_pipe[0], buffer, sizeof(buffer)) > 0) {
+      }
+    }
+  }
+}
+
+bool TerminationRequested() {
+  InstallTerminationHandlers();
+  return g_termination_requested.load();
+}
+
+absl::Status CheckHealth(const std::string& address, absl::Duration timeout) {
+  auto channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+  auto stub = grpc::health::v1::Health::NewStub(channel);
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(timeout));
+  grpc::health::v1::HealthCheckRequest request;  // service "": the whole server
+  grpc::health::v1::HealthCheckResponse response;
+  const grpc::Status status = stub->Check(&context, request, &response);
+  if (!status.ok()) {
+    return absl::UnavailableError(absl::StrCat("health check of ", address, " failed: ",
+                                               FromGrpcStatus(status).ToString()));
+  }
+  if (response.status() != grpc::health::v1::HealthCheckResponse::SERVING) {
+    return absl::UnavailableError(absl::StrCat(
+        address, " is ",
+        grpc::health::v1::HealthCheckResponse::ServingStatus_Name(response.status())));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace kappa::services
