@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "model/transformer.h"

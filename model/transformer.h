@@ -7,11 +7,14 @@
 
 #include <torch/torch.h>
 
+#include <memory>
 #include <vector>
 
 #include "model/model_config.h"
 
 namespace kappa::model {
+
+class LlamaModelImpl;  // embedding, blocks and final norm ("model.*" names)
 
 // Per-layer key/value cache for incremental decoding. Keys/values are stored
 // as [B, n_kv_heads, capacity, head_dim]; `length` positions are filled.
@@ -34,9 +37,13 @@ class DecoderImpl : public torch::nn::Module {
 
   // tokens: [B, T] int64. attention_mask: optional [B, T] bool/int (1 = real
   // token, 0 = padding); padding keys are never attended. positions: optional
-  // [B, T] int64 RoPE positions (default: 0..T-1, or cache->length.. when a
-  // cache is given). With `cache`, keys/values are appended to it and the
-  // queries attend to everything cached so far.
+  // [B, T] int64 RoPE positions (default: the number of real tokens before
+  // each token, counting the cache: 0..T-1 without padding, cache->length..
+  // with a cache of unpadded rows, and correct per-row positions for
+  // left-padded batches). With `cache`, keys/values are written at
+  // cache->length.. and the queries attend to every valid cached key;
+  // cache->length advances by T. Throws std::invalid_argument on bad shapes,
+  // positions >= max_position_embeddings or a full cache.
   ForwardOutput Forward(const torch::Tensor& tokens,
                         const torch::Tensor& attention_mask = {},
                         const torch::Tensor& positions = {},
@@ -51,9 +58,14 @@ class DecoderImpl : public torch::nn::Module {
 
  private:
   ModelConfig config_;
+  std::shared_ptr<LlamaModelImpl> model_;
+  // Tied: shares model.embed_tokens.weight and is not registered, so the
+  // parameter appears (and is optimized) once.
   torch::nn::Linear lm_head_{nullptr};
-  // Remaining members (embedding, blocks, norm, RoPE tables) are the
-  // implementation's choice.
+  // RoPE tables [max_position_embeddings, head_dim], registered buffers so
+  // they follow .to(device).
+  torch::Tensor rope_cos_;
+  torch::Tensor rope_sin_;
 };
 TORCH_MODULE(Decoder);
 

@@ -1,0 +1,331 @@
+#include "model/transformer.h"
+
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+namespace kappa::model {
+namespace {
+
+namespace F = torch::nn::functional;
+using torch::indexing::Slice;
+
+// Scores of masked keys. Finite (not -inf) so a query whose keys are all
+// masked (a pad row) gets a harmless uniform distribution instead of NaN;
+// exp(-1e9 - max) underflows to exactly 0 next to any real key.
+constexpr double kMaskedScore = -1e9;
+
+torch::nn::Linear NoBiasLinear(int64_t in, int64_t out) {
+  return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(false));
+}
+
+// Llama RMSNorm; the statistic is computed in fp32 whatever the weight dtype.
+class RMSNormImpl : public torch::nn::Module {
+ public:
+  RMSNormImpl(int64_t dim, double eps) : eps_(eps) {
+    weight_ = register_parameter("weight", torch::ones({dim}));
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    auto x32 = x.to(torch::kFloat32);
+    auto normed = x32 * torch::rsqrt(x32.pow(2).mean(-1, /*keepdim=*/true) + eps_);
+    return weight_ * normed.to(x.scalar_type());
+  }
+
+ private:
+  double eps_;
+  torch::Tensor weight_;
+};
+TORCH_MODULE(RMSNorm);
+
+// HF "rotate_half" convention: the head dimension is split into two halves
+// (not interleaved pairs). cos/sin: [B, 1, T, head_dim].
+torch::Tensor ApplyRope(const torch::Tensor& x, const torch::Tensor& cos,
+                        const torch::Tensor& sin) {
+  const int64_t half = x.size(-1) / 2;
+  auto x1 = x.narrow(-1, 0, half);
+  auto x2 = x.narrow(-1, half, half);
+  return x * cos + torch::cat({-x2, x1}, -1) * sin;
+}
+
+class AttentionImpl : public torch::nn::Module {
+ public:
+  explicit AttentionImpl(const ModelConfig& c)
+      : heads_(c.num_attention_heads),
+        kv_heads_(c.num_key_value_heads),
+        head_dim_(c.head_dim()),
+        scale_(1.0 / std::sqrt(static_cast<double>(c.head_dim()))) {
+    q_proj = register_module("q_proj", NoBiasLinear(c.hidden_size, heads_ * head_dim_));
+    k_proj = register_module("k_proj", NoBiasLinear(c.hidden_size, kv_heads_ * head_dim_));
+    v_proj = register_module("v_proj", NoBiasLinear(c.hidden_size, kv_heads_ * head_dim_));
+    o_proj = register_module("o_proj", NoBiasLinear(heads_ * head_dim_, c.hidden_size));
+  }
+
+  // x: [B, T, D]; allowed: [B, 1, 1, T, S] bool. With a cache, this layer's
+  // new keys/values are written at slots [start, start + T) and the first
+  // S = start + T slots are attended.
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
+                        const torch::Tensor& allowed, torch::Tensor* cache_k,
+                        torch::Tensor* cache_v, int64_t start) {
+    const int64_t B = x.size(0), T = x.size(1);
+    auto q = q_proj(x).view({B, T, heads_, head_dim_}).transpose(1, 2);
+    auto k = k_proj(x).view({B, T, kv_heads_, head_dim_}).transpose(1, 2);
+    auto v = v_proj(x).view({B, T, kv_heads_, head_dim_}).transpose(1, 2);
+    q = ApplyRope(q, cos, sin);
+    k = ApplyRope(k, cos, sin);
+    if (cache_k != nullptr) {
+      cache_k->narrow(2, start, T).copy_(k);
+      cache_v->narrow(2, start, T).copy_(v);
+      k = cache_k->narrow(2, 0, start + T);
+      v = cache_v->narrow(2, 0, start + T);
+    }
+    const int64_t S = k.size(2);
+    const int64_t group = heads_ / kv_heads_;
+    // Grouped KV without materializing repeated keys: query head h uses KV
+    // head h / group (HF repeat_kv order), so fold the group into the query
+    // length and let one matmul per KV head do the work.
+    auto qg = q.reshape({B, kv_heads_, group * T, head_dim_});
+    auto scores = torch::matmul(qg, k.transpose(-2, -1)).mul_(scale_);
+    scores = scores.view({B, kv_heads_, group, T, S})
+                 .to(torch::kFloat32)
+                 .masked_fill(allowed.logical_not(), kMaskedScore);
+    auto probs = torch::softmax(scores, -1).to(v.scalar_type()).view({B, kv_heads_, group * T, S});
+    auto out = torch::matmul(probs, v)  // [B, kv, group*T, hd]
+                   .view({B, heads_, T, head_dim_})
+                   .transpose(1, 2)
+                   .reshape({B, T, heads_ * head_dim_});
+    return o_proj(out);
+  }
+
+  torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+
+ private:
+  int64_t heads_, kv_heads_, head_dim_;
+  double scale_;
+};
+TORCH_MODULE(Attention);
+
+class MlpImpl : public torch::nn::Module {
+ public:
+  explicit MlpImpl(const ModelConfig& c) {
+    gate_proj = register_module("gate_proj", NoBiasLinear(c.hidden_size, c.intermediate_size));
+    up_proj = register_module("up_proj", NoBiasLinear(c.hidden_size, c.intermediate_size));
+    down_proj = register_module("down_proj", NoBiasLinear(c.intermediate_size, c.hidden_size));
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    return down_proj(F::silu(gate_proj(x)) * up_proj(x));
+  }
+  torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+};
+TORCH_MODULE(Mlp);
+
+class DecoderLayerImpl : public torch::nn::Module {
+ public:
+  explicit DecoderLayerImpl(const ModelConfig& c) {
+    input_layernorm = register_module("input_layernorm", RMSNorm(c.hidden_size, c.rms_norm_eps));
+    self_attn = register_module("self_attn", Attention(c));
+    post_attention_layernorm =
+        register_module("post_attention_layernorm", RMSNorm(c.hidden_size, c.rms_norm_eps));
+    mlp = register_module("mlp", Mlp(c));
+  }
+  RMSNorm input_layernorm{nullptr};
+  Attention self_attn{nullptr};
+  RMSNorm post_attention_layernorm{nullptr};
+  Mlp mlp{nullptr};
+};
+TORCH_MODULE(DecoderLayer);
+
+[[noreturn]] void Fail(const std::string& what) {
+  throw std::invalid_argument("Decoder: " + what);
+}
+
+std::string Shape(const torch::Tensor& t) {
+  std::string s = "[";
+  for (int64_t i = 0; i < t.dim(); ++i) s += (i ? ", " : "") + std::to_string(t.size(i));
+  return s + "]";
+}
+
+}  // namespace
+
+class LlamaModelImpl : public torch::nn::Module {
+ public:
+  explicit LlamaModelImpl(const ModelConfig& c) {
+    embed_tokens = register_module("embed_tokens", torch::nn::Embedding(c.vocab_size, c.hidden_size));
+    layers = register_module("layers", torch::nn::ModuleList());
+    for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+      DecoderLayer layer(c);
+      layers->push_back(layer);
+      blocks.push_back(layer);
+    }
+    norm = register_module("norm", RMSNorm(c.hidden_size, c.rms_norm_eps));
+  }
+  torch::nn::Embedding embed_tokens{nullptr};
+  torch::nn::ModuleList layers{nullptr};
+  std::vector<DecoderLayer> blocks;  // typed view of `layers`
+  RMSNorm norm{nullptr};
+};
+
+DecoderImpl::DecoderImpl(const ModelConfig& config) : config_(config) {
+  config_.Validate();
+  model_ = register_module("model", std::make_shared<LlamaModelImpl>(config_));
+  if (config_.tie_word_embeddings) {
+    lm_head_ = NoBiasLinear(config_.hidden_size, config_.vocab_size);
+    lm_head_->weight = model_->embed_tokens->weight;
+  } else {
+    lm_head_ = register_module("lm_head", NoBiasLinear(config_.hidden_size, config_.vocab_size));
+  }
+
+  // HF LlamaPreTrainedModel._init_weights: N(0, 0.02) for linear and
+  // embedding weights; RMSNorm weights stay 1.
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& p : named_parameters()) {
+      if (p.key().find("layernorm") == std::string::npos &&
+          p.key().find("norm.weight") == std::string::npos) {
+        p.value().normal_(0.0, 0.02);
+      }
+    }
+  }
+
+  const int64_t hd = config_.head_dim();
+  auto inv_freq =
+      1.0 / torch::pow(config_.rope_theta,
+                       torch::arange(0, hd, 2, torch::kFloat64) / static_cast<double>(hd));
+  auto pos = torch::arange(config_.max_position_embeddings, torch::kFloat64);
+  auto freqs = torch::outer(pos, inv_freq);
+  auto emb = torch::cat({freqs, freqs}, -1);
+  rope_cos_ = register_buffer("rope_cos", emb.cos().to(torch::kFloat32));
+  rope_sin_ = register_buffer("rope_sin", emb.sin().to(torch::kFloat32));
+}
+
+KVCache DecoderImpl::NewCache(int64_t batch, int64_t capacity) const {
+  if (batch <= 0 || capacity <= 0) Fail("NewCache needs batch > 0 and capacity > 0");
+  const auto& w = model_->embed_tokens->weight;
+  auto opts = w.options().requires_grad(false);
+  KVCache cache;
+  for (int64_t i = 0; i < config_.num_hidden_layers; ++i) {
+    cache.keys.push_back(
+        torch::zeros({batch, config_.num_key_value_heads, capacity, config_.head_dim()}, opts));
+    cache.values.push_back(
+        torch::zeros({batch, config_.num_key_value_heads, capacity, config_.head_dim()}, opts));
+  }
+  cache.key_valid = torch::zeros({batch, capacity}, opts.dtype(torch::kBool));
+  cache.length = 0;
+  return cache;
+}
+
+ForwardOutput DecoderImpl::Forward(const torch::Tensor& tokens_in,
+                                   const torch::Tensor& attention_mask,
+                                   const torch::Tensor& positions_in, KVCache* cache) {
+  if (tokens_in.dim() != 2) Fail("tokens must be [B, T], got " + Shape(tokens_in));
+  const auto device = model_->embed_tokens->weight.device();
+  auto tokens = tokens_in.to(device, torch::kLong);
+  const int64_t B = tokens.size(0), T = tokens.size(1);
+  if (T == 0) Fail("tokens must have at least one position");
+
+  torch::Tensor mask;  // [B, T] bool, undefined = all real
+  if (attention_mask.defined()) {
+    if (attention_mask.sizes() != tokens.sizes()) {
+      Fail("attention_mask shape " + Shape(attention_mask) + " != tokens shape " + Shape(tokens));
+    }
+    mask = attention_mask.to(device).to(torch::kBool);
+  }
+
+  const int64_t start = cache ? cache->length : 0;
+  const int64_t S = start + T;
+  torch::Tensor key_valid;  // [B, S]
+  if (cache) {
+    if (static_cast<int64_t>(cache->keys.size()) != config_.num_hidden_layers ||
+        !cache->key_valid.defined() || cache->key_valid.size(0) != B) {
+      Fail("KV cache does not match this model and batch (use NewCache(" + std::to_string(B) +
+           ", capacity))");
+    }
+    if (S > cache->key_valid.size(1)) {
+      Fail("KV cache is full: " + std::to_string(start) + " + " + std::to_string(T) +
+           " tokens exceed capacity " + std::to_string(cache->key_valid.size(1)));
+    }
+    auto slot = cache->key_valid.narrow(1, start, T);
+    if (mask.defined()) {
+      slot.copy_(mask);
+    } else {
+      slot.fill_(true);
+    }
+    key_valid = cache->key_valid.narrow(1, 0, S);
+  } else {
+    key_valid = mask;
+  }
+
+  torch::Tensor positions;
+  if (positions_in.defined()) {
+    if (positions_in.sizes() != tokens.sizes()) {
+      Fail("positions shape " + Shape(positions_in) + " != tokens shape " + Shape(tokens));
+    }
+    positions = positions_in.to(device, torch::kLong);
+  } else if (!mask.defined() && (!cache || start == 0)) {
+    positions = torch::arange(T, tokens.options()).expand({B, T});
+  } else {
+    // Real tokens before each token, so left padding does not shift RoPE.
+    auto real = mask.defined() ? mask.to(torch::kLong) : torch::ones_like(tokens);
+    positions = real.cumsum(1) - 1;
+    if (cache && start > 0) {
+      positions = positions + cache->key_valid.narrow(1, 0, start).sum(1, true);
+    }
+    positions = positions.clamp_min(0);
+  }
+  {
+    const int64_t max_pos = positions.max().item<int64_t>();
+    const int64_t min_pos = positions.min().item<int64_t>();
+    if (min_pos < 0 || max_pos >= config_.max_position_embeddings) {
+      Fail("positions must lie in [0, " + std::to_string(config_.max_position_embeddings) +
+           "), got [" + std::to_string(min_pos) + ", " + std::to_string(max_pos) + "]");
+    }
+  }
+  auto flat = positions.reshape({-1});
+  auto cos = rope_cos_.index_select(0, flat).view({B, 1, T, -1});
+  auto sin = rope_sin_.index_select(0, flat).view({B, 1, T, -1});
+  const auto dtype = model_->embed_tokens->weight.scalar_type();
+  cos = cos.to(dtype);
+  sin = sin.to(dtype);
+
+  // Query i sits at cache slot start + i and may see slots <= that one.
+  auto q_slot = torch::arange(start, S, tokens.options()).unsqueeze(1);
+  auto k_slot = torch::arange(S, tokens.options()).unsqueeze(0);
+  auto allowed = (k_slot <= q_slot).unsqueeze(0);  // [1, T, S]
+  if (key_valid.defined()) allowed = allowed.logical_and(key_valid.unsqueeze(1));
+  allowed = allowed.view({allowed.size(0), 1, 1, T, S});
+
+  auto h = model_->embed_tokens(tokens);
+  for (int64_t i = 0; i < config_.num_hidden_layers; ++i) {
+    auto& layer = model_->blocks[static_cast<size_t>(i)];
+    auto a = layer->self_attn->forward(layer->input_layernorm(h), cos, sin, allowed,
+                                       cache ? &cache->keys[static_cast<size_t>(i)] : nullptr,
+                                       cache ? &cache->values[static_cast<size_t>(i)] : nullptr,
+                                       start);
+    h = h + a;
+    h = h + layer->mlp(layer->post_attention_layernorm(h));
+  }
+  h = model_->norm(h);
+  if (cache) cache->length = S;
+
+  ForwardOutput out;
+  out.hidden = h;
+  out.logits = config_.tie_word_embeddings ? F::linear(h, model_->embed_tokens->weight)
+                                           : lm_head_(h);
+  return out;
+}
+
+Decoder CloneDecoder(Decoder& source) {
+  Decoder copy(source->config());
+  const auto& w = source->named_parameters().front().value();
+  copy->to(w.device(), w.scalar_type());
+  torch::NoGradGuard no_grad;
+  auto src_params = source->named_parameters();
+  auto dst_params = copy->named_parameters();
+  for (auto& p : src_params) dst_params[p.key()].copy_(p.value());
+  auto src_buffers = source->named_buffers();
+  auto dst_buffers = copy->named_buffers();
+  for (auto& b : src_buffers) dst_buffers[b.key()].copy_(b.value());
+  copy->train(source->is_training());
+  return copy;
+}
+
+}  // namespace kappa::model
