@@ -1,0 +1,327 @@
+#include "rollout_worker/group_sampler.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <spdlog/spdlog.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <exception>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "model/sampling.h"
+#include "model/tokenizer.h"
+#include "model/transformer.h"
+#include "rollout_worker/backoff.h"
+#include "services/tensor_codec.h"
+#include "services/torch_tensor_codec.h"
+
+namespace kappa::rollout {
+namespace {
+
+constexpr int kMaxGroupSize = 4096;
+
+absl::Status StatusFromGrpc(const char* what, const grpc::Status& status) {
+  // gRPC and abseil share the canonical code numbering.
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                      absl::StrCat(what, ": ", status.error_message()));
+}
+
+bool LeaseExpired(const kappa::v1::WorkItem& item) {
+  return item.lease_deadline_unix_ms() > 0 &&
+         absl::ToUnixMillis(absl::Now()) > item.lease_deadline_unix_ms();
+}
+
+// Decode never fails the group: ids outside the tokenizer's alphabet (a model
+// vocabulary larger than the alphabet) are dropped from the text only.
+std::string DecodeText(const model::CharTokenizer& tokenizer, const std::vector<int64_t>& ids) {
+  try {
+    return tokenizer.Decode(ids);
+  } catch (const std::exception&) {
+    std::vector<int64_t> known;
+    for (int64_t id : ids) {
+      if (id >= 0 && id < tokenizer.vocab_size()) known.push_back(id);
+    }
+    try {
+      return tokenizer.Decode(known);
+    } catch (const std::exception&) {
+      return "";
+    }
+  }
+}
+
+std::string ShapeString(const kappa::v1::Tensor& tensor) {
+  return absl::StrCat("[", absl::StrJoin(tensor.shape(), ", "), "]");
+}
+
+absl::Status CheckShape(const kappa::v1::Tensor& tensor, const std::string& field,
+                        const std::vector<int64_t>& expected) {
+  if (absl::Status status = services::ValidateTensor(tensor, field); !status.ok()) return status;
+  if (std::vector<int64_t>(tensor.shape().begin(), tensor.shape().end()) != expected) {
+    return absl::InternalError(absl::StrCat(field, ": teacher returned shape ",
+                                            ShapeString(tensor), ", expected [",
+                                            absl::StrJoin(expected, ", "), "]"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+struct GroupSampler::Rng {
+  at::Generator generator;
+};
+
+GroupSampler::GroupSampler(std::shared_ptr<grpc::ChannelInterface> verifier_channel,
+                           std::shared_ptr<grpc::ChannelInterface> teacher_channel,
+                           GroupSamplerOptions options)
+    : verifier_(kappa::v1::Verifier::NewStub(std::move(verifier_channel))),
+      teacher_(kappa::v1::Teacher::NewStub(std::move(teacher_channel))),
+      options_(std::move(options)),
+      rng_(std::make_unique<Rng>(Rng{at::make_generator<at::CPUGeneratorImpl>(options_.seed)})) {}
+
+GroupSampler::~GroupSampler() = default;
+
+void GroupSampler::Cancel() {
+  std::lock_guard<std::mutex> lock(mu_);
+  cancelled_ = true;
+  if (active_context_ != nullptr) active_context_->TryCancel();
+}
+
+void GroupSampler::Resume() {
+  std::lock_guard<std::mutex> lock(mu_);
+  cancelled_ = false;
+}
+
+absl::StatusOr<kappa::v1::ScoredGroup> GroupSampler::Run(const kappa::v1::WorkItem& item,
+                                                         const Policy& policy,
+                                                         const std::function<bool()>& abandon) {
+  if (policy.model == nullptr) return absl::FailedPreconditionError("no policy loaded");
+  model::Decoder& decoder = *policy.model;
+  const model::ModelConfig& config = decoder->config();
+  const int64_t prompt_length = item.prompt_tokens_size();
+  if (item.group_size() <= 0 || item.group_size() > kMaxGroupSize) {
+    return absl::InvalidArgumentError(absl::StrCat("work item ", item.lease_id(),
+                                                   ": group_size ", item.group_size(),
+                                                   " outside [1, ", kMaxGroupSize, "]"));
+  }
+  if (prompt_length == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("work item ", item.lease_id(), ": empty prompt_tokens"));
+  }
+  for (int32_t token : item.prompt_tokens()) {
+    if (token < 0 || token >= config.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat("work item ", item.lease_id(),
+                                                     ": prompt token ", token,
+                                                     " outside the vocabulary of ",
+                                                     config.vocab_size));
+    }
+  }
+  const int form = item.teacher_form();
+  if (form < 0 || form > kappa::v1::SCORE_FORM_SAMPLED ||
+      (form == kappa::v1::SCORE_FORM_TOPK && item.teacher_top_k() <= 0)) {
+    return absl::InvalidArgumentError(absl::StrCat("work item ", item.lease_id(),
+                                                   ": teacher_form ", form, " with top_k ",
+                                                   item.teacher_top_k()));
+  }
+  if (LeaseExpired(item)) {
+    return absl::DeadlineExceededError(absl::StrCat("lease ", item.lease_id(), " expired"));
+  }
+
+  model::SamplingParams params;
+  params.max_new_tokens =
+      item.max_new_tokens() > 0 ? item.max_new_tokens() : options_.default_max_new_tokens;
+  params.max_new_tokens =
+      std::min(params.max_new_tokens, config.max_position_embeddings - prompt_length);
+  if (params.max_new_tokens <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "work item ", item.lease_id(), ": prompt of ", prompt_length,
+        " tokens leaves no room in max_position_embeddings ", config.max_position_embeddings));
+  }
+  params.temperature = item.temperature() > 0 ? item.temperature() : options_.default_temperature;
+  params.top_p = item.top_p() > 0 && item.top_p() <= 1 ? item.top_p() : options_.default_top_p;
+  params.eos_id = config.eos_token_id;
+  params.pad_id = config.pad_token_id;
+
+  const absl::Time start = absl::Now();
+  const std::vector<int64_t> prompt(item.prompt_tokens().begin(), item.prompt_tokens().end());
+  const std::vector<std::vector<int64_t>> prompts(item.group_size(), prompt);
+  std::vector<model::SampledSequence> sampled;
+  try {
+    sampled = model::Sample(decoder, prompts, params, rng_->generator);
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("sampling failed: ", e.what()));
+  }
+  if (sampled.size() != prompts.size()) {
+    return absl::InternalError(absl::StrCat("sampling returned ", sampled.size(),
+                                            " sequences for ", prompts.size(), " prompts"));
+  }
+
+  static const model::CharTokenizer tokenizer;
+  kappa::v1::ScoredGroup group;
+  group.set_lease_id(item.lease_id());
+  group.set_prompt_id(item.prompt_id());
+  *group.mutable_prompt_tokens() = item.prompt_tokens();
+  group.set_policy_version(policy.version);
+  group.set_worker_id(options_.worker_id);
+  for (model::SampledSequence& sequence : sampled) {
+    if (sequence.tokens.empty() || sequence.tokens.size() != sequence.logprobs.size()) {
+      return absl::InternalError(absl::StrCat("sampling returned ", sequence.tokens.size(),
+                                              " tokens with ", sequence.logprobs.size(),
+                                              " log-probs"));
+    }
+    kappa::v1::ScoredSample* sample = group.add_samples();
+    for (int64_t token : sequence.tokens) sample->add_response_tokens(static_cast<int32_t>(token));
+    const torch::Tensor logprobs =
+        torch::from_blob(sequence.logprobs.data(),
+                         {static_cast<int64_t>(sequence.logprobs.size())}, torch::kFloat32);
+    services::EncodeTensor(logprobs, sample->mutable_behavior_logprobs(),
+                           kappa::v1::DTYPE_FLOAT32);
+    sample->set_response_text(DecodeText(tokenizer, sequence.tokens));
+  }
+
+  if (absl::Status status = Verify(item, group, abandon); !status.ok()) return status;
+  if (form != 0) {
+    if (absl::Status status = Score(item, config.vocab_size, group, abandon); !status.ok()) {
+      return status;
+    }
+  }
+  group.set_generation_seconds(absl::ToDoubleSeconds(absl::Now() - start));
+  return group;
+}
+
+absl::Status GroupSampler::CallWithRetry(
+    const char* what, const kappa::v1::WorkItem& item, const std::function<bool()>& abandon,
+    const std::function<grpc::Status(grpc::ClientContext*)>& call) {
+  Backoff backoff(options_.initial_backoff, options_.max_backoff);
+  auto should_stop = [&] {
+    std::lock_guard<std::mutex> lock(mu_);
+    return cancelled_ || (abandon && abandon());
+  };
+  for (int attempt = 1;; ++attempt) {
+    if (should_stop()) return absl::CancelledError(absl::StrCat(what, ": cancelled"));
+    if (LeaseExpired(item)) {
+      return absl::DeadlineExceededError(
+          absl::StrCat(what, ": lease ", item.lease_id(), " expired after ", attempt - 1,
+                       " attempts"));
+    }
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_deadline));
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (cancelled_) return absl::CancelledError(absl::StrCat(what, ": cancelled"));
+      active_context_ = &context;
+    }
+    const grpc::Status status = call(&context);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      active_context_ = nullptr;
+    }
+    if (status.ok()) return absl::OkStatus();
+    if (!IsRetryableGrpcCode(status.error_code())) return StatusFromGrpc(what, status);
+    const absl::Duration delay = backoff.Next();
+    spdlog::warn("{} for lease {} failed (attempt {}, code {}: {}); retrying in {:.0f} ms", what,
+                 item.lease_id(), attempt, static_cast<int>(status.error_code()),
+                 status.error_message(), absl::ToDoubleMilliseconds(delay));
+    // Sleep in slices so a shutdown is noticed quickly.
+    const absl::Time wake = absl::Now() + delay;
+    while (absl::Now() < wake && !should_stop()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(
+          std::max<int64_t>(1, std::min<int64_t>(20, absl::ToInt64Milliseconds(wake - absl::Now())))));
+    }
+  }
+}
+
+absl::Status GroupSampler::Verify(const kappa::v1::WorkItem& item, kappa::v1::ScoredGroup& group,
+                                  const std::function<bool()>& abandon) {
+  kappa::v1::VerifyRequest request;
+  for (const kappa::v1::ScoredSample& sample : group.samples()) {
+    kappa::v1::VerifyItem* verify_item = request.add_items();
+    verify_item->set_task(item.task());
+    verify_item->set_reference_answer(item.reference_answer());
+    verify_item->set_response_text(sample.response_text());
+  }
+  kappa::v1::VerifyResponse response;
+  absl::Status status = CallWithRetry("Verifier.Verify", item, abandon,
+                                      [&](grpc::ClientContext* context) {
+                                        response.Clear();
+                                        return verifier_->Verify(context, request, &response);
+                                      });
+  if (!status.ok()) return status;
+  if (response.rewards_size() != group.samples_size()) {
+    return absl::InternalError(absl::StrCat("Verifier.Verify returned ", response.rewards_size(),
+                                            " rewards for ", group.samples_size(), " items"));
+  }
+  for (int i = 0; i < response.rewards_size(); ++i) {
+    if (!std::isfinite(response.rewards(i))) {
+      return absl::InternalError(absl::StrCat("Verifier.Verify: rewards[", i, "] is not finite"));
+    }
+    group.mutable_samples(i)->set_reward(response.rewards(i));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GroupSampler::Score(const kappa::v1::WorkItem& item, int64_t vocab_size,
+                                 kappa::v1::ScoredGroup& group,
+                                 const std::function<bool()>& abandon) {
+  const auto form = static_cast<kappa::v1::ScoreForm>(item.teacher_form());
+  kappa::v1::ScoreRequest request;
+  request.set_form(form);
+  request.set_top_k(item.teacher_top_k());
+  request.set_value_dtype(kappa::v1::DTYPE_FLOAT32);
+  request.set_vocab_size(static_cast<int32_t>(vocab_size));
+  for (const kappa::v1::ScoredSample& sample : group.samples()) {
+    kappa::v1::ScoreSequence* sequence = request.add_sequences();
+    *sequence->mutable_prompt_tokens() = group.prompt_tokens();
+    *sequence->mutable_response_tokens() = sample.response_tokens();
+  }
+  kappa::v1::ScoreResponse response;
+  absl::Status status = CallWithRetry("Teacher.Score", item, abandon,
+                                      [&](grpc::ClientContext* context) {
+                                        response.Clear();
+                                        return teacher_->Score(context, request, &response);
+                                      });
+  if (!status.ok()) return status;
+  if (response.sequences_size() != group.samples_size()) {
+    return absl::InternalError(absl::StrCat("Teacher.Score returned ", response.sequences_size(),
+                                            " sequences for ", group.samples_size()));
+  }
+  for (int i = 0; i < response.sequences_size(); ++i) {
+    kappa::v1::ScoredSequence& scored = *response.mutable_sequences(i);
+    kappa::v1::ScoredSample& sample = *group.mutable_samples(i);
+    const int64_t length = sample.response_tokens_size();
+    const std::string field = absl::StrCat("Teacher.Score sequences[", i, "]");
+    absl::Status shape_status;
+    switch (form) {
+      case kappa::v1::SCORE_FORM_UNSPECIFIED:
+      case kappa::v1::SCORE_FORM_FULL:
+        shape_status = CheckShape(scored.logprobs(), field + ".logprobs", {length, vocab_size});
+        break;
+      case kappa::v1::SCORE_FORM_SAMPLED:
+        shape_status = CheckShape(scored.logprobs(), field + ".logprobs", {length});
+        break;
+      case kappa::v1::SCORE_FORM_TOPK: {
+        const int64_t k = std::min<int64_t>(item.teacher_top_k(), vocab_size);
+        shape_status = CheckShape(scored.logprobs(), field + ".logprobs", {length, k});
+        if (shape_status.ok()) {
+          shape_status = CheckShape(scored.topk_ids(), field + ".topk_ids", {length, k});
+        }
+        break;
+      }
+      default:
+        shape_status = absl::InvalidArgumentError(absl::StrCat("unknown teacher form ", form));
+    }
+    if (!shape_status.ok()) return shape_status;
+    *sample.mutable_teacher_logprobs() = std::move(*scored.mutable_logprobs());
+    if (form == kappa::v1::SCORE_FORM_TOPK) {
+      *sample.mutable_teacher_topk_ids() = std::move(*scored.mutable_topk_ids());
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace kappa::rollout

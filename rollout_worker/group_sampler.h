@@ -1,0 +1,78 @@
+// Turns one WorkItem into one ScoredGroup: G samples from the policy in one
+// batch, rewards from the verifier, and (when the learner asks for them)
+// teacher log-probs. RPCs are retried on transient errors; a group is only
+// returned complete, never with missing rewards or teacher data.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "kappa/v1/learner.pb.h"
+#include "kappa/v1/teacher.grpc.pb.h"
+#include "kappa/v1/verifier.grpc.pb.h"
+#include "rollout_worker/policy_watcher.h"
+
+namespace kappa::rollout {
+
+struct GroupSamplerOptions {
+  std::string worker_id;
+  absl::Duration rpc_deadline = absl::Seconds(10);
+  absl::Duration initial_backoff = absl::Milliseconds(50);
+  absl::Duration max_backoff = absl::Seconds(2);
+  // Used when a WorkItem leaves them unset (0).
+  int64_t default_max_new_tokens = 8;
+  double default_temperature = 1.0;
+  double default_top_p = 1.0;
+  uint64_t seed = 1;
+};
+
+class GroupSampler {
+ public:
+  GroupSampler(std::shared_ptr<grpc::ChannelInterface> verifier_channel,
+               std::shared_ptr<grpc::ChannelInterface> teacher_channel,
+               GroupSamplerOptions options);
+  ~GroupSampler();
+
+  // Samples, verifies and scores `item` with `policy` (version >= the item's).
+  // Errors: INVALID_ARGUMENT for an unusable item, CANCELLED once Cancel() was
+  // called or `abandon()` returns true, DEADLINE_EXCEEDED once the lease has
+  // expired, and a non-retryable RPC error as the server returned it.
+  absl::StatusOr<kappa::v1::ScoredGroup> Run(const kappa::v1::WorkItem& item,
+                                             const Policy& policy,
+                                             const std::function<bool()>& abandon);
+
+  // Cancels the RPC in flight and makes every later Run() return CANCELLED
+  // until Resume(). Thread-safe.
+  void Cancel();
+  void Resume();
+
+ private:
+  struct Rng;  // keeps libtorch out of this header
+
+  absl::Status CallWithRetry(const char* what, const kappa::v1::WorkItem& item,
+                             const std::function<bool()>& abandon,
+                             const std::function<grpc::Status(grpc::ClientContext*)>& call);
+  absl::Status Verify(const kappa::v1::WorkItem& item, kappa::v1::ScoredGroup& group,
+                      const std::function<bool()>& abandon);
+  absl::Status Score(const kappa::v1::WorkItem& item, int64_t vocab_size,
+                     kappa::v1::ScoredGroup& group, const std::function<bool()>& abandon);
+
+  std::unique_ptr<kappa::v1::Verifier::StubInterface> verifier_;
+  std::unique_ptr<kappa::v1::Teacher::StubInterface> teacher_;
+  const GroupSamplerOptions options_;
+  std::unique_ptr<Rng> rng_;
+
+  std::mutex mu_;
+  bool cancelled_ = false;
+  grpc::ClientContext* active_context_ = nullptr;  // guarded by mu_
+};
+
+}  // namespace kappa::rollout

@@ -1,0 +1,124 @@
+// kappa-rollout-worker: samples groups for the learner.
+//
+//   kappa-rollout-worker --config FILE [--learner ADDR] [--teacher ADDR]
+//                        [--verifier ADDR] [--worker-id ID] [--log-file PATH]
+//                        [key=value ...]
+//   kappa-rollout-worker --health-check ADDR
+//
+// Flags are parsed by services/cli_flags.h, shared by every kappa binary.
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <iostream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "rollout_worker/worker.h"
+#include "services/cli_flags.h"
+#include "services/config.h"
+#include "services/grpc_util.h"
+#include "services/logging.h"
+#include "services/server.h"
+#include "services/torch_runtime.h"
+
+namespace {
+
+std::string DefaultWorkerId() {
+  char host[256] = {0};
+  if (gethostname(host, sizeof(host) - 1) != 0) host[0] = '\0';
+  return absl::StrCat(host[0] ? host : "localhost", ":", getpid());
+}
+
+// FNV-1a: stable across builds and platforms, unlike std::hash.
+uint64_t StableHash(const std::string& text) {
+  uint64_t hash = 1469598103934665603ull;
+  for (unsigned char c : text) {
+    hash ^= c;
+    hash *= 1099511628211ull;
+  }
+  return hash;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  kappa::services::InstallTerminationHandlers();
+  const std::string extra_usage =
+      "  --learner ADDR     learner address (default: learner.address; --address is an alias)\n"
+      "  --teacher ADDR     teacher address (default: teacher.address)\n"
+      "  --verifier ADDR    verifier address (default: verifier.address)\n"
+      "  --worker-id ID     unique worker id (default: host:pid)\n";
+  absl::StatusOr<kappa::services::CommonFlags> flags = kappa::services::ParseCommonFlags(
+      argc, argv, {"learner", "teacher", "verifier", "worker-id"});
+  if (!flags.ok()) {
+    std::cerr << "kappa-rollout-worker: " << flags.status().message() << "\n"
+              << kappa::services::Usage("kappa-rollout-worker", extra_usage);
+    return 2;
+  }
+  if (flags->help) {
+    std::cout << kappa::services::Usage("kappa-rollout-worker", extra_usage);
+    return 0;
+  }
+  if (!flags->health_check_address.empty()) {
+    return kappa::services::RunHealthCheck(flags->health_check_address);
+  }
+
+  kappa::services::InitLogging("rollout-worker", flags->log_file);
+  absl::StatusOr<kappa::services::Config> config = kappa::services::LoadConfigFromFlags(*flags);
+  if (!config.ok()) {
+    spdlog::error("configuration: {}", config.status().ToString());
+    return 2;
+  }
+  kappa::services::ConfigureTorchThreads(config->rollout.threads);
+  auto flag_or = [&](const std::string& name, const std::string& fallback) {
+    auto it = flags->extra.find(name);
+    return it != flags->extra.end() && !it->second.empty() ? it->second : fallback;
+  };
+
+  kappa::rollout::WorkerOptions options;
+  options.worker_id = flag_or("worker-id", DefaultWorkerId());
+  options.max_outstanding = static_cast<int32_t>(config->rollout.max_outstanding);
+  options.sampler.rpc_deadline = absl::Milliseconds(config->rollout.rpc_deadline_ms);
+  options.sampler.default_max_new_tokens = config->rollout.max_new_tokens;
+  options.sampler.default_temperature = config->rollout.temperature;
+  options.sampler.default_top_p = config->rollout.top_p;
+  options.sampler.seed = config->seed + StableHash(options.worker_id);
+
+  const std::string learner =
+      flag_or("learner", flags->address.empty() ? config->learner.address : flags->address);
+  const std::string teacher = flag_or("teacher", config->teacher.address);
+  const std::string verifier = flag_or("verifier", config->verifier.address);
+  spdlog::info("worker {}: learner {}, teacher {}, verifier {}, {} torch threads, seed {}",
+               options.worker_id, learner, teacher, verifier, config->rollout.threads,
+               options.sampler.seed);
+
+  kappa::rollout::RolloutWorker worker(kappa::services::MakeChannel(learner),
+                                       kappa::services::MakeChannel(verifier),
+                                       kappa::services::MakeChannel(teacher), options);
+  // Polls for SIGTERM/SIGINT and flips the worker into its stop path; Run()
+  // then cancels every stream and RPC and returns.
+  std::atomic<bool> finished{false};
+  std::thread signal_watcher([&] {
+    while (!finished.load()) {
+      if (kappa::services::TerminationRequested()) {
+        spdlog::info("termination signal received; stopping");
+        worker.Stop();
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  });
+  const absl::Status status = worker.Run();
+  finished.store(true);
+  signal_watcher.join();
+  if (!status.ok()) {
+    spdlog::error("rollout worker failed: {}", status.ToString());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,149 @@
+#include "rollout_worker/policy_watcher.h"
+
+#include <spdlog/spdlog.h>
+
+#include <exception>
+#include <utility>
+
+#include "model/checkpoint.h"
+#include "model/model_config.h"
+#include "model/transformer.h"
+#include "rollout_worker/backoff.h"
+#include "rollout_worker/policy_assembler.h"
+
+namespace kappa::rollout {
+namespace {
+
+absl::StatusOr<std::shared_ptr<model::Decoder>> BuildDecoder(const AssembledPolicy& policy) {
+  try {
+    const model::ModelConfig config = model::ModelConfig::FromJson(policy.model_config_json);
+    auto decoder = std::make_shared<model::Decoder>(config);
+    model::LoadWeights(*decoder, policy.weights);
+    (*decoder)->eval();
+    for (auto& parameter : (*decoder)->parameters()) parameter.set_requires_grad(false);
+    return decoder;
+  } catch (const std::exception& e) {
+    return absl::InvalidArgumentError(e.what());
+  }
+}
+
+}  // namespace
+
+PolicyWatcher::PolicyWatcher(std::shared_ptr<grpc::ChannelInterface> learner_channel,
+                             PolicyWatcherOptions options)
+    : stub_(kappa::v1::Learner::NewStub(std::move(learner_channel))),
+      options_(std::move(options)) {}
+
+PolicyWatcher::~PolicyWatcher() { Stop(); }
+
+void PolicyWatcher::Start() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (thread_.joinable() || stopping_) return;
+  thread_ = std::thread([this] { Loop(); });
+}
+
+void PolicyWatcher::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+    if (active_context_ != nullptr) active_context_->TryCancel();
+  }
+  changed_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+Policy PolicyWatcher::Current() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return current_;
+}
+
+absl::StatusOr<Policy> PolicyWatcher::WaitForVersion(int64_t min_version,
+                                                     absl::Time deadline) const {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    if (current_.model != nullptr && current_.version >= min_version) return current_;
+    if (stopping_) return absl::CancelledError("policy watcher stopped");
+    const absl::Time now = absl::Now();
+    if (now >= deadline) {
+      return absl::DeadlineExceededError(
+          "no policy version >= " + std::to_string(min_version) + " yet (have " +
+          std::to_string(current_.version) + ")");
+    }
+    changed_.wait_for(lock, absl::ToChronoNanoseconds(deadline - now));
+  }
+}
+
+void PolicyWatcher::Publish(Policy policy) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    current_ = std::move(policy);
+  }
+  published_versions_.fetch_add(1);
+  changed_.notify_all();
+}
+
+void PolicyWatcher::Loop() {
+  Backoff backoff(options_.initial_backoff, options_.max_backoff);
+  while (true) {
+    const int64_t published_before = published_versions_.load();
+    const grpc::Status status = WatchOnce();
+    std::unique_lock<std::mutex> lock(mu_);
+    if (stopping_) return;
+    if (published_versions_.load() != published_before) backoff.Reset();
+    const absl::Duration delay = backoff.Next();
+    spdlog::warn("WatchPolicy stream ended ({}: {}); reconnecting in {:.0f} ms",
+                 static_cast<int>(status.error_code()), status.error_message(),
+                 absl::ToDoubleMilliseconds(delay));
+    changed_.wait_for(lock, absl::ToChronoNanoseconds(delay), [this] { return stopping_; });
+    if (stopping_) return;
+  }
+}
+
+grpc::Status PolicyWatcher::WatchOnce() {
+  grpc::ClientContext context;
+  kappa::v1::WatchPolicyRequest request;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return grpc::Status::CANCELLED;
+    active_context_ = &context;
+    request.set_known_version(current_.version);
+  }
+  request.set_worker_id(options_.worker_id);
+  std::unique_ptr<grpc::ClientReaderInterface<kappa::v1::PolicyChunk>> reader =
+      stub_->WatchPolicy(&context, request);
+
+  PolicyAssembler assembler;
+  kappa::v1::PolicyChunk chunk;
+  while (reader->Read(&chunk)) {
+    if (chunk.version() <= Current().version) continue;  // already have it
+    absl::StatusOr<std::optional<AssembledPolicy>> added = assembler.Add(chunk);
+    if (!added.ok()) {
+      rejected_versions_.fetch_add(1);
+      spdlog::error("{}", std::string(added.status().message()));
+      continue;
+    }
+    if (!added->has_value()) continue;
+    const AssembledPolicy& assembled = **added;
+    const absl::Time start = absl::Now();
+    absl::StatusOr<std::shared_ptr<model::Decoder>> decoder = BuildDecoder(assembled);
+    if (!decoder.ok()) {
+      rejected_versions_.fetch_add(1);
+      spdlog::error("policy version {} discarded: cannot load weights: {}", assembled.version,
+                    std::string(decoder.status().message()));
+      continue;
+    }
+    Publish(Policy{assembled.version, *std::move(decoder)});
+    spdlog::info("policy version {} loaded ({} parameters, {:.1f} ms)", assembled.version,
+                 assembled.weights.size(), absl::ToDoubleMilliseconds(absl::Now() - start));
+  }
+  if (assembler.pending_version() >= 0) {
+    spdlog::error("policy version {} discarded: stream ended mid-version",
+                  assembler.pending_version());
+  }
+  const grpc::Status status = reader->Finish();
+  std::lock_guard<std::mutex> lock(mu_);
+  active_context_ = nullptr;
+  return status;
+}
+
+}  // namespace kappa::rollout

@@ -1,0 +1,81 @@
+// The rollout worker's main loop: one Learner.Rollout stream at a time.
+// A reader thread queues WorkItems and accumulates Credits; the loop takes
+// items in order, waits for a policy at least as new as the item asks,
+// samples and scores the group, and sends it once it holds credit. When the
+// stream breaks, queued items are dropped (their leases expire at the learner
+// and are handed out again) and the worker reconnects with backoff.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "kappa/v1/learner.grpc.pb.h"
+#include "rollout_worker/group_sampler.h"
+#include "rollout_worker/policy_watcher.h"
+
+namespace kappa::rollout {
+
+struct WorkerOptions {
+  std::string worker_id;
+  int32_t max_outstanding = 2;
+  absl::Duration initial_backoff = absl::Milliseconds(100);
+  absl::Duration max_backoff = absl::Seconds(5);
+  // How long an item without a lease deadline waits for its policy version.
+  absl::Duration max_policy_wait = absl::Seconds(120);
+  GroupSamplerOptions sampler;  // worker_id is copied from above
+};
+
+struct WorkerStats {
+  int64_t groups_sent = 0;
+  int64_t items_received = 0;
+  int64_t items_dropped = 0;  // failed, expired, or lost with a broken stream
+  int64_t connections = 0;    // Rollout streams opened (Hello sent)
+};
+
+class RolloutWorker {
+ public:
+  RolloutWorker(std::shared_ptr<grpc::ChannelInterface> learner_channel,
+                std::shared_ptr<grpc::ChannelInterface> verifier_channel,
+                std::shared_ptr<grpc::ChannelInterface> teacher_channel, WorkerOptions options);
+  ~RolloutWorker();
+
+  // Runs until Stop(); returns OK after a clean stop.
+  absl::Status Run();
+  // Thread-safe, idempotent; Run() returns promptly (cancels in-flight RPCs).
+  void Stop();
+
+  WorkerStats stats() const;
+  const PolicyWatcher& policy_watcher() const { return watcher_; }
+
+ private:
+  struct Connection;  // one Rollout stream and its reader thread
+
+  // Serves one stream until it breaks or Stop(); returns why it ended and
+  // whether the learner sent anything on it.
+  grpc::Status ServeStream(bool* received_any);
+  void ReadLoop(Connection* connection);
+  void ProcessItem(Connection* connection, const kappa::v1::WorkItem& item);
+  bool stopping() const { return stopping_.load(); }
+
+  const WorkerOptions options_;
+  std::unique_ptr<kappa::v1::Learner::StubInterface> learner_;
+  PolicyWatcher watcher_;
+  GroupSampler sampler_;
+
+  std::atomic<bool> stopping_{false};
+  mutable std::mutex mu_;
+  std::condition_variable stop_cv_;
+  Connection* connection_ = nullptr;  // guarded by mu_, so Stop() can cancel it
+  WorkerStats stats_;                 // guarded by mu_
+};
+
+}  // namespace kappa::rollout
