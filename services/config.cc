@@ -244,7 +244,8 @@ absl::Status ApplyMapping(const YAML::Node& mapping, const std::string& prefix,
     }
     if (const Field* field = FindField(key)) {
       absl::Status status =
-          AssignNode(*field, value, absl::StrCat(file_name, ":", LineOf(value, key_node)), config);
+          AssignNode(*field, value, absl::StrCat(file_name, ":", value.IsNull() ? LineOf(key_node, mapping) : LineOf(value, key_node)),
+          config);
       if (!status.ok()) return status;
     } else if (IsSection(key)) {
       if (value.IsNull()) continue;  // "trainer:" with nothing below

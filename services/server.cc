@@ -19,6 +19,10 @@ namespace kappa::services {
 absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(
     const std::string& address, const std::vector<grpc::Service*>& services,
     const ServerOptions& options) {
+  if (services.empty()) {
+    // gRPC's synchronous server refuses to start without a service of its own.
+    return absl::InvalidArgumentError("GrpcServer::Start: no services to serve");
+  }
   // Process-wide switch read by ServerBuilder's constructor.
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
@@ -30,6 +34,8 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(
   // Accept the client keepalive of MakeChannel (one ping per 20 s).
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10000);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  // Two servers on one port would split traffic silently; make it an error.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
 
   std::unique_ptr<GrpcServer> server(new GrpcServer());
   server->server_ = builder.BuildAndStart();

@@ -21,7 +21,10 @@ struct ServerOptions {
 
 class GrpcServer {
  public:
-  // `address` "host:port"; port 0 picks a free port (see port()).
+  // `address` "host:port"; port 0 picks a free port (see port()). `services`
+  // (at least one, synchronous) must outlive the server. Errors: UNAVAILABLE
+  // when the address cannot be bound (also when the port is in use: no
+  // SO_REUSEPORT), INVALID_ARGUMENT for an empty service list.
   static absl::StatusOr<std::unique_ptr<GrpcServer>> Start(
       const std::string& address, const std::vector<grpc::Service*>& services,
       const ServerOptions& options = {});

@@ -1,0 +1,178 @@
+#include "services/config.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+namespace kappa::services {
+namespace {
+
+std::string Error(const absl::StatusOr<Config>& config) {
+  EXPECT_FALSE(config.ok());
+  EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument) << config.status();
+  return std::string(config.status().message());
+}
+
+TEST(ConfigTest, EmptyTextGivesDefaults) {
+  absl::StatusOr<Config> config = ParseConfig("", "empty.yaml");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(ConfigToYaml(*config), ConfigToYaml(Config()));
+  EXPECT_EQ(config->trainer.steps, 60);
+  EXPECT_EQ(config->verifier.address, "127.0.0.1:50053");
+}
+
+TEST(ConfigTest, ParsesNestedKeysOfEveryType) {
+  const std::string text = R"(name: exp1
+seed: 42
+task:
+  operators: "+-*"
+  max_digits: 3
+  train_path:
+student:
+  shape:
+    hidden_size: 128
+  bootstrap:
+    lr: 1e-2
+trainer:
+  steps: 10
+  norm_std: false
+  lambda: 0.5
+  aggregation: seq-mean-token-mean
+verifier:
+)";
+  absl::StatusOr<Config> config = ParseConfig(text, "run.yaml");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->name, "exp1");
+  EXPECT_EQ(config->seed, 42u);
+  EXPECT_EQ(config->task.operators, "+-*");
+  EXPECT_EQ(config->task.max_digits, 3);
+  EXPECT_EQ(config->task.train_path, "");
+  EXPECT_EQ(config->student.shape.hidden_size, 128);
+  EXPECT_EQ(config->teacher.shape.hidden_size, 64);  // untouched default
+  EXPECT_DOUBLE_EQ(config->student.bootstrap.lr, 1e-2);
+  EXPECT_EQ(config->trainer.steps, 10);
+  EXPECT_FALSE(config->trainer.norm_std);
+  EXPECT_DOUBLE_EQ(config->trainer.lambda, 0.5);
+  EXPECT_EQ(config->trainer.aggregation, "seq-mean-token-mean");
+}
+
+TEST(ConfigTest, UnknownKeyNamesFileLineAndPath) {
+  EXPECT_EQ(Error(ParseConfig("name: x\ntrainer:\n  steps: 3\n  stepz: 10\n", "run.yaml")),
+            "run.yaml:4: unknown key 'trainer.stepz'");
+  EXPECT_EQ(Error(ParseConfig("\n\nbogus: 1\n", "a.yaml")), "a.yaml:3: unknown key 'bogus'");
+  EXPECT_EQ(Error(ParseConfig("student:\n  shape:\n    hiden: 1\n", "a.yaml")),
+            "a.yaml:3: unknown key 'student.shape.hiden'");
+}
+
+TEST(ConfigTest, WrongTypeNamesFileLineAndPath) {
+  EXPECT_EQ(Error(ParseConfig("trainer:\n  steps: ten\n", "run.yaml")),
+            "run.yaml:2: key 'trainer.steps' expects an integer, got 'ten'");
+  EXPECT_EQ(Error(ParseConfig("trainer:\n  lr: fast\n", "r.yaml")),
+            "r.yaml:2: key 'trainer.lr' expects a finite number, got 'fast'");
+  EXPECT_EQ(Error(ParseConfig("trainer:\n  norm_std: maybe\n", "r.yaml")),
+            "r.yaml:2: key 'trainer.norm_std' expects a boolean, got 'maybe'");
+  EXPECT_EQ(Error(ParseConfig("seed: -1\n", "r.yaml")),
+            "r.yaml:1: key 'seed' expects a non-negative integer, got '-1'");
+  EXPECT_EQ(Error(ParseConfig("trainer:\n  steps: 2.5\n", "r.yaml")),
+            "r.yaml:2: key 'trainer.steps' expects an integer, got '2.5'");
+  EXPECT_EQ(Error(ParseConfig("trainer:\n  steps: [1, 2]\n", "r.yaml")),
+            "r.yaml:2: key 'trainer.steps' expects an integer, got a sequence");
+  EXPECT_EQ(Error(ParseConfig("trainer:\n  steps:\n", "r.yaml")),
+            "r.yaml:2: key 'trainer.steps' expects an integer, got nothing");
+  EXPECT_EQ(Error(ParseConfig("trainer: 5\n", "r.yaml")),
+            "r.yaml:1: key 'trainer' is a section and expects a mapping, got a scalar");
+}
+
+TEST(ConfigTest, OtherFileErrors) {
+  EXPECT_EQ(Error(ParseConfig("workers: 1\nworkers: 2\n", "r.yaml")),
+            "r.yaml:2: duplicate key 'workers'");
+  EXPECT_EQ(Error(ParseConfig("- a\n- b\n", "r.yaml")).rfind("r.yaml:1: expected a mapping", 0),
+            0u);
+  EXPECT_EQ(Error(ParseConfig("a: [1, 2\n", "r.yaml")).rfind("r.yaml:", 0), 0u);
+}
+
+TEST(ConfigTest, OverridesApplyAfterTheFile) {
+  absl::StatusOr<Config> config = ParseConfig(
+      "trainer:\n  steps: 3\n", "run.yaml",
+      {"trainer.steps=20", "workers=3", "name='my run'", "task.operators=*", "trainer.norm_std=no",
+       "trainer.lr=2e-4", "task.train_path="});
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->trainer.steps, 20);
+  EXPECT_EQ(config->workers, 3);
+  EXPECT_EQ(config->name, "my run");
+  EXPECT_EQ(config->task.operators, "*");
+  EXPECT_FALSE(config->trainer.norm_std);
+  EXPECT_DOUBLE_EQ(config->trainer.lr, 2e-4);
+  EXPECT_EQ(config->task.train_path, "");
+}
+
+TEST(ConfigTest, BadOverrides) {
+  EXPECT_EQ(Error(ParseConfig("", "r.yaml", {"x=1"})), "override 'x=1': unknown key 'x'");
+  EXPECT_EQ(Error(ParseConfig("", "r.yaml", {"trainer=1"})),
+            "override 'trainer=1': unknown key 'trainer'");
+  EXPECT_EQ(Error(ParseConfig("", "r.yaml", {"trainer.steps=ten"})),
+            "override 'trainer.steps=ten': key 'trainer.steps' expects an integer, got 'ten'");
+  EXPECT_EQ(Error(ParseConfig("", "r.yaml", {"workers"})),
+            "override 'workers': expected key=value");
+}
+
+TEST(ConfigTest, YamlRoundTrip) {
+  Config config;
+  config.name = "round trip: with colon";
+  config.seed = 18446744073709551615ull;
+  config.task.operators = "*";
+  config.task.train_path = "";
+  config.student.checkpoint = "  spaced ";
+  config.teacher.address = "dns:///teacher:50052";
+  config.trainer.lr = 0.1 + 0.2;  // not exactly representable in short decimal
+  config.trainer.lambda = 3.0;
+  config.trainer.clip_low = 1e-300;
+  config.trainer.norm_std = false;
+  config.trainer.steps = -5;
+  config.rollout.top_p = 0.95;
+  const std::string yaml = ConfigToYaml(config);
+  absl::StatusOr<Config> parsed = ParseConfig(yaml, "dump.yaml");
+  ASSERT_TRUE(parsed.ok()) << parsed.status() << "\n" << yaml;
+  EXPECT_EQ(ConfigToYaml(*parsed), yaml);
+  EXPECT_EQ(parsed->name, config.name);
+  EXPECT_EQ(parsed->seed, config.seed);
+  EXPECT_EQ(parsed->task.operators, "*");
+  EXPECT_EQ(parsed->student.checkpoint, "  spaced ");
+  EXPECT_EQ(parsed->teacher.address, config.teacher.address);
+  EXPECT_EQ(parsed->trainer.lr, config.trainer.lr);  // bit-exact
+  EXPECT_EQ(parsed->trainer.lambda, 3.0);
+  EXPECT_EQ(parsed->trainer.clip_low, 1e-300);
+  EXPECT_FALSE(parsed->trainer.norm_std);
+  EXPECT_EQ(parsed->trainer.steps, -5);
+  EXPECT_EQ(parsed->rollout.top_p, 0.95);
+}
+
+TEST(ConfigTest, YamlListsEveryKey) {
+  const std::string yaml = ConfigToYaml(Config());
+  const std::vector<std::string> keys = ConfigKeys();
+  EXPECT_GT(keys.size(), 70u);
+  for (const std::string& key : keys) {
+    const std::string leaf = key.substr(key.rfind('.') + 1);
+    EXPECT_NE(yaml.find(leaf + ":"), std::string::npos) << key;
+    // Each key also works as an override of its own default.
+  }
+  EXPECT_NE(yaml.find("trainer:\n"), std::string::npos) << yaml;
+}
+
+TEST(ConfigTest, LoadConfigFromFile) {
+  const std::string path = ::testing::TempDir() + "/kappa_config_test.yaml";
+  std::ofstream(path) << "workers: 5\ntrainer:\n  group_size: 4\n  bogus: 1\n";
+  EXPECT_EQ(Error(LoadConfig(path)), path + ":4: unknown key 'trainer.bogus'");
+  std::ofstream(path) << "workers: 5\ntrainer:\n  group_size: 4\n";
+  absl::StatusOr<Config> config = LoadConfig(path, {"workers=6"});
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->workers, 6);
+  EXPECT_EQ(config->trainer.group_size, 4);
+  std::remove(path.c_str());
+  EXPECT_EQ(LoadConfig(path).status().code(), absl::StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace kappa::services
