@@ -1,0 +1,76 @@
+// The kappa-verifier executable as an operator runs it.
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "services/server.h"
+
+extern char** environ;
+
+namespace {
+
+pid_t Spawn(const std::vector<std::string>& args) {
+  std::vector<char*> argv;
+  for (const std::string& arg : args) argv.push_back(const_cast<char*>(arg.c_str()));
+  argv.push_back(nullptr);
+  pid_t pid = -1;
+  EXPECT_EQ(posix_spawn(&pid, argv[0], nullptr, nullptr, argv.data(), environ), 0);
+  return pid;
+}
+
+int ExitCode(pid_t pid) {
+  int status = 0;
+  EXPECT_EQ(waitpid(pid, &status, 0), pid);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+TEST(VerifierBinaryTest, ServesUntilSigterm) {
+  const std::string log = ::testing::TempDir() + "/verifier_binary_test.log";
+  std::remove(log.c_str());
+  const pid_t pid = Spawn({KAPPA_VERIFIER_BINARY, "verifier.max_items=16", "--address",
+                           "127.0.0.1:0", "--log-file", log});
+  // The picked port appears in the log once the server is up.
+  int port = 0;
+  const std::regex port_pattern(R"(\(port (\d+), max_items 16\))");
+  for (int i = 0; i < 200 && port == 0; ++i) {
+    std::smatch match;
+    const std::string text = ReadFile(log);
+    if (std::regex_search(text, match, port_pattern)) port = std::stoi(match[1]);
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_GT(port, 0) << ReadFile(log);
+  const std::string address = absl::StrCat("127.0.0.1:", port);
+  EXPECT_EQ(ExitCode(Spawn({KAPPA_VERIFIER_BINARY, "--health-check", address})), 0);
+
+  ASSERT_EQ(kill(pid, SIGTERM), 0);
+  EXPECT_EQ(ExitCode(pid), 0);
+  EXPECT_NE(ReadFile(log).find("[verifier] [info] stopped"), std::string::npos) << ReadFile(log);
+  EXPECT_EQ(ExitCode(Spawn({KAPPA_VERIFIER_BINARY, "--health-check", address})), 1);
+}
+
+TEST(VerifierBinaryTest, BadArgumentsExitWithUsageError) {
+  EXPECT_EQ(ExitCode(Spawn({KAPPA_VERIFIER_BINARY, "--bogus"})), 2);
+  EXPECT_EQ(ExitCode(Spawn({KAPPA_VERIFIER_BINARY, "trainer.stepz=1"})), 2);
+  EXPECT_EQ(ExitCode(Spawn({KAPPA_VERIFIER_BINARY, "--config", "/nonexistent.yaml"})), 2);
+}
+
+}  // namespace
