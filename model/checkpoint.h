@@ -28,7 +28,12 @@ void SaveCheckpoint(const std::string& dir, Decoder& model);
 Decoder LoadCheckpoint(const std::string& dir);
 bool CheckpointExists(const std::string& dir);
 
-// Named parameters as Hugging Face names, and loading from such a map.
+// Named parameters as Hugging Face names (the live parameter tensors, not
+// copies; with tied embeddings there is no "lm_head.weight", as in HF), and
+// loading from such a map: values are copied (dtype/device converted) into
+// the existing parameters after checking that no name is missing or
+// unexpected and every shape matches; on error nothing is modified.
+// "lm_head.weight" (when tied) and "*.rotary_emb.inv_freq" are ignored.
 std::map<std::string, torch::Tensor> NamedWeights(Decoder& model);
 void LoadWeights(Decoder& model, const std::map<std::string, torch::Tensor>& weights);
 

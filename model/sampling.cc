@@ -38,6 +38,10 @@ std::vector<SampledSequence> Sample(Decoder& model,
     throw std::invalid_argument("Sample: top_p must be in (0, 1]");
   }
   if (params.max_new_tokens < 0) throw std::invalid_argument("Sample: max_new_tokens must be >= 0");
+  if (params.pad_id < 0 || params.pad_id >= model->config().vocab_size) {
+    throw std::invalid_argument("Sample: pad_id " + std::to_string(params.pad_id) +
+                                " is outside the vocabulary");
+  }
   const int64_t B = static_cast<int64_t>(prompts.size());
   std::vector<SampledSequence> results(prompts.size());
   if (B == 0) return results;

@@ -272,8 +272,11 @@ ForwardOutput DecoderImpl::Forward(const torch::Tensor& tokens_in,
     positions = positions.clamp_min(0);
   }
   {
-    const int64_t max_pos = positions.max().item<int64_t>();
-    const int64_t min_pos = positions.min().item<int64_t>();
+    // One device sync for both bounds; an out-of-range index would otherwise
+    // be a device-side assert on CUDA.
+    auto bounds = torch::stack({positions.min(), positions.max()}).cpu();
+    const int64_t min_pos = bounds[0].item<int64_t>();
+    const int64_t max_pos = bounds[1].item<int64_t>();
     if (min_pos < 0 || max_pos >= config_.max_position_embeddings) {
       Fail("positions must lie in [0, " + std::to_string(config_.max_position_embeddings) +
            "), got [" + std::to_string(min_pos) + ", " + std::to_string(max_pos) + "]");
