@@ -4,6 +4,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${KAPPA_BUILD_DIR:-build}
+# Paths relative to the checkout and no cwd in the hash: a fresh clone (CI) or
+# a second build directory reuses the objects ccache already holds.
+export CCACHE_BASEDIR="$PWD"
+export CCACHE_NOHASHDIR=1
 if [[ ! -f "$BUILD_DIR/build.ninja" ]]; then
   cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@"
 fi
