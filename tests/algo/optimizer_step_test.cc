@@ -71,7 +71,15 @@ TEST_F(Fixture, StepEqualsNaiveAdamWStepAndMeasuresBothGradients) {
   EXPECT_NEAR(stats.reward_loss, ref_terms.reward_loss.item<double>(), 1e-6);
   EXPECT_NEAR(stats.distill_loss, ref_terms.distill_loss.item<double>(), 1e-6);
   EXPECT_EQ(stats.lr, lr);
-  EXPECT_LT(MaxParamDiff(model, reference), 1e-6);
+  // .grad still holds the clipped gradient the step used.
+  const auto got = Grads(model);
+  const auto want = Grads(reference);
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_LE((got[i] - want[i]).abs().max().item<double>(), 1e-5 * clip) << "parameter " << i;
+  }
+  // Adam's first step is about lr·sign(g), so float noise in near-zero
+  // gradient entries moves parameters by a small fraction of lr.
+  EXPECT_LT(MaxParamDiff(model, reference), 1e-2 * lr);
 }
 
 TEST_F(Fixture, WarmupRampsTheLearningRate) {
