@@ -8,17 +8,15 @@
 #include <spdlog/spdlog.h>
 
 #include <cstdio>
-#include <cstdlib>
-#include <memory>
-#include <utility>
 #include <exception>
+#include <memory>
 #include <string>
-#include <vector>
+#include <utility>
 
 #include "absl/status/statusor.h"
-#include "absl/strings/match.h"
 #include "absl/time/time.h"
 #include "model/checkpoint.h"
+#include "services/cli_flags.h"
 #include "services/config.h"
 #include "services/logging.h"
 #include "services/server.h"
@@ -27,74 +25,10 @@
 
 namespace {
 
-constexpr char kUsage[] =
-    "usage: kappa-teacher --config FILE [key=value ...] [--checkpoint DIR] [--address HOST:PORT]\n"
-    "                     [--log-file FILE]\n"
-    "       kappa-teacher --health-check HOST:PORT\n";
+constexpr char kExtraUsage[] = "  --checkpoint DIR       teacher checkpoint dir (overrides teacher.checkpoint)\n";
 
-struct Flags {
-  std::string config_path;
-  std::vector<std::string> overrides;
-  std::string checkpoint;
-  std::string address;
-  std::string log_file;
-  std::string health_check;
-};
-
-// Accepts "--flag value" and "--flag=value"; bare "key=value" words are
-// config overrides. Returns false (after printing why) on anything else.
-bool ParseFlags(int argc, char** argv, Flags* flags) {
-  const std::vector<std::pair<std::string, std::string*>> known = {
-      {"--config", &flags->config_path},   {"--checkpoint", &flags->checkpoint},
-      {"--address", &flags->address},      {"--log-file", &flags->log_file},
-      {"--health-check", &flags->health_check}};
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (arg == "--help" || arg == "-h") {
-      std::fputs(kUsage, stdout);
-      std::exit(0);
-    }
-    bool matched = false;
-    for (const auto& [name, target] : known) {
-      if (arg == name) {
-        if (i + 1 >= argc) {
-          std::fprintf(stderr, "kappa-teacher: %s needs a value\n%s", name.c_str(), kUsage);
-          return false;
-        }
-        *target = argv[++i];
-        matched = true;
-      } else if (absl::StartsWith(arg, name + "=")) {
-        *target = arg.substr(name.size() + 1);
-        matched = true;
-      }
-      if (matched) break;
-    }
-    if (matched) continue;
-    if (!absl::StartsWith(arg, "-") && arg.find('=') != std::string::npos) {
-      flags->overrides.push_back(arg);
-      continue;
-    }
-    std::fprintf(stderr, "kappa-teacher: unknown argument '%s'\n%s", arg.c_str(), kUsage);
-    return false;
-  }
-  return true;
-}
-
-int HealthCheck(const std::string& address) {
-  const absl::Status status = kappa::services::CheckHealth(address, absl::Seconds(5));
-  if (status.ok()) {
-    std::printf("SERVING\n");
-    return 0;
-  }
-  std::fprintf(stderr, "NOT SERVING: %s\n", status.ToString().c_str());
-  return 1;
-}
-
-int Serve(const Flags& flags) {
-  absl::StatusOr<kappa::services::Config> config =
-      flags.config_path.empty()
-          ? kappa::services::ParseConfig("{}", "<defaults>", flags.overrides)
-          : kappa::services::LoadConfig(flags.config_path, flags.overrides);
+int Serve(const kappa::services::CommonFlags& flags) {
+  absl::StatusOr<kappa::services::Config> config = kappa::services::LoadConfigFromFlags(flags);
   if (!config.ok()) {
     std::fprintf(stderr, "kappa-teacher: %s\n", config.status().ToString().c_str());
     return 2;
@@ -102,7 +36,8 @@ int Serve(const Flags& flags) {
   kappa::services::InitLogging("teacher", flags.log_file);
   kappa::services::ConfigureTorchThreads(config->teacher.threads);
 
-  std::string checkpoint = flags.checkpoint;
+  auto flag = flags.extra.find("checkpoint");
+  std::string checkpoint = flag != flags.extra.end() ? flag->second : "";
   if (checkpoint.empty()) checkpoint = config->teacher.checkpoint;
   if (checkpoint.empty()) checkpoint = config->data_dir + "/teacher";  // the bootstrap's place
   const std::string address = flags.address.empty() ? config->teacher.address : flags.address;
@@ -156,8 +91,21 @@ int Serve(const Flags& flags) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  Flags flags;
-  if (!ParseFlags(argc, argv, &flags)) return 2;
-  if (!flags.health_check.empty()) return HealthCheck(flags.health_check);
-  return Serve(flags);
+  // Before anything slow (checkpoint loading), so an early SIGTERM is handled.
+  kappa::services::InstallTerminationHandlers();
+  absl::StatusOr<kappa::services::CommonFlags> flags =
+      kappa::services::ParseCommonFlags(argc, argv, {"checkpoint"});
+  if (!flags.ok()) {
+    std::fprintf(stderr, "kappa-teacher: %s\n%s", std::string(flags.status().message()).c_str(),
+                 kappa::services::Usage("kappa-teacher", kExtraUsage).c_str());
+    return 2;
+  }
+  if (flags->help) {
+    std::fputs(kappa::services::Usage("kappa-teacher", kExtraUsage).c_str(), stdout);
+    return 0;
+  }
+  if (!flags->health_check_address.empty()) {
+    return kappa::services::RunHealthCheck(flags->health_check_address);
+  }
+  return Serve(*flags);
 }

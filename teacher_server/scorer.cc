@@ -76,7 +76,7 @@ std::vector<torch::Tensor> ResponseLogProbs(model::Decoder& model,
   const int64_t vocab = logits.size(-1);
   torch::Tensor gathered = logits.reshape({batch * max_len, vocab}).index_select(0, rows.to(device));
   torch::Tensor logprobs = torch::log_softmax(gathered.to(torch::kFloat32), -1).to(torch::kCPU);
-  return logprobs.split_with_sizes(row_counts, 0).vec();
+  return logprobs.split_with_sizes(row_counts, 0);
 }
 
 ScoredTensors SelectForm(const torch::Tensor& full_logprobs,

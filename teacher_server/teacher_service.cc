@@ -157,10 +157,10 @@ absl::Status TeacherService::ValidateScoreRequest(const kappa::v1::ScoreRequest&
   const DType dtype = request.value_dtype();
   if (dtype != kappa::v1::DTYPE_UNSPECIFIED && dtype != kappa::v1::DTYPE_FLOAT32 &&
       dtype != kappa::v1::DTYPE_BFLOAT16) {
-    const std::string_view name = services::DTypeName(dtype);
+    std::string name(services::DTypeName(dtype));
+    if (name.empty()) name = absl::StrCat(static_cast<int>(dtype));
     return absl::InvalidArgumentError(
-        absl::StrCat("value_dtype: ", name.empty() ? absl::StrCat(static_cast<int>(dtype)) : name,
-                     " unsupported; use DTYPE_FLOAT32 or DTYPE_BFLOAT16"));
+        absl::StrCat("value_dtype: ", name, " unsupported; use DTYPE_FLOAT32 or DTYPE_BFLOAT16"));
   }
   if (request.sequences().empty()) return absl::InvalidArgumentError("sequences: empty");
   if (request.sequences_size() > options_.max_request_sequences) {

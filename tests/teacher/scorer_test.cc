@@ -1,0 +1,151 @@
+#include "teacher_server/scorer.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <stdexcept>
+#include <vector>
+
+#include "model/model_config.h"
+#include "model/transformer.h"
+
+namespace kappa::teacher {
+namespace {
+
+model::ModelConfig SmallConfig() {
+  model::ModelConfig config;
+  config.vocab_size = 21;
+  config.hidden_size = 32;
+  config.intermediate_size = 64;
+  config.num_hidden_layers = 2;
+  config.num_attention_heads = 4;
+  config.num_key_value_heads = 2;
+  config.max_position_embeddings = 32;
+  return config;
+}
+
+class ScorerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    torch::manual_seed(7);
+    model_ = model::Decoder(SmallConfig());
+    model_->eval();
+    // Lengths differ so the batch is padded: totals 5, 9 and 3 tokens.
+    sequences_ = {
+        {{1, 5, 6}, {7, 2}},
+        {{1, 8}, {9, 10, 11, 12, 13, 14, 2}},
+        {{1}, {20, 3}},
+    };
+  }
+
+  // The reference: each sequence alone, unpadded, through the model's own
+  // forward; rows at positions len(prompt)-1 .. len(prompt)-2+T.
+  torch::Tensor Reference(const TokenSequence& s) {
+    torch::NoGradGuard no_grad;
+    std::vector<int64_t> ids = s.prompt_tokens;
+    ids.insert(ids.end(), s.response_tokens.begin(), s.response_tokens.end());
+    torch::Tensor logits = model_->forward(torch::tensor(ids, torch::kLong).unsqueeze(0))[0];
+    const int64_t p = static_cast<int64_t>(s.prompt_tokens.size());
+    const int64_t t = static_cast<int64_t>(s.response_tokens.size());
+    return torch::log_softmax(logits.slice(0, p - 1, p - 1 + t).to(torch::kFloat32), -1);
+  }
+
+  std::vector<const TokenSequence*> Pointers() {
+    std::vector<const TokenSequence*> out;
+    for (const auto& s : sequences_) out.push_back(&s);
+    return out;
+  }
+
+  model::Decoder model_{nullptr};
+  std::vector<TokenSequence> sequences_;
+};
+
+TEST_F(ScorerTest, FullMatchesUnpaddedForwardPerSequence) {
+  std::vector<ScoredTensors> scored = ScoreSequences(model_, Pointers(), ScoreForm::kFull);
+  ASSERT_EQ(scored.size(), sequences_.size());
+  for (size_t i = 0; i < sequences_.size(); ++i) {
+    const torch::Tensor& got = scored[i].logprobs;
+    const int64_t t = static_cast<int64_t>(sequences_[i].response_tokens.size());
+    ASSERT_EQ(got.sizes(), (std::vector<int64_t>{t, 21})) << "sequence " << i;
+    EXPECT_EQ(got.scalar_type(), torch::kFloat32);
+    EXPECT_FALSE(scored[i].topk_ids.defined());
+    const torch::Tensor want = Reference(sequences_[i]);
+    EXPECT_TRUE(torch::allclose(got, want, /*rtol=*/0, /*atol=*/1e-5))
+        << "sequence " << i << " max diff " << (got - want).abs().max().item<float>();
+    // Proper distributions.
+    EXPECT_TRUE(torch::allclose(got.exp().sum(-1), torch::ones({t}), 0, 1e-5));
+  }
+}
+
+TEST_F(ScorerTest, ResultDoesNotDependOnBatchCompanions) {
+  // Scoring a sequence alone or next to longer ones gives the same rows,
+  // i.e. padding never leaks into real positions.
+  std::vector<const TokenSequence*> alone = {&sequences_[2]};
+  const torch::Tensor solo = ResponseLogProbs(model_, alone)[0];
+  const torch::Tensor batched = ResponseLogProbs(model_, Pointers())[2];
+  EXPECT_TRUE(torch::allclose(solo, batched, 0, 1e-5));
+}
+
+TEST_F(ScorerTest, TopKAndSampledAgreeWithFull) {
+  const std::vector<ScoredTensors> full = ScoreSequences(model_, Pointers(), ScoreForm::kFull);
+  const std::vector<ScoredTensors> topk = ScoreSequences(model_, Pointers(), ScoreForm::kTopK, 4);
+  const std::vector<ScoredTensors> sampled =
+      ScoreSequences(model_, Pointers(), ScoreForm::kSampled);
+  for (size_t i = 0; i < sequences_.size(); ++i) {
+    const TokenSequence& s = sequences_[i];
+    const int64_t t = static_cast<int64_t>(s.response_tokens.size());
+    const torch::Tensor& f = full[i].logprobs;
+
+    ASSERT_EQ(topk[i].logprobs.sizes(), (std::vector<int64_t>{t, 4}));
+    ASSERT_EQ(topk[i].topk_ids.sizes(), (std::vector<int64_t>{t, 4}));
+    EXPECT_EQ(topk[i].topk_ids.scalar_type(), torch::kInt32);
+    auto ids = topk[i].topk_ids.accessor<int32_t, 2>();
+    auto vals = topk[i].logprobs.accessor<float, 2>();
+    auto fa = f.accessor<float, 2>();
+    for (int64_t row = 0; row < t; ++row) {
+      const float row_max = f[row].max().item<float>();
+      EXPECT_FLOAT_EQ(vals[row][0], row_max);
+      for (int64_t j = 0; j < 4; ++j) {
+        EXPECT_FLOAT_EQ(vals[row][j], fa[row][ids[row][j]]);
+        if (j > 0) {
+          EXPECT_GE(vals[row][j - 1], vals[row][j]);
+        }
+      }
+      // Nothing outside the top 4 beats the 4th value.
+      const float fourth = vals[row][3];
+      int64_t above = 0;
+      for (int64_t v = 0; v < 21; ++v) above += fa[row][v] > fourth ? 1 : 0;
+      EXPECT_LE(above, 3);
+    }
+
+    ASSERT_EQ(sampled[i].logprobs.sizes(), (std::vector<int64_t>{t}));
+    for (int64_t row = 0; row < t; ++row) {
+      EXPECT_FLOAT_EQ(sampled[i].logprobs[row].item<float>(),
+                      fa[row][s.response_tokens[row]]);
+    }
+  }
+}
+
+TEST_F(ScorerTest, RejectsBadInputWithExceptions) {
+  TokenSequence empty_response{{1, 2}, {}};
+  std::vector<const TokenSequence*> batch = {&empty_response};
+  EXPECT_THROW(ResponseLogProbs(model_, batch), std::invalid_argument);
+
+  TokenSequence bad_id{{1, 2}, {21}};
+  batch = {&bad_id};
+  EXPECT_THROW(ResponseLogProbs(model_, batch), std::invalid_argument);
+
+  TokenSequence too_long{std::vector<int64_t>(30, 1), std::vector<int64_t>(5, 3)};
+  batch = {&too_long};
+  EXPECT_THROW(ResponseLogProbs(model_, batch), std::invalid_argument);
+
+  const torch::Tensor lp = ResponseLogProbs(model_, {&sequences_[0]})[0];
+  EXPECT_THROW(SelectForm(lp, sequences_[0].response_tokens, ScoreForm::kTopK, 0),
+               std::invalid_argument);
+  EXPECT_THROW(SelectForm(lp, sequences_[0].response_tokens, ScoreForm::kTopK, 22),
+               std::invalid_argument);
+  EXPECT_TRUE(ResponseLogProbs(model_, {}).empty());
+}
+
+}  // namespace
+}  // namespace kappa::teacher
