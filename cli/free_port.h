@@ -1,0 +1,19 @@
+// Free TCP ports for the services of a loopback run.
+#pragma once
+
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace kappa::cli {
+
+// Binds port 0 on `host`, reads the port the kernel chose, closes the socket.
+// (Another process could take it before the service binds it; on loopback
+// this race is rare enough for a demo launcher, and a lost race shows up as
+// the service failing to start, which `kappa run` reports.)
+absl::StatusOr<int> PickFreePort(const std::string& host);
+
+// "host:port" -> port, or -1 when the address has no numeric port.
+int PortOf(const std::string& address);
+
+}  // namespace kappa::cli

@@ -1,0 +1,38 @@
+// kappa: the command-line entry point.
+//   kappa sft CONFIG [key=value ...] --role teacher|student [--out DIR]
+//   kappa run CONFIG [key=value ...] [--resume] [--no-progress]
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "cli/run_command.h"
+#include "cli/sft_command.h"
+
+namespace {
+
+constexpr const char* kUsage =
+    "usage:\n"
+    "  kappa run CONFIG [key=value ...] [--resume] [--no-progress]\n"
+    "      bootstrap teacher/student by SFT (cached), start teacher, verifier, learner and\n"
+    "      rollout workers, show training progress, stop everything when done\n"
+    "  kappa sft CONFIG [key=value ...] --role teacher|student [--out DIR]\n"
+    "      supervised warm start of one model; writes a checkpoint and sft_summary.json\n";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::cerr << kUsage;
+    return 2;
+  }
+  const std::string command = argv[1];
+  const std::vector<std::string> args(argv + 2, argv + argc);
+  if (command == "run") return kappa::cli::RunCommand(args);
+  if (command == "sft") return kappa::cli::SftCommand(args);
+  if (command == "help" || command == "--help" || command == "-h") {
+    std::cout << kUsage;
+    return 0;
+  }
+  std::cerr << "kappa: unknown command '" << command << "'\n" << kUsage;
+  return 2;
+}

@@ -1,0 +1,142 @@
+#include "cli/run_command.h"
+
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_format.h"
+#include "cli/args.h"
+#include "cli/bootstrap.h"
+#include "cli/progress.h"
+#include "cli/run_dir.h"
+#include "cli/run_session.h"
+#include "cli/service_launch.h"
+#include "cli/termination_signal.h"
+#include "services/config.h"
+
+namespace kappa::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr const char* kUsage =
+    "usage: kappa run CONFIG [key=value ...] [--resume] [--no-progress]\n";
+
+// Everything that can be checked before minutes of bootstrap SFT are spent.
+absl::Status Preflight(const services::Config& config) {
+  if (config.workers < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("workers must be >= 1 (got %d)", config.workers));
+  }
+  for (const char* binary :
+       {kTeacherBinary, kVerifierBinary, kLearnerBinary, kRolloutWorkerBinary}) {
+    absl::StatusOr<std::string> path = FindServiceBinary(binary);
+    if (!path.ok()) return path.status();
+  }
+  return absl::OkStatus();
+}
+
+std::string AccuracyAt(const std::optional<double>& accuracy, const std::optional<int64_t>& step) {
+  if (!accuracy) return "-";
+  return absl::StrFormat("%.3f (step %d)", *accuracy, step.value_or(0));
+}
+
+void PrintSummary(const services::Config& config, const std::string& run_dir,
+                  const SessionOutcome& outcome) {
+  const RunProgress& p = outcome.progress;
+  std::cout << absl::StrFormat("\nrun '%s' %s: %d/%d steps in %s\n", config.name,
+                               outcome.exit_code == 0 ? "finished" : "stopped", p.step,
+                               p.total_steps, FormatDuration(outcome.wall_seconds))
+            << "  held-out accuracy: " << AccuracyAt(p.first_eval_accuracy, p.first_eval_step)
+            << " -> " << AccuracyAt(p.last_eval_accuracy, p.last_eval_step) << "\n";
+  for (Role role : {Role::kTeacher, Role::kStudent}) {
+    const std::string& dir = role == Role::kTeacher ? config.teacher.checkpoint
+                                                    : config.student.checkpoint;
+    if (absl::StatusOr<SftResult> sft = ReadSftSummary(dir); sft.ok()) {
+      std::cout << absl::StrFormat("  %s after SFT bootstrap: %.3f\n", RoleName(role),
+                                   sft->accuracy);
+    }
+  }
+  std::cout << "  run dir: " << run_dir << " (config.yaml, metrics.jsonl, checkpoints/, logs/)\n"
+            << std::flush;
+
+  nlohmann::json summary = {{"name", config.name},
+                            {"exit_code", outcome.exit_code},
+                            {"steps", p.step},
+                            {"total_steps", p.total_steps},
+                            {"wall_seconds", outcome.wall_seconds}};
+  if (p.first_eval_accuracy) summary["accuracy_before"] = *p.first_eval_accuracy;
+  if (p.last_eval_accuracy) summary["accuracy_after"] = *p.last_eval_accuracy;
+  std::ofstream(fs::path(run_dir) / "run_summary.json") << summary.dump(2) << "\n";
+}
+
+}  // namespace
+
+int RunCommand(const std::vector<std::string>& args) {
+  absl::StatusOr<CommandLine> line = ParseCommandLine(args, {}, {"--resume", "--no-progress"});
+  if (!line.ok()) {
+    std::cerr << "kappa run: " << line.status().message() << "\n" << kUsage;
+    return 2;
+  }
+  absl::StatusOr<services::Config> loaded =
+      services::LoadConfig(line->config_path, line->overrides);
+  if (!loaded.ok()) {
+    std::cerr << "kappa run: " << loaded.status().message() << "\n";
+    return 1;
+  }
+  services::Config config = *std::move(loaded);
+  if (absl::Status status = Preflight(config); !status.ok()) {
+    std::cerr << "kappa run: " << status.message() << "\n";
+    return 1;
+  }
+  const bool resume = line->Has("--resume");
+  absl::StatusOr<std::string> run_dir = PrepareRunDir(config, resume, std::cout);
+  if (!run_dir.ok()) {
+    std::cerr << "kappa run: " << run_dir.status().message() << "\n";
+    return 1;
+  }
+  std::cout << "kappa run: '" << config.name << "' in " << *run_dir << "\n" << std::flush;
+
+  // Children may run from anywhere: give them absolute paths.
+  for (Role role : {Role::kTeacher, Role::kStudent}) {
+    absl::StatusOr<std::string> checkpoint = EnsureBootstrapCheckpoint(config, role, std::cout);
+    if (!checkpoint.ok()) {
+      std::cerr << "kappa run: " << checkpoint.status().message() << "\n";
+      return 1;
+    }
+    const std::string absolute = fs::absolute(*checkpoint).string();
+    (role == Role::kTeacher ? config.teacher.checkpoint : config.student.checkpoint) = absolute;
+  }
+  config.data_dir = fs::absolute(config.data_dir).string();
+  config.runs_dir = fs::absolute(config.runs_dir).string();
+  if (absl::Status status = AssignServiceAddresses(config); !status.ok()) {
+    std::cerr << "kappa run: " << status.message() << "\n";
+    return 1;
+  }
+  const std::string config_yaml = (fs::path(*run_dir) / "config.yaml").string();
+  if (absl::Status status = WriteResolvedConfig(config, config_yaml); !status.ok()) {
+    std::cerr << "kappa run: " << status.message() << "\n";
+    return 1;
+  }
+  absl::StatusOr<LaunchPlan> plan = PlanLaunch(config, config_yaml, *run_dir, resume);
+  if (!plan.ok()) {
+    std::cerr << "kappa run: " << plan.status().message() << "\n";
+    return 1;
+  }
+
+  InstallTerminationHandlers();
+  SessionOptions options;
+  options.run_dir = *run_dir;
+  options.teacher_address = config.teacher.address;
+  options.verifier_address = config.verifier.address;
+  options.learner_address = config.learner.address;
+  options.total_steps = config.trainer.steps;
+  options.show_progress = !line->Has("--no-progress");
+  const SessionOutcome outcome = RunSession(*plan, options);
+  PrintSummary(config, *run_dir, outcome);
+  return outcome.exit_code;
+}
+
+}  // namespace kappa::cli

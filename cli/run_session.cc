@@ -1,0 +1,235 @@
+#include "cli/run_session.h"
+
+#include <signal.h>
+
+#include <cstdio>
+#include <deque>
+#include <fstream>
+#include <iostream>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/time.h"
+#include "cli/metrics_tail.h"
+#include "cli/process_supervisor.h"
+#include "cli/termination_signal.h"
+#include "services/server.h"
+
+namespace kappa::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr auto kPollInterval = std::chrono::milliseconds(200);
+
+double SecondsSince(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// A wildcard bind address is not something to connect to.
+std::string ConnectAddress(const std::string& address) {
+  for (const char* wildcard : {"0.0.0.0:", "[::]:"}) {
+    if (address.rfind(wildcard, 0) == 0) {
+      return absl::StrCat("127.0.0.1:", address.substr(std::string(wildcard).size()));
+    }
+  }
+  return address;
+}
+
+void ReportDeath(const ExitEvent& event, const std::string& run_dir) {
+  const std::string log = absl::StrCat(run_dir, "/logs/", event.name, ".log");
+  std::cerr << "kappa run: " << event.name << " " << event.status.ToString()
+            << " unexpectedly; last lines of " << log << ":\n"
+            << LogTail(log) << std::flush;
+}
+
+class Session {
+ public:
+  Session(const LaunchPlan& plan, const SessionOptions& options)
+      : plan_(plan),
+        options_(options),
+        start_(Clock::now()),
+        metrics_(options.run_dir + "/metrics.jsonl"),
+        display_(ProgressDisplay::StderrIsTty()) {
+    outcome_.progress.total_steps = options.total_steps;
+  }
+
+  SessionOutcome Run() {
+    outcome_.exit_code = Supervise();
+    outcome_.wall_seconds = SecondsSince(start_);
+    return outcome_;
+  }
+
+ private:
+  // The exit code; every path out stops and reaps all children.
+  int Supervise() {
+    for (const ProcessSpec* spec : {&plan_.teacher, &plan_.verifier, &plan_.learner}) {
+      if (!Spawn(*spec)) return Stop(1);
+    }
+    learner_pid_ = pids_.back();
+    std::cout << "started teacher (" << options_.teacher_address << "), verifier ("
+              << options_.verifier_address << "), learner (" << options_.learner_address
+              << "); logs in " << options_.run_dir << "/logs/\n"
+              << std::flush;
+    if (const int code = AwaitHealth(); code >= 0) return Stop(code);
+    std::cout << absl::StrFormat("services healthy after %.1f s; starting %d rollout worker%s\n",
+                                 SecondsSince(start_), plan_.workers.size(),
+                                 plan_.workers.size() == 1 ? "" : "s")
+              << std::flush;
+    for (const ProcessSpec& worker : plan_.workers) {
+      if (!Spawn(worker)) return Stop(1);
+    }
+    return Stop(FollowTraining());
+  }
+
+  bool Spawn(const ProcessSpec& spec) {
+    absl::StatusOr<pid_t> pid = supervisor_.Spawn(spec);
+    if (!pid.ok()) {
+      std::cerr << "kappa run: " << pid.status().message() << "\n";
+      return false;
+    }
+    pids_.push_back(*pid);
+    return true;
+  }
+
+  // -1 once teacher, verifier and learner are all SERVING; else an exit code.
+  int AwaitHealth() {
+    std::vector<std::pair<std::string, std::string>> pending = {
+        {"teacher", ConnectAddress(options_.teacher_address)},
+        {"verifier", ConnectAddress(options_.verifier_address)},
+        {"learner", ConnectAddress(options_.learner_address)}};
+    const auto deadline = Clock::now() + options_.health_timeout;
+    while (!pending.empty()) {
+      if (TerminationSignal() != 0) return Interrupted();
+      if (const int code = CheckChildren(/*training=*/false); code >= 0) return code;
+      for (auto it = pending.begin(); it != pending.end();) {
+        if (services::CheckHealth(it->second, absl::Seconds(1)).ok()) {
+          it = pending.erase(it);
+        } else {
+          ++it;
+        }
+      }
+      if (pending.empty()) break;
+      if (Clock::now() > deadline) {
+        std::vector<std::string> names;
+        for (const auto& [name, address] : pending) {
+          names.push_back(absl::StrCat(name, " (", address, ")"));
+        }
+        std::cerr << "kappa run: not healthy after " << options_.health_timeout.count()
+                  << " s: " << absl::StrJoin(names, ", ") << "; see " << options_.run_dir
+                  << "/logs/\n";
+        return 1;
+      }
+      std::this_thread::sleep_for(kPollInterval);
+    }
+    return -1;
+  }
+
+  int FollowTraining() {
+    while (true) {
+      ShowProgress();
+      if (TerminationSignal() != 0) return Interrupted();
+      if (const int code = CheckChildren(/*training=*/true); code >= 0) return code;
+      std::this_thread::sleep_for(kPollInterval);
+    }
+  }
+
+  void ShowProgress() {
+    for (const nlohmann::json& record : metrics_.ReadNew()) outcome_.progress.Update(record);
+    if (options_.show_progress && outcome_.progress.records > 0) {
+      display_.Show(outcome_.progress, SecondsSince(start_));
+    }
+  }
+
+  // -1 while everything runs; 0 when the learner finished; 1 on a failure.
+  int CheckChildren(bool training) {
+    std::vector<ExitEvent> events = supervisor_.Poll();
+    if (events.empty()) return -1;
+    for (const ExitEvent& event : events) {
+      if (event.pid == learner_pid_) {
+        if (event.status.success() && training) return 0;
+        display_.Finish();
+        ReportDeath(event, options_.run_dir);
+        return 1;
+      }
+    }
+    // Another process went first. When the learner finishes it closes its
+    // server, and workers may notice before its own exit is reaped; give it
+    // a moment before calling the run failed.
+    if (training) {
+      if (std::optional<ExitStatus> learner =
+              supervisor_.WaitFor(learner_pid_, std::chrono::seconds(5));
+          learner && learner->success()) {
+        return 0;
+      }
+    }
+    display_.Finish();
+    for (const ExitEvent& event : events) ReportDeath(event, options_.run_dir);
+    return 1;
+  }
+
+  int Interrupted() {
+    display_.Finish();
+    std::cerr << "kappa run: interrupted (" << strsignal(TerminationSignal())
+              << "); stopping all processes\n";
+    return 130;
+  }
+
+  int Stop(int code) {
+    if (supervisor_.running_count() > 0) {
+      const std::vector<std::string> names = supervisor_.RunningNames();
+      for (const ExitEvent& event : supervisor_.StopAll(options_.stop_grace)) {
+        if (event.status.signal == SIGKILL) {
+          std::cerr << "kappa run: " << event.name << " ignored SIGTERM for "
+                    << options_.stop_grace.count() << " ms and was killed\n";
+        }
+      }
+    }
+    ShowProgress();  // the learner's last records
+    display_.Finish();
+    return code;
+  }
+
+  const LaunchPlan& plan_;
+  const SessionOptions& options_;
+  const Clock::time_point start_;
+  ProcessSupervisor supervisor_;
+  std::vector<pid_t> pids_;
+  pid_t learner_pid_ = 0;
+  MetricsTail metrics_;
+  ProgressDisplay display_;
+  SessionOutcome outcome_;
+};
+
+}  // namespace
+
+std::string LogTail(const std::string& path, int max_lines) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::StrCat("  | (cannot read ", path, ")\n");
+  in.seekg(0, std::ios::end);
+  const std::streamoff size = in.tellg();
+  const std::streamoff start = std::max<std::streamoff>(0, size - 64 * 1024);
+  in.seekg(start);
+  std::deque<std::string> lines;
+  std::string line;
+  bool first = start > 0;  // a partial first line when we seeked into the middle
+  while (std::getline(in, line)) {
+    if (first) {
+      first = false;
+      continue;
+    }
+    lines.push_back(line);
+    if (static_cast<int>(lines.size()) > max_lines) lines.pop_front();
+  }
+  if (lines.empty()) return "  | (empty)\n";
+  std::string out;
+  for (const std::string& l : lines) absl::StrAppend(&out, "  | ", l, "\n");
+  return out;
+}
+
+SessionOutcome RunSession(const LaunchPlan& plan, const SessionOptions& options) {
+  return Session(plan, options).Run();
+}
+
+}  // namespace kappa::cli

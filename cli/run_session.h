@@ -1,0 +1,39 @@
+// The supervised part of `kappa run`: start teacher, verifier and learner,
+// wait until they answer health checks, start the rollout workers, follow
+// metrics.jsonl until the learner finishes, then stop everything.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+
+#include "cli/progress.h"
+#include "cli/service_launch.h"
+
+namespace kappa::cli {
+
+struct SessionOptions {
+  std::string run_dir;
+  std::string teacher_address;
+  std::string verifier_address;
+  std::string learner_address;
+  int64_t total_steps = 0;
+  bool show_progress = true;
+  std::chrono::seconds health_timeout{300};
+  std::chrono::milliseconds stop_grace{5000};
+};
+
+struct SessionOutcome {
+  // 0: the learner finished; 1: a process failed (reported on stderr);
+  // 130: interrupted by a signal.
+  int exit_code = 1;
+  RunProgress progress;
+  double wall_seconds = 0.0;
+};
+
+SessionOutcome RunSession(const LaunchPlan& plan, const SessionOptions& options);
+
+// The last `max_lines` lines of a log file, each prefixed with "  | ".
+std::string LogTail(const std::string& path, int max_lines = 20);
+
+}  // namespace kappa::cli

@@ -1,0 +1,50 @@
+#include "cli/sft_command.h"
+
+#include <filesystem>
+#include <iostream>
+
+#include "absl/strings/str_format.h"
+#include "cli/args.h"
+#include "cli/sft_runner.h"
+#include "services/config.h"
+
+namespace kappa::cli {
+
+int SftCommand(const std::vector<std::string>& args) {
+  absl::StatusOr<CommandLine> line = ParseCommandLine(args, {"--role", "--out"}, {});
+  if (!line.ok()) {
+    std::cerr << "kappa sft: " << line.status().message()
+              << "\nusage: kappa sft CONFIG [key=value ...] --role teacher|student [--out DIR]\n";
+    return 2;
+  }
+  if (!line->Has("--role")) {
+    std::cerr << "kappa sft: --role teacher|student is required\n";
+    return 2;
+  }
+  absl::StatusOr<Role> role = ParseRole(line->Get("--role"));
+  if (!role.ok()) {
+    std::cerr << "kappa sft: " << role.status().message() << "\n";
+    return 2;
+  }
+  absl::StatusOr<services::Config> config =
+      services::LoadConfig(line->config_path, line->overrides);
+  if (!config.ok()) {
+    std::cerr << "kappa sft: " << config.status().message() << "\n";
+    return 1;
+  }
+  const std::string out =
+      line->Get("--out", (std::filesystem::path(config->data_dir) / RoleName(*role)).string());
+  absl::StatusOr<SftResult> result = RunSft(*config, *role, out, std::cout);
+  if (!result.ok()) {
+    std::cerr << "kappa sft: " << result.status().message() << "\n";
+    return 1;
+  }
+  std::cout << absl::StrFormat(
+      "%s: held-out accuracy %.3f (was %.3f) after %d steps, loss %.4f, %.1f s\n"
+      "checkpoint: %s\n",
+      RoleName(*role), result->accuracy, result->accuracy_before, result->steps, result->loss,
+      result->seconds, out);
+  return 0;
+}
+
+}  // namespace kappa::cli

@@ -1,0 +1,222 @@
+#include "cli/sft_runner.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "tasks/from_config.h"
+#include "learner/algo/evaluate.h"
+#include "learner/algo/sft.h"
+#include "model/checkpoint.h"
+#include "model/model_config.h"
+#include "model/tokenizer.h"
+#include "model/transformer.h"
+#include "tasks/answer.h"
+
+namespace kappa::cli {
+namespace {
+
+model::ModelConfig DecoderConfig(const services::ModelShape& shape, Role role,
+                                 const model::CharTokenizer& tokenizer) {
+  model::ModelConfig config;
+  config.name = absl::StrCat("kappa-", RoleName(role));
+  config.vocab_size = tokenizer.vocab_size();
+  config.hidden_size = shape.hidden_size;
+  config.intermediate_size = shape.intermediate_size;
+  config.num_hidden_layers = shape.num_hidden_layers;
+  config.num_attention_heads = shape.num_attention_heads;
+  config.num_key_value_heads = shape.num_key_value_heads;
+  config.max_position_embeddings = shape.max_position_embeddings;
+  config.bos_token_id = model::CharTokenizer::kBos;
+  config.eos_token_id = model::CharTokenizer::kEos;
+  config.pad_token_id = model::CharTokenizer::kPad;
+  return config;
+}
+
+// Held-out greedy accuracy over the first `count` examples, scored by the
+// same exact-answer reward the verifier uses.
+double HeldOutAccuracy(model::Decoder& decoder, const model::CharTokenizer& tokenizer,
+                       const tasks::Dataset& heldout, size_t count, int64_t max_new_tokens) {
+  std::vector<std::vector<int64_t>> prompts;
+  prompts.reserve(count);
+  for (size_t i = 0; i < count; ++i) {
+    prompts.push_back(tokenizer.Encode(heldout.at(i).prompt, /*add_bos=*/true));
+  }
+  decoder->eval();
+  const double accuracy = learner::GreedyAccuracy(
+      decoder, prompts, max_new_tokens,
+      [&](size_t index, const std::vector<int64_t>& response) {
+        const tasks::Example& example = heldout.at(index);
+        absl::StatusOr<float> reward =
+            tasks::ExactAnswerReward(example.task, example.answer, tokenizer.Decode(response));
+        return reward.ok() && *reward > 0.5f;
+      });
+  decoder->train();
+  return accuracy;
+}
+
+void WriteSummary(const std::string& dir, Role role, const SftResult& result) {
+  nlohmann::json summary = {
+      {"role", RoleName(role)},
+      {"accuracy", result.accuracy},
+      {"accuracy_before", result.accuracy_before},
+      {"loss", result.loss},
+      {"steps", result.steps},
+      {"seconds", result.seconds},
+      {"train_examples", result.train_examples},
+      {"eval_examples", result.eval_examples},
+  };
+  const std::string path = dir + "/" + kSftSummaryFile;
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp);
+    out << summary.dump(2) << "\n";
+    if (!out) throw std::runtime_error("cannot write " + tmp);
+  }
+  std::filesystem::rename(tmp, path);
+}
+
+absl::StatusOr<SftResult> RunSftOrThrow(const services::Config& config, Role role,
+                                        const std::string& out_dir, std::ostream& log) {
+  const auto start = std::chrono::steady_clock::now();
+  const auto elapsed = [&] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  };
+  const services::SftConfig& sft = RoleBootstrap(config, role);
+  const std::string role_name = RoleName(role);
+
+  absl::StatusOr<std::unique_ptr<tasks::Dataset>> train =
+      tasks::MakeDataset(config, tasks::Split::kTrain);
+  if (!train.ok()) return train.status();
+  absl::StatusOr<std::unique_ptr<tasks::Dataset>> heldout =
+      tasks::MakeDataset(config, tasks::Split::kHeldOut);
+  if (!heldout.ok()) return heldout.status();
+
+  model::CharTokenizer tokenizer;
+  size_t train_count = (*train)->size();
+  if (sft.train_examples > 0) {
+    train_count = std::min(train_count, static_cast<size_t>(sft.train_examples));
+  }
+  std::vector<learner::SftExample> examples;
+  examples.reserve(train_count);
+  for (size_t i = 0; i < train_count; ++i) {
+    const tasks::Example& example = (*train)->at(i);
+    examples.push_back({tokenizer.Encode(example.prompt, /*add_bos=*/true),
+                        tokenizer.Encode(example.answer, /*add_bos=*/false, /*add_eos=*/true)});
+  }
+  const size_t eval_count = std::min<size_t>(
+      (*heldout)->size(), static_cast<size_t>(std::max<int64_t>(config.trainer.eval_examples, 0)));
+
+  torch::manual_seed(sft.seed);
+  model::Decoder decoder(DecoderConfig(RoleShape(config, role), role, tokenizer));
+
+  SftResult result;
+  result.checkpoint_dir = out_dir;
+  result.train_examples = static_cast<int64_t>(train_count);
+  result.eval_examples = static_cast<int64_t>(eval_count);
+  result.steps = sft.steps;
+  if (eval_count > 0) {
+    result.accuracy_before = HeldOutAccuracy(decoder, tokenizer, **heldout, eval_count,
+                                             config.rollout.max_new_tokens);
+  }
+  log << absl::StrFormat("[%s sft] %d train examples, %d steps, batch %d, lr %g; held-out "
+                         "accuracy before: %.3f (%d examples)\n",
+                         role_name, train_count, sft.steps, sft.batch_size, sft.lr,
+                         result.accuracy_before, eval_count)
+      << std::flush;
+
+  learner::SftOptions options;
+  options.steps = sft.steps;
+  options.batch_size = sft.batch_size;
+  options.lr = sft.lr;
+  options.weight_decay = sft.weight_decay;
+  options.warmup_steps = sft.warmup_steps;
+  options.seed = sft.seed;
+  const int64_t report_every = std::max<int64_t>(1, sft.steps / 10);
+  options.on_step = [&](int64_t step, double loss) {
+    // `step` is 0-based; report the count of steps done.
+    const int64_t done = step + 1;
+    if (done % report_every == 0 || done == sft.steps) {
+      log << absl::StrFormat("[%s sft] step %d/%d loss %.4f (%.1f s)\n", role_name, done,
+                             sft.steps, loss, elapsed())
+          << std::flush;
+    }
+  };
+  result.loss = sft.steps > 0 ? learner::SftTrain(decoder, examples, options) : 0.0;
+
+  if (eval_count > 0) {
+    result.accuracy = HeldOutAccuracy(decoder, tokenizer, **heldout, eval_count,
+                                      config.rollout.max_new_tokens);
+  }
+  result.seconds = elapsed();
+  std::filesystem::path parent = std::filesystem::path(out_dir).parent_path();
+  if (!parent.empty()) std::filesystem::create_directories(parent);
+  model::SaveCheckpoint(out_dir, decoder);
+  WriteSummary(out_dir, role, result);
+  log << absl::StrFormat("[%s sft] held-out accuracy %.3f -> %.3f, final loss %.4f, %.1f s; "
+                         "saved %s\n",
+                         role_name, result.accuracy_before, result.accuracy, result.loss,
+                         result.seconds, out_dir)
+      << std::flush;
+  return result;
+}
+
+}  // namespace
+
+absl::StatusOr<Role> ParseRole(std::string_view name) {
+  if (name == "teacher") return Role::kTeacher;
+  if (name == "student") return Role::kStudent;
+  return absl::InvalidArgumentError(
+      absl::StrCat("role '", std::string(name), "' is not one of: teacher, student"));
+}
+
+const char* RoleName(Role role) { return role == Role::kTeacher ? "teacher" : "student"; }
+
+const services::ModelShape& RoleShape(const services::Config& config, Role role) {
+  return role == Role::kTeacher ? config.teacher.shape : config.student.shape;
+}
+
+const services::SftConfig& RoleBootstrap(const services::Config& config, Role role) {
+  return role == Role::kTeacher ? config.teacher.bootstrap : config.student.bootstrap;
+}
+
+absl::StatusOr<SftResult> RunSft(const services::Config& config, Role role,
+                                 const std::string& out_dir, std::ostream& log) {
+  try {
+    return RunSftOrThrow(config, role, out_dir, log);
+  } catch (const std::invalid_argument& e) {
+    return absl::InvalidArgumentError(absl::StrCat(RoleName(role), " sft: ", e.what()));
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat(RoleName(role), " sft: ", e.what()));
+  }
+}
+
+absl::StatusOr<SftResult> ReadSftSummary(const std::string& checkpoint_dir) {
+  const std::string path = checkpoint_dir + "/" + kSftSummaryFile;
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("no ", path));
+  std::stringstream text;
+  text << in.rdbuf();
+  nlohmann::json json = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+  if (!json.is_object()) return absl::DataLossError(absl::StrCat(path, ": not a JSON object"));
+  SftResult result;
+  result.checkpoint_dir = checkpoint_dir;
+  result.accuracy = json.value("accuracy", 0.0);
+  result.accuracy_before = json.value("accuracy_before", 0.0);
+  result.loss = json.value("loss", 0.0);
+  result.steps = json.value("steps", int64_t{0});
+  result.seconds = json.value("seconds", 0.0);
+  result.train_examples = json.value("train_examples", int64_t{0});
+  result.eval_examples = json.value("eval_examples", int64_t{0});
+  return result;
+}
+
+}  // namespace kappa::cli

@@ -1,0 +1,47 @@
+// Supervised warm start of the teacher or the student, shared by `kappa sft`
+// and `kappa run`'s bootstrap: build the task's train split, tokenize, train
+// a fresh decoder of the role's shape, evaluate held-out greedy accuracy
+// before and after, save the checkpoint plus sft_summary.json.
+#pragma once
+
+#include <cstdint>
+#include <ostream>
+#include <string>
+#include <string_view>
+
+#include "absl/status/statusor.h"
+#include "services/config.h"
+
+namespace kappa::cli {
+
+enum class Role { kTeacher, kStudent };
+
+absl::StatusOr<Role> ParseRole(std::string_view name);  // "teacher" | "student"
+const char* RoleName(Role role);
+const services::ModelShape& RoleShape(const services::Config& config, Role role);
+const services::SftConfig& RoleBootstrap(const services::Config& config, Role role);
+
+struct SftResult {
+  std::string checkpoint_dir;
+  double accuracy_before = 0.0;  // held-out greedy accuracy of the fresh model
+  double accuracy = 0.0;         // after training
+  double loss = 0.0;             // NLL of the last step
+  int64_t steps = 0;
+  int64_t train_examples = 0;
+  int64_t eval_examples = 0;
+  double seconds = 0.0;          // training + evaluation wall time
+};
+
+// The summary file written beside the checkpoint's weights.
+inline constexpr const char* kSftSummaryFile = "sft_summary.json";
+
+// Trains and saves into `out_dir` (replaced atomically). Progress lines go to
+// `log`. Errors name what was wrong (dataset spec, a character the tokenizer
+// lacks, sequences longer than max_position_embeddings, ...).
+absl::StatusOr<SftResult> RunSft(const services::Config& config, Role role,
+                                 const std::string& out_dir, std::ostream& log);
+
+// Reads <dir>/sft_summary.json (NOT_FOUND when absent).
+absl::StatusOr<SftResult> ReadSftSummary(const std::string& checkpoint_dir);
+
+}  // namespace kappa::cli

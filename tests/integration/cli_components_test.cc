@@ -1,0 +1,218 @@
+// The pieces of `kappa run` that need no services: argument parsing, the
+// metrics tail, the progress line, the bootstrap cache key, port assignment,
+// run directories and log tails.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "cli/args.h"
+#include "cli/bootstrap.h"
+#include "cli/free_port.h"
+#include "cli/metrics_tail.h"
+#include "cli/progress.h"
+#include "cli/run_dir.h"
+#include "cli/run_session.h"
+#include "cli/service_launch.h"
+#include "services/config.h"
+#include "tests/integration/cli_test_util.h"
+
+namespace kappa::cli {
+namespace {
+
+using testing::MakeTempDir;
+
+TEST(CliArgsTest, SeparatesConfigOverridesAndFlags) {
+  auto line = ParseCommandLine({"--role", "teacher", "c.yaml", "trainer.steps=3",
+                                "--out=/tmp/x", "workers=2", "--resume"},
+                               {"--role", "--out"}, {"--resume"});
+  ASSERT_TRUE(line.ok()) << line.status();
+  EXPECT_EQ(line->config_path, "c.yaml");
+  EXPECT_EQ(line->overrides, (std::vector<std::string>{"trainer.steps=3", "workers=2"}));
+  EXPECT_EQ(line->Get("--role"), "teacher");
+  EXPECT_EQ(line->Get("--out"), "/tmp/x");
+  EXPECT_TRUE(line->Has("--resume"));
+  EXPECT_FALSE(line->Has("--no-progress"));
+}
+
+TEST(CliArgsTest, ErrorsNameTheArgument) {
+  auto unknown = ParseCommandLine({"c.yaml", "--bogus"}, {}, {});
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_NE(unknown.status().message().find("--bogus"), std::string::npos);
+  auto no_value = ParseCommandLine({"c.yaml", "--out"}, {"--out"}, {});
+  ASSERT_FALSE(no_value.ok());
+  EXPECT_NE(no_value.status().message().find("--out"), std::string::npos);
+  auto two_configs = ParseCommandLine({"a.yaml", "b.yaml"}, {}, {});
+  ASSERT_FALSE(two_configs.ok());
+  EXPECT_NE(two_configs.status().message().find("b.yaml"), std::string::npos);
+  EXPECT_FALSE(ParseCommandLine({"trainer.steps=1"}, {}, {}).ok());
+  EXPECT_FALSE(ParseCommandLine({"c.yaml", "--resume=1"}, {}, {"--resume"}).ok());
+}
+
+TEST(MetricsTailTest, ReturnsOnlyCompleteNewLines) {
+  const std::string dir = MakeTempDir("kappa_cli_tail");
+  const std::string path = dir + "/metrics.jsonl";
+  MetricsTail tail(path);
+  EXPECT_TRUE(tail.ReadNew().empty());  // no file yet
+  std::ofstream out(path);
+  out << "{\"step\": 1}\n{\"step\": 2, \"rew" << std::flush;
+  auto first = tail.ReadNew();
+  ASSERT_EQ(first.size(), 1u);
+  EXPECT_EQ(first[0]["step"], 1);
+  out << "ard_mean\": 0.5}\nnot json\n\n{\"step\": 3}\n" << std::flush;
+  auto second = tail.ReadNew();
+  ASSERT_EQ(second.size(), 2u);
+  EXPECT_EQ(second[0]["step"], 2);
+  EXPECT_DOUBLE_EQ(second[0]["reward_mean"].get<double>(), 0.5);
+  EXPECT_EQ(second[1]["step"], 3);
+  EXPECT_EQ(tail.skipped_lines(), 1);
+  EXPECT_TRUE(tail.ReadNew().empty());
+  std::filesystem::remove_all(dir);
+}
+
+TEST(RunProgressTest, TracksFirstAndLastEvalAndFormats) {
+  RunProgress progress;
+  progress.total_steps = 60;
+  progress.Update({{"step", 10}, {"policy_version", 10}, {"reward_mean", 0.25},
+                   {"loss_reward", 0.01}, {"loss_distill", 0.5}, {"samples_per_second", 40.0},
+                   {"eval_accuracy", 0.3}});
+  progress.Update({{"step", 11}, {"policy_version", 11}, {"reward_mean", 0.375}});
+  progress.Update({{"step", 20}, {"policy_version", 20}, {"eval_accuracy", 0.55}});
+  EXPECT_EQ(progress.step, 20);
+  EXPECT_DOUBLE_EQ(*progress.first_eval_accuracy, 0.3);
+  EXPECT_EQ(*progress.first_eval_step, 10);
+  EXPECT_DOUBLE_EQ(*progress.last_eval_accuracy, 0.55);
+  EXPECT_EQ(*progress.last_eval_step, 20);
+  EXPECT_DOUBLE_EQ(*progress.reward_mean, 0.375);  // kept from step 11
+  const std::string line = FormatProgressLine(progress, 65.0, 10);
+  EXPECT_EQ(line,
+            "step 20/60 [###-------] reward 0.375 | acc 0.550 | L_R 0.0100 | L_D 0.5000 | "
+            "40.0 samples/s | v20 | 01:05");
+  EXPECT_EQ(FormatDuration(3723), "1:02:03");
+}
+
+TEST(BootstrapKeyTest, ChangesWithWhatDeterminesTheWeights) {
+  services::Config config;
+  const std::string teacher = BootstrapKey(config, Role::kTeacher);
+  const std::string student = BootstrapKey(config, Role::kStudent);
+  EXPECT_EQ(teacher.size(), 16u);
+  EXPECT_NE(teacher, student);
+  EXPECT_EQ(teacher, BootstrapKey(config, Role::kTeacher));  // deterministic
+
+  services::Config wider = config;
+  wider.teacher.shape.hidden_size = 128;
+  EXPECT_NE(BootstrapKey(wider, Role::kTeacher), teacher);
+  EXPECT_EQ(BootstrapKey(wider, Role::kStudent), student);  // the student is unaffected
+
+  services::Config more_data = config;
+  more_data.task.train_size += 1;
+  EXPECT_NE(BootstrapKey(more_data, Role::kStudent), student);
+
+  services::Config longer_sft = config;
+  longer_sft.student.bootstrap.steps += 1;
+  EXPECT_NE(BootstrapKey(longer_sft, Role::kStudent), student);
+
+  // Settings that do not touch the SFT weights keep the cache.
+  services::Config other_run = config;
+  other_run.trainer.steps = 7;
+  other_run.workers = 5;
+  other_run.name = "other";
+  EXPECT_EQ(BootstrapKey(other_run, Role::kTeacher), teacher);
+  EXPECT_EQ(BootstrapDir(config, Role::kTeacher), config.data_dir + "/teacher-" + teacher);
+}
+
+TEST(BootstrapTest, ConfiguredCheckpointMustExist) {
+  services::Config config;
+  config.student.checkpoint = "/nonexistent/student";
+  std::ostringstream log;
+  auto dir = EnsureBootstrapCheckpoint(config, Role::kStudent, log);
+  ASSERT_FALSE(dir.ok());
+  EXPECT_NE(dir.status().message().find("/nonexistent/student"), std::string::npos);
+  EXPECT_NE(dir.status().message().find("student.checkpoint"), std::string::npos);
+}
+
+TEST(ServiceAddressTest, PicksFreePortsUnlessFixed) {
+  services::Config config;
+  config.verifier.address = "127.0.0.1:0";
+  config.learner.address = "127.0.0.1:45678";  // fixed by the user
+  ASSERT_TRUE(AssignServiceAddresses(config).ok());
+  const int teacher = PortOf(config.teacher.address);
+  const int verifier = PortOf(config.verifier.address);
+  EXPECT_GT(teacher, 0);
+  EXPECT_GT(verifier, 0);
+  EXPECT_NE(config.teacher.address, services::Config().teacher.address);
+  EXPECT_EQ(config.teacher.address.rfind("127.0.0.1:", 0), 0u);
+  EXPECT_EQ(config.learner.address, "127.0.0.1:45678");
+  EXPECT_EQ(PortOf("host"), -1);
+  EXPECT_EQ(PortOf("h:12"), 12);
+}
+
+TEST(ServiceLaunchTest, MissingBinaryListsWhereItLooked) {
+  auto path = FindServiceBinary("kappa-no-such-service");
+  ASSERT_FALSE(path.ok());
+  EXPECT_NE(path.status().message().find("kappa-no-such-service"), std::string::npos);
+  EXPECT_NE(path.status().message().find(ExecutableDir()), std::string::npos);
+}
+
+TEST(RunDirTest, FreshRunMovesThePreviousOneAsideResumeKeepsIt) {
+  const std::string root = MakeTempDir("kappa_cli_rundir");
+  services::Config config;
+  config.runs_dir = root;
+  config.name = "exp";
+  std::ostringstream log;
+  auto dir = PrepareRunDir(config, /*resume=*/false, log);
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  EXPECT_TRUE(std::filesystem::is_directory(*dir + "/logs"));
+  std::ofstream(*dir + "/metrics.jsonl") << "{\"step\": 1}\n";
+
+  auto resumed = PrepareRunDir(config, /*resume=*/true, log);
+  ASSERT_TRUE(resumed.ok());
+  EXPECT_TRUE(std::filesystem::exists(*resumed + "/metrics.jsonl"));
+
+  auto fresh = PrepareRunDir(config, /*resume=*/false, log);
+  ASSERT_TRUE(fresh.ok());
+  EXPECT_FALSE(std::filesystem::exists(*fresh + "/metrics.jsonl"));
+  int archived = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(root)) {
+    if (entry.path().filename().string().rfind("exp.", 0) == 0) {
+      ++archived;
+      EXPECT_TRUE(std::filesystem::exists(entry.path() / "metrics.jsonl"));
+    }
+  }
+  EXPECT_EQ(archived, 1);
+  EXPECT_NE(log.str().find("moved to"), std::string::npos);
+
+  config.name = "../escape";
+  EXPECT_FALSE(PrepareRunDir(config, false, log).ok());
+  std::filesystem::remove_all(root);
+}
+
+TEST(RunDirTest, ResolvedConfigRoundTrips) {
+  const std::string root = MakeTempDir("kappa_cli_config");
+  services::Config config;
+  config.trainer.steps = 17;
+  config.teacher.address = "127.0.0.1:4242";
+  const std::string path = root + "/config.yaml";
+  ASSERT_TRUE(WriteResolvedConfig(config, path).ok());
+  auto loaded = services::LoadConfig(path);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->trainer.steps, 17);
+  EXPECT_EQ(loaded->teacher.address, "127.0.0.1:4242");
+  std::filesystem::remove_all(root);
+}
+
+TEST(LogTailTest, KeepsTheLastLines) {
+  const std::string root = MakeTempDir("kappa_cli_logtail");
+  const std::string path = root + "/x.log";
+  {
+    std::ofstream out(path);
+    for (int i = 0; i < 50; ++i) out << "line " << i << "\n";
+  }
+  const std::string tail = LogTail(path, 3);
+  EXPECT_EQ(tail, "  | line 47\n  | line 48\n  | line 49\n");
+  EXPECT_NE(LogTail(root + "/missing.log").find("cannot read"), std::string::npos);
+  std::filesystem::remove_all(root);
+}
+
+}  // namespace
+}  // namespace kappa::cli

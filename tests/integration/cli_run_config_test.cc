@@ -1,0 +1,88 @@
+// `kappa run` refuses bad configurations before starting anything, and says
+// which file and key are wrong.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "tests/integration/cli_test_util.h"
+
+namespace kappa::cli {
+namespace {
+
+using testing::MakeTempDir;
+using testing::RunKappa;
+using testing::WriteFile;
+
+class RunConfigTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = MakeTempDir("kappa_cli_run_config");
+    ASSERT_FALSE(dir_.empty());
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  std::string Config(const std::string& name, const std::string& text) {
+    const std::string path = dir_ + "/" + name;
+    WriteFile(path, text);
+    return path;
+  }
+
+  std::string dir_;
+};
+
+TEST_F(RunConfigTest, UnknownKeyNamesFileAndKey) {
+  const std::string path = Config("typo.yaml", "name: t\ntrainer:\n  stepz: 10\n");
+  auto result = RunKappa({"run", path, "runs_dir=" + dir_ + "/runs"});
+  EXPECT_EQ(result.exit_code, 1) << result.output;
+  EXPECT_NE(result.output.find("typo.yaml"), std::string::npos) << result.output;
+  EXPECT_NE(result.output.find("trainer.stepz"), std::string::npos) << result.output;
+  // Nothing was started or created.
+  EXPECT_FALSE(std::filesystem::exists(dir_ + "/runs"));
+}
+
+TEST_F(RunConfigTest, WrongTypeNamesKeyAndValue) {
+  const std::string path = Config("types.yaml", "trainer:\n  steps: ten\n");
+  auto result = RunKappa({"run", path});
+  EXPECT_NE(result.exit_code, 0);
+  EXPECT_NE(result.output.find("types.yaml"), std::string::npos) << result.output;
+  EXPECT_NE(result.output.find("trainer.steps"), std::string::npos) << result.output;
+  EXPECT_NE(result.output.find("ten"), std::string::npos) << result.output;
+}
+
+TEST_F(RunConfigTest, BadOverrideNamesTheOverride) {
+  const std::string path = Config("ok.yaml", "name: t\n");
+  auto result = RunKappa({"run", path, "trainer.stepz=3"});
+  EXPECT_NE(result.exit_code, 0);
+  EXPECT_NE(result.output.find("trainer.stepz"), std::string::npos) << result.output;
+}
+
+TEST_F(RunConfigTest, MissingFileIsNamed) {
+  const std::string path = dir_ + "/does-not-exist.yaml";
+  auto result = RunKappa({"run", path});
+  EXPECT_NE(result.exit_code, 0);
+  EXPECT_NE(result.output.find("does-not-exist.yaml"), std::string::npos) << result.output;
+}
+
+TEST_F(RunConfigTest, ZeroWorkersIsRejected) {
+  const std::string path = Config("ok.yaml", "name: t\n");
+  auto result = RunKappa({"run", path, "workers=0", "runs_dir=" + dir_ + "/runs"});
+  EXPECT_NE(result.exit_code, 0);
+  EXPECT_NE(result.output.find("workers"), std::string::npos) << result.output;
+  EXPECT_FALSE(std::filesystem::exists(dir_ + "/runs"));
+}
+
+TEST_F(RunConfigTest, UsageErrorsExitWithTwo) {
+  auto no_config = RunKappa({"run"});
+  EXPECT_EQ(no_config.exit_code, 2);
+  EXPECT_NE(no_config.output.find("CONFIG"), std::string::npos) << no_config.output;
+  const std::string path = Config("ok.yaml", "name: t\n");
+  auto unknown_flag = RunKappa({"run", path, "--resmue"});
+  EXPECT_EQ(unknown_flag.exit_code, 2);
+  EXPECT_NE(unknown_flag.output.find("--resmue"), std::string::npos) << unknown_flag.output;
+  auto unknown_command = RunKappa({"train", path});
+  EXPECT_EQ(unknown_command.exit_code, 2);
+  EXPECT_NE(unknown_command.output.find("train"), std::string::npos) << unknown_command.output;
+}
+
+}  // namespace
+}  // namespace kappa::cli
