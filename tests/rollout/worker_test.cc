@@ -1,0 +1,326 @@
+// The rollout worker end to end against real in-process gRPC servers on
+// loopback: a fake learner (test scaffolding), the real verifier and the real
+// teacher services.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <memory>
+#include <thread>
+
+#include "model/tokenizer.h"
+#include "rollout_worker/worker.h"
+#include "services/grpc_util.h"
+#include "services/server.h"
+#include "services/tensor_codec.h"
+#include "services/torch_tensor_codec.h"
+#include "tasks/answer.h"
+#include "teacher_server/teacher_service.h"
+#include "tests/rollout/fake_learner.h"
+#include "tests/rollout/test_policy.h"
+#include "verifier/verifier_service.h"
+
+namespace kappa::rollout {
+namespace {
+
+using testing::ChunkWeights;
+using testing::FakeLearner;
+using testing::MakeDecoder;
+using testing::ReferenceLogprobs;
+using testing::TinyConfig;
+
+constexpr int kGroupSize = 4;
+const absl::Duration kWait = absl::Seconds(20);
+
+std::vector<int64_t> Tokens(const google::protobuf::RepeatedField<int32_t>& ids) {
+  return std::vector<int64_t>(ids.begin(), ids.end());
+}
+
+class WorkerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    config_ = TinyConfig();
+    auto teacher = teacher::TeacherService::Create(MakeDecoder(config_, 99), {});
+    ASSERT_TRUE(teacher.ok()) << teacher.status();
+    teacher_ = *std::move(teacher);
+    verifier_ = std::make_unique<verifier::VerifierService>(verifier::VerifierOptions{});
+    auto scorers = services::GrpcServer::Start("127.0.0.1:0", {teacher_.get(), verifier_.get()});
+    ASSERT_TRUE(scorers.ok()) << scorers.status();
+    scorers_ = *std::move(scorers);
+    StartLearner(0);
+  }
+
+  void TearDown() override {
+    if (worker_) worker_->Stop();
+    if (worker_thread_.joinable()) worker_thread_.join();
+    StopLearner();
+    if (scorers_) scorers_->Shutdown(absl::Milliseconds(200));
+    if (teacher_) teacher_->Shutdown();
+  }
+
+  void StartLearner(int port) {
+    learner_ = std::make_unique<FakeLearner>();
+    auto server =
+        services::GrpcServer::Start("127.0.0.1:" + std::to_string(port), {learner_.get()});
+    ASSERT_TRUE(server.ok()) << server.status();
+    learner_server_ = *std::move(server);
+    learner_port_ = learner_server_->port();
+  }
+
+  void StopLearner() {
+    if (learner_) learner_->Close();
+    if (learner_server_) learner_server_->Shutdown(absl::Milliseconds(200));
+    learner_server_.reset();
+  }
+
+  void StartWorker() {
+    WorkerOptions options;
+    options.worker_id = "worker-under-test";
+    options.max_outstanding = 3;
+    options.initial_backoff = absl::Milliseconds(20);
+    options.max_backoff = absl::Milliseconds(200);
+    options.sampler.rpc_deadline = absl::Seconds(5);
+    options.sampler.seed = 1234;
+    const std::string scorers = "127.0.0.1:" + std::to_string(scorers_->port());
+    worker_ = std::make_unique<RolloutWorker>(
+        services::MakeChannel("127.0.0.1:" + std::to_string(learner_port_)),
+        services::MakeChannel(scorers), services::MakeChannel(scorers), options);
+    worker_thread_ = std::thread([this] { run_status_ = worker_->Run(); });
+  }
+
+  kappa::v1::WorkItem Item(const std::string& lease, int64_t version, int form, int top_k = 0) {
+    static const model::CharTokenizer tokenizer;
+    kappa::v1::WorkItem item;
+    item.set_lease_id(lease);
+    item.set_prompt_id("p-" + lease);
+    item.set_prompt_text("12+7=");
+    for (int64_t id : tokenizer.Encode("12+7=", /*add_bos=*/true)) item.add_prompt_tokens(id);
+    item.set_reference_answer("19");
+    item.set_task("arithmetic");
+    item.set_policy_version(version);
+    item.set_group_size(kGroupSize);
+    item.set_max_new_tokens(6);
+    item.set_temperature(1.0f);
+    item.set_top_p(1.0f);
+    item.set_teacher_form(form);
+    item.set_teacher_top_k(top_k);
+    item.set_lease_deadline_unix_ms(absl::ToUnixMillis(absl::Now() + absl::Seconds(60)));
+    return item;
+  }
+
+  // Checks the group's invariants against the item; returns the largest
+  // |behavior - reference| log-prob gap under `policy` over all tokens.
+  double CheckGroup(const kappa::v1::ScoredGroup& group, const kappa::v1::WorkItem& item,
+                    model::Decoder& policy) {
+    EXPECT_EQ(group.lease_id(), item.lease_id());
+    EXPECT_EQ(group.prompt_id(), item.prompt_id());
+    EXPECT_EQ(Tokens(group.prompt_tokens()), Tokens(item.prompt_tokens()));
+    EXPECT_EQ(group.worker_id(), "worker-under-test");
+    EXPECT_EQ(group.samples_size(), kGroupSize);
+    EXPECT_GT(group.generation_seconds(), 0.0);
+    double max_gap = 0;
+    for (const kappa::v1::ScoredSample& sample : group.samples()) {
+      const int64_t length = sample.response_tokens_size();
+      EXPECT_GT(length, 0);
+      EXPECT_LE(length, item.max_new_tokens());
+      // Reward: the verifier's verdict on this very text.
+      const absl::StatusOr<float> expected = tasks::ExactAnswerReward(
+          item.task(), item.reference_answer(), sample.response_text());
+      EXPECT_TRUE(expected.ok());
+      EXPECT_EQ(sample.reward(), *expected) << sample.response_text();
+      EXPECT_EQ(sample.response_text(),
+                model::CharTokenizer().Decode(Tokens(sample.response_tokens())));
+      // Behavior log-probs: float32 [T], matching a plain forward of the policy.
+      EXPECT_TRUE(services::ValidateTensor(sample.behavior_logprobs(), "behavior_logprobs",
+                                           kappa::v1::DTYPE_FLOAT32, 1)
+                      .ok());
+      const std::vector<float> behavior = services::GetFloat32(sample.behavior_logprobs());
+      EXPECT_EQ(static_cast<int64_t>(behavior.size()), length);
+      const std::vector<float> reference = ReferenceLogprobs(
+          policy, Tokens(item.prompt_tokens()), Tokens(sample.response_tokens()), 1.0);
+      for (size_t t = 0; t < behavior.size() && t < reference.size(); ++t) {
+        max_gap = std::max(max_gap, static_cast<double>(std::abs(behavior[t] - reference[t])));
+      }
+      // Teacher data in the requested form.
+      const kappa::v1::Tensor& teacher = sample.teacher_logprobs();
+      switch (item.teacher_form()) {
+        case 0:
+          EXPECT_EQ(teacher.data().size(), 0u);
+          EXPECT_EQ(teacher.shape_size(), 0);
+          break;
+        case kappa::v1::SCORE_FORM_FULL: {
+          EXPECT_EQ(std::vector<int64_t>(teacher.shape().begin(), teacher.shape().end()),
+                    (std::vector<int64_t>{length, config_.vocab_size}));
+          auto decoded = services::DecodeTensor(teacher, "teacher_logprobs");
+          EXPECT_TRUE(decoded.ok()) << decoded.status();
+          if (decoded.ok()) {  // each row a distribution
+            EXPECT_TRUE(torch::allclose(decoded->exp().sum(-1), torch::ones({length}), 1e-4,
+                                        1e-4));
+          }
+          break;
+        }
+        case kappa::v1::SCORE_FORM_TOPK:
+          EXPECT_EQ(std::vector<int64_t>(teacher.shape().begin(), teacher.shape().end()),
+                    (std::vector<int64_t>{length, item.teacher_top_k()}));
+          EXPECT_EQ(sample.teacher_topk_ids().dtype(), kappa::v1::DTYPE_INT32);
+          EXPECT_EQ(services::NumElements(sample.teacher_topk_ids()), length * item.teacher_top_k());
+          break;
+        case kappa::v1::SCORE_FORM_SAMPLED:
+          EXPECT_EQ(std::vector<int64_t>(teacher.shape().begin(), teacher.shape().end()),
+                    (std::vector<int64_t>{length}));
+          break;
+      }
+    }
+    return max_gap;
+  }
+
+  model::ModelConfig config_;
+  std::unique_ptr<teacher::TeacherService> teacher_;
+  std::unique_ptr<verifier::VerifierService> verifier_;
+  std::unique_ptr<services::GrpcServer> scorers_;
+  std::unique_ptr<FakeLearner> learner_;
+  std::unique_ptr<services::GrpcServer> learner_server_;
+  int learner_port_ = 0;
+  std::unique_ptr<RolloutWorker> worker_;
+  std::thread worker_thread_;
+  absl::Status run_status_ = absl::UnknownError("not run");
+};
+
+TEST_F(WorkerTest, SamplesWithTheNewestWeightsScoresAndRespectsCredits) {
+  model::Decoder v0 = MakeDecoder(config_, 1);
+  model::Decoder v1 = MakeDecoder(config_, 2);
+  learner_->Publish(0, ChunkWeights(0, v0));
+  StartWorker();
+  ASSERT_TRUE(learner_->WaitForHellos(1, kWait));
+  EXPECT_EQ(learner_->hellos()[0].worker_id(), "worker-under-test");
+  EXPECT_EQ(learner_->hellos()[0].max_outstanding(), 3);
+
+  // Version 0, full teacher distributions.
+  const kappa::v1::WorkItem first = Item("lease-0", 0, kappa::v1::SCORE_FORM_FULL);
+  learner_->SendCredit(1);
+  learner_->SendWork(first);
+  ASSERT_TRUE(learner_->WaitForGroups(1, kWait));
+  kappa::v1::ScoredGroup group = learner_->groups()[0];
+  EXPECT_EQ(group.policy_version(), 0);
+  EXPECT_LT(CheckGroup(group, first, v0), 1e-3);
+
+  // An item that asks for version 1 waits until version 1 arrives.
+  const kappa::v1::WorkItem second = Item("lease-1", 1, kappa::v1::SCORE_FORM_TOPK, 3);
+  learner_->SendCredit(1);
+  learner_->SendWork(second);
+  EXPECT_FALSE(learner_->WaitForGroups(2, absl::Milliseconds(500)));
+  learner_->Publish(1, ChunkWeights(1, v1));
+  ASSERT_TRUE(learner_->WaitForGroups(2, kWait));
+  group = learner_->groups()[1];
+  EXPECT_EQ(group.policy_version(), 1);
+  EXPECT_LT(CheckGroup(group, second, v1), 1e-3);
+  EXPECT_GT(CheckGroup(group, second, v0), 1e-2);  // not the old weights
+
+  // Credits: three items but one credit -> exactly one group until more credit.
+  const std::vector<kappa::v1::WorkItem> items = {
+      Item("lease-2", 0, kappa::v1::SCORE_FORM_SAMPLED), Item("lease-3", 1, 0),
+      Item("lease-4", 1, kappa::v1::SCORE_FORM_FULL)};
+  for (const auto& item : items) learner_->SendWork(item);
+  learner_->SendCredit(1);
+  ASSERT_TRUE(learner_->WaitForGroups(3, kWait));
+  EXPECT_FALSE(learner_->WaitForGroups(4, absl::Seconds(1)));
+  EXPECT_EQ(learner_->groups().size(), 3u);
+  learner_->SendCredit(2);
+  ASSERT_TRUE(learner_->WaitForGroups(5, kWait));
+  const std::vector<kappa::v1::ScoredGroup> groups = learner_->groups();
+  ASSERT_EQ(groups.size(), 5u);
+  for (size_t i = 0; i < items.size(); ++i) {
+    // In order, with version 1 (the newest) even where the item allowed version 0.
+    EXPECT_EQ(groups[2 + i].policy_version(), 1);
+    EXPECT_LT(CheckGroup(groups[2 + i], items[i], v1), 1e-3);
+  }
+  EXPECT_FALSE(learner_->WaitForGroups(6, absl::Milliseconds(300)));
+  EXPECT_EQ(learner_->protocol_errors(), 0);
+
+  // Clean, prompt stop.
+  const absl::Time stop_start = absl::Now();
+  worker_->Stop();
+  worker_thread_.join();
+  EXPECT_LT(absl::Now() - stop_start, absl::Seconds(2));
+  EXPECT_TRUE(run_status_.ok()) << run_status_;
+  const WorkerStats stats = worker_->stats();
+  EXPECT_EQ(stats.groups_sent, 5);
+  EXPECT_EQ(stats.items_received, 5);
+}
+
+TEST_F(WorkerTest, ReconnectsAfterTheLearnerRestartsOnTheSamePort) {
+  model::Decoder v0 = MakeDecoder(config_, 3);
+  model::Decoder v1 = MakeDecoder(config_, 4);
+  learner_->Publish(0, ChunkWeights(0, v0));
+  StartWorker();
+  ASSERT_TRUE(learner_->WaitForHellos(1, kWait));
+  const kappa::v1::WorkItem before = Item("before", 0, 0);
+  learner_->SendCredit(1);
+  learner_->SendWork(before);
+  ASSERT_TRUE(learner_->WaitForGroups(1, kWait));
+  EXPECT_LT(CheckGroup(learner_->groups()[0], before, v0), 1e-3);
+
+  const int port = learner_port_;
+  StopLearner();
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // worker sees it down
+  StartLearner(port);
+  ASSERT_EQ(learner_port_, port);
+  learner_->Publish(0, ChunkWeights(0, v0));
+  learner_->Publish(1, ChunkWeights(1, v1));
+  ASSERT_TRUE(learner_->WaitForHellos(1, kWait));
+  ASSERT_TRUE(learner_->WaitForWatchers(1, kWait));
+  EXPECT_EQ(learner_->watch_known_versions()[0], 0);
+
+  const kappa::v1::WorkItem after = Item("after", 1, kappa::v1::SCORE_FORM_SAMPLED);
+  learner_->SendCredit(1);
+  learner_->SendWork(after);
+  ASSERT_TRUE(learner_->WaitForGroups(1, kWait));
+  const kappa::v1::ScoredGroup group = learner_->groups()[0];
+  EXPECT_EQ(group.policy_version(), 1);
+  EXPECT_LT(CheckGroup(group, after, v1), 1e-3);
+  EXPECT_GE(worker_->stats().connections, 2);
+}
+
+TEST_F(WorkerTest, UnavailableVerifierIsRetriedUntilItComesBack) {
+  // The worker points at a verifier address with nothing listening; the group
+  // must wait (retrying) rather than go out without rewards.
+  model::Decoder v0 = MakeDecoder(config_, 5);
+  learner_->Publish(0, ChunkWeights(0, v0));
+  // Reserve a free port, then close it again.
+  verifier::VerifierService placeholder_service{verifier::VerifierOptions{}};
+  auto placeholder = services::GrpcServer::Start("127.0.0.1:0", {&placeholder_service});
+  ASSERT_TRUE(placeholder.ok()) << placeholder.status();
+  const int verifier_port = (*placeholder)->port();
+  (*placeholder)->Shutdown(absl::Milliseconds(10));
+  placeholder->reset();
+
+  WorkerOptions options;
+  options.worker_id = "worker-under-test";
+  options.initial_backoff = absl::Milliseconds(20);
+  options.max_backoff = absl::Milliseconds(100);
+  options.sampler.initial_backoff = absl::Milliseconds(20);
+  options.sampler.max_backoff = absl::Milliseconds(100);
+  options.sampler.rpc_deadline = absl::Seconds(2);
+  const std::string verifier_address = "127.0.0.1:" + std::to_string(verifier_port);
+  worker_ = std::make_unique<RolloutWorker>(
+      services::MakeChannel("127.0.0.1:" + std::to_string(learner_port_)),
+      services::MakeChannel(verifier_address),
+      services::MakeChannel("127.0.0.1:" + std::to_string(scorers_->port())), options);
+  worker_thread_ = std::thread([this] { run_status_ = worker_->Run(); });
+  ASSERT_TRUE(learner_->WaitForHellos(1, kWait));
+  const kappa::v1::WorkItem item = Item("retry", 0, 0);
+  learner_->SendCredit(1);
+  learner_->SendWork(item);
+  EXPECT_FALSE(learner_->WaitForGroups(1, absl::Seconds(1)));
+
+  verifier::VerifierService verifier{verifier::VerifierOptions{}};
+  auto verifier_server = services::GrpcServer::Start(verifier_address, {&verifier});
+  ASSERT_TRUE(verifier_server.ok()) << verifier_server.status();
+  ASSERT_TRUE(learner_->WaitForGroups(1, kWait));
+  EXPECT_LT(CheckGroup(learner_->groups()[0], item, v0), 1e-3);
+  worker_->Stop();
+  worker_thread_.join();
+  (*verifier_server)->Shutdown(absl::Milliseconds(100));
+}
+
+}  // namespace
+}  // namespace kappa::rollout
