@@ -362,7 +362,9 @@ TEST_F(TeacherServiceTest, GenerateReturnsKSamplesWithTeacherLogProbs) {
     const torch::Tensor want = Reference({1, 4, 5, 6}, tokens);
     for (size_t i = 0; i < tokens.size(); ++i) {
       EXPECT_LE(lp[i], 0.0f);
-      EXPECT_NEAR(lp[i], want[i][tokens[i]].item<float>(), 1e-4) << "position " << i;
+      // Sampling decodes with a KV cache, the reference runs one full
+      // forward: different GEMM shapes round differently (seen: ~1e-4).
+      EXPECT_NEAR(lp[i], want[i][tokens[i]].item<float>(), 5e-4) << "position " << i;
     }
   }
 
