@@ -105,6 +105,7 @@ TEST_F(SftCommandTest, ReportsSequencesTooLongForTheModel) {
   auto result = RunKappa({"sft", config_, "--role", "student", "--out", dir_ + "/x",
                           "student.shape.max_position_embeddings=6"});
   EXPECT_NE(result.exit_code, 0) << result.output;
+  EXPECT_NE(result.output.find("positions"), std::string::npos) << result.output;
   EXPECT_FALSE(model::CheckpointExists(dir_ + "/x"));
 }
 
