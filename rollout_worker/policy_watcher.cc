@@ -37,9 +37,12 @@ PolicyWatcher::PolicyWatcher(std::shared_ptr<grpc::ChannelInterface> learner_cha
 PolicyWatcher::~PolicyWatcher() { Stop(); }
 
 void PolicyWatcher::Start() {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (thread_.joinable() || stopping_) return;
-  thread_ = std::thread([this] { Loop(); });
+  std::lock_guard<std::mutex> thread_lock(thread_mu_);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return;
+  }
+  if (!thread_.joinable()) thread_ = std::thread([this] { Loop(); });
 }
 
 void PolicyWatcher::Stop() {
@@ -49,6 +52,9 @@ void PolicyWatcher::Stop() {
     if (active_context_ != nullptr) active_context_->TryCancel();
   }
   changed_.notify_all();
+  // Several threads may Stop() at once (e.g. a signal handler thread and the
+  // owner's shutdown path); exactly one joins, the others wait for it.
+  std::lock_guard<std::mutex> thread_lock(thread_mu_);
   if (thread_.joinable()) thread_.join();
 }
 

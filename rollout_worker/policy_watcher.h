@@ -72,6 +72,7 @@ class PolicyWatcher {
 
   std::atomic<int64_t> rejected_versions_{0};
   std::atomic<int64_t> published_versions_{0};
+  std::mutex thread_mu_;  // serializes starting and joining thread_
   std::thread thread_;
 };
 
