@@ -49,10 +49,10 @@ uint64_t StableHash(const std::string& text) {
 int main(int argc, char** argv) {
   kappa::services::InstallTerminationHandlers();
   const std::string extra_usage =
-      "  --learner ADDR     learner address (default: learner.address; --address is an alias)\n"
-      "  --teacher ADDR     teacher address (default: teacher.address)\n"
-      "  --verifier ADDR    verifier address (default: verifier.address)\n"
-      "  --worker-id ID     unique worker id (default: host:pid)\n";
+      "  --learner ADDR         learner address (default: learner.address; --address is an alias)\n"
+      "  --teacher ADDR         teacher address (default: teacher.address)\n"
+      "  --verifier ADDR        verifier address (default: verifier.address)\n"
+      "  --worker-id ID         unique worker id (default: host:pid)\n";
   absl::StatusOr<kappa::services::CommonFlags> flags = kappa::services::ParseCommonFlags(
       argc, argv, {"learner", "teacher", "verifier", "worker-id"});
   if (!flags.ok()) {
