@@ -113,7 +113,7 @@ grpc::Status LearnerService::Rollout(
       // the worker's other groups are not lost.
       ++counters_.groups_invalid;
       spdlog::warn("worker {}: rejected group for lease {}: {}", stream_id, wire.lease_id(),
-                   group.status().message());
+                   group.status().ToString());
       continue;
     }
     const SubmitVerdict verdict = coordinator_->Submit(wire.lease_id(), stream_id,

@@ -73,39 +73,58 @@ absl::StatusOr<StartPoint> LoadStartPoint(const services::Config& config,
 }
 
 int Main(int argc, char** argv) {
-  absl::StatusOr<services::CommandLine> flags =
-      services::ParseCommandLine(argc, argv, {"run-dir", "address"}, {"resume"});
+  services::InstallTerminationHandlers();
+  // --resume is the one boolean flag; the shared parser handles the rest.
+  bool resume = false;
+  std::vector<const char*> args;
+  for (int i = 0; i < argc; ++i) {
+    if (std::string_view(argv[i]) == "--resume") {
+      resume = true;
+    } else {
+      args.push_back(argv[i]);
+    }
+  }
+  absl::StatusOr<services::CommonFlags> flags =
+      services::ParseCommonFlags(static_cast<int>(args.size()), args.data(), {"run-dir"});
   if (!flags.ok()) {
-    std::cerr << "kappa-learner: " << flags.status().message() << "\n";
+    std::cerr << "kappa-learner: " << flags.status().message() << "\n"
+              << services::Usage("kappa-learner", "  --run-dir DIR   run directory\n"
+                                                  "  --resume        continue from DIR's latest checkpoint\n");
     return 2;
   }
+  if (flags->help) {
+    std::cout << services::Usage("kappa-learner", "  --run-dir DIR   run directory\n"
+                                                  "  --resume        continue from DIR's latest checkpoint\n");
+    return 0;
+  }
   services::InitLogging("learner", flags->log_file);
-  if (!flags->health_check.empty()) return services::RunHealthCheck(flags->health_check);
+  if (!flags->health_check_address.empty()) {
+    return services::RunHealthCheck(flags->health_check_address);
+  }
 
-  absl::StatusOr<services::Config> config =
-      services::LoadConfig(flags->config_path, flags->overrides);
+  absl::StatusOr<services::Config> config = services::LoadConfigFromFlags(*flags);
   if (!config.ok()) {
-    spdlog::error("{}", config.status().message());
+    spdlog::error("{}", config.status().ToString());
     return 2;
   }
   services::ConfigureTorchThreads(config->learner.threads);
   torch::manual_seed(config->seed);
-  const std::string run_dir = flags->Value("run-dir").empty()
+  const auto run_dir_flag = flags->extra.find("run-dir");
+  const std::string run_dir = run_dir_flag == flags->extra.end()
                                   ? absl::StrCat(config->runs_dir, "/", config->name)
-                                  : flags->Value("run-dir");
-  const std::string address =
-      flags->Value("address").empty() ? config->learner.address : flags->Value("address");
+                                  : run_dir_flag->second;
+  const std::string address = flags->address.empty() ? config->learner.address : flags->address;
   std::filesystem::create_directories(run_dir);
 
   auto train = tasks::MakeDataset(*config, tasks::Split::kTrain);
   auto heldout = tasks::MakeDataset(*config, tasks::Split::kHeldOut);
   if (!train.ok() || !heldout.ok()) {
-    spdlog::error("dataset: {}", (!train.ok() ? train : heldout).status().message());
+    spdlog::error("dataset: {}", (!train.ok() ? train : heldout).status().ToString());
     return 2;
   }
-  absl::StatusOr<StartPoint> start = LoadStartPoint(*config, run_dir, flags->Flag("resume"));
+  absl::StatusOr<StartPoint> start = LoadStartPoint(*config, run_dir, resume);
   if (!start.ok()) {
-    spdlog::error("{}", start.status().message());
+    spdlog::error("{}", start.status().ToString());
     return 2;
   }
   model::CharTokenizer tokenizer;
@@ -150,7 +169,7 @@ int Main(int argc, char** argv) {
   absl::StatusOr<std::unique_ptr<services::GrpcServer>> server =
       services::GrpcServer::Start(address, {&service});
   if (!server.ok()) {
-    spdlog::error("cannot serve on {}: {}", address, server.status().message());
+    spdlog::error("cannot serve on {}: {}", address, server.status().ToString());
     return 1;
   }
   spdlog::info("learner serving on {} (run dir {})", address, run_dir);
@@ -171,7 +190,7 @@ int Main(int argc, char** argv) {
     spdlog::info("stopped by signal");
     return 0;
   }
-  spdlog::error("training failed: {}", status.message());
+  spdlog::error("training failed: {}", status.ToString());
   return 1;
 }
 

@@ -3,6 +3,7 @@
 // resumed run needs to continue the same sequence.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
