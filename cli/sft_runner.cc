@@ -68,6 +68,7 @@ void WriteSummary(const std::string& dir, Role role, const SftResult& result) {
       {"role", RoleName(role)},
       {"accuracy", result.accuracy},
       {"accuracy_before", result.accuracy_before},
+      {"train_accuracy", result.train_accuracy},
       {"loss", result.loss},
       {"steps", result.steps},
       {"seconds", result.seconds},
@@ -155,16 +156,21 @@ absl::StatusOr<SftResult> RunSftOrThrow(const services::Config& config, Role rol
   if (eval_count > 0) {
     result.accuracy = HeldOutAccuracy(decoder, tokenizer, **heldout, eval_count,
                                       config.rollout.max_new_tokens);
+    // The same measure on examples it trained on: a large gap means it
+    // memorized rather than learned the task.
+    result.train_accuracy =
+        HeldOutAccuracy(decoder, tokenizer, **train, std::min(eval_count, train_count),
+                        config.rollout.max_new_tokens);
   }
   result.seconds = elapsed();
   std::filesystem::path parent = std::filesystem::path(out_dir).parent_path();
   if (!parent.empty()) std::filesystem::create_directories(parent);
   model::SaveCheckpoint(out_dir, decoder);
   WriteSummary(out_dir, role, result);
-  log << absl::StrFormat("[%s sft] held-out accuracy %.3f -> %.3f, final loss %.4f, %.1f s; "
-                         "saved %s\n",
-                         role_name, result.accuracy_before, result.accuracy, result.loss,
-                         result.seconds, out_dir)
+  log << absl::StrFormat("[%s sft] held-out accuracy %.3f -> %.3f (train %.3f), final loss "
+                         "%.4f, %.1f s; saved %s\n",
+                         role_name, result.accuracy_before, result.accuracy,
+                         result.train_accuracy, result.loss, result.seconds, out_dir)
       << std::flush;
   return result;
 }
@@ -211,6 +217,7 @@ absl::StatusOr<SftResult> ReadSftSummary(const std::string& checkpoint_dir) {
   result.checkpoint_dir = checkpoint_dir;
   result.accuracy = json.value("accuracy", 0.0);
   result.accuracy_before = json.value("accuracy_before", 0.0);
+  result.train_accuracy = json.value("train_accuracy", 0.0);
   result.loss = json.value("loss", 0.0);
   result.steps = json.value("steps", int64_t{0});
   result.seconds = json.value("seconds", 0.0);

@@ -24,6 +24,7 @@ const services::SftConfig& RoleBootstrap(const services::Config& config, Role ro
 struct SftResult {
   std::string checkpoint_dir;
   double accuracy_before = 0.0;  // held-out greedy accuracy of the fresh model
+  double train_accuracy = 0.0;   // the same measure on the first training examples
   double accuracy = 0.0;         // after training
   double loss = 0.0;             // NLL of the last step
   int64_t steps = 0;
