@@ -1,4 +1,5 @@
 #include "cli/bootstrap.h"
+#include "services/stable_hash.h"
 
 #include <sys/stat.h>
 
@@ -11,15 +12,6 @@
 
 namespace kappa::cli {
 namespace {
-
-uint64_t Fnv1a64(const std::string& text) {
-  uint64_t hash = 0xcbf29ce484222325ULL;
-  for (unsigned char c : text) {
-    hash ^= c;
-    hash *= 0x100000001b3ULL;
-  }
-  return hash;
-}
 
 // A JSONL file's identity for the cache: path, size and modification time
 // (editing the data retrains).
@@ -50,7 +42,7 @@ std::string BootstrapKey(const services::Config& config, Role role) {
                   absl::StrFormat("%.17g,%.17g", sft.lr, sft.weight_decay), ",",
                   sft.warmup_steps, ",", sft.train_examples, ",", sft.seed);
   absl::StrAppend(&text, "|alphabet=", model::CharTokenizer().alphabet());
-  return absl::StrFormat("%016x", Fnv1a64(text));
+  return absl::StrFormat("%016x", services::StableHash(text));
 }
 
 std::string BootstrapDir(const services::Config& config, Role role) {

@@ -22,6 +22,7 @@
 #include "services/cli_flags.h"
 #include "services/config.h"
 #include "services/grpc_util.h"
+#include "services/stable_hash.h"
 #include "services/logging.h"
 #include "services/server.h"
 #include "services/torch_runtime.h"
@@ -32,16 +33,6 @@ std::string DefaultWorkerId() {
   char host[256] = {0};
   if (gethostname(host, sizeof(host) - 1) != 0) host[0] = '\0';
   return absl::StrCat(host[0] ? host : "localhost", ":", getpid());
-}
-
-// FNV-1a: stable across builds and platforms, unlike std::hash.
-uint64_t StableHash(const std::string& text) {
-  uint64_t hash = 1469598103934665603ull;
-  for (unsigned char c : text) {
-    hash ^= c;
-    hash *= 1099511628211ull;
-  }
-  return hash;
 }
 
 }  // namespace
@@ -87,7 +78,7 @@ int main(int argc, char** argv) {
   options.sampler.default_max_new_tokens = config->rollout.max_new_tokens;
   options.sampler.default_temperature = config->rollout.temperature;
   options.sampler.default_top_p = config->rollout.top_p;
-  options.sampler.seed = config->seed + StableHash(options.worker_id);
+  options.sampler.seed = config->seed + kappa::services::StableHash(options.worker_id);
 
   const std::string learner =
       flag_or("learner", flags->address.empty() ? config->learner.address : flags->address);
