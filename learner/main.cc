@@ -107,6 +107,12 @@ int Main(int argc, char** argv) {
     spdlog::error("{}", config.status().ToString());
     return 2;
   }
+  if (config->trainer.groups_per_step > config->learner.buffer_groups) {
+    // The buffer could never hold a whole batch: training would wait forever.
+    spdlog::error("trainer.groups_per_step ({}) exceeds learner.buffer_groups ({})",
+                  config->trainer.groups_per_step, config->learner.buffer_groups);
+    return 2;
+  }
   services::ConfigureTorchThreads(config->learner.threads);
   torch::manual_seed(config->seed);
   const auto run_dir_flag = flags->extra.find("run-dir");
