@@ -13,13 +13,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "tasks/from_config.h"
-#include "learner/algo/evaluate.h"
+#include "learner/dataset_accuracy.h"
 #include "learner/algo/sft.h"
 #include "model/checkpoint.h"
 #include "model/model_config.h"
 #include "model/tokenizer.h"
 #include "model/transformer.h"
-#include "tasks/answer.h"
 
 namespace kappa::cli {
 namespace {
@@ -39,28 +38,6 @@ model::ModelConfig DecoderConfig(const services::ModelShape& shape, Role role,
   config.eos_token_id = model::CharTokenizer::kEos;
   config.pad_token_id = model::CharTokenizer::kPad;
   return config;
-}
-
-// Held-out greedy accuracy over the first `count` examples, scored by the
-// same exact-answer reward the verifier uses.
-double HeldOutAccuracy(model::Decoder& decoder, const model::CharTokenizer& tokenizer,
-                       const tasks::Dataset& heldout, size_t count, int64_t max_new_tokens) {
-  std::vector<std::vector<int64_t>> prompts;
-  prompts.reserve(count);
-  for (size_t i = 0; i < count; ++i) {
-    prompts.push_back(tokenizer.Encode(heldout.at(i).prompt, /*add_bos=*/true));
-  }
-  decoder->eval();
-  const double accuracy = learner::GreedyAccuracy(
-      decoder, prompts, max_new_tokens,
-      [&](size_t index, const std::vector<int64_t>& response) {
-        const tasks::Example& example = heldout.at(index);
-        absl::StatusOr<float> reward =
-            tasks::ExactAnswerReward(example.task, example.answer, tokenizer.Decode(response));
-        return reward.ok() && *reward > 0.5f;
-      });
-  decoder->train();
-  return accuracy;
 }
 
 void WriteSummary(const std::string& dir, Role role, const SftResult& result) {
@@ -125,7 +102,7 @@ absl::StatusOr<SftResult> RunSftOrThrow(const services::Config& config, Role rol
   result.eval_examples = static_cast<int64_t>(eval_count);
   result.steps = sft.steps;
   if (eval_count > 0) {
-    result.accuracy_before = HeldOutAccuracy(decoder, tokenizer, **heldout, eval_count,
+    result.accuracy_before = learner::DatasetAccuracy(decoder, tokenizer, **heldout, eval_count,
                                              config.rollout.max_new_tokens);
   }
   log << absl::StrFormat("[%s sft] %d train examples, %d steps, batch %d, lr %g; held-out "
@@ -154,12 +131,12 @@ absl::StatusOr<SftResult> RunSftOrThrow(const services::Config& config, Role rol
   result.loss = sft.steps > 0 ? learner::SftTrain(decoder, examples, options) : 0.0;
 
   if (eval_count > 0) {
-    result.accuracy = HeldOutAccuracy(decoder, tokenizer, **heldout, eval_count,
+    result.accuracy = learner::DatasetAccuracy(decoder, tokenizer, **heldout, eval_count,
                                       config.rollout.max_new_tokens);
     // The same measure on examples it trained on: a large gap means it
     // memorized rather than learned the task.
     result.train_accuracy =
-        HeldOutAccuracy(decoder, tokenizer, **train, std::min(eval_count, train_count),
+        learner::DatasetAccuracy(decoder, tokenizer, **train, std::min(eval_count, train_count),
                         config.rollout.max_new_tokens);
   }
   result.seconds = elapsed();

@@ -7,10 +7,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "learner/algo/evaluate.h"
 #include "learner/algo/train_batch.h"
+#include "learner/dataset_accuracy.h"
 #include "model/checkpoint.h"
-#include "tasks/answer.h"
 
 namespace kappa::learner {
 namespace {
@@ -66,21 +65,9 @@ void TrainerLoop::PublishPolicy() {
 }
 
 double TrainerLoop::EvaluateHeldOut() {
-  const size_t count =
-      std::min<size_t>(heldout_.size(), static_cast<size_t>(config_.trainer.eval_examples));
-  std::vector<std::vector<int64_t>> prompts;
-  prompts.reserve(count);
-  for (size_t i = 0; i < count; ++i) {
-    prompts.push_back(tokenizer_.Encode(heldout_.at(i).prompt, /*add_bos=*/true));
-  }
-  return GreedyAccuracy(
-      student_, prompts, config_.rollout.max_new_tokens,
-      [&](size_t index, const std::vector<int64_t>& response) {
-        const tasks::Example& example = heldout_.at(index);
-        absl::StatusOr<float> reward =
-            tasks::ExactAnswerReward(example.task, example.answer, tokenizer_.Decode(response));
-        return reward.ok() && *reward > 0.5f;
-      });
+  return DatasetAccuracy(student_, tokenizer_, heldout_,
+                         static_cast<size_t>(config_.trainer.eval_examples),
+                         config_.rollout.max_new_tokens);
 }
 
 absl::Status TrainerLoop::SaveCheckpoint(int64_t step) {

@@ -1,0 +1,19 @@
+// Greedy accuracy of a policy on a dataset, scored by the same exact-answer
+// reward the verifier uses — the one held-out evaluation shared by the
+// learner's periodic eval and `kappa sft`.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "model/tokenizer.h"
+#include "model/transformer.h"
+#include "tasks/dataset.h"
+
+namespace kappa::learner {
+
+// Over the first `count` examples (clamped to the dataset size).
+double DatasetAccuracy(model::Decoder& policy, const model::CharTokenizer& tokenizer,
+                       const tasks::Dataset& dataset, size_t count, int64_t max_new_tokens);
+
+}  // namespace kappa::learner
