@@ -11,6 +11,8 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 
 namespace kappa::services {
@@ -18,7 +20,8 @@ namespace {
 
 // One entry per configuration key. The parser, the override parser and
 // ConfigToYaml all walk this table, so a new key is one line here.
-using FieldRef = std::variant<int64_t*, uint64_t*, double*, bool*, std::string*>;
+using StringList = std::vector<std::string>;
+using FieldRef = std::variant<int64_t*, uint64_t*, double*, bool*, std::string*, StringList*>;
 struct Field {
   const char* key;
   FieldRef (*get)(Config&);
@@ -113,6 +116,45 @@ const std::vector<Field>& Fields() {
       KAPPA_CONFIG_FIELD(trainer.eval_every),
       KAPPA_CONFIG_FIELD(trainer.eval_examples),
       KAPPA_CONFIG_FIELD(trainer.checkpoint_every),
+      KAPPA_CONFIG_FIELD(trainer.distill_topk),
+      KAPPA_CONFIG_FIELD(trainer.distill_gate),
+      KAPPA_CONFIG_FIELD(trainer.balance),
+      KAPPA_CONFIG_FIELD(trainer.kappa_target),
+
+      KAPPA_CONFIG_FIELD(m3.mask_target),
+      KAPPA_CONFIG_FIELD(m3.mask_estimator),
+      KAPPA_CONFIG_FIELD(m3.mask_temperature),
+      KAPPA_CONFIG_FIELD(m3.adapt_gain),
+      KAPPA_CONFIG_FIELD(m3.adapt_ema),
+      KAPPA_CONFIG_FIELD(m3.adapt_max_factor),
+      KAPPA_CONFIG_FIELD(m3.lambda_min),
+      KAPPA_CONFIG_FIELD(m3.lambda_max),
+
+      KAPPA_CONFIG_FIELD(rstg.confidence),
+      KAPPA_CONFIG_FIELD(rstg.token_selector),
+      KAPPA_CONFIG_FIELD(rstg.token_frac),
+      KAPPA_CONFIG_FIELD(rstg.entropy_threshold),
+      KAPPA_CONFIG_FIELD(rstg.divergence_threshold),
+      KAPPA_CONFIG_FIELD(rstg.teacher_samples),
+      KAPPA_CONFIG_FIELD(rstg.teacher_temperature),
+      KAPPA_CONFIG_FIELD(rstg.sft_weight),
+
+      KAPPA_CONFIG_FIELD(monitor.kappa_every),
+      KAPPA_CONFIG_FIELD(monitor.kdr_every),
+      KAPPA_CONFIG_FIELD(monitor.kdr_estimator),
+      KAPPA_CONFIG_FIELD(monitor.kdr_exact_every),
+      KAPPA_CONFIG_FIELD(monitor.kdr_exact_positions),
+
+      KAPPA_CONFIG_FIELD(alarms.kappa_threshold),
+      KAPPA_CONFIG_FIELD(alarms.ema_alpha),
+      KAPPA_CONFIG_FIELD(alarms.slope_window),
+      KAPPA_CONFIG_FIELD(alarms.conflict_threshold),
+      KAPPA_CONFIG_FIELD(alarms.conflict_window),
+      KAPPA_CONFIG_FIELD(alarms.collapse_window),
+      KAPPA_CONFIG_FIELD(alarms.reward_drop_ratio),
+      KAPPA_CONFIG_FIELD(alarms.distill_rise_factor),
+      KAPPA_CONFIG_FIELD(alarms.entropy_floor),
+      KAPPA_CONFIG_FIELD(alarms.warmup_steps),
   };
   return kFields;
 }
@@ -142,6 +184,7 @@ struct Expectation {
   const char* operator()(double*) const { return "a finite number"; }
   const char* operator()(bool*) const { return "a boolean"; }
   const char* operator()(std::string*) const { return "a string"; }
+  const char* operator()(StringList*) const { return "a list of names"; }
 };
 
 // Parses `text` into the field; false if it does not have the field's type.
@@ -171,6 +214,14 @@ struct Assign {
     *out = text;
     return true;
   }
+  // A scalar list value: "a" or "a,b" (the override form of [a, b]).
+  bool operator()(StringList* out) const {
+    out->clear();
+    for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
+      out->push_back(std::string(absl::StripAsciiWhitespace(part)));
+    }
+    return true;
+  }
 };
 
 // Shortest decimal text that parses back to exactly `value`.
@@ -193,6 +244,7 @@ struct Format {
   std::string operator()(double* value) const { return FormatDouble(*value); }
   std::string operator()(bool* value) const { return *value ? "true" : "false"; }
   std::string operator()(std::string* value) const { return *value; }
+  std::string operator()(StringList* value) const { return absl::StrJoin(*value, ","); }
 };
 
 const char* NodeKind(const YAML::Node& node) {
@@ -214,6 +266,19 @@ absl::Status AssignNode(const Field& field, const YAML::Node& value, const std::
   } else if (value.IsNull() && std::holds_alternative<std::string*>(ref)) {
     std::get<std::string*>(ref)->clear();
     return absl::OkStatus();
+  } else if (value.IsSequence() && std::holds_alternative<StringList*>(ref)) {
+    StringList list;
+    for (const YAML::Node& item : value) {
+      if (!item.IsScalar()) {
+        problem = absl::StrCat("a sequence holding ", NodeKind(item));
+        break;
+      }
+      list.push_back(item.Scalar());
+    }
+    if (problem.empty()) {
+      *std::get<StringList*>(ref) = std::move(list);
+      return absl::OkStatus();
+    }
   } else {
     problem = NodeKind(value);
   }
@@ -340,7 +405,13 @@ std::string ConfigToYaml(const Config& config) {
       node.reset(child);  // re-seat, not assign: assignment would overwrite
     }
     const FieldRef ref = field.get(readable);
-    node[parts.back()] = std::visit(Format{}, ref);
+    if (const auto* list = std::get_if<StringList*>(&ref)) {
+      YAML::Node sequence(YAML::NodeType::Sequence);
+      for (const std::string& item : **list) sequence.push_back(item);
+      node[parts.back()] = sequence;
+    } else {
+      node[parts.back()] = std::visit(Format{}, ref);
+    }
   }
   YAML::Emitter out;
   out << root;

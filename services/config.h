@@ -101,7 +101,7 @@ struct Config {
     double max_grad_norm = 1.0;
     double lambda = 1.0;               // L = L_R + λ L_D
     std::string aggregation = "token-mean";
-    std::string distill_loss = "reverse_kl";
+    std::string distill_loss = "reverse_kl";  // reverse_kl | forward_kl | sampled_reverse_kl | topk_reverse_kl
     bool norm_std = true;
     double clip_low = 0.2;
     double clip_high = 0.28;
@@ -109,7 +109,58 @@ struct Config {
     int64_t eval_every = 10;           // steps; 0 disables periodic eval
     int64_t eval_examples = 200;       // held-out examples per evaluation
     int64_t checkpoint_every = 20;     // steps; 0: only at the end
+    int64_t distill_topk = 8;          // k of distill_loss=topk_reverse_kl
+    // Which samples the distillation term sees: none (GRPO only) | all (naive
+    // hybrid) | rstg (negative zero-variance groups, see rstg.*).
+    std::string distill_gate = "all";
+    // Gradient balancing (DESIGN.md §5): [naive] or any of m3_norm, m3_mask,
+    // m3_project, m3_adapt (m3_norm and m3_adapt exclude each other).
+    std::vector<std::string> balance = {"naive"};
+    double kappa_target = 1.0;         // m3_norm / m3_adapt: ‖g_R‖ / ‖scaled g_D‖
   } trainer;
+
+  struct M3 {
+    std::string mask_target = "reward";   // reward | distill: the term dropped where K_DR < 0
+    std::string mask_estimator = "logit"; // logit | last_layer (same sign; differ when soft)
+    double mask_temperature = 0.0;        // 0: hard mask; τ > 0: weight σ(K_DR / τ)
+    double adapt_gain = 0.5;              // λ ← λ · (κ_eff_ema / κ_target)^gain, per step
+    double adapt_ema = 0.1;               // EMA coefficient of κ_eff
+    double adapt_max_factor = 1.1;        // per-step change of λ bounded to [1/f, f]
+    double lambda_min = 1e-3;
+    double lambda_max = 1e3;
+  } m3;
+
+  struct Rstg {
+    std::string confidence = "max_prob";    // max_prob: mean_t max_v q | token_prob: exp(mean_t log q(y_t))
+    std::string token_selector = "entropy"; // entropy | divergence
+    double token_frac = 0.5;                // keep the top fraction of gated tokens
+    double entropy_threshold = -1.0;        // >= 0: keep H(p_n) >= threshold instead of token_frac
+    double divergence_threshold = -1.0;     // >= 0: keep ℓ_D(n) >= threshold instead of token_frac
+    int64_t teacher_samples = 4;            // K teacher responses per negative zero-variance prompt (0: no teacher SFT)
+    double teacher_temperature = 1.0;
+    double sft_weight = 0.1;                // μ of the teacher-SFT NLL term
+  } rstg;
+
+  struct Monitor {
+    int64_t kappa_every = 1;           // steps between κ measurements (0: never)
+    int64_t kdr_every = 1;             // steps between cheap K_DR measurements (0: never)
+    std::string kdr_estimator = "last_layer";  // last_layer | logit: the one the statistics use
+    int64_t kdr_exact_every = 0;       // opt-in: steps between exact K_DR samples (0: never)
+    int64_t kdr_exact_positions = 32;  // positions per exact sample
+  } monitor;
+
+  struct Alarms {
+    double kappa_threshold = 10.0;     // magnitude drowning: κ EMA above this ...
+    double ema_alpha = 0.1;            // EMA coefficient for κ, reward, L_D, entropy
+    int64_t slope_window = 20;         // ... while the L_D EMA rose over this many steps
+    double conflict_threshold = 0.5;   // |K_DR|-weighted negative fraction above this ...
+    int64_t conflict_window = 20;      // ... for this many consecutive steps
+    int64_t collapse_window = 20;      // consecutive steps out of band before collapse fires
+    double reward_drop_ratio = 0.5;    // reward EMA below this × its best EMA
+    double distill_rise_factor = 3.0;  // L_D EMA above this × its minimum EMA
+    double entropy_floor = 0.01;       // entropy EMA below this (nats)
+    int64_t warmup_steps = 10;         // no alarm before this many observations
+  } alarms;
 };
 
 // Loads `path` (YAML), then applies overrides ("a.b=value"). Errors:

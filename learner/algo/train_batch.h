@@ -22,6 +22,9 @@ struct ScoredGroup {
   std::vector<int64_t> prompt_tokens;
   std::vector<ScoredSample> samples;
   int64_t policy_version = 0;
+  // RSTG teacher SFT: verified-correct teacher responses to the prompt (only
+  // for groups whose samples all got reward 0). Trained on with an NLL term.
+  std::vector<std::vector<int64_t>> teacher_demonstrations;
 };
 
 // Row b holds sequence prompt + response of one sample; position t predicts
