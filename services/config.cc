@@ -107,6 +107,7 @@ const std::vector<Field>& Fields() {
       KAPPA_CONFIG_FIELD(trainer.weight_decay),
       KAPPA_CONFIG_FIELD(trainer.max_grad_norm),
       KAPPA_CONFIG_FIELD(trainer.lambda),
+      KAPPA_CONFIG_FIELD(trainer.reward_weight),
       KAPPA_CONFIG_FIELD(trainer.aggregation),
       KAPPA_CONFIG_FIELD(trainer.distill_loss),
       KAPPA_CONFIG_FIELD(trainer.norm_std),

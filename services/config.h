@@ -99,7 +99,8 @@ struct Config {
     double lr = 1e-3;
     double weight_decay = 0.0;
     double max_grad_norm = 1.0;
-    double lambda = 1.0;               // L = L_R + λ L_D
+    double lambda = 1.0;               // L = w_R L_R + λ L_D
+    double reward_weight = 1.0;        // w_R: 0 trains on distillation alone (OPD only)
     std::string aggregation = "token-mean";
     std::string distill_loss = "reverse_kl";  // reverse_kl | forward_kl | sampled_reverse_kl | topk_reverse_kl
     bool norm_std = true;
