@@ -4,12 +4,13 @@
 #include <string>
 
 #include "learner/algo/logprob_losses.h"
+#include "learner/algo/sft.h"
 
 namespace kappa::learner {
 namespace {
 
 torch::Tensor DistillTokenLoss(const torch::Tensor& logprobs, const torch::Tensor& token_logprobs,
-                               const TrainBatch& batch, DistillLoss kind) {
+                               const TrainBatch& batch, const LossConfig& config) {
   const torch::Tensor& teacher = batch.teacher_logprobs;
   if (teacher.dim() == 3) {
     if (teacher.sizes() != logprobs.sizes()) {
@@ -17,7 +18,7 @@ torch::Tensor DistillTokenLoss(const torch::Tensor& logprobs, const torch::Tenso
                                   c10::str(teacher.sizes()) + " do not match student logits " +
                                   c10::str(logprobs.sizes()));
     }
-    switch (kind) {
+    switch (config.distill) {
       case DistillLoss::kReverseKl:
         return ReverseKlFromLogProbs(logprobs, teacher);
       case DistillLoss::kForwardKl:
@@ -25,53 +26,79 @@ torch::Tensor DistillTokenLoss(const torch::Tensor& logprobs, const torch::Tenso
       case DistillLoss::kSampledReverseKl:
         return SampledReverseKlTokenLoss(token_logprobs,
                                          GatherTokenLogProbs(teacher, batch.target_tokens));
+      case DistillLoss::kTopkReverseKl:
+        return TopkReverseKlFromLogProbs(logprobs, teacher, config.distill_topk);
     }
   }
-  if (teacher.dim() == 2 && kind == DistillLoss::kSampledReverseKl) {
+  if (teacher.dim() == 2 && config.distill == DistillLoss::kSampledReverseKl) {
     return SampledReverseKlTokenLoss(token_logprobs, teacher);
   }
   throw std::invalid_argument(
       "ComputeLossTerms: teacher log-probs of shape " + c10::str(teacher.sizes()) +
-      " cannot feed this distillation loss (reverse_kl and forward_kl need the full "
-      "vocabulary [B, L, V]; sampled_reverse_kl takes [B, L] or [B, L, V])");
+      " cannot feed this distillation loss (reverse_kl, forward_kl and topk_reverse_kl need "
+      "the full vocabulary [B, L, V]; sampled_reverse_kl takes [B, L] or [B, L, V])");
 }
 
 }  // namespace
 
-LossTerms ComputeLossTerms(model::Decoder& model, const TrainBatch& batch_in,
-                           const LossConfig& config) {
+TokenTerms ComputeTokenTerms(model::Decoder& model, const TrainBatch& batch,
+                             const LossConfig& config) {
   if (!(config.temperature > 0)) {
     throw std::invalid_argument("ComputeLossTerms: temperature must be > 0, got " +
                                 std::to_string(config.temperature));
   }
-  const auto params = model->parameters();
-  if (params.empty()) throw std::invalid_argument("ComputeLossTerms: model has no parameters");
-  const TrainBatch batch = batch_in.To(params.front().device());
-  const torch::Tensor& mask = batch.response_mask;
-
-  LossTerms terms;
-  terms.logits = model->Forward(batch.input_tokens, batch.attention_mask).logits;
+  TokenTerms terms;
+  const model::ForwardOutput out = model->Forward(batch.input_tokens, batch.attention_mask);
+  terms.logits = out.logits;
+  terms.hidden = out.hidden;
   const torch::Tensor scaled =
       config.temperature == 1.0 ? terms.logits : terms.logits / config.temperature;
   // The one [B, L, V] log_softmax that every term below shares.
-  const torch::Tensor logprobs = StableLogSoftmax(scaled);
-  const torch::Tensor token_logprobs = GatherTokenLogProbs(logprobs, batch.target_tokens);
-
-  terms.reward_loss = Aggregate(
-      PpoTokenLoss(token_logprobs, batch.old_logprobs, batch.advantages, config.ppo), mask,
-      config.aggregation);
+  terms.logprobs = StableLogSoftmax(scaled);
+  terms.token_logprobs = GatherTokenLogProbs(terms.logprobs, batch.target_tokens);
+  terms.reward =
+      PpoTokenLoss(terms.token_logprobs, batch.old_logprobs, batch.advantages, config.ppo);
   if (batch.teacher_logprobs.defined()) {
-    terms.distill_loss = Aggregate(
-        DistillTokenLoss(logprobs, token_logprobs, batch, config.distill), mask,
-        config.aggregation);
-  } else {
-    terms.distill_loss = torch::zeros({}, logprobs.options());
+    terms.distill = DistillTokenLoss(terms.logprobs, terms.token_logprobs, batch, config);
   }
+  {
+    torch::NoGradGuard no_grad;
+    terms.entropy = EntropyFromLogProbs(terms.logprobs.detach());
+  }
+  if (batch.sft_input_tokens.defined()) {
+    const torch::Tensor sft_logits =
+        model->Forward(batch.sft_input_tokens, batch.sft_attention_mask).logits;
+    terms.sft_nll = SftNll(sft_logits, batch.sft_target_tokens, batch.sft_mask);
+  }
+  return terms;
+}
+
+LossTerms AggregateTerms(const TokenTerms& tokens, const TrainBatch& batch,
+                         const LossConfig& config, const TermWeights& weights) {
+  const torch::Tensor& mask = batch.response_mask;
+  LossTerms terms;
+  terms.logits = tokens.logits;
+  const torch::Tensor zero = torch::zeros({}, tokens.logprobs.options());
+  terms.reward_loss = Aggregate(
+      weights.reward.defined() ? tokens.reward * weights.reward : tokens.reward, mask,
+      config.aggregation);
+  if (tokens.distill.defined() && !weights.no_distill) {
+    const torch::Tensor& distill_mask =
+        weights.distill_mask.defined() ? weights.distill_mask : mask;
+    const bool any = distill_mask.sum().item<double>() > 0;
+    terms.distill_loss =
+        any ? Aggregate(weights.distill.defined() ? tokens.distill * weights.distill
+                                                  : tokens.distill,
+                        distill_mask, config.aggregation)
+            : zero;
+  } else {
+    terms.distill_loss = zero;
+  }
+  terms.sft_loss = tokens.sft_nll.defined() ? tokens.sft_nll : zero;
 
   torch::NoGradGuard no_grad;
-  const torch::Tensor lp = logprobs.detach();
   const torch::Tensor log_ratio =
-      (token_logprobs.detach() - batch.old_logprobs).clamp(-20.0, 20.0);
+      (tokens.token_logprobs.detach() - batch.old_logprobs).clamp(-20.0, 20.0);
   const torch::Tensor ratio = log_ratio.exp();
   const torch::Tensor& adv = batch.advantages;
   const torch::Tensor clipped =
@@ -79,7 +106,7 @@ LossTerms ComputeLossTerms(model::Decoder& model, const TrainBatch& batch_in,
        (-adv * ratio)).to(mask.scalar_type());
   const torch::Tensor k3 = (ratio - 1.0) - log_ratio;
   const torch::Tensor stats =
-      torch::stack({Aggregate(EntropyFromLogProbs(lp), mask, Aggregation::kTokenMean),
+      torch::stack({Aggregate(tokens.entropy, mask, Aggregation::kTokenMean),
                     Aggregate(clipped, mask, Aggregation::kTokenMean),
                     Aggregate(k3, mask, Aggregation::kTokenMean)})
           .to(torch::kCPU, torch::kFloat64);
@@ -88,6 +115,14 @@ LossTerms ComputeLossTerms(model::Decoder& model, const TrainBatch& batch_in,
   terms.clip_fraction = s[1];
   terms.approx_kl = s[2];
   return terms;
+}
+
+LossTerms ComputeLossTerms(model::Decoder& model, const TrainBatch& batch_in,
+                           const LossConfig& config) {
+  const auto params = model->parameters();
+  if (params.empty()) throw std::invalid_argument("ComputeLossTerms: model has no parameters");
+  const TrainBatch batch = batch_in.To(params.front().device());
+  return AggregateTerms(ComputeTokenTerms(model, batch, config), batch, config);
 }
 
 }  // namespace kappa::learner

@@ -1,9 +1,14 @@
-// The two losses of one training batch from a single forward pass: the GRPO
-// reward loss L_R and the teacher distillation loss L_D, kept apart so the
-// caller can backward them separately (κ, balancing) or together (naive).
+// The losses of one training batch from a single forward pass: the GRPO
+// reward loss L_R, the teacher distillation loss L_D and, when the batch
+// carries teacher demonstrations (RSTG), the SFT term L_SFT, kept apart so
+// the caller can backward them separately (κ, balancing) or together.
+// Two stages: ComputeTokenTerms gives the per-position terms ℓ_R(n), ℓ_D(n)
+// (K_DR, masks and gates need them), AggregateTerms weights and averages.
 #pragma once
 
 #include <torch/torch.h>
+
+#include <cstdint>
 
 #include "learner/algo/losses.h"
 #include "learner/algo/train_batch.h"
@@ -15,17 +20,47 @@ struct LossConfig {
   Aggregation aggregation = Aggregation::kTokenMean;
   PpoConfig ppo;
   DistillLoss distill = DistillLoss::kReverseKl;
+  int64_t distill_topk = 8;  // k of kTopkReverseKl
   double lambda = 1.0;
   // Student log-probs are taken under softmax(logits / temperature), the
   // distribution the rollout sampled from (so the PPO ratio is 1 on-policy).
   double temperature = 1.0;
 };
 
+// Per-position terms, aligned with batch.target_tokens; with graph unless noted.
+struct TokenTerms {
+  torch::Tensor logits;          // [B, L, V] raw model logits
+  torch::Tensor hidden;          // [B, L, D] input of the output projection
+  torch::Tensor logprobs;        // [B, L, V] log_softmax(logits / τ)
+  torch::Tensor token_logprobs;  // [B, L] log π_θ(y_n)
+  torch::Tensor reward;          // [B, L] ℓ_R(n)
+  torch::Tensor distill;         // [B, L] ℓ_D(n); undefined without teacher log-probs
+  torch::Tensor entropy;         // [B, L] H(p_n), no graph
+  torch::Tensor sft_nll;         // scalar mean NLL of the demonstrations; undefined if none
+};
+
+// Runs the model on `batch`, which must already be on the model's device.
+// Full-vocabulary teacher log-probs support every DistillLoss; sampled-token
+// teacher log-probs ([B, L]) only kSampledReverseKl (std::invalid_argument
+// otherwise, and on a teacher vocabulary that differs from the model's).
+TokenTerms ComputeTokenTerms(model::Decoder& model, const TrainBatch& batch,
+                             const LossConfig& config);
+
+// Which terms count, and how much, at each position. Undefined tensors mean
+// "every response position, weight 1".
+struct TermWeights {
+  torch::Tensor reward;        // [B, L] multiplies ℓ_R(n) (m3_mask)
+  torch::Tensor distill;       // [B, L] multiplies ℓ_D(n) (RSTG confidence, m3_mask)
+  torch::Tensor distill_mask;  // [B, L] positions L_D averages over (RSTG selection)
+  bool no_distill = false;     // gate `none`: L_D is a graph-less zero
+};
+
 struct LossTerms {
-  // Scalars with graph. distill_loss is a graph-less zero when the batch has
-  // no teacher log-probs (check requires_grad() before backward).
+  // Scalars. distill_loss / sft_loss are graph-less zeros when the batch has
+  // no such term (check requires_grad() before backward).
   torch::Tensor reward_loss;
   torch::Tensor distill_loss;
+  torch::Tensor sft_loss;
   torch::Tensor logits;  // [B, L, V] raw model logits, with graph
   // Over response tokens (token mean), without graph.
   double entropy = 0.0;        // H(p_n) under the temperature
@@ -33,11 +68,12 @@ struct LossTerms {
   double approx_kl = 0.0;      // k3 estimate of KL(π_old ‖ π_θ)
 };
 
-// Runs the model once on `batch` (moved to the model's device) and computes
-// L_R = agg(PpoTokenLoss) and L_D = agg(distillation per-token loss).
-// Full-vocabulary teacher log-probs support every DistillLoss; sampled-token
-// teacher log-probs ([B, L]) only kSampledReverseKl (std::invalid_argument
-// otherwise, and on a teacher vocabulary that differs from the model's).
+// L_R = agg(w_R ℓ_R) over the response mask; L_D = agg(w_D ℓ_D) over the
+// distillation mask; L_SFT as computed. Plus the no-graph diagnostics.
+LossTerms AggregateTerms(const TokenTerms& tokens, const TrainBatch& batch,
+                         const LossConfig& config, const TermWeights& weights = {});
+
+// Both stages with default weights; `batch` is moved to the model's device.
 LossTerms ComputeLossTerms(model::Decoder& model, const TrainBatch& batch,
                            const LossConfig& config);
 

@@ -5,6 +5,8 @@
 
 #include <torch/torch.h>
 
+#include <cstdint>
+
 namespace kappa::learner {
 
 // student_logprobs, teacher_logprobs: [B, T, V]; results [B, T].
@@ -12,6 +14,14 @@ torch::Tensor ReverseKlFromLogProbs(const torch::Tensor& student_logprobs,
                                     const torch::Tensor& teacher_logprobs);
 torch::Tensor ForwardKlFromLogProbs(const torch::Tensor& student_logprobs,
                                     const torch::Tensor& teacher_logprobs);
+// KL(p̃ ‖ q̃) with both distributions restricted to the teacher's top-k
+// tokens at each position and renormalised there (DESIGN.md §3 `topk_*`).
+torch::Tensor TopkReverseKlFromLogProbs(const torch::Tensor& student_logprobs,
+                                        const torch::Tensor& teacher_logprobs, int64_t k);
+// The teacher's top-k token ids per position, [B, T, min(k, V)].
+torch::Tensor TopkIndices(const torch::Tensor& teacher_logprobs, int64_t k);
+// log of the distribution restricted to `indices` and renormalised: [..., k].
+torch::Tensor RenormalizedOn(const torch::Tensor& logprobs, const torch::Tensor& indices);
 torch::Tensor EntropyFromLogProbs(const torch::Tensor& logprobs);
 // logprobs [B, T, V], targets [B, T] int64 -> [B, T].
 torch::Tensor GatherTokenLogProbs(const torch::Tensor& logprobs, const torch::Tensor& targets);

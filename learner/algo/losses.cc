@@ -1,7 +1,9 @@
 #include "learner/algo/losses.h"
 
 #include <cmath>
+#include <algorithm>
 #include <stdexcept>
+#include <string>
 
 #include "learner/algo/logprob_losses.h"
 
@@ -34,8 +36,10 @@ DistillLoss ParseDistillLoss(const std::string& name) {
   if (name == "reverse_kl") return DistillLoss::kReverseKl;
   if (name == "forward_kl") return DistillLoss::kForwardKl;
   if (name == "sampled_reverse_kl") return DistillLoss::kSampledReverseKl;
+  if (name == "topk_reverse_kl") return DistillLoss::kTopkReverseKl;
   throw std::invalid_argument("unknown distillation loss '" + name +
-                              "' (allowed: reverse_kl, forward_kl, sampled_reverse_kl)");
+                              "' (allowed: reverse_kl, forward_kl, sampled_reverse_kl, "
+                              "topk_reverse_kl)");
 }
 
 torch::Tensor Aggregate(const torch::Tensor& per_position, const torch::Tensor& mask,
@@ -144,6 +148,24 @@ torch::Tensor ForwardKlFromLogProbs(const torch::Tensor& student_logprobs,
                                     const torch::Tensor& teacher_logprobs) {
   CheckSameShape(student_logprobs, teacher_logprobs, "ForwardKl");
   return (teacher_logprobs.exp() * (teacher_logprobs - student_logprobs)).sum(-1);
+}
+
+torch::Tensor TopkIndices(const torch::Tensor& teacher_logprobs, int64_t k) {
+  if (k <= 0) throw std::invalid_argument("topk_reverse_kl: k must be > 0, got " + std::to_string(k));
+  return std::get<1>(teacher_logprobs.topk(std::min<int64_t>(k, teacher_logprobs.size(-1)), -1));
+}
+
+torch::Tensor RenormalizedOn(const torch::Tensor& logprobs, const torch::Tensor& indices) {
+  const torch::Tensor picked = logprobs.gather(-1, indices);
+  return picked - picked.logsumexp(-1, /*keepdim=*/true);
+}
+
+torch::Tensor TopkReverseKlFromLogProbs(const torch::Tensor& student_logprobs,
+                                        const torch::Tensor& teacher_logprobs, int64_t k) {
+  CheckSameShape(student_logprobs, teacher_logprobs, "TopkReverseKl");
+  const torch::Tensor indices = TopkIndices(teacher_logprobs, k);
+  return ReverseKlFromLogProbs(RenormalizedOn(student_logprobs, indices),
+                               RenormalizedOn(teacher_logprobs, indices));
 }
 
 torch::Tensor EntropyFromLogProbs(const torch::Tensor& logprobs) {

@@ -11,12 +11,12 @@
 namespace kappa::learner {
 
 enum class Aggregation { kTokenMean, kSeqMeanTokenMean, kSeqMeanTokenSum };
-enum class DistillLoss { kReverseKl, kForwardKl, kSampledReverseKl };
+enum class DistillLoss { kReverseKl, kForwardKl, kSampledReverseKl, kTopkReverseKl };
 
 // Parses "token-mean" | "seq-mean-token-mean" | "seq-mean-token-sum";
 // throws std::invalid_argument listing the allowed values.
 Aggregation ParseAggregation(const std::string& name);
-// "reverse_kl" | "forward_kl" | "sampled_reverse_kl".
+// "reverse_kl" | "forward_kl" | "sampled_reverse_kl" | "topk_reverse_kl".
 DistillLoss ParseDistillLoss(const std::string& name);
 
 // agg over valid positions. per_position, mask: [B, T]; mask is 1.0 at valid

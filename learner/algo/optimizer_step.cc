@@ -18,23 +18,6 @@ std::vector<torch::Tensor> TrainableParameters(model::Decoder& model) {
   return params;
 }
 
-// Σ_i fn(i) over the parameters whose tensors in `a` are defined, as a
-// float64 scalar on `device`, so the whole step syncs with the host once.
-template <typename Fn>
-torch::Tensor SumOver(const std::vector<torch::Tensor>& a, const torch::Device& device, Fn fn) {
-  std::vector<torch::Tensor> parts;
-  parts.reserve(a.size());
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (a[i].defined()) parts.push_back(fn(i).to(torch::kFloat64));
-  }
-  if (parts.empty()) return torch::zeros({}, torch::TensorOptions(device).dtype(torch::kFloat64));
-  return torch::stack(parts).sum();
-}
-
-torch::Tensor SquaredNorm(const std::vector<torch::Tensor>& a, const torch::Device& device) {
-  return SumOver(a, device, [&](size_t i) { return a[i].square().sum(); });
-}
-
 }  // namespace
 
 PolicyOptimizer::PolicyOptimizer(model::Decoder model, double lr, double weight_decay,
@@ -51,76 +34,107 @@ double PolicyOptimizer::LearningRate() const {
   return base_lr_ * static_cast<double>(step_ + 1) / static_cast<double>(warmup_steps_);
 }
 
-StepStats PolicyOptimizer::Step(const LossTerms& terms, double lambda) {
-  StepStats stats;
-  for (torch::Tensor& p : params_) p.mutable_grad() = torch::Tensor();
-
-  const bool has_distill = terms.distill_loss.defined() && terms.distill_loss.requires_grad();
-  // The distillation backward still needs the shared graph (logits).
-  terms.reward_loss.backward({}, /*retain_graph=*/has_distill);
-  // Move ∇L_R aside (no copy) so the second backward lands in fresh buffers.
-  std::vector<torch::Tensor> reward_grads(params_.size());
+GradientList PolicyOptimizer::TakeGradients() {
+  GradientList grads(params_.size());
   for (size_t i = 0; i < params_.size(); ++i) {
-    reward_grads[i] = params_[i].grad();
+    grads[i] = params_[i].grad();  // no copy: the buffer moves out
     params_[i].mutable_grad() = torch::Tensor();
   }
-  std::vector<torch::Tensor> distill_grads(params_.size());
-  if (has_distill) {
-    terms.distill_loss.backward();
-    for (size_t i = 0; i < params_.size(); ++i) distill_grads[i] = params_[i].grad();
-  }
+  return grads;
+}
 
-  torch::NoGradGuard no_grad;
+StepStats PolicyOptimizer::Step(const LossTerms& terms, double lambda) {
+  GradientPlan plan;
+  plan.distill_weight = lambda;
+  return Step(terms, plan, /*separate=*/true);
+}
+
+StepStats PolicyOptimizer::Step(const LossTerms& terms, const GradientPlan& plan, bool separate) {
+  StepStats stats;
+  for (torch::Tensor& p : params_) p.mutable_grad() = torch::Tensor();
+  auto has_graph = [](const torch::Tensor& t) { return t.defined() && t.requires_grad(); };
+  const bool has_distill = has_graph(terms.distill_loss);
+  const bool has_sft = has_graph(terms.sft_loss) && plan.sft_weight != 0.0;
   const torch::Device device = params_.front().device();
-  const torch::Tensor rr = SquaredNorm(reward_grads, device);
-  const torch::Tensor dd = SquaredNorm(distill_grads, device);
-  std::vector<torch::Tensor> paired(params_.size());
-  for (size_t i = 0; i < params_.size(); ++i) {
-    if (reward_grads[i].defined() && distill_grads[i].defined()) paired[i] = reward_grads[i];
-  }
-  const torch::Tensor rd = SumOver(
-      paired, device, [&](size_t i) { return (reward_grads[i] * distill_grads[i]).sum(); });
+  auto scalar = [&](const torch::Tensor& t) {
+    return t.detach().to(device, torch::kFloat64).reshape({});
+  };
+  std::vector<torch::Tensor> host_values = {scalar(terms.reward_loss),
+                                            scalar(terms.distill_loss), scalar(terms.sft_loss)};
 
-  // g = g_R + λ g_D into .grad, reusing the distillation buffers.
-  std::vector<torch::Tensor> grads(params_.size());
-  for (size_t i = 0; i < params_.size(); ++i) {
-    torch::Tensor g = reward_grads[i];
-    if (distill_grads[i].defined()) {
-      g = distill_grads[i].mul_(lambda);
-      if (reward_grads[i].defined()) g.add_(reward_grads[i]);
+  stats.measured = separate || plan.project || plan.normalize;
+  if (stats.measured) {
+    // Each backward lands in fresh .grad buffers, moved aside after it; the
+    // shared graph (the logits) is kept until the last one.
+    terms.reward_loss.backward({}, /*retain_graph=*/has_distill || has_sft);
+    GradientList reward = TakeGradients();
+    GradientList distill(params_.size());
+    if (has_distill) {
+      terms.distill_loss.backward({}, /*retain_graph=*/has_sft);
+      distill = TakeGradients();
     }
-    params_[i].mutable_grad() = g;
-    grads[i] = g;
+    GradientList sft(params_.size());
+    if (has_sft) {
+      terms.sft_loss.backward();
+      sft = TakeGradients();
+    }
+    torch::NoGradGuard no_grad;
+    CombinedGradient combined =
+        CombineGradients(std::move(reward), std::move(distill), std::move(sft), plan, device);
+    for (size_t i = 0; i < params_.size(); ++i) params_[i].mutable_grad() = combined.total[i];
+    for (const torch::Tensor& t : {combined.total_sq, combined.reward_sq, combined.distill_sq,
+                                   combined.dot, combined.balanced_reward_sq,
+                                   combined.distill_scale}) {
+      host_values.push_back(scalar(t));
+    }
+  } else {
+    torch::Tensor total = plan.reward_weight * terms.reward_loss;
+    if (has_distill) total = total + plan.distill_weight * terms.distill_loss;
+    if (has_sft) total = total + plan.sft_weight * terms.sft_loss;
+    total.backward();
+    torch::NoGradGuard no_grad;
+    torch::Tensor total_sq = torch::zeros({}, torch::TensorOptions(device).dtype(torch::kFloat64));
+    for (const torch::Tensor& p : params_) {
+      if (p.grad().defined()) total_sq = total_sq + p.grad().to(torch::kFloat64).square().sum();
+    }
+    host_values.push_back(total_sq);
   }
-  const torch::Tensor total_sq = SquaredNorm(grads, device);
 
-  auto scalar = [&](const torch::Tensor& t) { return t.detach().to(device, torch::kFloat64).reshape({}); };
-  const torch::Tensor host =
-      torch::stack({scalar(terms.reward_loss),
-                    has_distill ? scalar(terms.distill_loss) : torch::zeros_like(rr), rr, dd,
-                    rd, total_sq})
-          .to(torch::kCPU);
+  // One device→host transfer for every number of the step.
+  const torch::Tensor host = torch::stack(host_values).to(torch::kCPU);
   const double* h = host.data_ptr<double>();
   stats.reward_loss = h[0];
-  stats.distill_loss = h[1];
-  stats.reward_grad_norm = std::sqrt(h[2]);
-  stats.distill_grad_norm = std::sqrt(h[3]);
-  stats.grad_cosine = (h[2] > 0 && h[3] > 0) ? h[4] / std::sqrt(h[2] * h[3]) : 0.0;
-  stats.grad_norm = std::sqrt(h[5]);
+  stats.distill_loss = has_distill ? h[1] : 0.0;
+  stats.sft_loss = h[2];
+  stats.grad_norm = std::sqrt(h[3]);
+  if (stats.measured) {
+    const double rr = h[4], dd = h[5], rd = h[6];
+    stats.reward_grad_norm = std::sqrt(rr);
+    stats.distill_grad_norm = std::sqrt(dd);
+    stats.grad_cosine = (rr > 0 && dd > 0) ? rd / std::sqrt(rr * dd) : 0.0;
+    stats.balanced_reward_grad_norm = std::sqrt(h[7]);
+    stats.distill_scale = h[8];
+    stats.projected = plan.project && rd < 0 && dd > 0;
+  } else {
+    stats.distill_scale = plan.distill_weight;
+  }
+  ClipAndApply(stats.grad_norm, &stats);
+  return stats;
+}
 
-  if (max_grad_norm_ > 0 && stats.grad_norm > max_grad_norm_) {
-    const double scale = max_grad_norm_ / (stats.grad_norm + 1e-6);
+void PolicyOptimizer::ClipAndApply(double grad_norm, StepStats* stats) {
+  if (max_grad_norm_ > 0 && grad_norm > max_grad_norm_) {
+    const double scale = max_grad_norm_ / (grad_norm + 1e-6);
     for (torch::Tensor& p : params_) {
       if (p.grad().defined()) p.mutable_grad().mul_(scale);
     }
   }
-  stats.lr = LearningRate();
+  stats->lr = LearningRate();
   for (auto& group : optimizer_.param_groups()) {
-    static_cast<torch::optim::AdamWOptions&>(group.options()).lr(stats.lr);
+    static_cast<torch::optim::AdamWOptions&>(group.options()).lr(stats->lr);
   }
   optimizer_.step();
   ++step_;
-  return stats;
 }
 
 void PolicyOptimizer::Save(const std::string& path) const {

@@ -1,15 +1,17 @@
-// One policy update from separately formed losses: backward L_R, backward
-// L_D, combine as ∇L_R + λ∇L_D (exactly the naive gradient), clip, AdamW.
-// The two gradients are measured on the way (‖∇L_R‖, ‖∇L_D‖, cosine), which
-// is what κ needs.
+// One policy update from separately formed losses. Measuring (κ) or
+// balancing (M3) steps backward L_R, L_D and L_SFT separately and combine
+// them per a GradientPlan (the naive plan gives exactly ∇(w_R L_R + λ L_D +
+// μ L_SFT)); plain steps backward the weighted sum once. Then clip, AdamW.
 #pragma once
 
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "learner/algo/balance.h"
 #include "learner/algo/hybrid_loss.h"
 #include "model/transformer.h"
 
@@ -18,11 +20,22 @@ namespace kappa::learner {
 struct StepStats {
   double reward_loss = 0.0;
   double distill_loss = 0.0;
-  double grad_norm = 0.0;          // ‖∇L_R + λ∇L_D‖ before clipping
-  double reward_grad_norm = 0.0;   // ‖∇L_R‖
+  double sft_loss = 0.0;
+  double grad_norm = 0.0;          // ‖g‖ of the combined gradient before clipping
+  double lr = 0.0;                 // learning rate used by this step
+  // Only when the step measured the signals apart (`separate`):
+  bool measured = false;
+  double reward_grad_norm = 0.0;   // ‖w_R ∇L_R‖ before any projection
   double distill_grad_norm = 0.0;  // ‖∇L_D‖ (unscaled by λ); 0 without a distill graph
   double grad_cosine = 0.0;        // cos(∇L_R, ∇L_D); 0 when either is zero
-  double lr = 0.0;                 // learning rate used by this step
+  double balanced_reward_grad_norm = 0.0;  // ‖g_R′‖ after m3_project
+  double distill_scale = 0.0;      // the coefficient applied to ∇L_D (λ or m3_norm's s)
+  bool projected = false;          // m3_project changed g_R this step
+  // κ = ‖∇L_R‖ / ‖∇L_D‖; absent when not measured or ‖∇L_D‖ = 0.
+  std::optional<double> kappa() const {
+    if (!measured || !(distill_grad_norm > 0)) return std::nullopt;
+    return reward_grad_norm / distill_grad_norm;
+  }
 };
 
 class PolicyOptimizer {
@@ -32,6 +45,10 @@ class PolicyOptimizer {
   PolicyOptimizer(model::Decoder model, double lr, double weight_decay, double max_grad_norm,
                   int64_t warmup_steps = 0);
 
+  // separate = false with a plan that neither projects nor normalizes takes
+  // one backward pass of the weighted sum (no κ); otherwise three.
+  StepStats Step(const LossTerms& terms, const GradientPlan& plan, bool separate);
+  // The naive step L_R + λ L_D, measured.
   StepStats Step(const LossTerms& terms, double lambda);
 
   // Optimizer state (AdamW moments) plus the step counter, for --resume.
@@ -44,6 +61,10 @@ class PolicyOptimizer {
 
  private:
   double LearningRate() const;
+  // Clips the gradients in .grad to max_grad_norm_ given their norm, then AdamW.
+  void ClipAndApply(double grad_norm, StepStats* stats);
+  // Moves the current .grad of every parameter out (undefined if none).
+  GradientList TakeGradients();
 
   model::Decoder model_;
   std::vector<torch::Tensor> params_;

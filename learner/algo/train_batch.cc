@@ -72,6 +72,13 @@ std::pair<TeacherForm, int64_t> Validate(const std::vector<ScoredGroup>& groups)
       }
       if (!torch::isfinite(t).all().item<bool>()) Fail(g, i, "non-finite teacher_logprobs");
     }
+    for (size_t d = 0; d < group.teacher_demonstrations.size(); ++d) {
+      const std::vector<int64_t>& demo = group.teacher_demonstrations[d];
+      if (demo.empty()) Fail(g, 0, "demonstration " + std::to_string(d) + " is empty");
+      for (int64_t id : demo) {
+        if (id < 0) Fail(g, 0, "negative token id in demonstration " + std::to_string(d));
+      }
+    }
   }
   return {form, vocab};
 }
@@ -89,8 +96,54 @@ TrainBatch TrainBatch::To(const torch::Device& device) const {
   out.advantages = move(advantages);
   out.teacher_logprobs = move(teacher_logprobs);
   out.rewards = move(rewards);
+  out.sft_input_tokens = move(sft_input_tokens);
+  out.sft_attention_mask = move(sft_attention_mask);
+  out.sft_target_tokens = move(sft_target_tokens);
+  out.sft_mask = move(sft_mask);
   return out;
 }
+
+namespace {
+
+// Teacher demonstrations as SFT rows: (prompt, response) sequences shifted by
+// one, the response tokens as targets.
+void AddSftRows(const std::vector<ScoredGroup>& groups, int64_t pad_id, TrainBatch* out) {
+  std::vector<std::pair<const std::vector<int64_t>*, const std::vector<int64_t>*>> rows;
+  int64_t max_len = 0;
+  for (const ScoredGroup& group : groups) {
+    for (const std::vector<int64_t>& demo : group.teacher_demonstrations) {
+      rows.emplace_back(&group.prompt_tokens, &demo);
+      max_len = std::max<int64_t>(max_len, static_cast<int64_t>(group.prompt_tokens.size() +
+                                                                 demo.size()) - 1);
+    }
+  }
+  if (rows.empty()) return;
+  const int64_t n = static_cast<int64_t>(rows.size());
+  out->num_demonstrations = n;
+  out->sft_input_tokens = torch::full({n, max_len}, pad_id, torch::kInt64);
+  out->sft_target_tokens = torch::full({n, max_len}, pad_id, torch::kInt64);
+  out->sft_attention_mask = torch::zeros({n, max_len}, torch::kBool);
+  out->sft_mask = torch::zeros({n, max_len}, torch::kFloat32);
+  auto input = out->sft_input_tokens.accessor<int64_t, 2>();
+  auto target = out->sft_target_tokens.accessor<int64_t, 2>();
+  auto attend = out->sft_attention_mask.accessor<bool, 2>();
+  auto response = out->sft_mask.accessor<float, 2>();
+  for (int64_t r = 0; r < n; ++r) {
+    const std::vector<int64_t>& prompt = *rows[static_cast<size_t>(r)].first;
+    const std::vector<int64_t>& demo = *rows[static_cast<size_t>(r)].second;
+    const int64_t prompt_len = static_cast<int64_t>(prompt.size());
+    const int64_t seq_len = prompt_len + static_cast<int64_t>(demo.size());
+    auto token_at = [&](int64_t k) { return k < prompt_len ? prompt[k] : demo[k - prompt_len]; };
+    for (int64_t t = 0; t + 1 < seq_len; ++t) {
+      input[r][t] = token_at(t);
+      target[r][t] = token_at(t + 1);
+      attend[r][t] = true;
+      if (t + 1 >= prompt_len) response[r][t] = 1.0f;
+    }
+  }
+}
+
+}  // namespace
 
 TrainBatch BuildTrainBatch(const std::vector<ScoredGroup>& groups, bool norm_std,
                            int64_t pad_id) {
@@ -164,6 +217,7 @@ TrainBatch BuildTrainBatch(const std::vector<ScoredGroup>& groups, bool norm_std
       }
     }
   }
+  AddSftRows(groups, pad_id, &out);
   return out;
 }
 

@@ -42,6 +42,14 @@ struct TrainBatch {
   int64_t num_groups = 0;
   int64_t group_size = 0;
 
+  // RSTG teacher SFT rows: prompt + verified teacher response, laid out like
+  // the rows above; undefined when no group carries demonstrations.
+  torch::Tensor sft_input_tokens;    // [S, L'] int64
+  torch::Tensor sft_attention_mask;  // [S, L'] bool
+  torch::Tensor sft_target_tokens;   // [S, L'] int64
+  torch::Tensor sft_mask;            // [S, L'] float32, 1 at teacher response tokens
+  int64_t num_demonstrations = 0;
+
   // Same batch with every tensor on `device` (no copy for tensors already there).
   TrainBatch To(const torch::Device& device) const;
 };
@@ -49,8 +57,8 @@ struct TrainBatch {
 // Throws std::invalid_argument naming the group and sample on inconsistent
 // input: no groups, unequal group sizes, empty prompts or responses,
 // behavior log-prob count != response length, negative token ids, teacher
-// log-probs of the wrong shape, or teacher log-probs present on some samples
-// but not others.
+// log-probs of the wrong shape, teacher log-probs present on some samples
+// but not others, or empty demonstrations.
 TrainBatch BuildTrainBatch(const std::vector<ScoredGroup>& groups, bool norm_std, int64_t pad_id);
 
 }  // namespace kappa::learner

@@ -1,0 +1,92 @@
+// The failure-mode alarms of DESIGN.md §4, fed one observation per step.
+//   magnitude_drowning    κ EMA above kappa_threshold while the L_D EMA is
+//                         higher than it was slope_window steps ago
+//   directional_conflict  |K_DR|-weighted negative fraction above
+//                         conflict_threshold for conflict_window steps running
+//   collapse              for collapse_window steps running: reward EMA below
+//                         reward_drop_ratio × its best, or L_D EMA above
+//                         distill_rise_factor × its minimum, or entropy EMA
+//                         below entropy_floor
+// An alarm is active while its condition holds; Observe reports an event at
+// each rising edge, with the numbers that tripped it.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace kappa::learner {
+
+enum class AlarmKind { kMagnitudeDrowning = 0, kDirectionalConflict = 1, kCollapse = 2 };
+inline constexpr AlarmKind kAllAlarmKinds[] = {AlarmKind::kMagnitudeDrowning,
+                                               AlarmKind::kDirectionalConflict,
+                                               AlarmKind::kCollapse};
+const char* AlarmName(AlarmKind kind);  // "magnitude_drowning", ...
+
+struct AlarmConfig {
+  double kappa_threshold = 10.0;
+  double ema_alpha = 0.1;
+  int64_t slope_window = 20;
+  double conflict_threshold = 0.5;
+  int64_t conflict_window = 20;
+  int64_t collapse_window = 20;
+  double reward_drop_ratio = 0.5;
+  double distill_rise_factor = 3.0;
+  double entropy_floor = 0.01;
+  int64_t warmup_steps = 10;  // observations before any alarm may fire
+  // Best reward EMA below this is noise, not a level to fall from.
+  double min_reward_for_drop = 0.05;
+};
+
+struct StepObservation {
+  int64_t step = 0;
+  std::optional<double> kappa;                        // absent: not measured this step
+  std::optional<double> distill_loss;                 // absent: no distillation term
+  std::optional<double> kdr_negative_weighted_fraction;  // absent: K_DR not measured
+  double reward_mean = 0.0;
+  double entropy = 0.0;
+};
+
+struct AlarmEvent {
+  AlarmKind kind;
+  int64_t step = 0;
+  std::string message;
+  std::vector<std::pair<std::string, double>> values;
+};
+
+class AlarmMonitor {
+ public:
+  explicit AlarmMonitor(AlarmConfig config);
+
+  // Updates the state with one step; returns the alarms that fired (became
+  // active) at this step.
+  std::vector<AlarmEvent> Observe(const StepObservation& observation);
+
+  bool active(AlarmKind kind) const { return active_[static_cast<int>(kind)]; }
+  int64_t fired(AlarmKind kind) const { return fired_[static_cast<int>(kind)]; }
+
+ private:
+  struct Ema {
+    std::optional<double> value;
+    void Add(double x, double alpha) { value = value ? (1 - alpha) * *value + alpha * x : x; }
+  };
+
+  std::optional<AlarmEvent> CheckDrowning(const StepObservation& o);
+  std::optional<AlarmEvent> CheckConflict(const StepObservation& o);
+  std::optional<AlarmEvent> CheckCollapse(const StepObservation& o);
+
+  const AlarmConfig config_;
+  int64_t observations_ = 0;
+  Ema kappa_, distill_, reward_, entropy_;
+  std::deque<double> distill_history_;  // L_D EMA of the last slope_window + 1 steps
+  int64_t conflict_run_ = 0;
+  std::optional<double> best_reward_, min_distill_;
+  int64_t reward_run_ = 0, distill_run_ = 0, entropy_run_ = 0;
+  bool active_[3] = {false, false, false};
+  int64_t fired_[3] = {0, 0, 0};
+};
+
+}  // namespace kappa::learner

@@ -1,0 +1,157 @@
+#include "learner/algo/balance.h"
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+#include <stdexcept>
+
+namespace kappa::learner {
+namespace {
+
+// Guards ‖g_D‖ = 0 (no distillation signal in the batch) in m3_norm.
+constexpr double kNormEpsilon = 1e-12;
+
+torch::Tensor SquaredNorm(const GradientList& a, const torch::Device& device) {
+  torch::Tensor sum = torch::zeros({}, torch::TensorOptions(device).dtype(torch::kFloat64));
+  for (const torch::Tensor& g : a) {
+    if (g.defined()) sum = sum + g.to(torch::kFloat64).square().sum();
+  }
+  return sum;
+}
+
+torch::Tensor Dot(const GradientList& a, const GradientList& b, const torch::Device& device) {
+  torch::Tensor sum = torch::zeros({}, torch::TensorOptions(device).dtype(torch::kFloat64));
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i].defined() && b[i].defined()) {
+      sum = sum + (a[i].to(torch::kFloat64) * b[i].to(torch::kFloat64)).sum();
+    }
+  }
+  return sum;
+}
+
+// a += scale · b, per parameter (scale a device scalar, so no host sync).
+void AddScaled(GradientList& a, const GradientList& b, const torch::Tensor& scale) {
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (!b[i].defined()) continue;
+    torch::Tensor term = b[i] * scale.to(b[i].scalar_type());
+    a[i] = a[i].defined() ? a[i].add_(term) : term;
+  }
+}
+
+}  // namespace
+
+BalanceConfig ParseBalance(const std::vector<std::string>& methods) {
+  BalanceConfig config;
+  std::set<std::string> seen;
+  for (const std::string& name : methods) {
+    if (!seen.insert(name).second) {
+      throw std::invalid_argument("balance: '" + name + "' listed twice");
+    }
+    if (name == "naive") continue;
+    if (name == "m3_norm") config.normalize = true;
+    else if (name == "m3_mask") config.mask = true;
+    else if (name == "m3_project") config.project = true;
+    else if (name == "m3_adapt") config.adapt = true;
+    else {
+      throw std::invalid_argument("balance: unknown method '" + name +
+                                  "' (allowed: naive, m3_norm, m3_mask, m3_project, m3_adapt)");
+    }
+  }
+  if (seen.count("naive") && seen.size() > 1) {
+    throw std::invalid_argument("balance: 'naive' cannot be combined with M3 methods");
+  }
+  if (config.normalize && config.adapt) {
+    throw std::invalid_argument(
+        "balance: m3_norm and m3_adapt both set the scale of the distillation gradient; pick one");
+  }
+  return config;
+}
+
+std::string BalanceName(const BalanceConfig& config) {
+  std::string name;
+  auto add = [&](bool on, const char* part) {
+    if (!on) return;
+    if (!name.empty()) name += "+";
+    name += part;
+  };
+  add(config.normalize, "m3_norm");
+  add(config.mask, "m3_mask");
+  add(config.project, "m3_project");
+  add(config.adapt, "m3_adapt");
+  return name.empty() ? "naive" : name;
+}
+
+BalanceConfig::MaskTarget ParseMaskTarget(const std::string& name) {
+  if (name == "reward") return BalanceConfig::MaskTarget::kReward;
+  if (name == "distill") return BalanceConfig::MaskTarget::kDistill;
+  throw std::invalid_argument("m3.mask_target must be 'reward' or 'distill', got '" + name + "'");
+}
+
+torch::Tensor ConflictMaskWeights(const torch::Tensor& kernel, double temperature) {
+  const torch::Tensor k = kernel.detach();
+  const torch::Tensor kept = temperature > 0 ? torch::sigmoid(k / temperature) : torch::zeros_like(k);
+  return torch::where(k < 0, kept, torch::ones_like(k));
+}
+
+CombinedGradient CombineGradients(GradientList reward, GradientList distill, GradientList sft,
+                                  const GradientPlan& plan, const torch::Device& device) {
+  CombinedGradient out;
+  const auto f64 = torch::TensorOptions(device).dtype(torch::kFloat64);
+  if (plan.reward_weight != 1.0) {
+    for (torch::Tensor& g : reward) {
+      if (g.defined()) g.mul_(plan.reward_weight);
+    }
+  }
+  out.reward_sq = SquaredNorm(reward, device);
+  out.distill_sq = SquaredNorm(distill, device);
+  out.dot = Dot(reward, distill, device);
+
+  if (plan.project) {
+    // min(⟨g_R,g_D⟩, 0) / ‖g_D‖²: zero when there is no conflict, so the
+    // subtraction below leaves g_R bit-for-bit unchanged.
+    const torch::Tensor coefficient =
+        torch::where(out.distill_sq > 0, out.dot.clamp_max(0) / out.distill_sq.clamp_min(kNormEpsilon),
+                     torch::zeros({}, f64));
+    AddScaled(reward, distill, -coefficient);
+    out.balanced_reward_sq = SquaredNorm(reward, device);
+  } else {
+    out.balanced_reward_sq = out.reward_sq;
+  }
+
+  out.distill_scale =
+      plan.normalize
+          ? out.balanced_reward_sq.sqrt() / (plan.kappa_target * out.distill_sq.sqrt() + kNormEpsilon)
+          : torch::full({}, plan.distill_weight, f64);
+
+  out.total = std::move(reward);
+  AddScaled(out.total, distill, out.distill_scale);
+  if (plan.sft_weight != 0.0) AddScaled(out.total, sft, torch::full({}, plan.sft_weight, f64));
+  out.total_sq = SquaredNorm(out.total, device);
+  return out;
+}
+
+LambdaController::LambdaController(double initial_lambda, double kappa_target,
+                                   LambdaControllerConfig config)
+    : lambda_(initial_lambda), kappa_target_(kappa_target), config_(config) {
+  if (!(config_.lambda_min > 0) || !(config_.lambda_max >= config_.lambda_min) ||
+      !(config_.max_factor >= 1) || !(config_.ema > 0 && config_.ema <= 1) ||
+      !(kappa_target_ > 0)) {
+    throw std::invalid_argument(
+        "m3_adapt: need 0 < lambda_min <= lambda_max, adapt_max_factor >= 1, "
+        "0 < adapt_ema <= 1 and kappa_target > 0");
+  }
+  lambda_ = std::clamp(lambda_, config_.lambda_min, config_.lambda_max);
+}
+
+void LambdaController::Update(double reward_grad_norm, double distill_grad_norm) {
+  if (!(distill_grad_norm > 0) || !std::isfinite(reward_grad_norm)) return;
+  const double kappa_effective = reward_grad_norm / (lambda_ * distill_grad_norm);
+  kappa_ema_ = kappa_ema_ ? (1 - config_.ema) * *kappa_ema_ + config_.ema * kappa_effective
+                          : kappa_effective;
+  if (!(*kappa_ema_ > 0)) return;  // no reward signal yet: nothing to balance
+  const double factor = std::clamp(std::pow(*kappa_ema_ / kappa_target_, config_.gain),
+                                   1.0 / config_.max_factor, config_.max_factor);
+  lambda_ = std::clamp(lambda_ * factor, config_.lambda_min, config_.lambda_max);
+}
+
+}  // namespace kappa::learner

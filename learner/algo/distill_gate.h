@@ -1,0 +1,59 @@
+// Which positions the distillation term trains on (DESIGN.md §5, RSTG):
+//   none  no distillation (GRPO only)
+//   all   every response position (naive hybrid)
+//   rstg  sample level: only groups whose G rewards are all 0 ("negative
+//         zero-variance": GRPO has no gradient there), each sample weighted by
+//         the teacher's confidence; token level: within those, only positions
+//         whose student entropy (or divergence ℓ_D) is in the top token_frac
+//         of the gated positions, or above an absolute threshold.
+// Groups with reward variance keep plain GRPO in every mode.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <string>
+
+namespace kappa::learner {
+
+enum class DistillGate { kNone, kAll, kRstg };
+DistillGate ParseDistillGate(const std::string& name);  // none | all | rstg
+const char* DistillGateName(DistillGate gate);
+
+struct RstgConfig {
+  enum class Confidence { kMaxProb, kTokenProb };
+  enum class TokenScore { kEntropy, kDivergence };
+
+  // kMaxProb: c_i = mean_t max_v q_{i,t}(v) (needs full teacher rows);
+  // kTokenProb: c_i = exp(mean_t log q_{i,t}(y_t)).
+  Confidence confidence = Confidence::kMaxProb;
+  TokenScore token_score = TokenScore::kEntropy;
+  double token_frac = 0.5;  // keep ceil(frac · #gated positions) top-scoring ones
+  // >= 0: keep positions whose score is at least this instead of token_frac.
+  double threshold = -1.0;
+};
+
+RstgConfig::Confidence ParseRstgConfidence(const std::string& name);  // max_prob | token_prob
+RstgConfig::TokenScore ParseRstgTokenScore(const std::string& name);  // entropy | divergence
+
+struct DistillSelection {
+  torch::Tensor selected;  // [B, T] float 0/1: positions the distillation term trains on
+  torch::Tensor weights;   // [B, T] float: per-position weight (c_i or 1) where selected, else 0
+  int64_t gated_groups = 0;
+  int64_t selected_positions = 0;
+};
+
+// Every response position, weight 1 (gate `all`).
+DistillSelection SelectAll(const torch::Tensor& response_mask);
+
+// RSTG. rewards [num_groups, G] (row b of the batch is group b / G, sample
+// b % G); response_mask, entropy, divergence: [B, T]; teacher_logprobs
+// [B, T, V] or [B, T] (sampled tokens); target_tokens [B, T]. Throws
+// std::invalid_argument when max_prob confidence meets sampled-only teacher
+// log-probs.
+DistillSelection RstgSelect(const torch::Tensor& rewards, const torch::Tensor& response_mask,
+                            const torch::Tensor& teacher_logprobs,
+                            const torch::Tensor& target_tokens, const torch::Tensor& entropy,
+                            const torch::Tensor& divergence, const RstgConfig& config);
+
+}  // namespace kappa::learner

@@ -1,0 +1,89 @@
+#include "learner/algo/logit_gradients.h"
+
+#include <stdexcept>
+
+#include "learner/algo/logprob_losses.h"
+
+namespace kappa::learner {
+namespace {
+
+constexpr double kMaxLogRatio = 20.0;  // the clamp of PpoTokenLoss
+
+torch::Tensor OneHot(const torch::Tensor& targets, const torch::Tensor& like) {
+  return torch::zeros_like(like).scatter_(-1, targets.unsqueeze(-1), 1.0);
+}
+
+torch::Tensor ReverseKlGradient(const torch::Tensor& logp, const torch::Tensor& logq) {
+  const torch::Tensor p = logp.exp();
+  const torch::Tensor log_ratio = logp - logq;
+  const torch::Tensor kl = (p * log_ratio).sum(-1, /*keepdim=*/true);
+  return p * (log_ratio - kl);
+}
+
+}  // namespace
+
+torch::Tensor RewardLogProbCoefficient(const torch::Tensor& logp_new, const torch::Tensor& logp_old,
+                                       const torch::Tensor& advantages, const PpoConfig& config) {
+  const torch::Tensor raw_log_ratio = logp_new - logp_old;
+  const torch::Tensor ratio = raw_log_ratio.clamp(-kMaxLogRatio, kMaxLogRatio).exp();
+  // d ρ / d log π: ρ inside the clamp, 0 where the clamp saturates.
+  const torch::Tensor ratio_slope =
+      torch::where(raw_log_ratio.abs() <= kMaxLogRatio, ratio, torch::zeros_like(ratio));
+  const torch::Tensor unclipped = -advantages * ratio;
+  const torch::Tensor clipped =
+      -advantages * ratio.clamp(1.0 - config.clip_low, 1.0 + config.clip_high);
+  const torch::Tensor in_clip_range =
+      (ratio >= 1.0 - config.clip_low) & (ratio <= 1.0 + config.clip_high);
+  // loss = max(unclipped, clipped): the unclipped branch carries −Â dρ; the
+  // clipped one only inside the clip range, where the two coincide.
+  const torch::Tensor active = (unclipped >= clipped) | in_clip_range;
+  torch::Tensor coefficient = torch::where(active, -advantages * ratio_slope,
+                                           torch::zeros_like(ratio));
+  if (config.dual_clip > 0) {
+    const torch::Tensor loss = torch::max(unclipped, clipped);
+    const torch::Tensor capped = (advantages < 0) & (loss > -config.dual_clip * advantages);
+    coefficient = coefficient.masked_fill(capped, 0.0);
+  }
+  return coefficient;
+}
+
+torch::Tensor RewardLogitGradient(const torch::Tensor& logprobs, const torch::Tensor& targets,
+                                  const torch::Tensor& coefficient, double temperature) {
+  const torch::Tensor p = logprobs.exp();
+  return coefficient.unsqueeze(-1) * (OneHot(targets, p) - p) / temperature;
+}
+
+torch::Tensor DistillLogitGradient(const torch::Tensor& logprobs,
+                                   const torch::Tensor& teacher_logprobs,
+                                   const torch::Tensor& targets, DistillLoss kind, int64_t topk,
+                                   double temperature) {
+  const bool full = teacher_logprobs.dim() == logprobs.dim();
+  if (!full && kind != DistillLoss::kSampledReverseKl) {
+    throw std::invalid_argument(
+        "DistillLogitGradient: this distillation loss needs full-vocabulary teacher log-probs");
+  }
+  switch (kind) {
+    case DistillLoss::kReverseKl:
+      return ReverseKlGradient(logprobs, teacher_logprobs) / temperature;
+    case DistillLoss::kForwardKl:
+      return (logprobs.exp() - teacher_logprobs.exp()) / temperature;
+    case DistillLoss::kSampledReverseKl: {
+      const torch::Tensor teacher_token =
+          full ? GatherTokenLogProbs(teacher_logprobs, targets) : teacher_logprobs;
+      const torch::Tensor k1 = GatherTokenLogProbs(logprobs, targets) - teacher_token;
+      const torch::Tensor p = logprobs.exp();
+      return k1.unsqueeze(-1) * (OneHot(targets, p) - p) / temperature;
+    }
+    case DistillLoss::kTopkReverseKl: {
+      // The restricted student distribution is the softmax of the logits on
+      // the set, so the reverse-KL form applies there unchanged.
+      const torch::Tensor indices = TopkIndices(teacher_logprobs, topk);
+      const torch::Tensor on_set = ReverseKlGradient(RenormalizedOn(logprobs, indices),
+                                                     RenormalizedOn(teacher_logprobs, indices));
+      return torch::zeros_like(logprobs).scatter_(-1, indices, on_set) / temperature;
+    }
+  }
+  throw std::invalid_argument("DistillLogitGradient: unknown distillation loss");
+}
+
+}  // namespace kappa::learner

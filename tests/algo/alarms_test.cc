@@ -1,0 +1,162 @@
+// Alarms on constructed metric series: they fire on series that should trip
+// them, at the expected step, and stay silent on ones that should not.
+#include "learner/algo/alarms.h"
+
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <vector>
+
+namespace kappa::learner {
+namespace {
+
+AlarmConfig TestConfig() {
+  AlarmConfig c;
+  c.kappa_threshold = 10;
+  c.ema_alpha = 0.5;
+  c.slope_window = 5;
+  c.conflict_threshold = 0.5;
+  c.conflict_window = 4;
+  c.collapse_window = 5;
+  c.warmup_steps = 3;
+  return c;
+}
+
+// Feeds `steps` observations built by `make`; returns the events by step.
+std::vector<AlarmEvent> Feed(int steps, const std::function<StepObservation(int)>& make,
+                            AlarmMonitor* monitor) {
+  std::vector<AlarmEvent> all;
+  for (int s = 1; s <= steps; ++s) {
+    StepObservation o = make(s);
+    o.step = s;
+    for (AlarmEvent& e : monitor->Observe(o)) all.push_back(std::move(e));
+  }
+  return all;
+}
+
+StepObservation Healthy(int s) {
+  StepObservation o;
+  o.kappa = 2.0;
+  o.distill_loss = 1.0 / s;  // falling
+  o.kdr_negative_weighted_fraction = 0.2;
+  o.reward_mean = 0.3 + 0.001 * s;
+  o.entropy = 0.8;
+  return o;
+}
+
+TEST(Alarms, SilentOnAHealthyRun) {
+  AlarmMonitor monitor(TestConfig());
+  EXPECT_TRUE(Feed(200, Healthy, &monitor).empty());
+}
+
+TEST(Alarms, MagnitudeDrowningNeedsHighKappaAndRisingDistillLoss) {
+  // High κ but L_D falling: silent.
+  AlarmMonitor falling(TestConfig());
+  EXPECT_TRUE(Feed(100, [](int s) { auto o = Healthy(s); o.kappa = 50; return o; }, &falling).empty());
+  // Rising L_D but low κ: silent.
+  AlarmMonitor low_kappa(TestConfig());
+  EXPECT_TRUE(Feed(100, [](int s) { auto o = Healthy(s); o.distill_loss = 1.0 + 0.002 * s; return o; },
+                  &low_kappa).empty());
+  // Both from step 30: fires once, soon after. (L_D grows tenfold here, so
+  // the collapse band is widened to keep this about drowning alone.)
+  AlarmConfig config = TestConfig();
+  config.distill_rise_factor = 1e6;
+  AlarmMonitor monitor(config);
+  const auto events = Feed(100, [](int s) {
+    auto o = Healthy(s);
+    if (s >= 30) { o.kappa = 100; o.distill_loss = 0.01 * (s - 29); }
+    return o;
+  }, &monitor);
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].kind, AlarmKind::kMagnitudeDrowning);
+  EXPECT_GE(events[0].step, 30);
+  EXPECT_LE(events[0].step, 36);
+  EXPECT_NE(events[0].message.find("kappa EMA"), std::string::npos);
+  EXPECT_TRUE(monitor.active(AlarmKind::kMagnitudeDrowning));
+}
+
+TEST(Alarms, DirectionalConflictNeedsAWindowAboveThreshold) {
+  AlarmMonitor blips(TestConfig());  // above threshold 3 steps out of 4: never 4 running
+  EXPECT_TRUE(Feed(100, [](int s) {
+    auto o = Healthy(s);
+    o.kdr_negative_weighted_fraction = s % 4 == 0 ? 0.1 : 0.9;
+    return o;
+  }, &blips).empty());
+  AlarmMonitor monitor(TestConfig());
+  const auto events = Feed(60, [](int s) {
+    auto o = Healthy(s);
+    o.kdr_negative_weighted_fraction = s >= 20 && s < 40 ? 0.8 : 0.2;
+    return o;
+  }, &monitor);
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].kind, AlarmKind::kDirectionalConflict);
+  EXPECT_EQ(events[0].step, 23);  // 20, 21, 22, 23: the 4th consecutive step
+  EXPECT_FALSE(monitor.active(AlarmKind::kDirectionalConflict));  // cleared after 40
+  EXPECT_EQ(monitor.fired(AlarmKind::kDirectionalConflict), 1);
+}
+
+TEST(Alarms, CollapseOnRewardDropDistillBlowupOrEntropyFloor) {
+  {
+    AlarmMonitor monitor(TestConfig());
+    const auto events = Feed(80, [](int s) {
+      auto o = Healthy(s);
+      o.reward_mean = s < 40 ? 0.6 : 0.0;
+      return o;
+    }, &monitor);
+    ASSERT_EQ(events.size(), 1u);
+    EXPECT_EQ(events[0].kind, AlarmKind::kCollapse);
+    EXPECT_NE(events[0].message.find("reward"), std::string::npos);
+    EXPECT_GT(events[0].step, 40);
+    EXPECT_LE(events[0].step, 47);
+  }
+  {
+    AlarmMonitor monitor(TestConfig());
+    const auto events = Feed(80, [](int s) {
+      auto o = Healthy(s);
+      o.kappa = 1.0;  // keep drowning out of it
+      o.distill_loss = s < 40 ? 0.5 : 5.0;
+      return o;
+    }, &monitor);
+    ASSERT_EQ(events.size(), 1u);
+    EXPECT_EQ(events[0].kind, AlarmKind::kCollapse);
+    EXPECT_NE(events[0].message.find("L_D"), std::string::npos);
+  }
+  {
+    AlarmMonitor monitor(TestConfig());
+    const auto events = Feed(80, [](int s) {
+      auto o = Healthy(s);
+      o.entropy = s < 40 ? 0.8 : 0.0;
+      return o;
+    }, &monitor);
+    ASSERT_EQ(events.size(), 1u);
+    EXPECT_NE(events[0].message.find("entropy"), std::string::npos);
+  }
+  // A reward that never left ~0 is not a drop.
+  AlarmMonitor flat(TestConfig());
+  EXPECT_TRUE(Feed(80, [](int s) { auto o = Healthy(s); o.reward_mean = 0.01; return o; }, &flat).empty());
+}
+
+TEST(Alarms, NothingDuringWarmupAndUnmeasuredStepsKeepState) {
+  AlarmConfig config = TestConfig();
+  config.warmup_steps = 1000;
+  AlarmMonitor monitor(config);
+  EXPECT_TRUE(Feed(100, [](int s) {
+    auto o = Healthy(s);
+    o.kdr_negative_weighted_fraction = 0.99;
+    o.reward_mean = 0;
+    return o;
+  }, &monitor).empty());
+
+  AlarmMonitor gaps(TestConfig());
+  const auto events = Feed(40, [](int s) {
+    auto o = Healthy(s);
+    o.kdr_negative_weighted_fraction = 0.9;
+    if (s > 20 && s % 2 == 0) o.kdr_negative_weighted_fraction.reset();  // not measured
+    return o;
+  }, &gaps);
+  EXPECT_EQ(events.size(), 1u);  // one rising edge, not one per measured step
+  EXPECT_TRUE(gaps.active(AlarmKind::kDirectionalConflict));
+}
+
+}  // namespace
+}  // namespace kappa::learner
