@@ -9,22 +9,12 @@
 #include "absl/time/clock.h"
 #include "learner/algo/train_batch.h"
 #include "learner/dataset_accuracy.h"
+#include "learner/step_config.h"
+#include "learner/step_record.h"
 #include "model/checkpoint.h"
 
 namespace kappa::learner {
 namespace {
-
-LossConfig MakeLossConfig(const services::Config& config) {
-  LossConfig loss;
-  loss.aggregation = ParseAggregation(config.trainer.aggregation);
-  loss.ppo.clip_low = config.trainer.clip_low;
-  loss.ppo.clip_high = config.trainer.clip_high;
-  loss.ppo.dual_clip = config.trainer.dual_clip;
-  loss.distill = ParseDistillLoss(config.trainer.distill_loss);
-  loss.lambda = config.trainer.lambda;
-  loss.temperature = config.rollout.temperature > 0 ? config.rollout.temperature : 1.0;
-  return loss;
-}
 
 std::vector<ScoredGroup> TakeGroups(std::vector<BufferedGroup>& buffered) {
   std::vector<ScoredGroup> groups;
@@ -49,7 +39,6 @@ TrainerLoop::TrainerLoop(const services::Config& config, std::string run_dir,
       publisher_(publisher),
       heldout_(heldout),
       tokenizer_(tokenizer),
-      loss_config_(MakeLossConfig(config)),
       metrics_(run_dir_ + "/metrics.jsonl") {}
 
 void TrainerLoop::PublishPolicy() {
@@ -74,7 +63,7 @@ absl::Status TrainerLoop::SaveCheckpoint(int64_t step) {
   const std::string dir = CheckpointDir(run_dir_, step);
   try {
     model::SaveCheckpoint(dir, student_);
-    optimizer_->Save(dir + "/optimizer.pt");
+    step_->optimizer().Save(dir + "/optimizer.pt");
   } catch (const std::exception& e) {
     return absl::InternalError(absl::StrCat("checkpoint ", dir, ": ", e.what()));
   }
@@ -84,6 +73,18 @@ absl::Status TrainerLoop::SaveCheckpoint(int64_t step) {
 }
 
 absl::Status TrainerLoop::Run(const std::function<bool()>& stop_requested) {
+  absl::StatusOr<HybridStepConfig> step_config = MakeHybridStepConfig(config_);
+  if (!step_config.ok()) return step_config.status();
+  try {
+    step_ = std::make_unique<HybridStep>(student_, std::move(optimizer_), *std::move(step_config));
+    alarms_ = std::make_unique<AlarmMonitor>(MakeAlarmConfig(config_));
+  } catch (const std::invalid_argument& e) {
+    return absl::InvalidArgumentError(e.what());
+  }
+  spdlog::info("learner: distill_gate={} balance={} lambda={} kappa_every={} kdr_every={}",
+               DistillGateName(step_->config().gate), BalanceName(step_->config().balance),
+               step_->lambda(), step_->config().monitor.kappa_every,
+               step_->config().monitor.kdr_every);
   std::filesystem::create_directories(run_dir_ + "/checkpoints");
   PublishPolicy();
   const absl::Time run_start = absl::Now();
@@ -121,8 +122,8 @@ absl::Status TrainerLoop::Run(const std::function<bool()>& stop_requested) {
     }
     TrainBatch batch =
         BuildTrainBatch(groups, config_.trainer.norm_std, model::CharTokenizer::kPad);
-    LossTerms terms = ComputeLossTerms(student_, batch, loss_config_);
-    StepStats stats = optimizer_->Step(terms, loss_config_.lambda);
+    const HybridStepReport report = step_->Run(batch);
+    const StepStats& stats = report.stats;
     ++state_.step;
     state_.policy_version = state_.step;
     PublishPolicy();
@@ -132,19 +133,11 @@ absl::Status TrainerLoop::Run(const std::function<bool()>& stop_requested) {
     last_step_end = now;
     const int64_t samples = batch.num_groups * batch.group_size;
     const CoordinatorCounters counters = coordinator_->counters();
+    const double reward_mean = batch.rewards.mean().item<double>();
     nlohmann::json record = {
         {"step", state_.step},
         {"policy_version", state_.policy_version},
-        {"reward_mean", batch.rewards.mean().item<double>()},
-        {"loss_reward", stats.reward_loss},
-        {"loss_distill", stats.distill_loss},
-        {"entropy", terms.entropy},
-        {"clip_fraction", terms.clip_fraction},
-        {"approx_kl", terms.approx_kl},
-        {"grad_norm", stats.grad_norm},
-        {"grad_norm_reward", stats.reward_grad_norm},
-        {"grad_norm_distill", stats.distill_grad_norm},
-        {"lr", stats.lr},
+        {"reward_mean", reward_mean},
         {"samples", samples},
         {"tokens", tokens},
         {"samples_per_second", interval > 0 ? samples / interval : 0.0},
@@ -163,15 +156,22 @@ absl::Status TrainerLoop::Run(const std::function<bool()>& stop_requested) {
         {"lease_ids", std::move(lease_ids)},
         {"group_versions", std::move(group_versions)},
     };
+    AddStepReport(report, record);
+    const std::vector<AlarmEvent> events = alarms_->Observe(
+        ObservationOf(state_.step, report, reward_mean, report.distill_positions > 0));
+    for (const AlarmEvent& event : events) {
+      spdlog::warn("ALARM {} at step {}: {}", AlarmName(event.kind), event.step, event.message);
+    }
+    AddAlarms(events, *alarms_, record);
     const bool last = state_.step == config_.trainer.steps;
     if ((config_.trainer.eval_every > 0 && state_.step % config_.trainer.eval_every == 0) ||
         last) {
       record["eval_accuracy"] = EvaluateHeldOut();
     }
     metrics_.Write(record);
-    spdlog::info("step {}: reward {:.3f} L_R {:.4f} L_D {:.4f} |g| {:.3f}{}", state_.step,
-                 record["reward_mean"].get<double>(), stats.reward_loss, stats.distill_loss,
-                 stats.grad_norm,
+    spdlog::info("step {}: reward {:.3f} L_R {:.4f} L_D {:.4f} |g| {:.3f} kappa {}{}",
+                 state_.step, reward_mean, stats.reward_loss, stats.distill_loss, stats.grad_norm,
+                 stats.kappa() ? absl::StrCat(*stats.kappa()) : "-",
                  record.contains("eval_accuracy")
                      ? absl::StrCat(" eval ", record["eval_accuracy"].get<double>())
                      : "");

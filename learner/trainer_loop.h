@@ -1,6 +1,7 @@
-// The learner's training loop: take a batch of scored groups, form L_R and
-// L_D, step the optimizer, publish the new policy version, evaluate and
-// checkpoint on schedule, and log one metrics.jsonl line per step.
+// The learner's training loop: take a batch of scored groups, run one hybrid
+// step (L_R and L_D, κ and K_DR monitors, M3 / RSTG), feed the alarms,
+// publish the new policy version, evaluate and checkpoint on schedule, and
+// log one metrics.jsonl line per step.
 #pragma once
 
 #include <functional>
@@ -8,7 +9,8 @@
 #include <string>
 
 #include "absl/status/status.h"
-#include "learner/algo/hybrid_loss.h"
+#include "learner/algo/alarms.h"
+#include "learner/algo/hybrid_step.h"
 #include "learner/algo/optimizer_step.h"
 #include "learner/coordinator.h"
 #include "learner/metrics_log.h"
@@ -29,6 +31,7 @@ class TrainerLoop {
               const tasks::Dataset& heldout, const model::CharTokenizer& tokenizer);
 
   // Runs until trainer.steps are done or `stop_requested` returns true.
+  // INVALID_ARGUMENT naming the key on a bad balancing/gating/alarm setting.
   absl::Status Run(const std::function<bool()>& stop_requested);
 
   // Greedy accuracy on the held-out split (trainer.eval_examples of it).
@@ -41,13 +44,14 @@ class TrainerLoop {
   const services::Config config_;
   const std::string run_dir_;
   model::Decoder student_;
-  std::unique_ptr<PolicyOptimizer> optimizer_;
+  std::unique_ptr<PolicyOptimizer> optimizer_;  // until Run hands it to step_
+  std::unique_ptr<HybridStep> step_;
+  std::unique_ptr<AlarmMonitor> alarms_;
   TrainerState state_;
   Coordinator* const coordinator_;
   PolicyPublisher* const publisher_;
   const tasks::Dataset& heldout_;
   const model::CharTokenizer& tokenizer_;
-  LossConfig loss_config_;
   MetricsLog metrics_;
 };
 

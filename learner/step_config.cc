@@ -1,0 +1,123 @@
+#include "learner/step_config.h"
+
+#include <stdexcept>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+
+namespace kappa::learner {
+namespace {
+
+// Runs `parse`, turning its std::invalid_argument into INVALID_ARGUMENT that
+// names the configuration key.
+template <typename Parse>
+absl::Status Parsed(const char* key, Parse parse) {
+  try {
+    parse();
+  } catch (const std::invalid_argument& e) {
+    return absl::InvalidArgumentError(absl::StrCat("config key '", key, "': ", e.what()));
+  }
+  return absl::OkStatus();
+}
+
+#define KAPPA_RETURN_IF_ERROR(expr)          \
+  if (absl::Status s = (expr); !s.ok()) return s
+
+}  // namespace
+
+absl::StatusOr<HybridStepConfig> MakeHybridStepConfig(const services::Config& config) {
+  const services::Config::Trainer& trainer = config.trainer;
+  HybridStepConfig step;
+  LossConfig& loss = step.loss;
+  KAPPA_RETURN_IF_ERROR(Parsed("trainer.aggregation",
+                               [&] { loss.aggregation = ParseAggregation(trainer.aggregation); }));
+  KAPPA_RETURN_IF_ERROR(Parsed("trainer.distill_loss",
+                               [&] { loss.distill = ParseDistillLoss(trainer.distill_loss); }));
+  loss.ppo.clip_low = trainer.clip_low;
+  loss.ppo.clip_high = trainer.clip_high;
+  loss.ppo.dual_clip = trainer.dual_clip;
+  loss.distill_topk = trainer.distill_topk;
+  loss.lambda = trainer.lambda;
+  loss.temperature = config.rollout.temperature > 0 ? config.rollout.temperature : 1.0;
+  if (trainer.distill_topk <= 0) {
+    return absl::InvalidArgumentError("config key 'trainer.distill_topk' must be > 0");
+  }
+  if (!(trainer.lambda >= 0) || !(trainer.reward_weight >= 0)) {
+    return absl::InvalidArgumentError(
+        "config keys 'trainer.lambda' and 'trainer.reward_weight' must be >= 0");
+  }
+  step.reward_weight = trainer.reward_weight;
+
+  KAPPA_RETURN_IF_ERROR(
+      Parsed("trainer.distill_gate", [&] { step.gate = ParseDistillGate(trainer.distill_gate); }));
+  const services::Config::Rstg& rstg = config.rstg;
+  KAPPA_RETURN_IF_ERROR(Parsed("rstg.confidence", [&] {
+    step.rstg.confidence = ParseRstgConfidence(rstg.confidence);
+  }));
+  KAPPA_RETURN_IF_ERROR(Parsed("rstg.token_selector", [&] {
+    step.rstg.token_score = ParseRstgTokenScore(rstg.token_selector);
+  }));
+  if (!(rstg.token_frac > 0 && rstg.token_frac <= 1)) {
+    return absl::InvalidArgumentError("config key 'rstg.token_frac' must be in (0, 1]");
+  }
+  step.rstg.token_frac = rstg.token_frac;
+  step.rstg.threshold = step.rstg.token_score == RstgConfig::TokenScore::kEntropy
+                            ? rstg.entropy_threshold
+                            : rstg.divergence_threshold;
+  step.sft_weight = step.gate == DistillGate::kRstg ? rstg.sft_weight : 0.0;
+
+  KAPPA_RETURN_IF_ERROR(
+      Parsed("trainer.balance", [&] { step.balance = ParseBalance(trainer.balance); }));
+  BalanceConfig& balance = step.balance;
+  if (!(trainer.kappa_target > 0)) {
+    return absl::InvalidArgumentError("config key 'trainer.kappa_target' must be > 0");
+  }
+  balance.kappa_target = trainer.kappa_target;
+  KAPPA_RETURN_IF_ERROR(
+      Parsed("m3.mask_target", [&] { balance.mask_target = ParseMaskTarget(config.m3.mask_target); }));
+  KAPPA_RETURN_IF_ERROR(Parsed("m3.mask_estimator", [&] {
+    balance.mask_estimator = ParseKdrEstimator(config.m3.mask_estimator);
+    if (balance.mask_estimator == KdrEstimator::kExact) {
+      throw std::invalid_argument("must be logit or last_layer");
+    }
+  }));
+  balance.mask_temperature = config.m3.mask_temperature;
+  balance.adapt_config.gain = config.m3.adapt_gain;
+  balance.adapt_config.ema = config.m3.adapt_ema;
+  balance.adapt_config.max_factor = config.m3.adapt_max_factor;
+  balance.adapt_config.lambda_min = config.m3.lambda_min;
+  balance.adapt_config.lambda_max = config.m3.lambda_max;
+
+  MonitorConfig& monitor = step.monitor;
+  monitor.kappa_every = config.monitor.kappa_every;
+  monitor.kdr_every = config.monitor.kdr_every;
+  KAPPA_RETURN_IF_ERROR(Parsed("monitor.kdr_estimator", [&] {
+    monitor.kdr_estimator = ParseKdrEstimator(config.monitor.kdr_estimator);
+    if (monitor.kdr_estimator == KdrEstimator::kExact) {
+      throw std::invalid_argument(
+          "must be last_layer or logit (exact runs on sampled positions: monitor.kdr_exact_every)");
+    }
+  }));
+  monitor.kdr_exact_every = config.monitor.kdr_exact_every;
+  monitor.kdr_exact_positions = config.monitor.kdr_exact_positions;
+  monitor.seed = config.seed;
+  return step;
+}
+
+AlarmConfig MakeAlarmConfig(const services::Config& config) {
+  const services::Config::Alarms& a = config.alarms;
+  AlarmConfig out;
+  out.kappa_threshold = a.kappa_threshold;
+  out.ema_alpha = a.ema_alpha;
+  out.slope_window = a.slope_window;
+  out.conflict_threshold = a.conflict_threshold;
+  out.conflict_window = a.conflict_window;
+  out.collapse_window = a.collapse_window;
+  out.reward_drop_ratio = a.reward_drop_ratio;
+  out.distill_rise_factor = a.distill_rise_factor;
+  out.entropy_floor = a.entropy_floor;
+  out.warmup_steps = a.warmup_steps;
+  return out;
+}
+
+}  // namespace kappa::learner
