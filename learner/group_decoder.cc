@@ -1,5 +1,7 @@
 #include "learner/group_decoder.h"
 
+#include <string>
+
 #include "absl/strings/str_cat.h"
 #include "kappa/v1/teacher.pb.h"
 #include "services/torch_tensor_codec.h"
@@ -14,6 +16,57 @@ absl::Status CheckTokens(const google::protobuf::RepeatedField<int32_t>& tokens,
       return absl::InvalidArgumentError(absl::StrCat(field, "[", i, "]: token id ", tokens[i],
                                                      " outside [0, ", vocab_size, ")"));
     }
+  }
+  return absl::OkStatus();
+}
+
+// A response (sampled or teacher) the loss can take: non-empty, within the
+// length the work item allowed, every id inside the vocabulary.
+absl::Status CheckResponse(const google::protobuf::RepeatedField<int32_t>& tokens,
+                           const std::string& field, const GroupExpectations& expect) {
+  const int64_t length = tokens.size();
+  if (length == 0) return absl::InvalidArgumentError(field + ": empty");
+  if (length > expect.max_new_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": length ", length,
+                                                   " exceeds max_new_tokens ",
+                                                   expect.max_new_tokens));
+  }
+  return CheckTokens(tokens, field, expect.vocab_size);
+}
+
+// RSTG teacher SFT data: only for a work item that asked for it, only for a
+// negative zero-variance group (the worker asks the teacher in no other
+// case, so anything else is a worker bug the NLL term must not train on).
+absl::Status DecodeDemonstrations(const kappa::v1::ScoredGroup& message,
+                                  const GroupExpectations& expect, ScoredGroup& group) {
+  const int count = message.demonstrations_size();
+  if (count == 0) return absl::OkStatus();
+  if (expect.teacher_demonstrations <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "demonstrations: ", count, " given but the work item asked for none"));
+  }
+  if (count > expect.teacher_demonstrations) {
+    return absl::InvalidArgumentError(absl::StrCat("demonstrations: ", count,
+                                                   " given, the work item asked for at most ",
+                                                   expect.teacher_demonstrations));
+  }
+  for (size_t i = 0; i < group.samples.size(); ++i) {
+    if (group.samples[i].reward != 0.0f) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "demonstrations: only allowed when every reward is 0, but samples[", i, "].reward is ",
+          group.samples[i].reward));
+    }
+  }
+  group.teacher_demonstrations.reserve(count);
+  for (int i = 0; i < count; ++i) {
+    const google::protobuf::RepeatedField<int32_t>& tokens =
+        message.demonstrations(i).response_tokens();
+    if (absl::Status status =
+            CheckResponse(tokens, absl::StrCat("demonstrations[", i, "].response_tokens"), expect);
+        !status.ok()) {
+      return status;
+    }
+    group.teacher_demonstrations.emplace_back(tokens.begin(), tokens.end());
   }
   return absl::OkStatus();
 }
@@ -41,14 +94,7 @@ absl::StatusOr<ScoredGroup> DecodeScoredGroup(const kappa::v1::ScoredGroup& mess
     const kappa::v1::ScoredSample& in = message.samples(i);
     const std::string field = absl::StrCat("samples[", i, "]");
     const int64_t length = in.response_tokens_size();
-    if (length == 0) return absl::InvalidArgumentError(field + ".response_tokens: empty");
-    if (length > expect.max_new_tokens) {
-      return absl::InvalidArgumentError(absl::StrCat(field, ".response_tokens: length ", length,
-                                                     " exceeds max_new_tokens ",
-                                                     expect.max_new_tokens));
-    }
-    if (auto status = CheckTokens(in.response_tokens(), field + ".response_tokens",
-                                  expect.vocab_size);
+    if (auto status = CheckResponse(in.response_tokens(), field + ".response_tokens", expect);
         !status.ok()) {
       return status;
     }
@@ -85,6 +131,9 @@ absl::StatusOr<ScoredGroup> DecodeScoredGroup(const kappa::v1::ScoredGroup& mess
       sample.teacher_logprobs = teacher->to(torch::kFloat32);
     }
     group.samples.push_back(std::move(sample));
+  }
+  if (absl::Status status = DecodeDemonstrations(message, expect, group); !status.ok()) {
+    return status;
   }
   return group;
 }

@@ -1,6 +1,7 @@
 // Translates a worker's kappa.v1.ScoredGroup into the trainer's ScoredGroup
 // at the service edge, validating everything the loss relies on. Errors are
-// INVALID_ARGUMENT naming the field, e.g. "samples[3].behavior_logprobs: ...".
+// INVALID_ARGUMENT naming the field, e.g. "samples[3].behavior_logprobs: ..."
+// or "demonstrations[1].response_tokens[3]: ...".
 #pragma once
 
 #include <cstdint>
@@ -16,6 +17,9 @@ struct GroupExpectations {
   int64_t vocab_size = 0;
   int64_t max_new_tokens = 0;
   int teacher_form = 0;  // kappa.v1.ScoreForm value the loss needs; 0 = none
+  // K of WorkItem.teacher_demonstrations: a group may carry at most this many
+  // demonstrations, and only when all its rewards are 0; 0 = none allowed.
+  int64_t teacher_demonstrations = 0;
 };
 
 absl::StatusOr<ScoredGroup> DecodeScoredGroup(const kappa::v1::ScoredGroup& message,

@@ -11,20 +11,10 @@
 #include "learner/coordinator.h"
 #include "learner/group_decoder.h"
 #include "learner/policy_publisher.h"
+#include "learner/work_config.h"
 #include "tasks/dataset.h"
 
 namespace kappa::learner {
-
-// What every work item asks of the worker (from the run config).
-struct WorkTemplate {
-  int32_t group_size = 8;
-  int32_t max_new_tokens = 8;
-  float temperature = 1.0f;
-  float top_p = 1.0f;
-  int32_t teacher_form = 0;  // kappa.v1.ScoreForm; 0 = no teacher data
-  int32_t teacher_top_k = 0;
-  int32_t max_outstanding_limit = 16;  // cap on a worker's Hello.max_outstanding
-};
 
 struct ServiceCounters {
   std::atomic<int64_t> groups_received{0};

@@ -17,6 +17,7 @@
 #include "learner/policy_publisher.h"
 #include "learner/run_state.h"
 #include "learner/trainer_loop.h"
+#include "learner/work_config.h"
 #include "model/checkpoint.h"
 #include "model/tokenizer.h"
 #include "services/cli_flags.h"
@@ -25,16 +26,9 @@
 #include "services/server.h"
 #include "services/torch_runtime.h"
 #include "tasks/from_config.h"
-#include "kappa/v1/teacher.pb.h"
 
 namespace kappa::learner {
 namespace {
-
-int TeacherFormFor(const services::Config& config) {
-  if (config.trainer.lambda == 0.0) return 0;
-  if (config.trainer.distill_loss == "sampled_reverse_kl") return kappa::v1::SCORE_FORM_SAMPLED;
-  return kappa::v1::SCORE_FORM_FULL;
-}
 
 struct StartPoint {
   model::Decoder student{nullptr};
@@ -153,17 +147,11 @@ int Main(int argc, char** argv) {
                           coordinator_options);
   PolicyPublisher publisher;
 
-  WorkTemplate work;
-  work.group_size = static_cast<int32_t>(config->trainer.group_size);
-  work.max_new_tokens = static_cast<int32_t>(config->rollout.max_new_tokens);
-  work.temperature = static_cast<float>(config->rollout.temperature);
-  work.top_p = static_cast<float>(config->rollout.top_p);
-  work.teacher_form = TeacherFormFor(*config);
-  GroupExpectations expect;
-  expect.group_size = config->trainer.group_size;
-  expect.vocab_size = tokenizer.vocab_size();
-  expect.max_new_tokens = config->rollout.max_new_tokens;
-  expect.teacher_form = work.teacher_form;
+  const WorkTemplate work = WorkTemplateFor(*config);
+  const GroupExpectations expect = GroupExpectationsFor(work, tokenizer.vocab_size());
+  spdlog::info("work items: G={} max_new_tokens={} teacher_form={} teacher_demonstrations={}",
+               work.group_size, work.max_new_tokens, work.teacher_form,
+               work.teacher_demonstrations);
   LearnerService service(
       **train,
       [&tokenizer](const std::string& prompt) {

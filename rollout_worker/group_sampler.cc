@@ -15,9 +15,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "model/sampling.h"
-#include "model/tokenizer.h"
 #include "model/transformer.h"
 #include "rollout_worker/backoff.h"
+#include "rollout_worker/response_text.h"
+#include "rollout_worker/teacher_demonstrations.h"
+#include "services/grpc_util.h"
 #include "services/tensor_codec.h"
 #include "services/torch_tensor_codec.h"
 
@@ -26,33 +28,15 @@ namespace {
 
 constexpr int kMaxGroupSize = 4096;
 
-absl::Status StatusFromGrpc(const char* what, const grpc::Status& status) {
-  // gRPC and abseil share the canonical code numbering.
-  return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
-                      absl::StrCat(what, ": ", status.error_message()));
+// A failed RPC as an absl::Status whose message names the RPC.
+absl::Status StatusFromGrpc(const char* what, const grpc::Status& grpc_status) {
+  const absl::Status status = services::FromGrpcStatus(grpc_status);
+  return absl::Status(status.code(), absl::StrCat(what, ": ", status.message()));
 }
 
 bool LeaseExpired(const kappa::v1::WorkItem& item) {
   return item.lease_deadline_unix_ms() > 0 &&
          absl::ToUnixMillis(absl::Now()) > item.lease_deadline_unix_ms();
-}
-
-// Decode never fails the group: ids outside the tokenizer's alphabet (a model
-// vocabulary larger than the alphabet) are dropped from the text only.
-std::string DecodeText(const model::CharTokenizer& tokenizer, const std::vector<int64_t>& ids) {
-  try {
-    return tokenizer.Decode(ids);
-  } catch (const std::exception&) {
-    std::vector<int64_t> known;
-    for (int64_t id : ids) {
-      if (id >= 0 && id < tokenizer.vocab_size()) known.push_back(id);
-    }
-    try {
-      return tokenizer.Decode(known);
-    } catch (const std::exception&) {
-      return "";
-    }
-  }
 }
 
 std::string ShapeString(const kappa::v1::Tensor& tensor) {
@@ -128,6 +112,11 @@ absl::StatusOr<kappa::v1::ScoredGroup> GroupSampler::Run(const kappa::v1::WorkIt
                                                    ": teacher_form ", form, " with top_k ",
                                                    item.teacher_top_k()));
   }
+  if (item.teacher_demonstrations() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("work item ", item.lease_id(),
+                                                   ": teacher_demonstrations ",
+                                                   item.teacher_demonstrations(), " < 0"));
+  }
   if (LeaseExpired(item)) {
     return absl::DeadlineExceededError(absl::StrCat("lease ", item.lease_id(), " expired"));
   }
@@ -161,7 +150,6 @@ absl::StatusOr<kappa::v1::ScoredGroup> GroupSampler::Run(const kappa::v1::WorkIt
                                             " sequences for ", prompts.size(), " prompts"));
   }
 
-  static const model::CharTokenizer tokenizer;
   kappa::v1::ScoredGroup group;
   group.set_lease_id(item.lease_id());
   group.set_prompt_id(item.prompt_id());
@@ -181,12 +169,19 @@ absl::StatusOr<kappa::v1::ScoredGroup> GroupSampler::Run(const kappa::v1::WorkIt
                          {static_cast<int64_t>(sequence.logprobs.size())}, torch::kFloat32);
     services::EncodeTensor(logprobs, sample->mutable_behavior_logprobs(),
                            kappa::v1::DTYPE_FLOAT32);
-    sample->set_response_text(DecodeText(tokenizer, sequence.tokens));
+    sample->set_response_text(ResponseText(sequence.tokens));
   }
 
   if (absl::Status status = Verify(item, group, abandon); !status.ok()) return status;
   if (form != 0) {
     if (absl::Status status = Score(item, config.vocab_size, group, abandon); !status.ok()) {
+      return status;
+    }
+  }
+  if (WantsDemonstrations(item, group)) {
+    if (absl::Status status = AddDemonstrations(item, params.max_new_tokens, config.vocab_size,
+                                                group, abandon);
+        !status.ok()) {
       return status;
     }
   }
@@ -196,7 +191,7 @@ absl::StatusOr<kappa::v1::ScoredGroup> GroupSampler::Run(const kappa::v1::WorkIt
 
 absl::Status GroupSampler::CallWithRetry(
     const char* what, const kappa::v1::WorkItem& item, const std::function<bool()>& abandon,
-    const std::function<grpc::Status(grpc::ClientContext*)>& call) {
+    const std::function<grpc::Status(grpc::ClientContext*)>& call, int max_attempts) {
   Backoff backoff(options_.initial_backoff, options_.max_backoff);
   auto should_stop = [&] {
     std::lock_guard<std::mutex> lock(mu_);
@@ -223,6 +218,11 @@ absl::Status GroupSampler::CallWithRetry(
     }
     if (status.ok()) return absl::OkStatus();
     if (!IsRetryableGrpcCode(status.error_code())) return StatusFromGrpc(what, status);
+    if (max_attempts > 0 && attempt >= max_attempts) {
+      const absl::Status last = StatusFromGrpc(what, status);
+      return absl::Status(last.code(),
+                          absl::StrCat(last.message(), " (gave up after ", attempt, " attempts)"));
+    }
     const absl::Duration delay = backoff.Next();
     spdlog::warn("{} for lease {} failed (attempt {}, code {}: {}); retrying in {:.0f} ms", what,
                  item.lease_id(), attempt, static_cast<int>(status.error_code()),
@@ -320,6 +320,36 @@ absl::Status GroupSampler::Score(const kappa::v1::WorkItem& item, int64_t vocab_
     if (form == kappa::v1::SCORE_FORM_TOPK) {
       *sample.mutable_teacher_topk_ids() = std::move(*scored.mutable_topk_ids());
     }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GroupSampler::AddDemonstrations(const kappa::v1::WorkItem& item,
+                                             int64_t max_new_tokens, int64_t vocab_size,
+                                             kappa::v1::ScoredGroup& group,
+                                             const std::function<bool()>& abandon) {
+  DemonstrationParams params;
+  params.num_samples = item.teacher_demonstrations();
+  params.max_new_tokens = max_new_tokens;
+  params.vocab_size = vocab_size;
+  params.temperature = item.teacher_temperature();
+  params.seed = DemonstrationSeed(options_.seed, item.lease_id());
+  const RpcRunner run = [&](const char* what,
+                            const std::function<grpc::Status(grpc::ClientContext*)>& call) {
+    return CallWithRetry(what, item, abandon, call, options_.demonstration_attempts);
+  };
+  absl::StatusOr<std::vector<kappa::v1::TeacherDemonstration>> demonstrations =
+      FetchDemonstrations(item, params, *teacher_, *verifier_, run);
+  if (!demonstrations.ok()) {
+    // Cancelled: the worker is stopping or the stream broke, so the group
+    // itself is being abandoned.
+    if (absl::IsCancelled(demonstrations.status())) return demonstrations.status();
+    spdlog::warn("lease {} (prompt {}): sending the group without teacher demonstrations: {}",
+                 item.lease_id(), item.prompt_id(), demonstrations.status().ToString());
+    return absl::OkStatus();
+  }
+  for (kappa::v1::TeacherDemonstration& demonstration : *demonstrations) {
+    *group.add_demonstrations() = std::move(demonstration);
   }
   return absl::OkStatus();
 }

@@ -1,7 +1,10 @@
 // Turns one WorkItem into one ScoredGroup: G samples from the policy in one
-// batch, rewards from the verifier, and (when the learner asks for them)
-// teacher log-probs. RPCs are retried on transient errors; a group is only
-// returned complete, never with missing rewards or teacher data.
+// batch, rewards from the verifier, (when the learner asks for them) teacher
+// log-probs, and for negative zero-variance groups (when asked) verified
+// teacher demonstrations. RPCs are retried on transient errors; a group is
+// only returned complete, never with missing rewards or teacher log-probs.
+// Demonstrations are optional: if the teacher or verifier cannot provide
+// them, the group goes without.
 #pragma once
 
 #include <grpcpp/grpcpp.h>
@@ -32,6 +35,9 @@ struct GroupSamplerOptions {
   double default_temperature = 1.0;
   double default_top_p = 1.0;
   uint64_t seed = 1;
+  // Attempts per RPC for teacher demonstrations (optional data): bounded, so
+  // an unreachable teacher costs a group some seconds, not its lease.
+  int demonstration_attempts = 3;
 };
 
 class GroupSampler {
@@ -57,13 +63,21 @@ class GroupSampler {
  private:
   struct Rng;  // keeps libtorch out of this header
 
+  // Retries transient errors with backoff until the lease expires or, when
+  // max_attempts > 0, after that many attempts.
   absl::Status CallWithRetry(const char* what, const kappa::v1::WorkItem& item,
                              const std::function<bool()>& abandon,
-                             const std::function<grpc::Status(grpc::ClientContext*)>& call);
+                             const std::function<grpc::Status(grpc::ClientContext*)>& call,
+                             int max_attempts = 0);
   absl::Status Verify(const kappa::v1::WorkItem& item, kappa::v1::ScoredGroup& group,
                       const std::function<bool()>& abandon);
   absl::Status Score(const kappa::v1::WorkItem& item, int64_t vocab_size,
                      kappa::v1::ScoredGroup& group, const std::function<bool()>& abandon);
+  // Attaches demonstrations to a group that wants them; CANCELLED when the
+  // group is being abandoned, else OK (failures only cost the demonstrations).
+  absl::Status AddDemonstrations(const kappa::v1::WorkItem& item, int64_t max_new_tokens,
+                                 int64_t vocab_size, kappa::v1::ScoredGroup& group,
+                                 const std::function<bool()>& abandon);
 
   std::unique_ptr<kappa::v1::Verifier::StubInterface> verifier_;
   std::unique_ptr<kappa::v1::Teacher::StubInterface> teacher_;

@@ -255,6 +255,7 @@ void RolloutWorker::ProcessItem(Connection* connection, const kappa::v1::WorkIte
   double reward_sum = 0;
   for (const kappa::v1::ScoredSample& sample : group->samples()) reward_sum += sample.reward();
   const int samples = group->samples_size();
+  const int demonstrations = group->demonstrations_size();
   const double seconds = group->generation_seconds();
   WorkerMessage message;
   *message.mutable_group() = *std::move(group);
@@ -267,9 +268,10 @@ void RolloutWorker::ProcessItem(Connection* connection, const kappa::v1::WorkIte
     ++stats_.groups_sent;
   }
   spdlog::info("group sent: prompt {} lease {} policy v{} (asked v{}) G={} mean_reward={:.3f} "
-               "teacher_form={} {:.2f}s",
+               "teacher_form={} demonstrations={} {:.2f}s",
                item.prompt_id(), item.lease_id(), policy.version, item.policy_version(), samples,
-               samples > 0 ? reward_sum / samples : 0.0, item.teacher_form(), seconds);
+               samples > 0 ? reward_sum / samples : 0.0, item.teacher_form(), demonstrations,
+               seconds);
 }
 
 }  // namespace kappa::rollout

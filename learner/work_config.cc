@@ -1,0 +1,69 @@
+#include "learner/work_config.h"
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "kappa/v1/teacher.pb.h"
+
+namespace kappa::learner {
+namespace {
+
+bool HasBalance(const services::Config& config, const std::string& strategy) {
+  const std::vector<std::string>& balance = config.trainer.balance;
+  return std::find(balance.begin(), balance.end(), strategy) != balance.end();
+}
+
+}  // namespace
+
+int32_t TeacherFormFor(const services::Config& config) {
+  // GRPO only: the loss never looks at the teacher.
+  if (config.trainer.distill_gate == "none") return 0;
+  // λ = 0 switches distillation off, unless a balancer sets the scale of the
+  // distillation gradient itself (m3_norm) or moves λ (m3_adapt clamps it to
+  // lambda_min > 0).
+  if (config.trainer.lambda == 0.0 && !HasBalance(config, "m3_norm") &&
+      !HasBalance(config, "m3_adapt")) {
+    return 0;
+  }
+  if (config.trainer.distill_loss == "sampled_reverse_kl") {
+    // RSTG's max_prob confidence needs max_v q, i.e. the full distribution;
+    // the sampled loss reads its token from the full form too.
+    const bool needs_full = config.trainer.distill_gate == "rstg" &&
+                            config.rstg.confidence == "max_prob";
+    return needs_full ? kappa::v1::SCORE_FORM_FULL : kappa::v1::SCORE_FORM_SAMPLED;
+  }
+  // reverse_kl and forward_kl read the full distribution; so does
+  // topk_reverse_kl, whose loss picks the teacher's top-k out of the full
+  // [B, L, V] tensor itself (the group decoder takes no wire TOPK form).
+  return kappa::v1::SCORE_FORM_FULL;
+}
+
+int32_t TeacherDemonstrationsFor(const services::Config& config) {
+  if (config.trainer.distill_gate != "rstg" || !(config.rstg.sft_weight > 0)) return 0;
+  return static_cast<int32_t>(std::max<int64_t>(config.rstg.teacher_samples, 0));
+}
+
+WorkTemplate WorkTemplateFor(const services::Config& config) {
+  WorkTemplate work;
+  work.group_size = static_cast<int32_t>(config.trainer.group_size);
+  work.max_new_tokens = static_cast<int32_t>(config.rollout.max_new_tokens);
+  work.temperature = static_cast<float>(config.rollout.temperature);
+  work.top_p = static_cast<float>(config.rollout.top_p);
+  work.teacher_form = TeacherFormFor(config);
+  work.teacher_demonstrations = TeacherDemonstrationsFor(config);
+  work.teacher_temperature = static_cast<float>(config.rstg.teacher_temperature);
+  return work;
+}
+
+GroupExpectations GroupExpectationsFor(const WorkTemplate& work, int64_t vocab_size) {
+  GroupExpectations expect;
+  expect.group_size = work.group_size;
+  expect.vocab_size = vocab_size;
+  expect.max_new_tokens = work.max_new_tokens;
+  expect.teacher_form = work.teacher_form;
+  expect.teacher_demonstrations = work.teacher_demonstrations;
+  return expect;
+}
+
+}  // namespace kappa::learner

@@ -1,0 +1,41 @@
+// What the run configuration asks of every work item and, symmetrically,
+// what the learner then accepts back in a ScoredGroup. Kept in one place so
+// the two cannot drift apart (a worker that obeys the WorkItem must never
+// have its group rejected).
+#pragma once
+
+#include <cstdint>
+
+#include "learner/group_decoder.h"
+#include "services/config.h"
+
+namespace kappa::learner {
+
+// What every work item asks of the worker.
+struct WorkTemplate {
+  int32_t group_size = 8;
+  int32_t max_new_tokens = 8;
+  float temperature = 1.0f;
+  float top_p = 1.0f;
+  int32_t teacher_form = 0;  // kappa.v1.ScoreForm; 0 = no teacher data
+  int32_t teacher_top_k = 0;
+  // RSTG teacher SFT: K teacher responses for negative zero-variance groups; 0 = never.
+  int32_t teacher_demonstrations = 0;
+  float teacher_temperature = 1.0f;
+  int32_t max_outstanding_limit = 16;  // cap on a worker's Hello.max_outstanding
+};
+
+// The kappa.v1.ScoreForm of teacher log-probs the loss will read; 0 when it
+// reads none, so workers skip Teacher.Score entirely.
+int32_t TeacherFormFor(const services::Config& config);
+
+// K teacher demonstrations per negative zero-variance group; 0 unless the
+// RSTG gate is on and its SFT term has weight.
+int32_t TeacherDemonstrationsFor(const services::Config& config);
+
+WorkTemplate WorkTemplateFor(const services::Config& config);
+
+// The checks DecodeScoredGroup applies to groups answering `work`.
+GroupExpectations GroupExpectationsFor(const WorkTemplate& work, int64_t vocab_size);
+
+}  // namespace kappa::learner

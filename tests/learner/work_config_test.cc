@@ -1,0 +1,90 @@
+// What the run configuration makes the learner ask of workers (teacher
+// log-prob form, RSTG teacher demonstrations) and accept back.
+#include "learner/work_config.h"
+
+#include <gtest/gtest.h>
+
+#include "kappa/v1/teacher.pb.h"
+
+namespace kappa::learner {
+namespace {
+
+services::Config Base() {
+  services::Config config;
+  config.trainer.distill_gate = "all";
+  config.trainer.distill_loss = "reverse_kl";
+  config.trainer.lambda = 1.0;
+  return config;
+}
+
+TEST(WorkConfig, TeacherFormFollowsTheLoss) {
+  services::Config config = Base();
+  EXPECT_EQ(TeacherFormFor(config), kappa::v1::SCORE_FORM_FULL);
+  config.trainer.distill_loss = "forward_kl";
+  EXPECT_EQ(TeacherFormFor(config), kappa::v1::SCORE_FORM_FULL);
+  // The learner takes the top-k of the full distribution itself.
+  config.trainer.distill_loss = "topk_reverse_kl";
+  EXPECT_EQ(TeacherFormFor(config), kappa::v1::SCORE_FORM_FULL);
+  config.trainer.distill_loss = "sampled_reverse_kl";
+  EXPECT_EQ(TeacherFormFor(config), kappa::v1::SCORE_FORM_SAMPLED);
+}
+
+TEST(WorkConfig, NoTeacherScoresWithoutDistillation) {
+  services::Config config = Base();
+  config.trainer.distill_gate = "none";
+  EXPECT_EQ(TeacherFormFor(config), 0);
+  config = Base();
+  config.trainer.lambda = 0.0;
+  EXPECT_EQ(TeacherFormFor(config), 0);
+  // ... unless a balancer sets the distillation scale regardless of λ.
+  config.trainer.balance = {"m3_adapt"};
+  EXPECT_EQ(TeacherFormFor(config), kappa::v1::SCORE_FORM_FULL);
+  config.trainer.balance = {"m3_norm", "m3_project"};
+  EXPECT_EQ(TeacherFormFor(config), kappa::v1::SCORE_FORM_FULL);
+}
+
+TEST(WorkConfig, RstgMaxProbConfidenceNeedsTheFullDistribution) {
+  services::Config config = Base();
+  config.trainer.distill_gate = "rstg";
+  config.trainer.distill_loss = "sampled_reverse_kl";
+  config.rstg.confidence = "max_prob";
+  EXPECT_EQ(TeacherFormFor(config), kappa::v1::SCORE_FORM_FULL);
+  config.rstg.confidence = "token_prob";
+  EXPECT_EQ(TeacherFormFor(config), kappa::v1::SCORE_FORM_SAMPLED);
+}
+
+TEST(WorkConfig, TeacherDemonstrationsOnlyForRstgWithSftWeight) {
+  services::Config config = Base();
+  config.rstg.teacher_samples = 5;
+  config.rstg.sft_weight = 0.1;
+  config.rstg.teacher_temperature = 0.7;
+  EXPECT_EQ(TeacherDemonstrationsFor(config), 0);  // gate "all"
+  config.trainer.distill_gate = "none";
+  EXPECT_EQ(TeacherDemonstrationsFor(config), 0);
+  config.trainer.distill_gate = "rstg";
+  EXPECT_EQ(TeacherDemonstrationsFor(config), 5);
+  config.rstg.sft_weight = 0.0;
+  EXPECT_EQ(TeacherDemonstrationsFor(config), 0);
+  config.rstg.sft_weight = 0.1;
+  config.rstg.teacher_samples = 0;
+  EXPECT_EQ(TeacherDemonstrationsFor(config), 0);
+
+  config.rstg.teacher_samples = 5;
+  config.trainer.group_size = 6;
+  config.rollout.max_new_tokens = 7;
+  const WorkTemplate work = WorkTemplateFor(config);
+  EXPECT_EQ(work.teacher_demonstrations, 5);
+  EXPECT_FLOAT_EQ(work.teacher_temperature, 0.7f);
+  EXPECT_EQ(work.group_size, 6);
+  EXPECT_EQ(work.max_new_tokens, 7);
+  // What the learner accepts back matches what it asked for.
+  const GroupExpectations expect = GroupExpectationsFor(work, 51);
+  EXPECT_EQ(expect.teacher_demonstrations, 5);
+  EXPECT_EQ(expect.group_size, 6);
+  EXPECT_EQ(expect.max_new_tokens, 7);
+  EXPECT_EQ(expect.vocab_size, 51);
+  EXPECT_EQ(expect.teacher_form, work.teacher_form);
+}
+
+}  // namespace
+}  // namespace kappa::learner
