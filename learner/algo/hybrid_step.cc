@@ -1,5 +1,6 @@
 #include "learner/algo/hybrid_step.h"
 
+#include <algorithm>
 #include <chrono>
 #include <stdexcept>
 #include <string>
@@ -105,9 +106,21 @@ HybridStepReport HybridStep::Run(const TrainBatch& batch_in) {
       const auto start = std::chrono::steady_clock::now();
       const auto positions = SampleResponsePositions(
           mask, monitor.kdr_exact_positions, monitor.seed * 1000003ULL + static_cast<uint64_t>(step));
+      // ℓ_R(n) and ℓ_D(n) depend on row b alone, so the per-position
+      // backward passes run through a forward of the sampled rows only.
+      std::vector<int64_t> rows;
+      for (const auto& [b, t] : positions) {
+        if (rows.empty() || rows.back() != b) rows.push_back(b);  // positions are sorted
+      }
+      std::vector<std::pair<int64_t, int64_t>> local;
+      for (const auto& [b, t] : positions) {
+        local.emplace_back(std::lower_bound(rows.begin(), rows.end(), b) - rows.begin(), t);
+      }
       torch::AutoGradMode enable_grad(true);
+      const TrainBatch sub = batch.SelectRows(torch::tensor(rows, torch::kInt64));
+      const TokenTerms sub_tokens = ComputeTokenTerms(model_, sub, loss);
       const std::vector<double> exact =
-          ExactCrossKernel(params, tokens.reward, tokens.distill, positions);
+          ExactCrossKernel(params, sub_tokens.reward, sub_tokens.distill, local);
       report.exact_positions = static_cast<int64_t>(positions.size());
       if (!positions.empty()) {
         report.agreement_logit = SignAgreement(ValuesAt(logit_kernel, positions), exact);

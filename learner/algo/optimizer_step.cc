@@ -15,6 +15,12 @@ std::vector<torch::Tensor> TrainableParameters(model::Decoder& model) {
     if (p.requires_grad()) params.push_back(p);
   }
   if (params.empty()) throw std::invalid_argument("PolicyOptimizer: no trainable parameters");
+  for (const torch::Tensor& p : params) {
+    if (p.scalar_type() != params.front().scalar_type() || p.device() != params.front().device()) {
+      throw std::invalid_argument(
+          "PolicyOptimizer: trainable parameters must share one dtype and device");
+    }
+  }
   return params;
 }
 
@@ -34,13 +40,29 @@ double PolicyOptimizer::LearningRate() const {
   return base_lr_ * static_cast<double>(step_ + 1) / static_cast<double>(warmup_steps_);
 }
 
-GradientList PolicyOptimizer::TakeGradients() {
-  GradientList grads(params_.size());
-  for (size_t i = 0; i < params_.size(); ++i) {
-    grads[i] = params_[i].grad();  // no copy: the buffer moves out
-    params_[i].mutable_grad() = torch::Tensor();
+PolicyOptimizer::FlatGradient PolicyOptimizer::MakeFlatGradient() const {
+  int64_t total = 0;
+  for (const torch::Tensor& p : params_) total += p.numel();
+  FlatGradient buffer;
+  buffer.flat = torch::zeros({total}, params_.front().options());
+  int64_t offset = 0;
+  for (const torch::Tensor& p : params_) {
+    buffer.views.push_back(buffer.flat.narrow(0, offset, p.numel()).view(p.sizes()));
+    offset += p.numel();
   }
-  return grads;
+  return buffer;
+}
+
+void PolicyOptimizer::AttachGradients(FlatGradient& buffer, bool zero) {
+  const torch::Tensor& first = params_.front();
+  if (!buffer.flat.defined() || buffer.flat.device() != first.device() ||
+      buffer.flat.scalar_type() != first.scalar_type()) {
+    buffer = MakeFlatGradient();
+  } else if (zero) {
+    buffer.flat.zero_();
+  }
+  // Backward accumulates in place into an existing .grad, i.e. into the view.
+  for (size_t i = 0; i < params_.size(); ++i) params_[i].mutable_grad() = buffer.views[i];
 }
 
 StepStats PolicyOptimizer::Step(const LossTerms& terms, double lambda) {
@@ -51,7 +73,6 @@ StepStats PolicyOptimizer::Step(const LossTerms& terms, double lambda) {
 
 StepStats PolicyOptimizer::Step(const LossTerms& terms, const GradientPlan& plan, bool separate) {
   StepStats stats;
-  for (torch::Tensor& p : params_) p.mutable_grad() = torch::Tensor();
   auto has_graph = [](const torch::Tensor& t) { return t.defined() && t.requires_grad(); };
   const bool has_distill = has_graph(terms.distill_loss);
   const bool has_sft = has_graph(terms.sft_loss) && plan.sft_weight != 0.0;
@@ -64,40 +85,39 @@ StepStats PolicyOptimizer::Step(const LossTerms& terms, const GradientPlan& plan
 
   stats.measured = separate || plan.project || plan.normalize;
   if (stats.measured) {
-    // Each backward lands in fresh .grad buffers, moved aside after it; the
-    // shared graph (the logits) is kept until the last one.
+    // One backward per signal, each into its own buffer; the shared graph
+    // (the logits) is kept until the last one.
+    AttachGradients(reward_grad_, /*zero=*/true);
     terms.reward_loss.backward({}, /*retain_graph=*/has_distill || has_sft);
-    GradientList reward = TakeGradients();
-    GradientList distill(params_.size());
+    GradientList distill(1), sft(1);
     if (has_distill) {
+      AttachGradients(distill_grad_, /*zero=*/true);
       terms.distill_loss.backward({}, /*retain_graph=*/has_sft);
-      distill = TakeGradients();
+      distill[0] = distill_grad_.flat;
     }
-    GradientList sft(params_.size());
     if (has_sft) {
+      AttachGradients(sft_grad_, /*zero=*/true);
       terms.sft_loss.backward();
-      sft = TakeGradients();
+      sft[0] = sft_grad_.flat;
     }
     torch::NoGradGuard no_grad;
-    CombinedGradient combined =
-        CombineGradients(std::move(reward), std::move(distill), std::move(sft), plan, device);
-    for (size_t i = 0; i < params_.size(); ++i) params_[i].mutable_grad() = combined.total[i];
+    // Combines in place into the reward buffer, which becomes .grad.
+    const CombinedGradient combined =
+        CombineGradients({reward_grad_.flat}, std::move(distill), std::move(sft), plan, device);
+    AttachGradients(reward_grad_, /*zero=*/false);
     for (const torch::Tensor& t : {combined.total_sq, combined.reward_sq, combined.distill_sq,
                                    combined.dot, combined.balanced_reward_sq,
                                    combined.distill_scale}) {
       host_values.push_back(scalar(t));
     }
   } else {
+    AttachGradients(reward_grad_, /*zero=*/true);
     torch::Tensor total = plan.reward_weight * terms.reward_loss;
     if (has_distill) total = total + plan.distill_weight * terms.distill_loss;
     if (has_sft) total = total + plan.sft_weight * terms.sft_loss;
     total.backward();
     torch::NoGradGuard no_grad;
-    torch::Tensor total_sq = torch::zeros({}, torch::TensorOptions(device).dtype(torch::kFloat64));
-    for (const torch::Tensor& p : params_) {
-      if (p.grad().defined()) total_sq = total_sq + p.grad().to(torch::kFloat64).square().sum();
-    }
-    host_values.push_back(total_sq);
+    host_values.push_back(reward_grad_.flat.to(torch::kFloat64).square().sum());
   }
 
   // One device→host transfer for every number of the step.
@@ -124,10 +144,8 @@ StepStats PolicyOptimizer::Step(const LossTerms& terms, const GradientPlan& plan
 
 void PolicyOptimizer::ClipAndApply(double grad_norm, StepStats* stats) {
   if (max_grad_norm_ > 0 && grad_norm > max_grad_norm_) {
-    const double scale = max_grad_norm_ / (grad_norm + 1e-6);
-    for (torch::Tensor& p : params_) {
-      if (p.grad().defined()) p.mutable_grad().mul_(scale);
-    }
+    // .grad is a view of reward_grad_ (see AttachGradients).
+    reward_grad_.flat.mul_(max_grad_norm_ / (grad_norm + 1e-6));
   }
   stats->lr = LearningRate();
   for (auto& group : optimizer_.param_groups()) {

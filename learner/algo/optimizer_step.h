@@ -63,11 +63,20 @@ class PolicyOptimizer {
   double LearningRate() const;
   // Clips the gradients in .grad to max_grad_norm_ given their norm, then AdamW.
   void ClipAndApply(double grad_norm, StepStats* stats);
-  // Moves the current .grad of every parameter out (undefined if none).
-  GradientList TakeGradients();
+  // Gradient storage: each parameter's .grad is a view into one flat buffer
+  // per signal, so backward accumulates straight into it and the norms, dot
+  // products and combinations of the step are single ops on flat vectors.
+  struct FlatGradient {
+    torch::Tensor flat;                // [number of trainable elements]
+    std::vector<torch::Tensor> views;  // one per parameter, shaped like it
+  };
+  FlatGradient MakeFlatGradient() const;
+  // Points every parameter's .grad at `buffer` (zeroed first if `zero`).
+  void AttachGradients(FlatGradient& buffer, bool zero);
 
   model::Decoder model_;
   std::vector<torch::Tensor> params_;
+  FlatGradient reward_grad_, distill_grad_, sft_grad_;
   torch::optim::AdamW optimizer_;
   double base_lr_;
   double max_grad_norm_;

@@ -103,6 +103,22 @@ TrainBatch TrainBatch::To(const torch::Device& device) const {
   return out;
 }
 
+TrainBatch TrainBatch::SelectRows(const torch::Tensor& rows) const {
+  auto pick = [&](const torch::Tensor& t) {
+    return t.defined() ? t.index_select(0, rows.to(t.device())) : t;
+  };
+  TrainBatch out;
+  out.input_tokens = pick(input_tokens);
+  out.attention_mask = pick(attention_mask);
+  out.target_tokens = pick(target_tokens);
+  out.response_mask = pick(response_mask);
+  out.old_logprobs = pick(old_logprobs);
+  out.advantages = pick(advantages);
+  out.teacher_logprobs = pick(teacher_logprobs);
+  out.group_size = group_size;
+  return out;
+}
+
 namespace {
 
 // Teacher demonstrations as SFT rows: (prompt, response) sequences shifted by

@@ -52,6 +52,10 @@ struct TrainBatch {
 
   // Same batch with every tensor on `device` (no copy for tensors already there).
   TrainBatch To(const torch::Device& device) const;
+  // The rows `rows` (int64 indices) of every per-row tensor, for per-position
+  // work on a few rows (advantages are already per row; rewards and the SFT
+  // rows are left out).
+  TrainBatch SelectRows(const torch::Tensor& rows) const;
 };
 
 // Throws std::invalid_argument naming the group and sample on inconsistent
