@@ -318,7 +318,9 @@ ForwardOutput DecoderImpl::Forward(const torch::Tensor& tokens_in,
 
 Decoder CloneDecoder(Decoder& source) {
   Decoder copy(source->config());
-  const auto& w = source->named_parameters().front().value();
+  // By value: named_parameters() returns a temporary dict, and a reference
+  // into it dangles (it crashed under g++ 13 with libtorch 2.11).
+  const torch::Tensor w = source->named_parameters().front().value();
   copy->to(w.device(), w.scalar_type());
   torch::NoGradGuard no_grad;
   auto src_params = source->named_parameters();
