@@ -41,6 +41,9 @@ void AddStepReport(const HybridStepReport& report, nlohmann::json& record) {
   record["distill_scale"] = s.distill_scale;
   const auto kappa = s.kappa();
   record["kappa"] = kappa ? nlohmann::json(*kappa) : nlohmann::json(nullptr);
+  const auto kappa_effective = s.kappa_effective();
+  record["kappa_effective"] =
+      kappa_effective ? nlohmann::json(*kappa_effective) : nlohmann::json(nullptr);
   if (s.measured) {
     record["grad_norm_reward"] = s.reward_grad_norm;
     record["grad_norm_distill"] = s.distill_grad_norm;
@@ -92,7 +95,9 @@ StepObservation ObservationOf(int64_t step, const HybridStepReport& report, doub
                               bool has_distill) {
   StepObservation o;
   o.step = step;
-  o.kappa = report.stats.kappa();
+  // Drowning is judged on the ratio the update applied (κ/λ under naive
+  // mixing), so a small λ trips it; DESIGN.md §4 states it for raw κ (λ = 1).
+  o.kappa = report.stats.kappa_effective();
   if (has_distill) o.distill_loss = report.stats.distill_loss;
   if (report.kdr) o.kdr_negative_weighted_fraction = report.kdr->negative_weighted_fraction;
   o.reward_mean = reward_mean;

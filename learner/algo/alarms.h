@@ -1,5 +1,5 @@
 // The failure-mode alarms of DESIGN.md §4, fed one observation per step.
-//   magnitude_drowning    κ EMA above kappa_threshold while the L_D EMA is
+//   magnitude_drowning    EMA of the applied κ (κ/λ) above kappa_threshold while the L_D EMA is
 //                         higher than it was slope_window steps ago
 //   directional_conflict  |K_DR|-weighted negative fraction above
 //                         conflict_threshold for conflict_window steps running
@@ -43,7 +43,8 @@ struct AlarmConfig {
 
 struct StepObservation {
   int64_t step = 0;
-  std::optional<double> kappa;                        // absent: not measured this step
+  // The applied ratio ‖g_R′‖/‖s g_D‖ (κ/λ when mixing naively); absent: not measured.
+  std::optional<double> kappa;
   std::optional<double> distill_loss;                 // absent: no distillation term
   std::optional<double> kdr_negative_weighted_fraction;  // absent: K_DR not measured
   double reward_mean = 0.0;

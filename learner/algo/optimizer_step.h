@@ -31,10 +31,18 @@ struct StepStats {
   double balanced_reward_grad_norm = 0.0;  // ‖g_R′‖ after m3_project
   double distill_scale = 0.0;      // the coefficient applied to ∇L_D (λ or m3_norm's s)
   bool projected = false;          // m3_project changed g_R this step
-  // κ = ‖∇L_R‖ / ‖∇L_D‖; absent when not measured or ‖∇L_D‖ = 0.
+  // κ = ‖∇L_R‖ / ‖∇L_D‖ (DESIGN.md §4, with the reward weight w_R as part of
+  // L_R); absent when not measured or ‖∇L_D‖ = 0.
   std::optional<double> kappa() const {
     if (!measured || !(distill_grad_norm > 0)) return std::nullopt;
     return reward_grad_norm / distill_grad_norm;
+  }
+  // The ratio the update applied: ‖g_R′‖ / ‖s ∇L_D‖ (κ/λ for naive mixing,
+  // κ_target under m3_norm). Magnitude drowning is about this one: a small λ
+  // drowns the distillation signal whatever the raw κ.
+  std::optional<double> kappa_effective() const {
+    if (!measured || !(distill_grad_norm > 0) || !(distill_scale > 0)) return std::nullopt;
+    return balanced_reward_grad_norm / (distill_scale * distill_grad_norm);
   }
 };
 
