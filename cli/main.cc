@@ -1,10 +1,12 @@
 // kappa: the command-line entry point.
 //   kappa sft CONFIG [key=value ...] --role teacher|student [--out DIR]
 //   kappa run CONFIG [key=value ...] [--resume] [--no-progress]
+//   kappa experiment ABLATION.yaml [key=value ...] [--quick] [--out DIR]
 #include <iostream>
 #include <string>
 #include <vector>
 
+#include "cli/experiment_command.h"
 #include "cli/run_command.h"
 #include "cli/sft_command.h"
 
@@ -16,7 +18,10 @@ constexpr const char* kUsage =
     "      bootstrap teacher/student by SFT (cached), start teacher, verifier, learner and\n"
     "      rollout workers, show training progress, stop everything when done\n"
     "  kappa sft CONFIG [key=value ...] --role teacher|student [--out DIR]\n"
-    "      supervised warm start of one model; writes a checkpoint and sft_summary.json\n";
+    "      supervised warm start of one model; writes a checkpoint and sft_summary.json\n"
+    "  kappa experiment ABLATION.yaml [key=value ...] [--quick] [--out DIR]\n"
+    "      one `kappa run` per (arm, seed) of an ablation file, then results.csv and\n"
+    "      results.md (per arm: mean ± std over seeds) in DIR\n";
 
 }  // namespace
 
@@ -29,6 +34,7 @@ int main(int argc, char** argv) {
   const std::vector<std::string> args(argv + 2, argv + argc);
   if (command == "run") return kappa::cli::RunCommand(args);
   if (command == "sft") return kappa::cli::SftCommand(args);
+  if (command == "experiment") return kappa::cli::ExperimentCommand(args);
   if (command == "help" || command == "--help" || command == "-h") {
     std::cout << kUsage;
     return 0;

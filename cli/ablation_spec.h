@@ -1,0 +1,80 @@
+// The ablation file read by `kappa experiment`: a base run configuration,
+// seeds, overrides shared by every run, and a list of arms (named override
+// sets). Expanded into one `kappa run` per (arm, seed).
+//
+//   base: demo.yaml             # relative to this file's directory
+//   seeds: [1, 2, 3]
+//   overrides: [trainer.steps=300]
+//   quick: {seeds: [1], overrides: [trainer.steps=100]}   # --quick
+//   arms:
+//     - name: grpo_only
+//       description: "GRPO alone"
+//       overrides: [trainer.distill_gate=none]
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "services/config.h"
+
+namespace kappa::cli {
+
+struct AblationArm {
+  std::string name;
+  std::string description;
+  std::vector<std::string> overrides;  // "key=value", as `kappa run` takes them
+  int line = 0;                        // of the arm in the ablation file, for messages
+};
+
+struct AblationSpec {
+  std::string file;         // the ablation file, as given
+  std::string base_config;  // resolved against the ablation file's directory
+  std::vector<uint64_t> seeds;
+  std::vector<std::string> overrides;  // applied to every run, before the arm's
+  bool has_quick = false;
+  std::vector<uint64_t> quick_seeds;            // empty: keep `seeds`
+  std::vector<std::string> quick_overrides;     // appended to `overrides`
+  std::vector<AblationArm> arms;
+};
+
+// One `kappa run` of the experiment.
+struct PlannedRun {
+  std::string arm;
+  uint64_t seed = 0;
+  std::string name;                    // "<arm>-s<seed>": the run directory's name
+  std::vector<std::string> overrides;  // everything after `kappa run <base>`
+};
+
+// Parses the ablation file. Errors (INVALID_ARGUMENT, NOT_FOUND) start with
+// "<file>:<line>: " whenever a line is known: unknown keys, an arm without a
+// name, duplicate arm names, seeds that are not non-negative integers,
+// overrides that are not "key=value" strings.
+absl::StatusOr<AblationSpec> LoadAblationSpec(const std::string& path);
+// The same from text (`file_name` for messages and for resolving `base`).
+absl::StatusOr<AblationSpec> ParseAblationSpec(const std::string& yaml_text,
+                                               const std::string& file_name);
+
+// --quick: the quick seeds replace the seeds, the quick overrides are
+// appended (so they win). FAILED_PRECONDITION when the file has no `quick`.
+absl::Status ApplyQuick(AblationSpec* spec);
+
+// Appends command-line overrides to the common ones (after the file's and
+// the quick ones). The keys the experiment sets per run (name, runs_dir,
+// seed) are refused, as in the file.
+absl::Status AppendCommonOverrides(AblationSpec* spec, const std::vector<std::string>& overrides);
+
+// Arms in file order, seeds in order within each arm. `runs_dir` is passed to
+// every run, so all run directories land under it.
+std::vector<PlannedRun> PlanRuns(const AblationSpec& spec, const std::string& runs_dir);
+
+// Loads the base config with each run's overrides (services::LoadConfig), so
+// an unknown key or a wrong type fails before minutes of training are spent;
+// one config per run, in order. The message names the ablation file, the
+// arm's line and the arm (or "common overrides" when those are wrong).
+absl::StatusOr<std::vector<services::Config>> ResolveRunConfigs(
+    const AblationSpec& spec, const std::vector<PlannedRun>& runs);
+
+}  // namespace kappa::cli

@@ -1,0 +1,275 @@
+#include "cli/experiment_command.h"
+
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "cli/ablation_spec.h"
+#include "cli/args.h"
+#include "cli/child_run.h"
+#include "cli/experiment_results.h"
+#include "cli/progress.h"
+#include "cli/run_session.h"
+#include "cli/termination_signal.h"
+#include "services/config.h"
+
+namespace kappa::cli {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+constexpr const char* kUsage =
+    "usage: kappa experiment ABLATION.yaml [key=value ...] [--quick] [--out DIR]\n";
+
+double SecondsSince(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+std::string Timestamp() {
+  std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  localtime_r(&now, &tm);
+  char buffer[32];
+  std::strftime(buffer, sizeof(buffer), "%Y%m%d-%H%M%S", &tm);
+  return buffer;
+}
+
+// A fresh DIR for this experiment: a previous one (non-empty) is moved aside
+// to DIR.<timestamp>, so results never mix runs of two experiments and
+// `kappa run` never has to move a same-named run directory itself.
+absl::Status PrepareOutDir(const fs::path& out) {
+  std::error_code ec;
+  if (fs::exists(out) && !fs::is_empty(out, ec)) {
+    fs::path aside = out;
+    aside += "." + Timestamp();
+    for (int i = 1; fs::exists(aside); ++i) {
+      aside = out;
+      aside += absl::StrCat(".", Timestamp(), "-", i);
+    }
+    fs::rename(out, aside, ec);
+    if (ec) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "cannot move the previous experiment ", out.string(), " aside: ", ec.message()));
+    }
+    std::cerr << "kappa experiment: previous " << out.string() << " moved to " << aside.string()
+              << "\n";
+  }
+  fs::create_directories(out / "logs", ec);
+  if (ec) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot create ", (out / "logs").string(), ": ", ec.message()));
+  }
+  return absl::OkStatus();
+}
+
+// Written through a temporary file, so a reader never sees half a report.
+absl::Status WriteFileAtomically(const fs::path& path, const std::string& text) {
+  const fs::path tmp = fs::path(path.string() + ".tmp");
+  {
+    std::ofstream out(tmp);
+    out << text;
+    if (!out) return absl::FailedPreconditionError(absl::StrCat("cannot write ", tmp.string()));
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec) return absl::FailedPreconditionError(absl::StrCat("rename ", tmp.string(), ": ", ec.message()));
+  return absl::OkStatus();
+}
+
+std::string ShellWord(const std::string& word) {
+  if (!word.empty() && word.find_first_of(" \t\n'\"\\$`*?[]{}();&|<>!#~") == std::string::npos) {
+    return word;
+  }
+  std::string quoted = "'";
+  for (char c : word) {
+    if (c == '\'') {
+      quoted += "'\\''";
+    } else {
+      quoted += c;
+    }
+  }
+  return quoted + "'";
+}
+
+std::string CommandLineText(const std::vector<std::string>& argv) {
+  std::vector<std::string> words;
+  for (const std::string& word : argv) words.push_back(ShellWord(word));
+  return absl::StrJoin(words, " ");
+}
+
+std::string Context(const AblationSpec& spec, bool quick, size_t runs) {
+  return absl::StrCat("Base config `", spec.base_config, "`", quick ? " (--quick)" : "",
+                      "; seeds ", absl::StrJoin(spec.seeds, ", "), "; ", runs,
+                      " runs. Common overrides: `",
+                      spec.overrides.empty() ? "(none)" : absl::StrJoin(spec.overrides, " "),
+                      "`.");
+}
+
+// "final acc 0.312 (step 300), L_D trend -0.1234, κ median 3.2"
+std::string OneLineSummary(const RunMetrics& m) {
+  std::vector<std::string> parts;
+  if (m.final_accuracy) {
+    parts.push_back(absl::StrFormat("final acc %.3f (step %d)", *m.final_accuracy,
+                                    m.final_accuracy_step.value_or(0)));
+  }
+  if (m.distill_trend) parts.push_back(absl::StrFormat("L_D trend %+.4f", *m.distill_trend));
+  if (m.kappa_median) parts.push_back(absl::StrFormat("κ median %.3g", *m.kappa_median));
+  int64_t alarms = 0;
+  for (const auto& [kind, stats] : m.alarms) alarms += stats.count;
+  if (alarms > 0) parts.push_back(absl::StrCat(alarms, " alarm", alarms == 1 ? "" : "s"));
+  return parts.empty() ? "no metrics" : absl::StrJoin(parts, ", ");
+}
+
+}  // namespace
+
+int ExperimentCommand(const std::vector<std::string>& args) {
+  absl::StatusOr<CommandLine> line = ParseCommandLine(args, {"--out"}, {"--quick"});
+  if (!line.ok()) {
+    std::cerr << "kappa experiment: " << line.status().message() << "\n" << kUsage;
+    return 2;
+  }
+  auto fail = [](const absl::Status& status) {
+    std::cerr << "kappa experiment: " << status.message() << "\n";
+    return 1;
+  };
+
+  // Everything that can be wrong in the ablation file fails here, before the
+  // first run starts.
+  absl::StatusOr<AblationSpec> loaded = LoadAblationSpec(line->config_path);
+  if (!loaded.ok()) return fail(loaded.status());
+  AblationSpec spec = *std::move(loaded);
+  const bool quick = line->Has("--quick");
+  if (quick) {
+    if (absl::Status status = ApplyQuick(&spec); !status.ok()) return fail(status);
+  }
+  if (absl::Status status = AppendCommonOverrides(&spec, line->overrides); !status.ok()) {
+    return fail(status);
+  }
+  absl::StatusOr<services::Config> base = services::LoadConfig(spec.base_config, spec.overrides);
+  if (!base.ok()) {
+    return fail(absl::Status(base.status().code(),
+                             absl::StrCat(spec.file, ": base config: ", base.status().message())));
+  }
+  std::error_code ec;
+  const fs::path out = fs::absolute(
+      line->Get("--out", (fs::path(base->runs_dir) / fs::path(spec.file).stem()).string()), ec);
+  if (ec) return fail(absl::InvalidArgumentError(absl::StrCat("--out: ", ec.message())));
+  const std::vector<PlannedRun> runs = PlanRuns(spec, (out / "runs").string());
+  absl::StatusOr<std::vector<services::Config>> configs = ResolveRunConfigs(spec, runs);
+  if (!configs.ok()) return fail(configs.status());
+
+  const fs::path self = fs::read_symlink("/proc/self/exe", ec);
+  if (ec) return fail(absl::InternalError(absl::StrCat("/proc/self/exe: ", ec.message())));
+  if (absl::Status status = PrepareOutDir(out); !status.ok()) return fail(status);
+
+  // Each run's exact command, to repeat one by hand.
+  std::vector<std::vector<std::string>> argvs;
+  std::string commands;
+  for (const PlannedRun& run : runs) {
+    std::vector<std::string> argv = {self.string(), "run", spec.base_config};
+    argv.insert(argv.end(), run.overrides.begin(), run.overrides.end());
+    argv.push_back("--no-progress");
+    absl::StrAppend(&commands, CommandLineText(argv), "\n");
+    argvs.push_back(std::move(argv));
+  }
+  if (absl::Status status = WriteFileAtomically(out / "commands.txt", commands); !status.ok()) {
+    return fail(status);
+  }
+
+  std::vector<RunResult> results;
+  for (const PlannedRun& run : runs) {
+    RunResult result;
+    result.arm = run.arm;
+    result.seed = run.seed;
+    result.name = run.name;
+    results.push_back(std::move(result));
+  }
+  const std::string title = absl::StrCat("Ablation results: ", spec.file);
+  const std::string context = Context(spec, quick, runs.size());
+  auto write_results = [&]() {
+    for (absl::Status status :
+         {WriteFileAtomically(out / "results.csv", ResultsCsv(results)),
+          WriteFileAtomically(out / "results.md",
+                              ResultsMarkdown(title, context, spec.arms, results))}) {
+      if (!status.ok()) std::cerr << "kappa experiment: " << status.message() << "\n";
+    }
+  };
+
+  std::cerr << absl::StrFormat("kappa experiment: %d arms x %d seeds = %d runs of %s into %s\n",
+                               spec.arms.size(), spec.seeds.size(), runs.size(),
+                               spec.base_config, out.string());
+  InstallTerminationHandlers();
+  const Clock::time_point start = Clock::now();
+  bool interrupted = false;
+  int failed = 0;
+  for (size_t i = 0; i < runs.size() && !interrupted; ++i) {
+    if (TerminationSignal() != 0) {
+      interrupted = true;
+      break;
+    }
+    const PlannedRun& run = runs[i];
+    RunResult& result = results[i];
+    const double elapsed = SecondsSince(start);
+    // Runs are alike in length, so the mean so far is a fair estimate.
+    const std::string eta =
+        i == 0 ? "" : absl::StrCat(", eta ", FormatDuration(elapsed / i * (runs.size() - i)));
+    std::cerr << absl::StrFormat("[experiment %d/%d] arm %s, seed %d (%s) | elapsed %s%s\n", i + 1,
+                                 runs.size(), run.arm, run.seed, run.name,
+                                 FormatDuration(elapsed), eta)
+              << std::flush;
+
+    ChildRunOptions options;
+    options.argv = argvs[i];
+    options.log_file = (out / "logs" / (run.name + ".log")).string();
+    options.metrics_path = (out / "runs" / run.name / "metrics.jsonl").string();
+    options.label = absl::StrCat(i + 1, "/", runs.size(), " ", run.arm, " s", run.seed);
+    options.total_steps = (*configs)[i].trainer.steps;
+    const ChildRunOutcome outcome = RunChild(options);
+
+    result.wall_seconds = outcome.wall_seconds;
+    result.status = outcome.success ? "ok" : outcome.interrupted ? "interrupted" : "failed";
+    if (!outcome.success) {
+      result.error = absl::StrCat(outcome.error, "; log: ", options.log_file);
+    }
+    // Partial metrics of a failed run are still worth reporting.
+    if (absl::StatusOr<RunMetrics> metrics = ReadRunMetrics(options.metrics_path); metrics.ok()) {
+      result.metrics = *std::move(metrics);
+    }
+    const std::string summary =
+        result.metrics ? OneLineSummary(*result.metrics) : std::string("no metrics");
+    if (outcome.success) {
+      std::cerr << absl::StrFormat("[experiment %d/%d] %s done in %s: %s\n", i + 1, runs.size(),
+                                   run.name, FormatDuration(outcome.wall_seconds), summary);
+    } else if (outcome.interrupted) {
+      interrupted = true;
+      std::cerr << "kappa experiment: " << outcome.error << "; stopped " << run.name << "\n";
+    } else {
+      ++failed;
+      std::cerr << absl::StrFormat("[experiment %d/%d] %s FAILED after %s (%s); %s; last lines of %s:\n",
+                                   i + 1, runs.size(), run.name,
+                                   FormatDuration(outcome.wall_seconds), outcome.error, summary,
+                                   options.log_file)
+                << LogTail(options.log_file, 15) << "continuing with the next run\n";
+    }
+    std::cerr << std::flush;
+    write_results();  // after every run, so a crash or kill keeps what was measured
+  }
+  write_results();
+
+  std::cout << ResultsMarkdown(title, context, spec.arms, results) << std::flush;
+  std::cerr << absl::StrFormat("kappa experiment: %s in %s; %d failed; results in %s/results.md "
+                               "and results.csv, run logs in %s/logs/\n",
+                               interrupted ? "interrupted" : "finished",
+                               FormatDuration(SecondsSince(start)), failed, out.string(),
+                               out.string());
+  if (interrupted) return 130;
+  return failed > 0 ? 1 : 0;
+}
+
+}  // namespace kappa::cli
