@@ -208,6 +208,7 @@ RunMetrics SummarizeMetrics(const std::vector<nlohmann::json>& records) {
     metrics.reward_last_quarter = Mean(reward, reward.size() - quarter, reward.size());
   }
   metrics.kappa_median = MedianOf(steps, "kappa");
+  metrics.kappa_effective_median = MedianOf(steps, "kappa_effective");
   metrics.kdr_negative_fraction_median = MedianOf(steps, "kdr_negative_fraction");
   metrics.kdr_negative_weighted_fraction_median = MedianOf(steps, "kdr_negative_weighted_fraction");
   for (const std::string& kind : AlarmKinds()) metrics.alarms[kind] = AlarmStats{};
@@ -243,7 +244,8 @@ std::string ResultsCsv(const std::vector<RunResult>& runs) {
       "arm", "seed", "name", "status", "wall_seconds", "train_seconds", "last_step",
       "final_eval_accuracy", "final_eval_step", "loss_distill_first_quarter",
       "loss_distill_last_quarter", "loss_distill_trend", "reward_mean_last_quarter",
-      "kappa_median", "kdr_negative_fraction_median", "kdr_negative_weighted_fraction_median"};
+      "kappa_median", "kappa_effective_median", "kdr_negative_fraction_median",
+      "kdr_negative_weighted_fraction_median"};
   for (const std::string& kind : AlarmKinds()) {
     header.push_back(absl::StrCat("alarms_", kind));
     header.push_back(absl::StrCat("first_step_", kind));
@@ -261,6 +263,7 @@ std::string ResultsCsv(const std::vector<RunResult>& runs) {
         Csv(run.wall_seconds), Csv(m.train_seconds), Csv(m.last_step), Csv(m.final_accuracy),
         Csv(m.final_accuracy_step), Csv(m.distill_first_quarter), Csv(m.distill_last_quarter),
         Csv(m.distill_trend), Csv(m.reward_last_quarter), Csv(m.kappa_median),
+        Csv(m.kappa_effective_median),
         Csv(m.kdr_negative_fraction_median), Csv(m.kdr_negative_weighted_fraction_median)};
     int64_t other = 0;
     for (const auto& [kind, stats] : m.alarms) {
@@ -289,13 +292,14 @@ std::string ResultsMarkdown(const std::string& title, const std::string& context
       &out,
       "Per arm: mean ± sample std over seeds (n=k: only k runs had the number; – none).\n"
       "L_D ¼: mean loss_distill over the first / last quarter of steps; trend = last − first.\n"
-      "κ and K_DR<0 fractions: per-run medians over steps. Alarms: fired per run "
+      "κ (‖∇L_R‖/‖∇L_D‖), κ_eff (the applied ratio, κ/λ when mixing naively) and K_DR<0 "
+      "fractions: per-run medians over steps. Alarms: fired per run "
       "(first @step: earliest over seeds).\n\n");
   absl::StrAppend(&out,
                   "| arm | runs ok | final acc | L_D first ¼ | L_D last ¼ | L_D trend | κ median | "
-                  "K_DR<0 frac | K_DR<0 \\|K\\|-wtd | magnitude_drowning | directional_conflict "
+                  "κ_eff median | K_DR<0 frac | K_DR<0 \\|K\\|-wtd | magnitude_drowning | directional_conflict "
                   "| collapse | wall s |\n",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (const AblationArm& arm : arms) {
     std::vector<const RunResult*> arm_runs;
     int ok = 0;
@@ -317,6 +321,7 @@ std::string ResultsMarkdown(const std::string& title, const std::string& context
         cell([](const RunMetrics& m) { return m.distill_last_quarter; }, "%.4g"),
         cell([](const RunMetrics& m) { return m.distill_trend; }, "%+.3g"),
         cell([](const RunMetrics& m) { return m.kappa_median; }, "%.3g"),
+        cell([](const RunMetrics& m) { return m.kappa_effective_median; }, "%.3g"),
         cell([](const RunMetrics& m) { return m.kdr_negative_fraction_median; }, "%.3f"),
         cell([](const RunMetrics& m) { return m.kdr_negative_weighted_fraction_median; }, "%.3f")};
     for (const std::string& kind : AlarmKinds()) row.push_back(FormatAlarmCell(arm_runs, kind));

@@ -46,7 +46,8 @@ struct RunMetrics {
   std::optional<double> distill_trend;
   std::optional<double> reward_last_quarter;  // mean reward_mean, same last quarter
   // Medians over steps; null or missing values are skipped.
-  std::optional<double> kappa_median;
+  std::optional<double> kappa_median;            // field "kappa": ‖∇L_R‖ / ‖∇L_D‖
+  std::optional<double> kappa_effective_median;  // "kappa_effective": the ratio applied (κ/λ naive)
   std::optional<double> kdr_negative_fraction_median;
   std::optional<double> kdr_negative_weighted_fraction_median;
   std::optional<double> train_seconds;  // elapsed_seconds of the last step

@@ -215,7 +215,7 @@ TEST_F(ExperimentTest, ShippedAblationFileIsValid) {
   EXPECT_EQ(config_of("grpo_only").trainer.eval_every, 100);
   EXPECT_EQ(config_of("opd_only").trainer.reward_weight, 0.0);
   EXPECT_EQ(config_of("naive").trainer.balance, (std::vector<std::string>{"naive"}));
-  EXPECT_DOUBLE_EQ(config_of("naive_high_kappa").trainer.lambda, 0.02);
+  EXPECT_DOUBLE_EQ(config_of("naive_high_kappa").trainer.lambda, 0.002);
   EXPECT_EQ(config_of("m3_mask").trainer.balance, (std::vector<std::string>{"m3_mask"}));
   EXPECT_EQ(config_of("m3_norm_project").trainer.balance,
             (std::vector<std::string>{"m3_norm", "m3_project"}));
@@ -245,7 +245,10 @@ std::vector<nlohmann::json> SyntheticRun(double final_accuracy) {
   std::vector<nlohmann::json> records = {{{"step", 0}, {"eval_accuracy", 0.1}}};
   for (int64_t step = 1; step <= 8; ++step) {
     nlohmann::json record = Step(step, 9.0 - static_cast<double>(step));
-    if (step % 2 == 0) record["kappa"] = static_cast<double>(step);  // 2, 4, 6, 8
+    if (step % 2 == 0) {
+      record["kappa"] = static_cast<double>(step);  // 2, 4, 6, 8
+      record["kappa_effective"] = 10.0 * step;
+    }
     if (step == 3) record["kappa"] = nullptr;
     record["kdr_negative_fraction"] = step <= 4 ? 0.2 : 0.4;
     if (step != 5) record["kdr_negative_weighted_fraction"] = 0.1 * step;
@@ -279,6 +282,8 @@ TEST(ExperimentResultsTest, SummarizesOneRun) {
   // skipped, not read as 0.
   ASSERT_TRUE(m.kappa_median);
   EXPECT_DOUBLE_EQ(*m.kappa_median, 5.0);
+  ASSERT_TRUE(m.kappa_effective_median);
+  EXPECT_DOUBLE_EQ(*m.kappa_effective_median, 50.0);
   ASSERT_TRUE(m.kdr_negative_fraction_median);
   EXPECT_DOUBLE_EQ(*m.kdr_negative_fraction_median, 0.3);
   ASSERT_TRUE(m.kdr_negative_weighted_fraction_median);
@@ -427,27 +432,29 @@ TEST_F(ExperimentTest, ReportsMeanAndStdPerArmFromMetricsFiles) {
                                          {"bare", "", {}, 2}};
   const std::string md = ResultsMarkdown("t", "context line", arms, runs);
   const std::vector<std::string> mixed = Cells(RowOf(md, "mixed"));
-  ASSERT_EQ(mixed.size(), 13u) << md;
+  ASSERT_EQ(mixed.size(), 14u) << md;
   EXPECT_EQ(mixed[1], "3/3");
   EXPECT_EQ(mixed[2], "0.600 ± 0.100");       // final accuracy
   EXPECT_EQ(mixed[3], "7.5 ± 0");           // L_D first quarter
   EXPECT_EQ(mixed[4], "1.5 ± 0");           // L_D last quarter
   EXPECT_EQ(mixed[5], "-6 ± 0");            // trend (signed; no sign on the std)
   EXPECT_EQ(mixed[6], "5 ± 0");               // κ median
-  EXPECT_EQ(mixed[7], "0.300 ± 0.000");
-  EXPECT_EQ(mixed[9], "2 ± 0 (first @3)");    // magnitude_drowning
-  EXPECT_EQ(mixed[10], "0.333 ± 0.577 (first @7)");  // directional_conflict: 0, 0, 1
-  EXPECT_EQ(mixed[11], "1 ± 0 (first @3)");   // collapse
-  EXPECT_EQ(mixed[12], "20 ± 10");            // wall seconds
+  EXPECT_EQ(mixed[7], "50 ± 0");              // κ_eff median
+  EXPECT_EQ(mixed[8], "0.300 ± 0.000");
+  EXPECT_EQ(mixed[10], "2 ± 0 (first @3)");   // magnitude_drowning
+  EXPECT_EQ(mixed[11], "0.333 ± 0.577 (first @7)");  // directional_conflict: 0, 0, 1
+  EXPECT_EQ(mixed[12], "1 ± 0 (first @3)");   // collapse
+  EXPECT_EQ(mixed[13], "20 ± 10");            // wall seconds
 
   const std::vector<std::string> bare_row = Cells(RowOf(md, "bare"));
-  ASSERT_EQ(bare_row.size(), 13u) << md;
+  ASSERT_EQ(bare_row.size(), 14u) << md;
   EXPECT_EQ(bare_row[1], "1/2");
   EXPECT_EQ(bare_row[2], "–") << "no evaluation: a dash, not 0";
   EXPECT_EQ(bare_row[5], "+1 (n=1)");
   EXPECT_EQ(bare_row[6], "–");
   EXPECT_EQ(bare_row[7], "–");
-  EXPECT_EQ(bare_row[9], "0 (n=1)");
+  EXPECT_EQ(bare_row[8], "–");
+  EXPECT_EQ(bare_row[10], "0 (n=1)");
   EXPECT_TRUE(Contains(md, "context line"));
   EXPECT_TRUE(Contains(md, "- `mixed`: both | signals (`trainer.lambda=1`)"));
   EXPECT_TRUE(Contains(md, "`bare-s2`: failed: kappa run exited with status 1"));
@@ -464,7 +471,7 @@ TEST_F(ExperimentTest, ReportsMeanAndStdPerArmFromMetricsFiles) {
   EXPECT_TRUE(Contains(lines[1], "mixed,1,mixed-s1,ok,10,4,8,0.5,8,7.5,1.5,-6,"));
   EXPECT_TRUE(Contains(lines[3], ",1,7,"));  // seed 3: one directional_conflict at step 7
   // bare-s1: no eval, no κ: empty cells, not 0.
-  EXPECT_TRUE(Contains(lines[4], "bare,1,bare-s1,ok,5,,2,,,2,3,1,,,,,0,,0,,0,,0,"));
+  EXPECT_TRUE(Contains(lines[4], "bare,1,bare-s1,ok,5,,2,,,2,3,1,,,,,,0,,0,,0,,0,"));
   EXPECT_TRUE(Contains(lines[5], "bare,2,bare-s2,failed,1,"));
   EXPECT_TRUE(Contains(lines[5], "\"kappa run exited with status 1, see \"\"log\"\"\""));
 }
