@@ -16,6 +16,7 @@
 #include "cli/progress.h"
 #include "cli/run_session.h"
 #include "cli/termination_signal.h"
+#include "learner/step_config.h"
 #include "services/config.h"
 
 namespace kappa::cli {
@@ -163,6 +164,13 @@ int ExperimentCommand(const std::vector<std::string>& args) {
   const std::vector<PlannedRun> runs = PlanRuns(spec, (out / "runs").string());
   absl::StatusOr<std::vector<services::Config>> configs = ResolveRunConfigs(spec, runs);
   if (!configs.ok()) return fail(configs.status());
+  // Values too (trainer.distill_gate=rstgg), before the first run starts.
+  for (size_t i = 0; i < runs.size(); ++i) {
+    if (absl::Status status = learner::ValidateStepConfig((*configs)[i]); !status.ok()) {
+      return fail(absl::InvalidArgumentError(
+          absl::StrCat("arm '", runs[i].arm, "': ", status.message())));
+    }
+  }
 
   const fs::path self = fs::read_symlink("/proc/self/exe", ec);
   if (ec) return fail(absl::InternalError(absl::StrCat("/proc/self/exe: ", ec.message())));

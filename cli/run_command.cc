@@ -14,6 +14,7 @@
 #include "cli/run_session.h"
 #include "cli/service_launch.h"
 #include "cli/termination_signal.h"
+#include "learner/step_config.h"
 #include "services/config.h"
 
 namespace kappa::cli {
@@ -30,6 +31,9 @@ absl::Status Preflight(const services::Config& config) {
     return absl::InvalidArgumentError(
         absl::StrFormat("workers must be >= 1 (got %d)", config.workers));
   }
+  // The learner would refuse these too, but only after the bootstrap and
+  // every process had started.
+  if (absl::Status status = learner::ValidateStepConfig(config); !status.ok()) return status;
   for (const char* binary :
        {kTeacherBinary, kVerifierBinary, kLearnerBinary, kRolloutWorkerBinary}) {
     absl::StatusOr<std::string> path = FindServiceBinary(binary);

@@ -120,4 +120,19 @@ AlarmConfig MakeAlarmConfig(const services::Config& config) {
   return out;
 }
 
+absl::Status ValidateStepConfig(const services::Config& config) {
+  absl::StatusOr<HybridStepConfig> step = MakeHybridStepConfig(config);
+  if (!step.ok()) return step.status();
+  try {
+    AlarmMonitor alarms(MakeAlarmConfig(config));
+    if (step->balance.adapt) {
+      LambdaController controller(step->loss.lambda, step->balance.kappa_target,
+                                  step->balance.adapt_config);
+    }
+  } catch (const std::invalid_argument& e) {
+    return absl::InvalidArgumentError(e.what());
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace kappa::learner

@@ -13,4 +13,8 @@ namespace kappa::learner {
 absl::StatusOr<HybridStepConfig> MakeHybridStepConfig(const services::Config& config);
 AlarmConfig MakeAlarmConfig(const services::Config& config);
 
+// Everything the learner checks of the training configuration at start-up:
+// the step configuration and the alarm and m3_adapt bounds.
+absl::Status ValidateStepConfig(const services::Config& config);
+
 }  // namespace kappa::learner

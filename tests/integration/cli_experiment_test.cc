@@ -211,8 +211,8 @@ TEST_F(ExperimentTest, ShippedAblationFileIsValid) {
     return (*configs)[0];
   };
   EXPECT_EQ(config_of("grpo_only").trainer.distill_gate, "none");
-  EXPECT_EQ(config_of("grpo_only").trainer.steps, 300);
-  EXPECT_EQ(config_of("grpo_only").trainer.eval_every, 100);
+  EXPECT_EQ(config_of("grpo_only").trainer.steps, 250);
+  EXPECT_EQ(config_of("grpo_only").trainer.eval_every, 125);
   EXPECT_EQ(config_of("opd_only").trainer.reward_weight, 0.0);
   EXPECT_EQ(config_of("naive").trainer.balance, (std::vector<std::string>{"naive"}));
   EXPECT_DOUBLE_EQ(config_of("naive_high_kappa").trainer.lambda, 0.002);
