@@ -18,10 +18,12 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// The experiment owns these per run (the run directory is found by them), so
-// an ablation file may not override them.
+// The experiment owns these per run (the run directory is found by them; the
+// seed it varies is the RL seed, so every run of an arm shares the dataset and
+// the bootstrap checkpoints of the base config), so an ablation file may not
+// override them.
 const std::set<std::string>& ReservedKeys() {
-  static const std::set<std::string> keys = {"name", "runs_dir", "seed"};
+  static const std::set<std::string> keys = {"name", "runs_dir", "trainer.seed"};
   return keys;
 }
 
@@ -308,7 +310,7 @@ std::vector<PlannedRun> PlanRuns(const AblationSpec& spec, const std::string& ru
       // Later overrides win, so the arm's come last.
       run.overrides = {absl::StrCat("name=", run.name),
                        absl::StrCat("runs_dir=", YamlQuoted(runs_dir)),
-                       absl::StrCat("seed=", seed)};
+                       absl::StrCat("trainer.seed=", seed)};
       run.overrides.insert(run.overrides.end(), spec.overrides.begin(), spec.overrides.end());
       run.overrides.insert(run.overrides.end(), arm.overrides.begin(), arm.overrides.end());
       runs.push_back(std::move(run));

@@ -39,7 +39,7 @@ struct StartPoint {
 absl::StatusOr<StartPoint> LoadStartPoint(const services::Config& config,
                                           const std::string& run_dir, bool resume) {
   StartPoint start;
-  start.state.seed = config.seed;
+  start.state.seed = services::RlSeed(config);
   std::string checkpoint = config.student.checkpoint.empty()
                                ? config.data_dir + "/student"
                                : config.student.checkpoint;

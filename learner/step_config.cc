@@ -100,7 +100,7 @@ absl::StatusOr<HybridStepConfig> MakeHybridStepConfig(const services::Config& co
   }));
   monitor.kdr_exact_every = config.monitor.kdr_exact_every;
   monitor.kdr_exact_positions = config.monitor.kdr_exact_positions;
-  monitor.seed = config.seed;
+  monitor.seed = services::RlSeed(config);
   return step;
 }
 

@@ -78,7 +78,7 @@ int main(int argc, char** argv) {
   options.sampler.default_max_new_tokens = config->rollout.max_new_tokens;
   options.sampler.default_temperature = config->rollout.temperature;
   options.sampler.default_top_p = config->rollout.top_p;
-  options.sampler.seed = config->seed + kappa::services::StableHash(options.worker_id);
+  options.sampler.seed = kappa::services::RlSeed(*config) + kappa::services::StableHash(options.worker_id);
 
   const std::string learner =
       flag_or("learner", flags->address.empty() ? config->learner.address : flags->address);

@@ -111,6 +111,10 @@ struct Config {
     int64_t eval_examples = 200;       // held-out examples per evaluation
     int64_t checkpoint_every = 20;     // steps; 0: only at the end
     int64_t distill_topk = 8;          // k of distill_loss=topk_reverse_kl
+    // Seed of the RL phase alone (prompt order, worker sampling, K_DR
+    // position sampling); 0: use the top-level `seed`. Varying it keeps the
+    // dataset and the bootstrap checkpoints, which `seed` also determines.
+    uint64_t seed = 0;
     // Which samples the distillation term sees: none (GRPO only) | all (naive
     // hybrid) | rstg (negative zero-variance groups, see rstg.*).
     std::string distill_gate = "all";
@@ -163,6 +167,11 @@ struct Config {
     int64_t warmup_steps = 10;         // no alarm before this many observations
   } alarms;
 };
+
+// The seed of the RL phase: trainer.seed, or `seed` when that is 0.
+inline uint64_t RlSeed(const Config& config) {
+  return config.trainer.seed != 0 ? config.trainer.seed : config.seed;
+}
 
 // Loads `path` (YAML), then applies overrides ("a.b=value"). Errors:
 // INVALID_ARGUMENT "<file>:<line>: unknown key 'trainer.stepz'" /

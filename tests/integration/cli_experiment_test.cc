@@ -88,7 +88,7 @@ TEST_F(ExperimentTest, ParsesAGoodFile) {
   EXPECT_EQ(runs[1].name, "plain-s1");
   EXPECT_EQ(runs[3].name, "listy-s1");
   EXPECT_EQ(runs[3].overrides,
-            (std::vector<std::string>{"name=listy-s1", "runs_dir='/out/runs'", "seed=1",
+            (std::vector<std::string>{"name=listy-s1", "runs_dir='/out/runs'", "trainer.seed=1",
                                       "trainer.steps=20", "trainer.eval_every=10",
                                       "trainer.balance=[m3_norm,m3_project]",
                                       "trainer.lambda=0.5"}));
@@ -145,7 +145,7 @@ TEST_F(ExperimentTest, StructuralErrorsNameFileAndLine) {
   EXPECT_TRUE(Contains(ParseError("base: base.yaml\nseeds: [1]\narms:\n  - name: a\n    colour: red\n"), "abl.yaml:5: unknown arm key 'colour'"));
   EXPECT_TRUE(Contains(ParseError("base: base.yaml\nseeds: [1]\narms:\n  - name: a/b\n"), "abl.yaml:4: arm name 'a/b'"));
   EXPECT_TRUE(Contains(ParseError("base: base.yaml\nseeds: [1]\narms:\n  - name: a\n    overrides: [lambda]\n"), "abl.yaml:5: overrides: expected key=value"));
-  EXPECT_TRUE(Contains(ParseError("base: base.yaml\nseeds: [1]\noverrides: [seed=4]\narms: [{name: a}]\n"), "abl.yaml:3: overrides: 'seed' is set by kappa experiment"));
+  EXPECT_TRUE(Contains(ParseError("base: base.yaml\nseeds: [1]\noverrides: [trainer.seed=4]\narms: [{name: a}]\n"), "abl.yaml:3: overrides: 'trainer.seed' is set by kappa experiment"));
   EXPECT_TRUE(Contains(ParseError("seeds: [1]\narms: [{name: a}]\n"), "abl.yaml:1: missing 'base'"));
   EXPECT_TRUE(Contains(ParseError("base: base.yaml\nseeds: [1]\narms: [{name: a}\n"), "abl.yaml:"));
   EXPECT_EQ(ParseError("base: base.yaml\nseeds: [1]\narms: [{name: a}]\n"), "");
