@@ -110,6 +110,7 @@ AlarmConfig MakeAlarmConfig(const services::Config& config) {
   out.kappa_threshold = a.kappa_threshold;
   out.ema_alpha = a.ema_alpha;
   out.slope_window = a.slope_window;
+  out.min_relative_rise = a.min_relative_rise;
   out.conflict_threshold = a.conflict_threshold;
   out.conflict_window = a.conflict_window;
   out.collapse_window = a.collapse_window;
@@ -117,6 +118,7 @@ AlarmConfig MakeAlarmConfig(const services::Config& config) {
   out.distill_rise_factor = a.distill_rise_factor;
   out.entropy_floor = a.entropy_floor;
   out.warmup_steps = a.warmup_steps;
+  out.clear_steps = a.clear_steps;
   return out;
 }
 

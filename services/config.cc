@@ -150,6 +150,7 @@ const std::vector<Field>& Fields() {
       KAPPA_CONFIG_FIELD(alarms.kappa_threshold),
       KAPPA_CONFIG_FIELD(alarms.ema_alpha),
       KAPPA_CONFIG_FIELD(alarms.slope_window),
+      KAPPA_CONFIG_FIELD(alarms.min_relative_rise),
       KAPPA_CONFIG_FIELD(alarms.conflict_threshold),
       KAPPA_CONFIG_FIELD(alarms.conflict_window),
       KAPPA_CONFIG_FIELD(alarms.collapse_window),
@@ -157,6 +158,7 @@ const std::vector<Field>& Fields() {
       KAPPA_CONFIG_FIELD(alarms.distill_rise_factor),
       KAPPA_CONFIG_FIELD(alarms.entropy_floor),
       KAPPA_CONFIG_FIELD(alarms.warmup_steps),
+      KAPPA_CONFIG_FIELD(alarms.clear_steps),
   };
   return kFields;
 }

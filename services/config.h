@@ -158,6 +158,7 @@ struct Config {
     double kappa_threshold = 10.0;     // magnitude drowning: κ EMA above this ...
     double ema_alpha = 0.1;            // EMA coefficient for κ, reward, L_D, entropy
     int64_t slope_window = 20;         // ... while the L_D EMA rose over this many steps
+    double min_relative_rise = 0.02;   // ... by more than this fraction of its value
     double conflict_threshold = 0.5;   // |K_DR|-weighted negative fraction above this ...
     int64_t conflict_window = 20;      // ... for this many consecutive steps
     int64_t collapse_window = 20;      // consecutive steps out of band before collapse fires
@@ -165,6 +166,7 @@ struct Config {
     double distill_rise_factor = 3.0;  // L_D EMA above this × its minimum EMA
     double entropy_floor = 0.01;       // entropy EMA below this (nats)
     int64_t warmup_steps = 10;         // no alarm before this many observations
+    int64_t clear_steps = 10;          // an alarm clears after this many steps without its condition
   } alarms;
 };
 

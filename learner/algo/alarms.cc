@@ -1,5 +1,6 @@
 #include "learner/algo/alarms.h"
 
+#include <cmath>
 #include <stdexcept>
 
 #include <algorithm>
@@ -33,9 +34,11 @@ const char* AlarmName(AlarmKind kind) {
 
 AlarmMonitor::AlarmMonitor(AlarmConfig config) : config_(config) {
   if (!(config_.ema_alpha > 0 && config_.ema_alpha <= 1) || config_.slope_window < 1 ||
-      config_.conflict_window < 1 || config_.collapse_window < 1) {
+      config_.conflict_window < 1 || config_.collapse_window < 1 || config_.clear_steps < 1 ||
+      !(config_.min_relative_rise >= 0)) {
     throw std::invalid_argument(
-        "alarms: need 0 < ema_alpha <= 1 and slope_window, conflict_window, collapse_window >= 1");
+        "alarms: need 0 < ema_alpha <= 1, min_relative_rise >= 0 and slope_window, "
+        "conflict_window, collapse_window, clear_steps >= 1");
   }
 }
 
@@ -55,12 +58,17 @@ std::vector<AlarmEvent> AlarmMonitor::Observe(const StepObservation& o) {
 
   std::vector<AlarmEvent> events;
   auto update = [&](AlarmKind kind, std::optional<AlarmEvent> tripped) {
-    bool& active = active_[static_cast<int>(kind)];
-    if (tripped && !active) {
-      ++fired_[static_cast<int>(kind)];
-      events.push_back(std::move(*tripped));
+    const int k = static_cast<int>(kind);
+    if (tripped) {
+      if (!active_[k]) {
+        ++fired_[k];
+        events.push_back(std::move(*tripped));
+      }
+      active_[k] = true;
+      clear_run_[k] = 0;
+    } else if (active_[k] && ++clear_run_[k] >= config_.clear_steps) {
+      active_[k] = false;
     }
-    active = tripped.has_value();
   };
   update(AlarmKind::kMagnitudeDrowning, CheckDrowning(o));
   update(AlarmKind::kDirectionalConflict, CheckConflict(o));
@@ -74,7 +82,8 @@ std::optional<AlarmEvent> AlarmMonitor::CheckDrowning(const StepObservation& o) 
       static_cast<int64_t>(distill_history_.size()) == config_.slope_window + 1;
   if (observations_ < config_.warmup_steps || !window_full) return std::nullopt;
   const double rise = distill_history_.back() - distill_history_.front();
-  if (!(*kappa_.value > config_.kappa_threshold && rise > 0)) return std::nullopt;
+  const bool rising = rise > config_.min_relative_rise * std::abs(distill_history_.front());
+  if (!(*kappa_.value > config_.kappa_threshold && rising)) return std::nullopt;
   return AlarmEvent{AlarmKind::kMagnitudeDrowning, o.step,
                     Format("kappa EMA %.3g > %.3g while the L_D EMA rose by %.3g "
                                     "(%.4g -> %.4g) over %lld steps",

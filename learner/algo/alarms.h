@@ -7,8 +7,10 @@
 //                         reward_drop_ratio × its best, or L_D EMA above
 //                         distill_rise_factor × its minimum, or entropy EMA
 //                         below entropy_floor
-// An alarm is active while its condition holds; Observe reports an event at
-// each rising edge, with the numbers that tripped it.
+// An alarm turns active when its condition holds and clears only after the
+// condition has been false for clear_steps steps running (so a noisy series
+// near a threshold does not flap); Observe reports an event each time it
+// turns active, with the numbers that tripped it.
 #pragma once
 
 #include <cstdint>
@@ -30,6 +32,9 @@ struct AlarmConfig {
   double kappa_threshold = 10.0;
   double ema_alpha = 0.1;
   int64_t slope_window = 20;
+  // The L_D EMA must have risen by more than this fraction of its value at
+  // the window's start: a flat, noisy L_D is not "rising".
+  double min_relative_rise = 0.02;
   double conflict_threshold = 0.5;
   int64_t conflict_window = 20;
   int64_t collapse_window = 20;
@@ -37,6 +42,7 @@ struct AlarmConfig {
   double distill_rise_factor = 3.0;
   double entropy_floor = 0.01;
   int64_t warmup_steps = 10;  // observations before any alarm may fire
+  int64_t clear_steps = 10;   // condition false this many steps running before an alarm clears
   // Best reward EMA below this is noise, not a level to fall from.
   double min_reward_for_drop = 0.05;
 };
@@ -87,6 +93,7 @@ class AlarmMonitor {
   std::optional<double> best_reward_, min_distill_;
   int64_t reward_run_ = 0, distill_run_ = 0, entropy_run_ = 0;
   bool active_[3] = {false, false, false};
+  int64_t clear_run_[3] = {0, 0, 0};  // steps running with the condition false while active
   int64_t fired_[3] = {0, 0, 0};
 };
 

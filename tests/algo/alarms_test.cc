@@ -160,3 +160,40 @@ TEST(Alarms, NothingDuringWarmupAndUnmeasuredStepsKeepState) {
 
 }  // namespace
 }  // namespace kappa::learner
+
+namespace kappa::learner {
+namespace {
+
+TEST(Alarms, HoldsThroughFlickerAndClearsAfterClearSteps) {
+  AlarmMonitor monitor(TestConfig());  // conflict_window 4, clear_steps 10
+  // Above from 20; then 5 below / 5 above (the alarm holds: one event);
+  // then 15 below (clears); then above again from 60 (a second event).
+  auto fraction = [](int s) {
+    if (s < 20) return 0.2;
+    if (s < 40) return ((s - 20) / 5) % 2 == 0 ? 0.9 : 0.1;
+    if (s < 60) return 0.1;
+    return 0.9;
+  };
+  const auto events = Feed(80, [&](int s) {
+    auto o = Healthy(s);
+    o.kdr_negative_weighted_fraction = fraction(s);
+    return o;
+  }, &monitor);
+  ASSERT_EQ(events.size(), 2u);
+  EXPECT_EQ(events[0].step, 23);
+  EXPECT_EQ(events[1].step, 63);
+  EXPECT_EQ(monitor.fired(AlarmKind::kDirectionalConflict), 2);
+}
+
+TEST(Alarms, ANegligibleDistillRiseIsNotDrowning) {
+  AlarmMonitor monitor(TestConfig());  // min_relative_rise 2 %
+  EXPECT_TRUE(Feed(100, [](int s) {
+    auto o = Healthy(s);
+    o.kappa = 100;
+    o.distill_loss = 3.0 + 1e-4 * s;  // +0.3 % over the whole run
+    return o;
+  }, &monitor).empty());
+}
+
+}  // namespace
+}  // namespace kappa::learner
