@@ -14,6 +14,7 @@
 #include "cli/child_run.h"
 #include "cli/experiment_results.h"
 #include "cli/progress.h"
+#include "cli/run_dir.h"
 #include "cli/run_session.h"
 #include "cli/termination_signal.h"
 #include "learner/step_config.h"
@@ -32,35 +33,16 @@ double SecondsSince(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-std::string Timestamp() {
-  std::time_t now = std::time(nullptr);
-  std::tm tm{};
-  localtime_r(&now, &tm);
-  char buffer[32];
-  std::strftime(buffer, sizeof(buffer), "%Y%m%d-%H%M%S", &tm);
-  return buffer;
-}
-
 // A fresh DIR for this experiment: a previous one (non-empty) is moved aside
 // to DIR.<timestamp>, so results never mix runs of two experiments and
 // `kappa run` never has to move a same-named run directory itself.
 absl::Status PrepareOutDir(const fs::path& out) {
-  std::error_code ec;
-  if (fs::exists(out) && !fs::is_empty(out, ec)) {
-    fs::path aside = out;
-    aside += "." + Timestamp();
-    for (int i = 1; fs::exists(aside); ++i) {
-      aside = out;
-      aside += absl::StrCat(".", Timestamp(), "-", i);
-    }
-    fs::rename(out, aside, ec);
-    if (ec) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "cannot move the previous experiment ", out.string(), " aside: ", ec.message()));
-    }
-    std::cerr << "kappa experiment: previous " << out.string() << " moved to " << aside.string()
-              << "\n";
+  absl::StatusOr<std::string> aside = MoveAsideIfNonEmpty(out.string(), "experiment");
+  if (!aside.ok()) return aside.status();
+  if (!aside->empty()) {
+    std::cerr << "kappa experiment: previous " << out.string() << " moved to " << *aside << "\n";
   }
+  std::error_code ec;
   fs::create_directories(out / "logs", ec);
   if (ec) {
     return absl::FailedPreconditionError(

@@ -22,6 +22,25 @@ std::string Timestamp() {
 
 }  // namespace
 
+absl::StatusOr<std::string> MoveAsideIfNonEmpty(const std::string& dir_text,
+                                                const std::string& what) {
+  const fs::path dir = dir_text;
+  std::error_code ec;
+  if (!fs::exists(dir) || fs::is_empty(dir, ec)) return std::string();
+  fs::path aside = dir;
+  aside += "." + Timestamp();
+  for (int i = 1; fs::exists(aside); ++i) {
+    aside = dir;
+    aside += absl::StrCat(".", Timestamp(), "-", i);
+  }
+  fs::rename(dir, aside, ec);
+  if (ec) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot move the previous ", what, " ", dir.string(), " aside: ", ec.message()));
+  }
+  return aside.string();
+}
+
 absl::StatusOr<std::string> PrepareRunDir(const services::Config& config, bool resume,
                                           std::ostream& log) {
   if (config.name.empty() || config.name == "." || config.name == ".." ||
@@ -32,21 +51,15 @@ absl::StatusOr<std::string> PrepareRunDir(const services::Config& config, bool r
   std::error_code ec;
   const fs::path dir = fs::absolute(fs::path(config.runs_dir) / config.name, ec);
   if (ec) return absl::InvalidArgumentError(absl::StrCat("runs_dir: ", ec.message()));
-  if (!resume && fs::exists(dir) && !fs::is_empty(dir, ec)) {
-    fs::path aside = dir;
-    aside += "." + Timestamp();
-    for (int i = 1; fs::exists(aside); ++i) {
-      aside = dir;
-      aside += absl::StrCat(".", Timestamp(), "-", i);
+  if (!resume) {
+    absl::StatusOr<std::string> aside = MoveAsideIfNonEmpty(dir.string(), "run");
+    if (!aside.ok()) return aside.status();
+    if (!aside->empty()) {
+      log << "previous run " << dir.string() << " moved to " << *aside
+          << " (pass --resume to continue a run instead)\n";
     }
-    fs::rename(dir, aside, ec);
-    if (ec) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "cannot move the previous run ", dir.string(), " aside: ", ec.message()));
-    }
-    log << "previous run " << dir.string() << " moved to " << aside.string()
-        << " (pass --resume to continue a run instead)\n";
   }
+
   fs::create_directories(dir / "logs", ec);
   if (ec) {
     return absl::FailedPreconditionError(

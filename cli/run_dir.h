@@ -20,6 +20,11 @@ namespace kappa::cli {
 absl::StatusOr<std::string> PrepareRunDir(const services::Config& config, bool resume,
                                           std::ostream& log);
 
+// If `dir` exists and is not empty, renames it to <dir>.<YYYYmmdd-HHMMSS>
+// (with a -N suffix if that exists too) and returns the new path; returns
+// an empty path when there was nothing to move. `what` names it in errors.
+absl::StatusOr<std::string> MoveAsideIfNonEmpty(const std::string& dir, const std::string& what);
+
 // Writes services::ConfigToYaml(config) to `path` atomically.
 absl::Status WriteResolvedConfig(const services::Config& config, const std::string& path);
 

@@ -122,7 +122,12 @@ absl::Status TrainerLoop::Run(const std::function<bool()>& stop_requested) {
     }
     TrainBatch batch =
         BuildTrainBatch(groups, config_.trainer.norm_std, model::CharTokenizer::kPad);
-    const HybridStepReport report = step_->Run(batch);
+    HybridStepReport report;
+    try {
+      report = step_->Run(batch);
+    } catch (const std::exception& e) {  // c10::Error included: stop at the edge, with a status
+      return absl::InternalError(absl::StrCat("training step ", state_.step + 1, ": ", e.what()));
+    }
     const StepStats& stats = report.stats;
     ++state_.step;
     state_.policy_version = state_.step;

@@ -75,7 +75,8 @@ HybridStepReport HybridStep::Run(const TrainBatch& batch_in) {
   // per-position terms, over every response position.
   const bool kdr_due = has_distill && Due(monitor.kdr_every, step);
   const bool mask_due = has_distill && balance.mask;
-  if (kdr_due || mask_due) {
+  const bool exact_due = has_distill && Due(monitor.kdr_exact_every, step);
+  if (kdr_due || mask_due || exact_due) {
     torch::NoGradGuard no_grad;
     const torch::Tensor logprobs = tokens.logprobs.detach();
     const torch::Tensor coefficient = RewardLogProbCoefficient(
@@ -102,7 +103,7 @@ HybridStepReport HybridStep::Run(const TrainBatch& batch_in) {
         weights.distill = weights.distill.defined() ? weights.distill * w : w;
       }
     }
-    if (has_distill && Due(monitor.kdr_exact_every, step)) {
+    if (exact_due) {
       const auto start = std::chrono::steady_clock::now();
       const auto positions = SampleResponsePositions(
           mask, monitor.kdr_exact_positions, monitor.seed * 1000003ULL + static_cast<uint64_t>(step));

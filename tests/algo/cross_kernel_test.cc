@@ -59,6 +59,17 @@ struct Float64Fixture : ::testing::Test {
     return g_r[b][t].dot(ntk.matmul(g_d[b][t])).item<double>();
   }
 
+  // Closed-form g_R, g_D at every position of `tokens`.
+  std::pair<torch::Tensor, torch::Tensor> ClosedFormGradients(const TokenTerms& tokens) {
+    torch::NoGradGuard no_grad;
+    const torch::Tensor lp = tokens.logprobs.detach();
+    const torch::Tensor coefficient = RewardLogProbCoefficient(
+        tokens.token_logprobs.detach(), batch.old_logprobs, batch.advantages, config.ppo);
+    return {RewardLogitGradient(lp, batch.target_tokens, coefficient, 1.0),
+            DistillLogitGradient(lp, batch.teacher_logprobs, batch.target_tokens,
+                                 DistillLoss::kReverseKl, 8, 1.0)};
+  }
+
   model::Decoder model{nullptr};
   TrainBatch batch;
   LossConfig config;
@@ -71,13 +82,7 @@ TEST_F(Float64Fixture, ExactEqualsBruteForceInnerProductOfJacobians) {
   const std::vector<double> exact =
       ExactCrossKernel(Trainable(), tokens.reward, tokens.distill, positions);
 
-  torch::NoGradGuard no_grad;
-  const torch::Tensor lp = tokens.logprobs.detach();
-  const torch::Tensor coefficient = RewardLogProbCoefficient(
-      tokens.token_logprobs.detach(), batch.old_logprobs, batch.advantages, config.ppo);
-  const torch::Tensor g_r = RewardLogitGradient(lp, batch.target_tokens, coefficient, 1.0);
-  const torch::Tensor g_d = DistillLogitGradient(lp, batch.teacher_logprobs, batch.target_tokens,
-                                                 DistillLoss::kReverseKl, 8, 1.0);
+  const auto [g_r, g_d] = ClosedFormGradients(tokens);
   int nonzero = 0;
   for (size_t k = 0; k < positions.size(); ++k) {
     torch::AutoGradMode grad_on(true);
@@ -96,14 +101,9 @@ TEST_F(Float64Fixture, LastLayerEqualsExactWhenOnlyTheOutputLayerTrains) {
   const std::vector<double> exact =
       ExactCrossKernel(Trainable(), tokens.reward, tokens.distill, positions);
 
+  const auto [g_r, g_d] = ClosedFormGradients(tokens);
   torch::NoGradGuard no_grad;
-  const torch::Tensor lp = tokens.logprobs.detach();
-  const torch::Tensor coefficient = RewardLogProbCoefficient(
-      tokens.token_logprobs.detach(), batch.old_logprobs, batch.advantages, config.ppo);
-  const torch::Tensor logit = LogitCrossKernel(
-      RewardLogitGradient(lp, batch.target_tokens, coefficient, 1.0),
-      DistillLogitGradient(lp, batch.teacher_logprobs, batch.target_tokens,
-                           DistillLoss::kReverseKl, 8, 1.0));
+  const torch::Tensor logit = LogitCrossKernel(g_r, g_d);
   const std::vector<double> last_layer =
       ValuesAt(LastLayerCrossKernel(logit, tokens.hidden.detach()), positions);
   for (size_t k = 0; k < positions.size(); ++k) {
