@@ -174,6 +174,21 @@ absl::Status TrainerLoop::Run(const std::function<bool()>& stop_requested) {
       record["eval_accuracy"] = EvaluateHeldOut();
     }
     metrics_.Write(record);
+    if (metrics_exporter_ != nullptr) {
+      StepObservationForMetrics observed;
+      observed.step = state_.step;
+      observed.policy_version = state_.policy_version;
+      observed.reward_mean = reward_mean;
+      observed.tokens = tokens;
+      observed.step_seconds = record["step_seconds"].get<double>();
+      for (const ScoredGroup& group : groups) {
+        observed.staleness.push_back(state_.policy_version - 1 - group.policy_version);
+      }
+      if (record.contains("eval_accuracy")) {
+        observed.eval_accuracy = record["eval_accuracy"].get<double>();
+      }
+      metrics_exporter_->RecordStep(observed, report, events, *alarms_, counters);
+    }
     spdlog::info("step {}: reward {:.3f} L_R {:.4f} L_D {:.4f} |g| {:.3f} kappa {}{}",
                  state_.step, reward_mean, stats.reward_loss, stats.distill_loss, stats.grad_norm,
                  stats.kappa() ? absl::StrCat(*stats.kappa()) : "-",

@@ -13,6 +13,7 @@
 #include "learner/algo/hybrid_step.h"
 #include "learner/algo/optimizer_step.h"
 #include "learner/coordinator.h"
+#include "learner/learner_metrics.h"
 #include "learner/metrics_log.h"
 #include "learner/policy_publisher.h"
 #include "learner/run_state.h"
@@ -34,6 +35,9 @@ class TrainerLoop {
   // INVALID_ARGUMENT naming the key on a bad balancing/gating/alarm setting.
   absl::Status Run(const std::function<bool()>& stop_requested);
 
+  // Also export each step to Prometheus (may stay null: no metrics).
+  void set_metrics(LearnerMetrics* metrics) { metrics_exporter_ = metrics; }
+
   // Greedy accuracy on the held-out split (trainer.eval_examples of it).
   double EvaluateHeldOut();
 
@@ -53,6 +57,7 @@ class TrainerLoop {
   const tasks::Dataset& heldout_;
   const model::CharTokenizer& tokenizer_;
   MetricsLog metrics_;
+  LearnerMetrics* metrics_exporter_ = nullptr;
 };
 
 }  // namespace kappa::learner

@@ -3,6 +3,7 @@
 #include <civetweb.h>
 
 #include <mutex>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 
@@ -11,6 +12,14 @@ namespace {
 
 // The content type of the text exposition format, version 0.0.4.
 constexpr char kContentType[] = "text/plain; version=0.0.4; charset=utf-8";
+
+// civetweb reports why mg_start failed only through this callback.
+thread_local std::string last_civetweb_error;
+
+int RecordCivetwebError(const mg_connection*, const char* message) {
+  last_civetweb_error = message != nullptr ? message : "";
+  return 1;
+}
 
 void InitLibraryOnce() {
   static std::once_flag once;
@@ -26,9 +35,12 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::s
   server->registry_ = registry;
   const char* options[] = {"listening_ports", address.c_str(), "num_threads", "2", nullptr};
   mg_callbacks callbacks{};
+  callbacks.log_message = &RecordCivetwebError;
+  last_civetweb_error.clear();
   server->context_ = mg_start(&callbacks, nullptr, options);
   if (server->context_ == nullptr) {
-    return absl::UnavailableError(absl::StrCat("metrics: cannot listen on ", address));
+    return absl::UnavailableError(
+        absl::StrCat("metrics: cannot listen on ", address, ": ", last_civetweb_error));
   }
   mg_set_request_handler(server->context_, "/metrics$", &MetricsServer::HandleMetrics,
                          server.get());

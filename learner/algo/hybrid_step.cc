@@ -92,7 +92,13 @@ HybridStepReport HybridStep::Run(const TrainBatch& batch_in) {
     auto kernel_of = [&](KdrEstimator e) {
       return e == KdrEstimator::kLogit ? logit_kernel : last_layer_kernel;
     };
-    if (kdr_due) report.kdr = SummarizeKdr(kernel_of(monitor.kdr_estimator), mask);
+    if (kdr_due) {
+      const torch::Tensor& kernel = kernel_of(monitor.kdr_estimator);
+      report.kdr = SummarizeKdr(kernel, mask);
+      const torch::Tensor values =
+          kernel.masked_select(mask > 0).to(torch::kCPU, torch::kFloat32).contiguous();
+      report.kdr_values.assign(values.data_ptr<float>(), values.data_ptr<float>() + values.numel());
+    }
     if (mask_due) {
       const torch::Tensor kernel = kernel_of(balance.mask_estimator);
       const torch::Tensor w = ConflictMaskWeights(kernel, balance.mask_temperature);

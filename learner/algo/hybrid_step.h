@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <vector>
 
 #include "learner/algo/balance.h"
 #include "learner/algo/cross_kernel.h"
@@ -47,6 +48,7 @@ struct HybridStepReport {
   double entropy = 0.0, clip_fraction = 0.0, approx_kl = 0.0;
   double lambda = 0.0;  // λ in force for this step
   std::optional<KdrSummary> kdr;  // statistics of monitor.kdr_estimator
+  std::vector<float> kdr_values;  // that estimator at every response position (histograms)
   // Exact K_DR on sampled positions (when it ran this step).
   int64_t exact_positions = 0;
   std::optional<KdrSummary> kdr_exact;

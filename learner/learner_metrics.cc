@@ -1,0 +1,116 @@
+#include "learner/learner_metrics.h"
+
+#include <cmath>
+
+namespace kappa::learner {
+namespace {
+
+using services::metrics::Registry;
+
+// K_DR spans orders of magnitude around 0: symmetric decades, with le="0"
+// splitting negative from non-negative.
+const std::vector<double>& KdrBuckets() {
+  static const std::vector<double> buckets = {-10, -1, -0.1, -0.01, -0.001, 0,
+                                              0.001, 0.01, 0.1, 1, 10};
+  return buckets;
+}
+
+void SetIfFinite(services::metrics::Gauge& gauge, double value) {
+  if (std::isfinite(value)) gauge.Set(value);
+}
+
+}  // namespace
+
+LearnerMetrics::LearnerMetrics(Registry& registry) : registry_(registry) {
+  // Register every alarm kind up front so the series exist (at 0) before
+  // anything fires.
+  for (AlarmKind kind : kAllAlarmKinds) {
+    registry_.GetGauge("kappa_learner_alarm", "1 while the alarm is active, else 0.",
+                       {{"kind", AlarmName(kind)}});
+    registry_.GetCounter("kappa_learner_alarms_total", "Alarms fired (turned active).",
+                         {{"kind", AlarmName(kind)}});
+  }
+}
+
+void LearnerMetrics::RecordStep(const StepObservationForMetrics& step,
+                                const HybridStepReport& report,
+                                const std::vector<AlarmEvent>& events, const AlarmMonitor& alarms,
+                                const CoordinatorCounters& counters) {
+  Registry& r = registry_;
+  const StepStats& s = report.stats;
+  r.GetGauge("kappa_learner_step", "Optimizer steps taken.").Set(static_cast<double>(step.step));
+  r.GetGauge("kappa_learner_policy_version", "Version of the published policy.")
+      .Set(static_cast<double>(step.policy_version));
+  if (const auto kappa = s.kappa()) {
+    r.GetGauge("kappa_learner_grad_norm_ratio",
+               "kappa = |grad L_R| / |grad L_D| at the last measured step.")
+        .Set(*kappa);
+  }
+  if (const auto applied = s.kappa_effective()) {
+    r.GetGauge("kappa_learner_applied_grad_norm_ratio",
+               "The ratio the update applied: |g_R'| / |s grad L_D| (kappa / lambda when naive).")
+        .Set(*applied);
+  }
+  if (s.measured) {
+    const char* help = "Gradient norm of one signal at the last measured step.";
+    r.GetGauge("kappa_learner_grad_norm", help, {{"signal", "reward"}}).Set(s.reward_grad_norm);
+    r.GetGauge("kappa_learner_grad_norm", help, {{"signal", "distill"}}).Set(s.distill_grad_norm);
+    r.GetGauge("kappa_learner_grad_cosine", "cos(grad L_R, grad L_D) at the last measured step.")
+        .Set(s.grad_cosine);
+  }
+  if (report.kdr) {
+    SetIfFinite(r.GetGauge("kappa_learner_kdr_negative_ratio",
+                           "Share of response positions with K_DR < 0 (last step)."),
+                report.kdr->negative_fraction);
+    SetIfFinite(r.GetGauge("kappa_learner_kdr_negative_weighted_ratio",
+                           "Sum of |K_DR| over negative positions / sum of |K_DR| (last step)."),
+                report.kdr->negative_weighted_fraction);
+    auto& histogram = r.GetHistogram("kappa_learner_kdr",
+                                     "K_DR(n) per response position (cheap estimator).",
+                                     KdrBuckets());
+    for (float value : report.kdr_values) histogram.Observe(value);
+  }
+  const char* loss_help = "Loss term of the last step.";
+  r.GetGauge("kappa_learner_loss", loss_help, {{"term", "reward"}}).Set(s.reward_loss);
+  r.GetGauge("kappa_learner_loss", loss_help, {{"term", "distill"}}).Set(s.distill_loss);
+  r.GetGauge("kappa_learner_loss", loss_help, {{"term", "sft"}}).Set(s.sft_loss);
+  r.GetGauge("kappa_learner_reward_mean", "Mean verifier reward of the last batch.")
+      .Set(step.reward_mean);
+  r.GetGauge("kappa_learner_entropy", "Mean student entropy over response tokens (nats).")
+      .Set(report.entropy);
+  r.GetGauge("kappa_learner_lambda", "Distillation weight lambda in force.").Set(report.lambda);
+  if (step.eval_accuracy) {
+    r.GetGauge("kappa_learner_eval_accuracy_ratio", "Held-out greedy accuracy, last evaluation.")
+        .Set(*step.eval_accuracy);
+  }
+  for (const AlarmEvent& event : events) {
+    r.GetCounter("kappa_learner_alarms_total", "Alarms fired (turned active).",
+                 {{"kind", AlarmName(event.kind)}})
+        .Increment();
+  }
+  for (AlarmKind kind : kAllAlarmKinds) {
+    r.GetGauge("kappa_learner_alarm", "1 while the alarm is active, else 0.",
+               {{"kind", AlarmName(kind)}})
+        .Set(alarms.active(kind) ? 1 : 0);
+  }
+  auto& staleness = r.GetHistogram("kappa_learner_staleness_versions",
+                                   "Policy versions between sampling and training, per group.",
+                                   {0, 1, 2, 3, 4, 8});
+  for (int64_t versions : step.staleness) staleness.Observe(static_cast<double>(versions));
+  const char* dropped_help = "Scored groups dropped before training.";
+  r.GetCounter("kappa_learner_groups_dropped_total", dropped_help, {{"reason", "stale"}})
+      .Increment(static_cast<double>(counters.dropped_stale - last_counters_.dropped_stale));
+  r.GetCounter("kappa_learner_groups_dropped_total", dropped_help, {{"reason", "unknown_lease"}})
+      .Increment(static_cast<double>(counters.dropped_unknown_lease -
+                                     last_counters_.dropped_unknown_lease));
+  last_counters_ = counters;
+  r.GetGauge("kappa_learner_buffer_groups", "Scored groups waiting in the buffer.")
+      .Set(static_cast<double>(counters.buffered));
+  r.GetHistogram("kappa_learner_step_seconds", "Wall time of one training step.",
+                 {0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10})
+      .Observe(step.step_seconds);
+  r.GetCounter("kappa_learner_tokens_total", "Response tokens trained on.")
+      .Increment(static_cast<double>(step.tokens));
+}
+
+}  // namespace kappa::learner

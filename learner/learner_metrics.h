@@ -1,0 +1,40 @@
+// The learner's Prometheus metrics (docs/metrics.md): what a training step
+// measured (κ, gradient norms, K_DR, losses, reward, alarms), throughput and
+// the group buffer, exported through the process's metrics::Registry.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "learner/algo/alarms.h"
+#include "learner/algo/hybrid_step.h"
+#include "learner/coordinator.h"
+#include "services/metrics.h"
+
+namespace kappa::learner {
+
+struct StepObservationForMetrics {
+  int64_t step = 0;
+  int64_t policy_version = 0;
+  double reward_mean = 0.0;
+  int64_t tokens = 0;
+  double step_seconds = 0.0;
+  std::vector<int64_t> staleness;  // per consumed group, in policy versions
+  std::optional<double> eval_accuracy;
+};
+
+class LearnerMetrics {
+ public:
+  explicit LearnerMetrics(services::metrics::Registry& registry);
+
+  void RecordStep(const StepObservationForMetrics& step, const HybridStepReport& report,
+                  const std::vector<AlarmEvent>& events, const AlarmMonitor& alarms,
+                  const CoordinatorCounters& counters);
+
+ private:
+  services::metrics::Registry& registry_;
+  CoordinatorCounters last_counters_;  // counters are exported as deltas of these totals
+};
+
+}  // namespace kappa::learner

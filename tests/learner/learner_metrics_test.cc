@@ -1,0 +1,93 @@
+// The learner's Prometheus export of a real training step: every metric the
+// dashboards and rules rely on is present, with the step's numbers, and the
+// whole scrape passes `promtool check metrics`.
+#include "learner/learner_metrics.h"
+
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+#include "tests/algo/tiny_model.h"
+
+namespace kappa::learner {
+namespace {
+
+std::pair<int, std::string> Promtool(const std::string& text) {
+  char path[] = "/tmp/kappa_learner_metrics_XXXXXX";
+  const int fd = mkstemp(path);
+  ::close(fd);
+  std::ofstream(path) << text;
+  FILE* pipe = popen((std::string("promtool check metrics < ") + path + " 2>&1").c_str(), "r");
+  std::string output;
+  char buffer[512];
+  while (pipe != nullptr && fgets(buffer, sizeof(buffer), pipe) != nullptr) output += buffer;
+  const int status = pipe != nullptr ? pclose(pipe) : -1;
+  std::remove(path);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
+}
+
+TEST(LearnerMetrics, ExportsAStepForPrometheus) {
+  model::Decoder model = testing::TinyModel(3);
+  HybridStep step(model, std::make_unique<PolicyOptimizer>(model, 1e-3, 0.0, 1.0),
+                  HybridStepConfig{});
+  const HybridStepReport report =
+      step.Run(BuildTrainBatch(testing::RandomGroups(2, 4, true, 9), true, 0));
+  ASSERT_TRUE(report.stats.kappa().has_value());
+  ASSERT_FALSE(report.kdr_values.empty());
+
+  services::metrics::Registry registry;
+  LearnerMetrics metrics(registry);
+  AlarmMonitor alarms(AlarmConfig{});
+  StepObservationForMetrics observed;
+  observed.step = 1;
+  observed.policy_version = 1;
+  observed.reward_mean = 0.5;
+  observed.tokens = 30;
+  observed.step_seconds = 0.02;
+  observed.staleness = {0, 1};
+  observed.eval_accuracy = 0.25;
+  CoordinatorCounters counters;
+  counters.dropped_stale = 2;
+  counters.buffered = 3;
+  metrics.RecordStep(observed, report, {}, alarms, counters);
+  const std::string text = registry.Serialize();
+
+  for (const char* name :
+       {"kappa_learner_step 1\n", "kappa_learner_grad_norm_ratio ",
+        "kappa_learner_grad_norm{signal=\"reward\"} ", "kappa_learner_grad_norm{signal=\"distill\"} ",
+        "kappa_learner_grad_cosine ", "kappa_learner_kdr_bucket{le=\"0\"} ",
+        "kappa_learner_kdr_negative_ratio ", "kappa_learner_kdr_negative_weighted_ratio ",
+        "kappa_learner_loss{term=\"sft\"} 0\n", "kappa_learner_reward_mean 0.5\n",
+        "kappa_learner_eval_accuracy_ratio 0.25\n", "kappa_learner_entropy ",
+        "kappa_learner_alarm{kind=\"collapse\"} 0\n",
+        "kappa_learner_alarms_total{kind=\"magnitude_drowning\"} 0\n",
+        "kappa_learner_policy_version 1\n", "kappa_learner_staleness_versions_count 2\n",
+        "kappa_learner_groups_dropped_total{reason=\"stale\"} 2\n",
+        "kappa_learner_buffer_groups 3\n", "kappa_learner_step_seconds_count 1\n",
+        "kappa_learner_tokens_total 30\n"}) {
+    EXPECT_NE(text.find(name), std::string::npos) << name << " missing from\n" << text;
+  }
+  // κ exported is the step's κ.
+  EXPECT_NE(text.find("kappa_learner_grad_norm_ratio " +
+                      services::metrics::FormatValue(*report.stats.kappa())),
+            std::string::npos);
+  // Every K_DR value landed in the histogram.
+  EXPECT_NE(text.find("kappa_learner_kdr_count " + std::to_string(report.kdr_values.size()) + "\n"),
+            std::string::npos);
+  const auto [status, output] = Promtool(text);
+  EXPECT_EQ(status, 0) << output;
+  EXPECT_EQ(output, "");
+
+  // Counters are deltas of the coordinator's totals.
+  counters.dropped_stale = 5;
+  metrics.RecordStep(observed, report, {}, alarms, counters);
+  EXPECT_NE(registry.Serialize().find("kappa_learner_groups_dropped_total{reason=\"stale\"} 5\n"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace kappa::learner
