@@ -71,6 +71,7 @@ class Session {
     std::cout << "started teacher (" << options_.teacher_address << "), verifier ("
               << options_.verifier_address << "), learner (" << options_.learner_address
               << "); logs in " << options_.run_dir << "/logs/\n"
+              << "learner metrics: http://" << plan_.learner_metrics_address << "/metrics\n"
               << std::flush;
     if (const int code = AwaitHealth(); code >= 0) return Stop(code);
     std::cout << absl::StrFormat("services healthy after %.1f s; starting %d rollout worker%s\n",

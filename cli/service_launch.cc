@@ -113,7 +113,12 @@ absl::StatusOr<LaunchPlan> PlanLaunch(const services::Config& config,
   if (!spec.ok()) return spec.status();
   plan.verifier = *std::move(spec);
 
-  std::vector<std::string> learner_args = {"--run-dir", run_dir};
+  // The learner serves Prometheus /metrics on a port of its own.
+  absl::StatusOr<int> metrics_port = PickFreePort(config.host);
+  if (!metrics_port.ok()) return metrics_port.status();
+  plan.learner_metrics_address = absl::StrCat(config.host, ":", *metrics_port);
+  std::vector<std::string> learner_args = {"--run-dir", run_dir, "--metrics-address",
+                                           plan.learner_metrics_address};
   if (resume) learner_args.push_back("--resume");
   spec = MakeSpec("learner", kLearnerBinary, std::move(learner_args),
                   ThreadEnv(config.learner.threads, tpp), config_yaml, run_dir);

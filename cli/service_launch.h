@@ -36,6 +36,7 @@ struct LaunchPlan {
   ProcessSpec teacher;
   ProcessSpec verifier;
   ProcessSpec learner;
+  std::string learner_metrics_address;  // host:port of the learner's Prometheus /metrics
   std::vector<ProcessSpec> workers;  // rollout-0 .. rollout-(N-1)
 };
 

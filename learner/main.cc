@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "learner/algo/optimizer_step.h"
 #include "learner/coordinator.h"
+#include "learner/learner_metrics.h"
 #include "learner/learner_service.h"
 #include "learner/policy_publisher.h"
 #include "learner/run_state.h"
@@ -21,6 +22,8 @@
 #include "model/checkpoint.h"
 #include "model/tokenizer.h"
 #include "services/cli_flags.h"
+#include "services/metrics.h"
+#include "services/metrics_server.h"
 #include "services/config.h"
 #include "services/logging.h"
 #include "services/server.h"
@@ -79,16 +82,18 @@ int Main(int argc, char** argv) {
     }
   }
   absl::StatusOr<services::CommonFlags> flags =
-      services::ParseCommonFlags(static_cast<int>(args.size()), args.data(), {"run-dir"});
+      services::ParseCommonFlags(static_cast<int>(args.size()), args.data(), {"run-dir", "metrics-address"});
   if (!flags.ok()) {
     std::cerr << "kappa-learner: " << flags.status().message() << "\n"
               << services::Usage("kappa-learner", "  --run-dir DIR   run directory\n"
-                                                  "  --resume        continue from DIR's latest checkpoint\n");
+                                                  "  --resume        continue from DIR's latest checkpoint\n"
+                                                  "  --metrics-address HOST:PORT   serve Prometheus /metrics there\n");
     return 2;
   }
   if (flags->help) {
     std::cout << services::Usage("kappa-learner", "  --run-dir DIR   run directory\n"
-                                                  "  --resume        continue from DIR's latest checkpoint\n");
+                                                  "  --resume        continue from DIR's latest checkpoint\n"
+                                                  "  --metrics-address HOST:PORT   serve Prometheus /metrics there\n");
     return 0;
   }
   services::InitLogging("learner", flags->log_file);
@@ -170,6 +175,21 @@ int Main(int argc, char** argv) {
 
   TrainerLoop trainer(*config, run_dir, start->student, std::move(optimizer), start->state,
                       &coordinator, &publisher, **heldout, tokenizer);
+  // One registry for the process; /metrics only when asked for.
+  services::metrics::Registry registry;
+  LearnerMetrics learner_metrics(registry);
+  std::unique_ptr<services::metrics::MetricsServer> metrics_server;
+  if (const auto it = flags->extra.find("metrics-address"); it != flags->extra.end()) {
+    absl::StatusOr<std::unique_ptr<services::metrics::MetricsServer>> started =
+        services::metrics::MetricsServer::Start(it->second, &registry);
+    if (!started.ok()) {
+      spdlog::error("{}", started.status().ToString());
+      return 1;
+    }
+    metrics_server = *std::move(started);
+    trainer.set_metrics(&learner_metrics);
+    spdlog::info("metrics on http://{}/metrics (port {})", it->second, metrics_server->port());
+  }
   absl::Status status = trainer.Run([] { return services::TerminationRequested(); });
 
   service.Shutdown();

@@ -1,10 +1,17 @@
 #include "services/metrics_server.h"
 
-#include <civetweb.h>
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
-#include <mutex>
+#include <cerrno>
+#include <cstring>
 #include <string>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
 namespace kappa::services::metrics {
@@ -12,58 +19,105 @@ namespace {
 
 // The content type of the text exposition format, version 0.0.4.
 constexpr char kContentType[] = "text/plain; version=0.0.4; charset=utf-8";
+// A scrape request is one line and a few headers; anything larger is not one.
+constexpr size_t kMaxRequestBytes = 16 * 1024;
+constexpr int kPollMillis = 200;  // how soon Stop() is noticed
 
-// civetweb reports why mg_start failed only through this callback.
-thread_local std::string last_civetweb_error;
-
-int RecordCivetwebError(const mg_connection*, const char* message) {
-  last_civetweb_error = message != nullptr ? message : "";
-  return 1;
-}
-
-void InitLibraryOnce() {
-  static std::once_flag once;
-  std::call_once(once, [] { mg_init_library(0); });
+void WriteAll(int fd, const std::string& data) {
+  size_t done = 0;
+  while (done < data.size()) {
+    const ssize_t n = ::send(fd, data.data() + done, data.size() - done, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;
+    done += static_cast<size_t>(n);
+  }
 }
 
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::string& address,
                                                                     const Registry* registry) {
-  InitLibraryOnce();
-  std::unique_ptr<MetricsServer> server(new MetricsServer());
-  server->registry_ = registry;
-  const char* options[] = {"listening_ports", address.c_str(), "num_threads", "2", nullptr};
-  mg_callbacks callbacks{};
-  callbacks.log_message = &RecordCivetwebError;
-  last_civetweb_error.clear();
-  server->context_ = mg_start(&callbacks, nullptr, options);
-  if (server->context_ == nullptr) {
-    return absl::UnavailableError(
-        absl::StrCat("metrics: cannot listen on ", address, ": ", last_civetweb_error));
+  const size_t colon = address.rfind(':');
+  int port = -1;
+  if (colon == std::string::npos || !absl::SimpleAtoi(address.substr(colon + 1), &port) ||
+      port < 0 || port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat("metrics address '", address,
+                                                   "' is not HOST:PORT"));
   }
-  mg_set_request_handler(server->context_, "/metrics$", &MetricsServer::HandleMetrics,
-                         server.get());
-  mg_server_port ports[4];
-  const int n = mg_get_server_ports(server->context_, 4, ports);
-  if (n < 1) return absl::InternalError("metrics: civetweb reports no listening port");
-  server->port_ = ports[0].port;
+  const std::string host = address.substr(0, colon);
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  addrinfo* resolved = nullptr;
+  if (::getaddrinfo(host.empty() ? nullptr : host.c_str(), nullptr, &hints, &resolved) != 0 ||
+      resolved == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("metrics address '", address,
+                                                   "': cannot resolve host"));
+  }
+  sockaddr_in addr = *reinterpret_cast<sockaddr_in*>(resolved->ai_addr);
+  ::freeaddrinfo(resolved);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  const int one = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      ::listen(fd, 16) != 0) {
+    const std::string reason = std::strerror(errno);
+    if (fd >= 0) ::close(fd);
+    return absl::UnavailableError(absl::StrCat("metrics: cannot listen on ", address, ": ", reason));
+  }
+  socklen_t length = sizeof(addr);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &length);
+
+  std::unique_ptr<MetricsServer> server(new MetricsServer());
+  server->listen_fd_ = fd;
+  server->registry_ = registry;
+  server->port_ = ntohs(addr.sin_port);
+  server->thread_ = std::thread([raw = server.get()] { raw->Serve(); });
   return server;
 }
 
 MetricsServer::~MetricsServer() {
-  if (context_ != nullptr) mg_stop(context_);
+  stop_.store(true);
+  if (thread_.joinable()) thread_.join();
+  if (listen_fd_ >= 0) ::close(listen_fd_);
 }
 
-int MetricsServer::HandleMetrics(::mg_connection* connection, void* self) {
-  const auto* server = static_cast<const MetricsServer*>(self);
-  const std::string body = server->registry_->Serialize();
-  mg_printf(connection,
-            "HTTP/1.1 200 OK\r\nContent-Type: %s\r\nContent-Length: %zu\r\n"
-            "Connection: close\r\n\r\n",
-            kContentType, body.size());
-  mg_write(connection, body.data(), body.size());
-  return 200;
+void MetricsServer::Serve() {
+  while (!stop_.load()) {
+    pollfd ready = {listen_fd_, POLLIN, 0};
+    if (::poll(&ready, 1, kPollMillis) <= 0) continue;
+    const int client = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (client < 0) continue;
+    HandleConnection(client);
+    ::close(client);
+  }
+}
+
+void MetricsServer::HandleConnection(int client) const {
+  // Read the request head (bounded, with a timeout so one stuck client
+  // cannot hold the exporter).
+  std::string request;
+  char buffer[2048];
+  while (request.find("\r\n\r\n") == std::string::npos && request.size() < kMaxRequestBytes) {
+    pollfd ready = {client, POLLIN, 0};
+    if (::poll(&ready, 1, 2000) <= 0) return;
+    const ssize_t n = ::recv(client, buffer, sizeof(buffer), 0);
+    if (n <= 0) return;
+    request.append(buffer, static_cast<size_t>(n));
+  }
+  const bool scrape = request.rfind("GET /metrics ", 0) == 0 ||
+                      request.rfind("GET /metrics?", 0) == 0;
+  if (!scrape) {
+    WriteAll(client, "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+    return;
+  }
+  const std::string body = registry_->Serialize();
+  WriteAll(client, absl::StrCat("HTTP/1.1 200 OK\r\nContent-Type: ", kContentType,
+                                "\r\nContent-Length: ", body.size(),
+                                "\r\nConnection: close\r\n\r\n", body));
 }
 
 }  // namespace kappa::services::metrics

@@ -1,25 +1,31 @@
-// Serves a metrics Registry at GET /metrics over HTTP (civetweb), on its own
-// port beside the process's gRPC port, for Prometheus to scrape.
+// Serves a metrics Registry at GET /metrics over HTTP/1.1, on its own port
+// beside the process's gRPC port, for Prometheus to scrape.
+//
+// Why not civetweb (which the plan named): Debian's libcivetweb starts its
+// threads with a fixed 100 KiB stack (0x19000, compiled in), and a process
+// that links libtorch carries more static TLS than that (OpenBLAS alone has
+// 60 KiB, glog 30 KiB), so pthread_create fails ("Cannot create threads")
+// in every libtorch process. A scrape endpoint is one accept loop; this is it,
+// on one std::thread with the default stack, one connection at a time.
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "absl/status/statusor.h"
 #include "services/metrics.h"
-
-struct mg_context;
-struct mg_connection;
 
 namespace kappa::services::metrics {
 
 class MetricsServer {
  public:
-  // `address` is host:port; port 0 picks a free port (see port()). The
+  // `address` is HOST:PORT; port 0 picks a free port (see port()). The
   // registry must outlive the server.
   static absl::StatusOr<std::unique_ptr<MetricsServer>> Start(const std::string& address,
                                                                const Registry* registry);
-  ~MetricsServer();  // stops serving
+  ~MetricsServer();  // stops serving (within ~200 ms)
 
   MetricsServer(const MetricsServer&) = delete;
   MetricsServer& operator=(const MetricsServer&) = delete;
@@ -28,11 +34,14 @@ class MetricsServer {
 
  private:
   MetricsServer() = default;
-  static int HandleMetrics(::mg_connection* connection, void* self);
+  void Serve();
+  void HandleConnection(int client) const;
 
-  ::mg_context* context_ = nullptr;
+  int listen_fd_ = -1;
   const Registry* registry_ = nullptr;
   int port_ = 0;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
 };
 
 }  // namespace kappa::services::metrics
