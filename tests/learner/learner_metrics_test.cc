@@ -12,23 +12,11 @@
 #include <string>
 
 #include "tests/algo/tiny_model.h"
+#include "tests/services/promtool.h"
 
 namespace kappa::learner {
 namespace {
 
-std::pair<int, std::string> Promtool(const std::string& text) {
-  char path[] = "/tmp/kappa_learner_metrics_XXXXXX";
-  const int fd = mkstemp(path);
-  ::close(fd);
-  std::ofstream(path) << text;
-  FILE* pipe = popen((std::string("promtool check metrics < ") + path + " 2>&1").c_str(), "r");
-  std::string output;
-  char buffer[512];
-  while (pipe != nullptr && fgets(buffer, sizeof(buffer), pipe) != nullptr) output += buffer;
-  const int status = pipe != nullptr ? pclose(pipe) : -1;
-  std::remove(path);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
-}
 
 TEST(LearnerMetrics, ExportsAStepForPrometheus) {
   model::Decoder model = testing::TinyModel(3);
@@ -78,7 +66,7 @@ TEST(LearnerMetrics, ExportsAStepForPrometheus) {
   // Every K_DR value landed in the histogram.
   EXPECT_NE(text.find("kappa_learner_kdr_count " + std::to_string(report.kdr_values.size()) + "\n"),
             std::string::npos);
-  const auto [status, output] = Promtool(text);
+  const auto [status, output] = kappa::testing::PromtoolCheckMetrics(text);
   EXPECT_EQ(status, 0) << output;
   EXPECT_EQ(output, "");
 

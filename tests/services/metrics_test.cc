@@ -15,6 +15,8 @@
 #include <limits>
 #include <string>
 
+#include "tests/services/promtool.h"
+
 #include "services/metrics_server.h"
 
 namespace kappa::services::metrics {
@@ -74,33 +76,17 @@ TEST(Metrics, RejectsInconsistentOrInvalidRegistrations) {
             &r.GetCounter("kappa_a_total", "a", {{"x", "1"}}));
 }
 
-// Runs `promtool check metrics` on `text`; returns (exit status, output).
-std::pair<int, std::string> Promtool(const std::string& text) {
-  char path[] = "/tmp/kappa_metrics_XXXXXX";
-  const int fd = mkstemp(path);
-  EXPECT_GE(fd, 0);
-  ::close(fd);
-  std::ofstream(path) << text;
-  const std::string command = std::string("promtool check metrics < ") + path + " 2>&1";
-  FILE* pipe = popen(command.c_str(), "r");
-  std::string output;
-  char buffer[512];
-  while (pipe != nullptr && fgets(buffer, sizeof(buffer), pipe) != nullptr) output += buffer;
-  const int status = pipe != nullptr ? pclose(pipe) : -1;
-  std::remove(path);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
-}
 
 TEST(Metrics, PromtoolFindsNothingToComplainAbout) {
   Registry r;
   Fill(r);
-  const auto [status, output] = Promtool(r.Serialize());
+  const auto [status, output] = kappa::testing::PromtoolCheckMetrics(r.Serialize());
   EXPECT_EQ(status, 0) << output;
   EXPECT_EQ(output, "");
   // The check can fail: a counter without _total and no help is linted.
   Registry bad;
   bad.GetCounter("kappa_events", "");
-  const auto [bad_status, bad_output] = Promtool(bad.Serialize());
+  const auto [bad_status, bad_output] = kappa::testing::PromtoolCheckMetrics(bad.Serialize());
   EXPECT_NE(bad_output, "") << "promtool accepted a counter without _total";
   EXPECT_NE(bad_status, 127) << "promtool is not installed (scripts/setup.sh installs prometheus)";
 }
