@@ -29,10 +29,6 @@ using Clock = std::chrono::steady_clock;
 constexpr const char* kUsage =
     "usage: kappa experiment ABLATION.yaml [key=value ...] [--quick] [--out DIR]\n";
 
-double SecondsSince(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
 // A fresh DIR for this experiment: a previous one (non-empty) is moved aside
 // to DIR.<timestamp>, so results never mix runs of two experiments and
 // `kappa run` never has to move a same-named run directory itself.

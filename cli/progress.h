@@ -2,6 +2,7 @@
 // into one state, rendered as a one-line bar (TTY) or plain periodic lines.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -35,6 +36,11 @@ std::string FormatProgressLine(const RunProgress& progress, double elapsed_secon
                                int bar_width = 20);
 // "1:02:03" / "02:03".
 std::string FormatDuration(double seconds);
+
+// Seconds on the steady clock since `start`.
+inline double SecondsSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
 
 // Writes progress lines to stderr: on a TTY one line redrawn in place; else a
 // new line when at least `plain_interval_seconds` passed or an eval arrived.

@@ -14,6 +14,7 @@
 #include "absl/time/time.h"
 #include "cli/metrics_tail.h"
 #include "cli/process_supervisor.h"
+#include "cli/progress.h"
 #include "cli/termination_signal.h"
 #include "services/server.h"
 
@@ -22,10 +23,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 constexpr auto kPollInterval = std::chrono::milliseconds(200);
-
-double SecondsSince(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
 
 // A wildcard bind address is not something to connect to.
 std::string ConnectAddress(const std::string& address) {

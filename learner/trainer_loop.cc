@@ -112,10 +112,13 @@ absl::Status TrainerLoop::Run(const std::function<bool()>& stop_requested) {
     }
     std::vector<ScoredGroup> groups = TakeGroups(buffered);
 
+    // Per group: policy versions between sampling and this step.
+    std::vector<int64_t> staleness;
     double staleness_sum = 0.0;
     int64_t tokens = 0;
     for (const ScoredGroup& group : groups) {
-      staleness_sum += static_cast<double>(state_.policy_version - group.policy_version);
+      staleness.push_back(state_.policy_version - group.policy_version);
+      staleness_sum += static_cast<double>(staleness.back());
       for (const ScoredSample& sample : group.samples) {
         tokens += static_cast<int64_t>(sample.response_tokens.size());
       }
@@ -181,9 +184,7 @@ absl::Status TrainerLoop::Run(const std::function<bool()>& stop_requested) {
       observed.reward_mean = reward_mean;
       observed.tokens = tokens;
       observed.step_seconds = record["step_seconds"].get<double>();
-      for (const ScoredGroup& group : groups) {
-        observed.staleness.push_back(state_.policy_version - 1 - group.policy_version);
-      }
+      observed.staleness = std::move(staleness);
       if (record.contains("eval_accuracy")) {
         observed.eval_accuracy = record["eval_accuracy"].get<double>();
       }

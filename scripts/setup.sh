@@ -10,7 +10,7 @@ PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libspdlog-dev libfmt-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  libcivetweb-dev libyaml-cpp-dev
+  libyaml-cpp-dev
   prometheus
   nlohmann-json3-dev
   curl openssl

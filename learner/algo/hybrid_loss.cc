@@ -85,12 +85,9 @@ LossTerms AggregateTerms(const TokenTerms& tokens, const TrainBatch& batch,
   if (tokens.distill.defined() && !weights.no_distill) {
     const torch::Tensor& distill_mask =
         weights.distill_mask.defined() ? weights.distill_mask : mask;
-    const bool any = distill_mask.sum().item<double>() > 0;
-    terms.distill_loss =
-        any ? Aggregate(weights.distill.defined() ? tokens.distill * weights.distill
-                                                  : tokens.distill,
-                        distill_mask, config.aggregation)
-            : zero;
+    terms.distill_loss = Aggregate(
+        weights.distill.defined() ? tokens.distill * weights.distill : tokens.distill,
+        distill_mask, config.aggregation);
   } else {
     terms.distill_loss = zero;
   }

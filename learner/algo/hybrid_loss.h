@@ -52,7 +52,8 @@ struct TermWeights {
   torch::Tensor reward;        // [B, L] multiplies ℓ_R(n) (m3_mask)
   torch::Tensor distill;       // [B, L] multiplies ℓ_D(n) (RSTG confidence, m3_mask)
   torch::Tensor distill_mask;  // [B, L] positions L_D averages over (RSTG selection)
-  bool no_distill = false;     // gate `none`: L_D is a graph-less zero
+  // Gate `none`, or a gate that selected nothing: L_D is a graph-less zero.
+  bool no_distill = false;
 };
 
 struct LossTerms {

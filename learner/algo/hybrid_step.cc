@@ -12,14 +12,6 @@ namespace {
 
 bool Due(int64_t every, int64_t step) { return every > 0 && step % every == 0; }
 
-std::vector<torch::Tensor> TrainableParameters(model::Decoder& model) {
-  std::vector<torch::Tensor> params;
-  for (const torch::Tensor& p : model->parameters()) {
-    if (p.requires_grad()) params.push_back(p);
-  }
-  return params;
-}
-
 }  // namespace
 
 HybridStep::HybridStep(model::Decoder model, std::unique_ptr<PolicyOptimizer> optimizer,
@@ -44,7 +36,7 @@ double HybridStep::lambda() const {
 }
 
 HybridStepReport HybridStep::Run(const TrainBatch& batch_in) {
-  const std::vector<torch::Tensor> params = TrainableParameters(model_);
+  const std::vector<torch::Tensor>& params = optimizer_->parameters();
   const TrainBatch batch = batch_in.To(params.front().device());
   const int64_t step = optimizer_->step() + 1;  // the step this call makes, 1-based
   const MonitorConfig& monitor = config_.monitor;
@@ -69,6 +61,8 @@ HybridStepReport HybridStep::Run(const TrainBatch& batch_in) {
     weights.distill_mask = selection.selected;
     report.distill_positions = selection.selected_positions;
     report.gated_groups = selection.gated_groups;
+    // Nothing selected (RSTG with no all-zero group): no L_D and no backward for it.
+    weights.no_distill = selection.selected_positions == 0;
   }
 
   // Cheap K_DR from the closed-form logit gradients of the unweighted

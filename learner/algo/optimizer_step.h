@@ -65,6 +65,8 @@ class PolicyOptimizer {
   void Load(const std::string& path);
 
   torch::optim::AdamW& optimizer() { return optimizer_; }
+  // The trainable parameters this optimizer steps (requires_grad, one dtype and device).
+  const std::vector<torch::Tensor>& parameters() const { return params_; }
   int64_t step() const { return step_; }
 
  private:
