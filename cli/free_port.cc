@@ -47,4 +47,13 @@ int PortOf(const std::string& address) {
   return port;
 }
 
+std::string ConnectAddress(const std::string& address) {
+  for (const char* wildcard : {"0.0.0.0:", "[::]:"}) {
+    if (address.rfind(wildcard, 0) == 0) {
+      return absl::StrCat("127.0.0.1:", address.substr(std::string(wildcard).size()));
+    }
+  }
+  return address;
+}
+
 }  // namespace kappa::cli

@@ -1,4 +1,4 @@
-// Free TCP ports for the services of a loopback run.
+// Free TCP ports and addresses for the services of a loopback run.
 #pragma once
 
 #include <string>
@@ -15,5 +15,9 @@ absl::StatusOr<int> PickFreePort(const std::string& host);
 
 // "host:port" -> port, or -1 when the address has no numeric port.
 int PortOf(const std::string& address);
+
+// The address to connect to for a listen address: a wildcard bind address
+// ("0.0.0.0:P", "[::]:P") becomes "127.0.0.1:P"; anything else is kept.
+std::string ConnectAddress(const std::string& address);
 
 }  // namespace kappa::cli

@@ -129,6 +129,12 @@ int RunCommand(const std::vector<std::string>& args) {
     std::cerr << "kappa run: " << plan.status().message() << "\n";
     return 1;
   }
+  if (absl::Status status = WriteFileAtomically((fs::path(*run_dir) / "prometheus.yml").string(),
+                                          PrometheusScrapeConfig(plan->metrics));
+      !status.ok()) {
+    std::cerr << "kappa run: " << status.message() << "\n";
+    return 1;
+  }
 
   InstallTerminationHandlers();
   SessionOptions options;

@@ -69,12 +69,18 @@ absl::StatusOr<std::string> PrepareRunDir(const services::Config& config, bool r
 }
 
 absl::Status WriteResolvedConfig(const services::Config& config, const std::string& path) {
+  return WriteFileAtomically(path,
+                             absl::StrCat("# Resolved by `kappa run` (config file + overrides + "
+                                          "chosen ports);\n# every process of this run reads "
+                                          "this file.\n",
+                                          services::ConfigToYaml(config)));
+}
+
+absl::Status WriteFileAtomically(const std::string& path, const std::string& content) {
   const std::string tmp = path + ".tmp";
   {
     std::ofstream out(tmp);
-    out << "# Resolved by `kappa run` (config file + overrides + chosen ports);\n"
-           "# every process of this run reads this file.\n"
-        << services::ConfigToYaml(config);
+    out << content;
     if (!out) return absl::FailedPreconditionError(absl::StrCat("cannot write ", tmp));
   }
   std::error_code ec;

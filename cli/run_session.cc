@@ -12,6 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
+#include "cli/free_port.h"
 #include "cli/metrics_tail.h"
 #include "cli/process_supervisor.h"
 #include "cli/progress.h"
@@ -23,16 +24,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 constexpr auto kPollInterval = std::chrono::milliseconds(200);
-
-// A wildcard bind address is not something to connect to.
-std::string ConnectAddress(const std::string& address) {
-  for (const char* wildcard : {"0.0.0.0:", "[::]:"}) {
-    if (address.rfind(wildcard, 0) == 0) {
-      return absl::StrCat("127.0.0.1:", address.substr(std::string(wildcard).size()));
-    }
-  }
-  return address;
-}
 
 void ReportDeath(const ExitEvent& event, const std::string& run_dir) {
   const std::string log = absl::StrCat(run_dir, "/logs/", event.name, ".log");
@@ -67,9 +58,14 @@ class Session {
     learner_pid_ = pids_.back();
     std::cout << "started teacher (" << options_.teacher_address << "), verifier ("
               << options_.verifier_address << "), learner (" << options_.learner_address
-              << "); logs in " << options_.run_dir << "/logs/\n"
-              << "learner metrics: http://" << plan_.learner_metrics_address << "/metrics\n"
-              << std::flush;
+              << "); logs in " << options_.run_dir << "/logs/\n";
+    for (const MetricsEndpoint& endpoint : plan_.metrics) {
+      if (endpoint.job == "kappa-learner") {
+        std::cout << "learner metrics: http://" << ConnectAddress(endpoint.address) << "/metrics"
+                  << " (every process: " << options_.run_dir << "/prometheus.yml)\n";
+      }
+    }
+    std::cout << std::flush;
     if (const int code = AwaitHealth(); code >= 0) return Stop(code);
     std::cout << absl::StrFormat("services healthy after %.1f s; starting %d rollout worker%s\n",
                                  SecondsSince(start_), plan_.workers.size(),

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 
@@ -101,39 +102,73 @@ absl::StatusOr<LaunchPlan> PlanLaunch(const services::Config& config,
                                       bool resume) {
   LaunchPlan plan;
   const int64_t tpp = config.threads_per_process;
-  absl::StatusOr<ProcessSpec> spec =
-      MakeSpec("teacher", kTeacherBinary, {}, ThreadEnv(config.teacher.threads, tpp),
-               config_yaml, run_dir);
+  // Every process serves Prometheus /metrics on a free port of its own.
+  auto add = [&](const std::string& job, const std::string& name, const char* binary,
+                 std::vector<std::string> args,
+                 std::vector<std::string> env) -> absl::StatusOr<ProcessSpec> {
+    absl::StatusOr<int> port = PickFreePort(config.host);
+    if (!port.ok()) return port.status();
+    const std::string metrics_address = absl::StrCat(config.host, ":", *port);
+    args.push_back("--metrics-address");
+    args.push_back(metrics_address);
+    absl::StatusOr<ProcessSpec> spec =
+        MakeSpec(name, binary, std::move(args), std::move(env), config_yaml, run_dir);
+    if (spec.ok()) plan.metrics.push_back({job, name, metrics_address});
+    return spec;
+  };
+
+  absl::StatusOr<ProcessSpec> spec = add("kappa-teacher", "teacher", kTeacherBinary, {},
+                                         ThreadEnv(config.teacher.threads, tpp));
   if (!spec.ok()) return spec.status();
   plan.teacher = *std::move(spec);
 
   // The verifier links no libtorch; the variables only keep a stray BLAS
   // from spreading over every core.
-  spec = MakeSpec("verifier", kVerifierBinary, {}, ThreadEnv(0, tpp), config_yaml, run_dir);
+  spec = add("kappa-verifier", "verifier", kVerifierBinary, {}, ThreadEnv(0, tpp));
   if (!spec.ok()) return spec.status();
   plan.verifier = *std::move(spec);
 
-  // The learner serves Prometheus /metrics on a port of its own.
-  absl::StatusOr<int> metrics_port = PickFreePort(config.host);
-  if (!metrics_port.ok()) return metrics_port.status();
-  plan.learner_metrics_address = absl::StrCat(config.host, ":", *metrics_port);
-  std::vector<std::string> learner_args = {"--run-dir", run_dir, "--metrics-address",
-                                           plan.learner_metrics_address};
+  std::vector<std::string> learner_args = {"--run-dir", run_dir};
   if (resume) learner_args.push_back("--resume");
-  spec = MakeSpec("learner", kLearnerBinary, std::move(learner_args),
-                  ThreadEnv(config.learner.threads, tpp), config_yaml, run_dir);
+  spec = add("kappa-learner", "learner", kLearnerBinary, std::move(learner_args),
+             ThreadEnv(config.learner.threads, tpp));
   if (!spec.ok()) return spec.status();
   plan.learner = *std::move(spec);
 
   for (int64_t i = 0; i < config.workers; ++i) {
     // A stable id per slot: the worker derives its sampling seed from it.
     const std::string name = absl::StrCat("rollout-", i);
-    spec = MakeSpec(name, kRolloutWorkerBinary, {"--worker-id", name},
-                    ThreadEnv(config.rollout.threads, tpp), config_yaml, run_dir);
+    spec = add("kappa-rollout", name, kRolloutWorkerBinary, {"--worker-id", name},
+               ThreadEnv(config.rollout.threads, tpp));
     if (!spec.ok()) return spec.status();
     plan.workers.push_back(*std::move(spec));
   }
   return plan;
+}
+
+std::string PrometheusScrapeConfig(const std::vector<MetricsEndpoint>& endpoints) {
+  std::string out =
+      "# Written by `kappa run`: scrapes this run's processes.\n"
+      "#   prometheus --config.file=prometheus.yml\n"
+      "global:\n"
+      "  scrape_interval: 5s\n"
+      "  evaluation_interval: 5s\n"
+      "scrape_configs:\n";
+  std::vector<std::string> jobs;
+  for (const MetricsEndpoint& endpoint : endpoints) {
+    if (std::find(jobs.begin(), jobs.end(), endpoint.job) == jobs.end()) {
+      jobs.push_back(endpoint.job);
+    }
+  }
+  for (const std::string& job : jobs) {
+    absl::StrAppend(&out, "  - job_name: ", job, "\n    static_configs:\n");
+    for (const MetricsEndpoint& endpoint : endpoints) {
+      if (endpoint.job != job) continue;
+      absl::StrAppend(&out, "      - targets: [\"", ConnectAddress(endpoint.address), "\"]\n",
+                      "        labels: {process: \"", endpoint.process, "\"}\n");
+    }
+  }
+  return out;
 }
 
 }  // namespace kappa::cli

@@ -32,13 +32,29 @@ absl::StatusOr<std::string> FindServiceBinary(const std::string& binary);
 // default is treated as "pick one"; any other address is kept as written.
 absl::Status AssignServiceAddresses(services::Config& config);
 
+// One process's Prometheus endpoint. `job` is the scrape job the process
+// belongs to, named as in deploy/prometheus/prometheus.yml (kappa-learner,
+// kappa-teacher, kappa-verifier, kappa-rollout), so the rules and the
+// dashboard work unchanged on a local run.
+struct MetricsEndpoint {
+  std::string job;
+  std::string process;  // the ProcessSpec name: learner, rollout-0, ...
+  std::string address;  // host:port; /metrics there
+};
+
 struct LaunchPlan {
   ProcessSpec teacher;
   ProcessSpec verifier;
   ProcessSpec learner;
-  std::string learner_metrics_address;  // host:port of the learner's Prometheus /metrics
   std::vector<ProcessSpec> workers;  // rollout-0 .. rollout-(N-1)
+  std::vector<MetricsEndpoint> metrics;  // every process above, each on a free port
 };
+
+// A Prometheus configuration that scrapes `endpoints` (one job per
+// MetricsEndpoint::job, a `process` label per target), written by `kappa run`
+// to <run_dir>/prometheus.yml: `prometheus --config.file=<that>` watches a
+// local run.
+std::string PrometheusScrapeConfig(const std::vector<MetricsEndpoint>& endpoints);
 
 // All processes read the resolved `config_yaml` (nothing else on their
 // command line differs from what a user would type), log to

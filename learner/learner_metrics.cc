@@ -34,8 +34,8 @@ LearnerMetrics::LearnerMetrics(Registry& registry) : registry_(registry) {
 
 void LearnerMetrics::RecordStep(const StepObservationForMetrics& step,
                                 const HybridStepReport& report,
-                                const std::vector<AlarmEvent>& events, const AlarmMonitor& alarms,
-                                const CoordinatorCounters& counters) {
+                                const std::vector<AlarmEvent>& events,
+                                const AlarmMonitor& alarms) {
   Registry& r = registry_;
   const StepStats& s = report.stats;
   r.GetGauge("kappa_learner_step", "Optimizer steps taken.").Set(static_cast<double>(step.step));
@@ -97,20 +97,29 @@ void LearnerMetrics::RecordStep(const StepObservationForMetrics& step,
                                    "Policy versions between sampling and training, per group.",
                                    {0, 1, 2, 3, 4, 8});
   for (int64_t versions : step.staleness) staleness.Observe(static_cast<double>(versions));
-  const char* dropped_help = "Scored groups dropped before training.";
-  r.GetCounter("kappa_learner_groups_dropped_total", dropped_help, {{"reason", "stale"}})
-      .Increment(static_cast<double>(counters.dropped_stale - last_counters_.dropped_stale));
-  r.GetCounter("kappa_learner_groups_dropped_total", dropped_help, {{"reason", "unknown_lease"}})
-      .Increment(static_cast<double>(counters.dropped_unknown_lease -
-                                     last_counters_.dropped_unknown_lease));
-  last_counters_ = counters;
-  r.GetGauge("kappa_learner_buffer_groups", "Scored groups waiting in the buffer.")
-      .Set(static_cast<double>(counters.buffered));
   r.GetHistogram("kappa_learner_step_seconds", "Wall time of one training step.",
                  {0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10})
       .Observe(step.step_seconds);
   r.GetCounter("kappa_learner_tokens_total", "Response tokens trained on.")
       .Increment(static_cast<double>(step.tokens));
+}
+
+void LearnerMetrics::RecordCoordinator(const CoordinatorCounters& counters) {
+  Registry& r = registry_;
+  r.GetCounter("kappa_learner_groups_total", "Scored groups accepted from rollout workers.")
+      .SetTotal(static_cast<double>(counters.groups_accepted));
+  const char* dropped_help = "Scored groups dropped before training.";
+  r.GetCounter("kappa_learner_groups_dropped_total", dropped_help, {{"reason", "stale"}})
+      .SetTotal(static_cast<double>(counters.dropped_stale));
+  r.GetCounter("kappa_learner_groups_dropped_total", dropped_help, {{"reason", "unknown_lease"}})
+      .SetTotal(static_cast<double>(counters.dropped_unknown_lease));
+  r.GetCounter("kappa_learner_leases_reissued_total",
+               "Work leases handed out again after they expired or their worker left.")
+      .SetTotal(static_cast<double>(counters.leases_reissued));
+  r.GetGauge("kappa_learner_buffer_groups", "Scored groups waiting in the buffer.")
+      .Set(static_cast<double>(counters.buffered));
+  r.GetGauge("kappa_learner_outstanding_leases", "Work leases handed out and not yet returned.")
+      .Set(static_cast<double>(counters.outstanding));
 }
 
 }  // namespace kappa::learner

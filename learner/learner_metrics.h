@@ -29,12 +29,14 @@ class LearnerMetrics {
   explicit LearnerMetrics(services::metrics::Registry& registry);
 
   void RecordStep(const StepObservationForMetrics& step, const HybridStepReport& report,
-                  const std::vector<AlarmEvent>& events, const AlarmMonitor& alarms,
-                  const CoordinatorCounters& counters);
+                  const std::vector<AlarmEvent>& events, const AlarmMonitor& alarms);
+
+  // The group traffic (accepted, dropped, buffered) as of now. Called at
+  // every scrape (a collect hook), so starvation shows while no step runs.
+  void RecordCoordinator(const CoordinatorCounters& counters);
 
  private:
   services::metrics::Registry& registry_;
-  CoordinatorCounters last_counters_;  // counters are exported as deltas of these totals
 };
 
 }  // namespace kappa::learner

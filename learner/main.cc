@@ -82,18 +82,16 @@ int Main(int argc, char** argv) {
     }
   }
   absl::StatusOr<services::CommonFlags> flags =
-      services::ParseCommonFlags(static_cast<int>(args.size()), args.data(), {"run-dir", "metrics-address"});
+      services::ParseCommonFlags(static_cast<int>(args.size()), args.data(), {"run-dir"});
   if (!flags.ok()) {
     std::cerr << "kappa-learner: " << flags.status().message() << "\n"
               << services::Usage("kappa-learner", "  --run-dir DIR   run directory\n"
-                                                  "  --resume        continue from DIR's latest checkpoint\n"
-                                                  "  --metrics-address HOST:PORT   serve Prometheus /metrics there\n");
+                                                  "  --resume        continue from DIR's latest checkpoint\n");
     return 2;
   }
   if (flags->help) {
     std::cout << services::Usage("kappa-learner", "  --run-dir DIR   run directory\n"
-                                                  "  --resume        continue from DIR's latest checkpoint\n"
-                                                  "  --metrics-address HOST:PORT   serve Prometheus /metrics there\n");
+                                                  "  --resume        continue from DIR's latest checkpoint\n");
     return 0;
   }
   services::InitLogging("learner", flags->log_file);
@@ -178,17 +176,13 @@ int Main(int argc, char** argv) {
   // One registry for the process; /metrics only when asked for.
   services::metrics::Registry registry;
   LearnerMetrics learner_metrics(registry);
-  std::unique_ptr<services::metrics::MetricsServer> metrics_server;
-  if (const auto it = flags->extra.find("metrics-address"); it != flags->extra.end()) {
-    absl::StatusOr<std::unique_ptr<services::metrics::MetricsServer>> started =
-        services::metrics::MetricsServer::Start(it->second, &registry);
-    if (!started.ok()) {
-      spdlog::error("{}", started.status().ToString());
-      return 1;
-    }
-    metrics_server = *std::move(started);
-    trainer.set_metrics(&learner_metrics);
-    spdlog::info("metrics on http://{}/metrics (port {})", it->second, metrics_server->port());
+  registry.AddCollectHook([&] { learner_metrics.RecordCoordinator(coordinator.counters()); });
+  trainer.set_metrics(&learner_metrics);
+  absl::StatusOr<std::unique_ptr<services::metrics::MetricsServer>> metrics_server =
+      services::metrics::ServeMetricsIfRequested(flags->metrics_address, &registry);
+  if (!metrics_server.ok()) {
+    spdlog::error("{}", metrics_server.status().ToString());
+    return 1;
   }
   absl::Status status = trainer.Run([] { return services::TerminationRequested(); });
 

@@ -188,7 +188,7 @@ absl::Status TrainerLoop::Run(const std::function<bool()>& stop_requested) {
       if (record.contains("eval_accuracy")) {
         observed.eval_accuracy = record["eval_accuracy"].get<double>();
       }
-      metrics_exporter_->RecordStep(observed, report, events, *alarms_, counters);
+      metrics_exporter_->RecordStep(observed, report, events, *alarms_);
     }
     spdlog::info("step {}: reward {:.3f} L_R {:.4f} L_D {:.4f} |g| {:.3f} kappa {}{}",
                  state_.step, reward_mean, stats.reward_loss, stats.distill_loss, stats.grad_norm,

@@ -217,6 +217,9 @@ absl::Status GroupSampler::CallWithRetry(
       active_context_ = nullptr;
     }
     if (status.ok()) return absl::OkStatus();
+    if (options_.metrics != nullptr && !should_stop()) {
+      options_.metrics->RecordRpcError(PeerOfRpc(what));
+    }
     if (!IsRetryableGrpcCode(status.error_code())) return StatusFromGrpc(what, status);
     if (max_attempts > 0 && attempt >= max_attempts) {
       const absl::Status last = StatusFromGrpc(what, status);

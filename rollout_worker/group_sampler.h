@@ -22,6 +22,7 @@
 #include "kappa/v1/teacher.grpc.pb.h"
 #include "kappa/v1/verifier.grpc.pb.h"
 #include "rollout_worker/policy_watcher.h"
+#include "rollout_worker/worker_metrics.h"
 
 namespace kappa::rollout {
 
@@ -38,6 +39,8 @@ struct GroupSamplerOptions {
   // Attempts per RPC for teacher demonstrations (optional data): bounded, so
   // an unreachable teacher costs a group some seconds, not its lease.
   int demonstration_attempts = 3;
+  // Not owned; null: nothing recorded. Counts every failed RPC attempt.
+  WorkerMetrics* metrics = nullptr;
 };
 
 class GroupSampler {

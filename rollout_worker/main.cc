@@ -2,6 +2,7 @@
 //
 //   kappa-rollout-worker --config FILE [--learner ADDR] [--teacher ADDR]
 //                        [--verifier ADDR] [--worker-id ID] [--log-file PATH]
+//                        [--metrics-address HOST:PORT]
 //                        [key=value ...]
 //   kappa-rollout-worker --health-check ADDR
 //
@@ -24,6 +25,8 @@
 #include "services/grpc_util.h"
 #include "services/stable_hash.h"
 #include "services/logging.h"
+#include "services/metrics.h"
+#include "services/metrics_server.h"
 #include "services/server.h"
 #include "services/torch_runtime.h"
 
@@ -88,9 +91,22 @@ int main(int argc, char** argv) {
                options.worker_id, learner, teacher, verifier, config->rollout.threads,
                options.sampler.seed);
 
+  kappa::services::metrics::Registry registry;
+  kappa::rollout::WorkerMetrics metrics(registry);
+  options.metrics = &metrics;
   kappa::rollout::RolloutWorker worker(kappa::services::MakeChannel(learner),
                                        kappa::services::MakeChannel(verifier),
                                        kappa::services::MakeChannel(teacher), options);
+  // The policy version is read at scrape time; the metrics server (declared
+  // after `worker`) stops first.
+  registry.AddCollectHook(
+      [&] { metrics.SetPolicyVersion(worker.policy_watcher().Current().version); });
+  absl::StatusOr<std::unique_ptr<kappa::services::metrics::MetricsServer>> metrics_server =
+      kappa::services::metrics::ServeMetricsIfRequested(flags->metrics_address, &registry);
+  if (!metrics_server.ok()) {
+    spdlog::error("{}", metrics_server.status().ToString());
+    return 1;
+  }
   // Polls for SIGTERM/SIGINT and flips the worker into its stop path; Run()
   // then cancels every stream and RPC and returns.
   std::atomic<bool> finished{false};

@@ -22,6 +22,7 @@ constexpr auto kPollInterval = std::chrono::milliseconds(200);
 GroupSamplerOptions SamplerOptions(const WorkerOptions& options) {
   GroupSamplerOptions sampler = options.sampler;
   sampler.worker_id = options.worker_id;
+  sampler.metrics = options.metrics;
   return sampler;
 }
 
@@ -100,6 +101,7 @@ absl::Status RolloutWorker::Run() {
     bool received_any = false;
     const grpc::Status status = ServeStream(&received_any);
     if (stopping()) break;
+    if (options_.metrics != nullptr && !status.ok()) options_.metrics->RecordRpcError("learner");
     if (received_any) backoff.Reset();  // the learner was up: retry soon
     const absl::Duration delay = backoff.Next();
     spdlog::warn("Rollout stream to the learner ended ({}: {}); reconnecting in {:.0f} ms",
@@ -167,6 +169,7 @@ grpc::Status RolloutWorker::ServeStream(bool* received_any) {
   std::lock_guard<std::mutex> lock(mu_);
   connection_ = nullptr;
   stats_.items_dropped += dropped;
+  if (options_.metrics != nullptr) options_.metrics->RecordItemsDropped(dropped);
   if (dropped > 0) spdlog::warn("dropped {} queued work items with the stream", dropped);
   return status;
 }
@@ -204,6 +207,7 @@ void RolloutWorker::ProcessItem(Connection* connection, const kappa::v1::WorkIte
       spdlog::error("work item lease {} (prompt {}) dropped: {}", item.lease_id(),
                     item.prompt_id(), why);
     }
+    if (options_.metrics != nullptr) options_.metrics->RecordItemsDropped(1);
     std::lock_guard<std::mutex> lock(mu_);
     ++stats_.items_dropped;
   };
@@ -253,7 +257,11 @@ void RolloutWorker::ProcessItem(Connection* connection, const kappa::v1::WorkIte
   }
 
   double reward_sum = 0;
-  for (const kappa::v1::ScoredSample& sample : group->samples()) reward_sum += sample.reward();
+  int64_t tokens = 0;
+  for (const kappa::v1::ScoredSample& sample : group->samples()) {
+    reward_sum += sample.reward();
+    tokens += sample.response_tokens_size();
+  }
   const int samples = group->samples_size();
   const int demonstrations = group->demonstrations_size();
   const double seconds = group->generation_seconds();
@@ -263,6 +271,7 @@ void RolloutWorker::ProcessItem(Connection* connection, const kappa::v1::WorkIte
     connection->MarkBroken();
     return drop("stream write failed", true);
   }
+  if (options_.metrics != nullptr) options_.metrics->RecordGroupSent(samples, tokens, seconds);
   {
     std::lock_guard<std::mutex> lock(mu_);
     ++stats_.groups_sent;

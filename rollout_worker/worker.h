@@ -21,6 +21,7 @@
 #include "kappa/v1/learner.grpc.pb.h"
 #include "rollout_worker/group_sampler.h"
 #include "rollout_worker/policy_watcher.h"
+#include "rollout_worker/worker_metrics.h"
 
 namespace kappa::rollout {
 
@@ -31,7 +32,9 @@ struct WorkerOptions {
   absl::Duration max_backoff = absl::Seconds(5);
   // How long an item without a lease deadline waits for its policy version.
   absl::Duration max_policy_wait = absl::Seconds(120);
-  GroupSamplerOptions sampler;  // worker_id is copied from above
+  GroupSamplerOptions sampler;  // worker_id and metrics are copied from above
+  // Not owned; null: nothing recorded.
+  WorkerMetrics* metrics = nullptr;
 };
 
 struct WorkerStats {

@@ -14,6 +14,8 @@ PACKAGES=(
   prometheus
   nlohmann-json3-dev
   curl openssl
+  python3 jq
+  chromium fonts-dejavu-core
 )
 
 missing=()

@@ -13,6 +13,7 @@ namespace {
 std::string* ValueFlag(const std::string& name, CommonFlags* flags) {
   if (name == "config") return &flags->config_path;
   if (name == "address") return &flags->address;
+  if (name == "metrics-address") return &flags->metrics_address;
   if (name == "log-file") return &flags->log_file;
   if (name == "health-check") return &flags->health_check_address;
   return nullptr;
@@ -69,6 +70,7 @@ std::string Usage(const std::string& program, const std::string& extra_usage) {
       "  --config FILE          run configuration (YAML); defaults when absent\n",
       "  key=value              override a config key, e.g. trainer.steps=20\n",
       "  --address HOST:PORT    listen/connect address (overrides the config)\n",
+      "  --metrics-address HOST:PORT  serve Prometheus /metrics there\n",
       "  --log-file FILE        also append logs to FILE\n",
       "  --health-check ADDR    probe grpc.health.v1 at ADDR; exit 0 if SERVING\n",
       extra_usage, extra_usage.empty() || extra_usage.back() == '\n' ? "" : "\n",

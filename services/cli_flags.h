@@ -1,7 +1,8 @@
 // Command-line flags every kappa binary shares:
 //
 //   <binary> [--config FILE] [key=value ...] [--address HOST:PORT]
-//            [--log-file FILE] [--health-check ADDR] [--help]
+//            [--metrics-address HOST:PORT] [--log-file FILE]
+//            [--health-check ADDR] [--help]
 //
 // plus any binary-specific `--name VALUE` flags it declares. Both "--flag
 // VALUE" and "--flag=VALUE" are accepted; every bare "a.b=value" argument is a
@@ -22,6 +23,7 @@ struct CommonFlags {
   std::string config_path;             // --config; empty: built-in defaults
   std::vector<std::string> overrides;  // "key=value" arguments, in order
   std::string address;                 // --address; empty: the config's address
+  std::string metrics_address;         // --metrics-address; empty: no /metrics endpoint
   std::string log_file;                // --log-file; empty: stderr only
   std::string health_check_address;    // --health-check; non-empty: probe mode
   bool help = false;                   // --help / -h

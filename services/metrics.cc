@@ -74,6 +74,11 @@ void Counter::Increment(double amount) {
   value_ += amount;
 }
 
+void Counter::SetTotal(double total) {
+  absl::MutexLock lock(&mu_);
+  if (total > value_) value_ = total;
+}
+
 double Counter::value() const {
   absl::MutexLock lock(&mu_);
   return value_;
@@ -186,7 +191,17 @@ Histogram& Registry::GetHistogram(const std::string& name, const std::string& he
   return *child;
 }
 
+void Registry::AddCollectHook(std::function<void()> hook) {
+  absl::MutexLock lock(&hooks_mu_);
+  hooks_.push_back(std::move(hook));
+}
+
 std::string Registry::Serialize() const {
+  {
+    // Held across the hooks so two scrapes do not interleave their updates.
+    absl::MutexLock hooks_lock(&hooks_mu_);
+    for (const std::function<void()>& hook : hooks_) hook();
+  }
   absl::MutexLock lock(&mu_);
   std::string out;
   for (const auto& [name, family] : families_) {

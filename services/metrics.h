@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -26,6 +27,10 @@ using Labels = std::vector<std::pair<std::string, std::string>>;  // name → va
 class Counter {
  public:
   void Increment(double amount = 1.0);  // amount < 0 is ignored (counters only go up)
+  // For a counter that mirrors a monotonic total kept elsewhere (read at
+  // scrape time): takes `total` unless it is smaller than the value already
+  // exported, so the series never goes down.
+  void SetTotal(double total);
   double value() const;
 
  private:
@@ -77,8 +82,15 @@ class Registry {
   Histogram& GetHistogram(const std::string& name, const std::string& help,
                           const std::vector<double>& bounds, const Labels& labels = {});
 
+  // `hook` runs at the start of every Serialize(), on the scraping thread,
+  // without the registry's lock held: the place to copy state that lives
+  // elsewhere (a queue's depth, a coordinator's totals) into gauges and
+  // counters, so a scrape sees it fresh even when nothing else updates it.
+  // Hooks must be thread-safe and must outlive the registry's last scrape.
+  void AddCollectHook(std::function<void()> hook) ABSL_LOCKS_EXCLUDED(hooks_mu_);
+
   // Every family in name order, children in label order.
-  std::string Serialize() const;
+  std::string Serialize() const ABSL_LOCKS_EXCLUDED(hooks_mu_, mu_);
 
  private:
   enum class Type { kCounter, kGauge, kHistogram };
@@ -97,6 +109,9 @@ class Registry {
 
   mutable absl::Mutex mu_;
   std::map<std::string, Family> families_ ABSL_GUARDED_BY(mu_);
+  // Separate from mu_: hooks call back into Get*().
+  mutable absl::Mutex hooks_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  std::vector<std::function<void()>> hooks_ ABSL_GUARDED_BY(hooks_mu_);
 };
 
 // A number as the exposition format writes it: shortest round-trip decimal,

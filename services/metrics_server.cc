@@ -11,6 +11,8 @@
 #include <cstring>
 #include <string>
 
+#include <spdlog/spdlog.h>
+
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
@@ -118,6 +120,16 @@ void MetricsServer::HandleConnection(int client) const {
   WriteAll(client, absl::StrCat("HTTP/1.1 200 OK\r\nContent-Type: ", kContentType,
                                 "\r\nContent-Length: ", body.size(),
                                 "\r\nConnection: close\r\n\r\n", body));
+}
+
+absl::StatusOr<std::unique_ptr<MetricsServer>> ServeMetricsIfRequested(const std::string& address,
+                                                                        const Registry* registry) {
+  if (address.empty()) return std::unique_ptr<MetricsServer>();
+  absl::StatusOr<std::unique_ptr<MetricsServer>> server = MetricsServer::Start(address, registry);
+  if (server.ok()) {
+    spdlog::info("metrics on http://{}/metrics (port {})", address, (*server)->port());
+  }
+  return server;
 }
 
 }  // namespace kappa::services::metrics

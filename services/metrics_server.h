@@ -44,4 +44,10 @@ class MetricsServer {
   std::thread thread_;
 };
 
+// What every binary does with its --metrics-address: nullptr when `address`
+// is empty (no endpoint asked for), else a started server, logged with its
+// URL.
+absl::StatusOr<std::unique_ptr<MetricsServer>> ServeMetricsIfRequested(const std::string& address,
+                                                                        const Registry* registry);
+
 }  // namespace kappa::services::metrics

@@ -1,7 +1,7 @@
 // kappa-teacher: serves kappa.v1.Teacher for one checkpoint.
 //
 //   kappa-teacher --config FILE [key=value ...] [--checkpoint DIR] [--address HOST:PORT]
-//                 [--log-file FILE]
+//                 [--metrics-address HOST:PORT] [--log-file FILE]
 //   kappa-teacher --health-check HOST:PORT
 //
 // Serves until SIGTERM/SIGINT, then drains in-flight calls and exits within 2 s.
@@ -19,6 +19,8 @@
 #include "services/cli_flags.h"
 #include "services/config.h"
 #include "services/logging.h"
+#include "services/metrics.h"
+#include "services/metrics_server.h"
 #include "services/server.h"
 #include "services/torch_runtime.h"
 #include "teacher_server/teacher_service.h"
@@ -47,6 +49,8 @@ int Serve(const kappa::services::CommonFlags& flags) {
   options.batching.max_wait = absl::Milliseconds(config->teacher.max_wait_ms);
   options.batching.max_queued_sequences = 64 * config->teacher.max_batch_sequences;
 
+  kappa::services::metrics::Registry registry;
+  kappa::teacher::TeacherMetrics metrics(registry);
   std::unique_ptr<kappa::teacher::TeacherService> service;
   try {
     kappa::model::Decoder model = kappa::model::LoadCheckpoint(checkpoint);
@@ -55,7 +59,7 @@ int Serve(const kappa::services::CommonFlags& flags) {
                  options.model_name, checkpoint, model->config().vocab_size,
                  model->config().num_hidden_layers, model->config().hidden_size);
     absl::StatusOr<std::unique_ptr<kappa::teacher::TeacherService>> created =
-        kappa::teacher::TeacherService::Create(model, options);
+        kappa::teacher::TeacherService::Create(model, options, &metrics);
     if (!created.ok()) {
       spdlog::error("teacher: {}", created.status().ToString());
       return 1;
@@ -66,6 +70,16 @@ int Serve(const kappa::services::CommonFlags& flags) {
     return 1;
   }
 
+  // The batcher's queue is read at scrape time; the metrics server (declared
+  // after `service`) stops before the service goes away.
+  registry.AddCollectHook(
+      [&] { metrics.SetQueueDepth(service->batcher_stats().queued_sequences); });
+  absl::StatusOr<std::unique_ptr<kappa::services::metrics::MetricsServer>> metrics_server =
+      kappa::services::metrics::ServeMetricsIfRequested(flags.metrics_address, &registry);
+  if (!metrics_server.ok()) {
+    spdlog::error("teacher: {}", metrics_server.status().ToString());
+    return 1;
+  }
   absl::StatusOr<std::unique_ptr<kappa::services::GrpcServer>> server =
       kappa::services::GrpcServer::Start(address, {service.get()});
   if (!server.ok()) {

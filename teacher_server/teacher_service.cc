@@ -91,7 +91,7 @@ grpc::Status Guarded(const char* rpc, Fn&& fn) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<TeacherService>> TeacherService::Create(
-    model::Decoder model, const TeacherOptions& options) {
+    model::Decoder model, const TeacherOptions& options, TeacherMetrics* metrics) {
   if (model.is_empty()) return absl::InvalidArgumentError("model: empty");
   if (options.max_request_sequences <= 0) {
     return absl::InvalidArgumentError("max_request_sequences: must be > 0");
@@ -103,7 +103,8 @@ absl::StatusOr<std::unique_ptr<TeacherService>> TeacherService::Create(
   if (options.default_deadline <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("default_deadline: must be > 0");
   }
-  std::unique_ptr<TeacherService> service(new TeacherService(std::move(model), options));
+  std::unique_ptr<TeacherService> service(
+      new TeacherService(std::move(model), options, metrics));
   absl::StatusOr<std::unique_ptr<DynamicBatcher>> batcher = DynamicBatcher::Create(
       options.batching,
       [raw = service.get()](const std::vector<BatchUnit*>& units) { return raw->RunScoreBatch(units); });
@@ -112,8 +113,10 @@ absl::StatusOr<std::unique_ptr<TeacherService>> TeacherService::Create(
   return service;
 }
 
-TeacherService::TeacherService(model::Decoder model, const TeacherOptions& options)
+TeacherService::TeacherService(model::Decoder model, const TeacherOptions& options,
+                               TeacherMetrics* metrics)
     : options_(options),
+      metrics_(metrics),
       vocab_size_(model->config().vocab_size),
       max_positions_(model->config().max_position_embeddings),
       max_new_tokens_(options.max_new_tokens > 0
@@ -193,7 +196,20 @@ absl::Status TeacherService::ValidateScoreRequest(const kappa::v1::ScoreRequest&
 grpc::Status TeacherService::Score(grpc::ServerContext* context,
                                    const kappa::v1::ScoreRequest* request,
                                    kappa::v1::ScoreResponse* response) {
-  return Guarded("Score", [&] { return ScoreImpl(*request, DeadlineOf(context), response); });
+  const absl::Time start = absl::Now();
+  const grpc::Status status =
+      Guarded("Score", [&] { return ScoreImpl(*request, DeadlineOf(context), response); });
+  int64_t positions = 0;
+  for (const kappa::v1::ScoreSequence& s : request->sequences()) positions += s.response_tokens_size();
+  Record("score", start, status, positions);
+  return status;
+}
+
+void TeacherService::Record(const char* method, absl::Time start, const grpc::Status& status,
+                            int64_t positions) const {
+  if (metrics_ == nullptr) return;
+  metrics_->RecordRequest(method, absl::ToDoubleSeconds(absl::Now() - start), status.ok(),
+                          positions);
 }
 
 absl::Status TeacherService::ScoreImpl(const kappa::v1::ScoreRequest& request, absl::Time deadline,
@@ -237,9 +253,14 @@ absl::Status TeacherService::RunScoreBatch(const std::vector<BatchUnit*>& units)
     for (const TokenSequence& s : static_cast<ScoreUnit*>(unit)->sequences) sequences.push_back(&s);
   }
   std::vector<torch::Tensor> logprobs;
+  const absl::Time start = absl::Now();
   {
     absl::MutexLock lock(&model_mu_);
     logprobs = ResponseLogProbs(model_, sequences);
+  }
+  if (metrics_ != nullptr) {
+    metrics_->RecordBatch(static_cast<int64_t>(sequences.size()),
+                          absl::ToDoubleSeconds(absl::Now() - start));
   }
   size_t next = 0;
   for (BatchUnit* unit : units) {
@@ -289,7 +310,10 @@ absl::Status TeacherService::ValidateGenerateRequest(
 grpc::Status TeacherService::Generate(grpc::ServerContext* /*context*/,
                                       const kappa::v1::GenerateRequest* request,
                                       kappa::v1::GenerateResponse* response) {
-  return Guarded("Generate", [&] { return GenerateImpl(*request, response); });
+  const absl::Time start = absl::Now();
+  const grpc::Status status = Guarded("Generate", [&] { return GenerateImpl(*request, response); });
+  Record("generate", start, status, 0);
+  return status;
 }
 
 absl::Status TeacherService::GenerateImpl(const kappa::v1::GenerateRequest& request,

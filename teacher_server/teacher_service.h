@@ -17,6 +17,7 @@
 #include "kappa/v1/teacher.grpc.pb.h"
 #include "model/transformer.h"
 #include "teacher_server/dynamic_batcher.h"
+#include "teacher_server/teacher_metrics.h"
 
 namespace kappa::teacher {
 
@@ -37,9 +38,10 @@ struct TeacherOptions {
 class TeacherService final : public kappa::v1::Teacher::Service {
  public:
   // Takes the model (switched to eval mode); starts the batching thread.
-  // INVALID_ARGUMENT for bad options.
-  static absl::StatusOr<std::unique_ptr<TeacherService>> Create(model::Decoder model,
-                                                                const TeacherOptions& options);
+  // INVALID_ARGUMENT for bad options. `metrics` (not owned, may be null:
+  // nothing recorded) must outlive the service.
+  static absl::StatusOr<std::unique_ptr<TeacherService>> Create(
+      model::Decoder model, const TeacherOptions& options, TeacherMetrics* metrics = nullptr);
   ~TeacherService() override;
 
   grpc::Status Score(grpc::ServerContext* context, const kappa::v1::ScoreRequest* request,
@@ -60,7 +62,9 @@ class TeacherService final : public kappa::v1::Teacher::Service {
   DynamicBatcherStats batcher_stats() const { return batcher_->stats(); }
 
  private:
-  TeacherService(model::Decoder model, const TeacherOptions& options);
+  TeacherService(model::Decoder model, const TeacherOptions& options, TeacherMetrics* metrics);
+  void Record(const char* method, absl::Time start, const grpc::Status& status,
+              int64_t positions) const;
 
   absl::Status ScoreImpl(const kappa::v1::ScoreRequest& request, absl::Time deadline,
                          kappa::v1::ScoreResponse* response);
@@ -71,6 +75,7 @@ class TeacherService final : public kappa::v1::Teacher::Service {
   absl::Time DeadlineOf(const grpc::ServerContext* context) const;
 
   const TeacherOptions options_;
+  TeacherMetrics* const metrics_;
   const int64_t vocab_size_;
   const int64_t max_positions_;
   const int64_t max_new_tokens_;

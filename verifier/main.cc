@@ -1,7 +1,8 @@
 // kappa-verifier: serves kappa.v1.Verifier and grpc.health.v1 until SIGTERM.
 //
 //   kappa-verifier [--config FILE] [key=value ...] [--address HOST:PORT]
-//                  [--log-file FILE] [--health-check ADDR]
+//                  [--metrics-address HOST:PORT] [--log-file FILE]
+//                  [--health-check ADDR]
 #include <iostream>
 
 #include <spdlog/spdlog.h>
@@ -9,6 +10,8 @@
 #include "services/cli_flags.h"
 #include "services/config.h"
 #include "services/logging.h"
+#include "services/metrics.h"
+#include "services/metrics_server.h"
 #include "services/server.h"
 #include "verifier/verifier_service.h"
 
@@ -38,7 +41,15 @@ int main(int argc, char** argv) {
 
   kappa::verifier::VerifierOptions options;
   options.max_items = config->verifier.max_items;
-  kappa::verifier::VerifierService service(options);
+  services::metrics::Registry registry;
+  kappa::verifier::VerifierMetrics metrics(registry);
+  kappa::verifier::VerifierService service(options, &metrics);
+  absl::StatusOr<std::unique_ptr<services::metrics::MetricsServer>> metrics_server =
+      services::metrics::ServeMetricsIfRequested(flags->metrics_address, &registry);
+  if (!metrics_server.ok()) {
+    spdlog::error("{}", metrics_server.status().ToString());
+    return 1;
+  }
   absl::StatusOr<std::unique_ptr<services::GrpcServer>> server =
       services::GrpcServer::Start(address, {&service});
   if (!server.ok()) {

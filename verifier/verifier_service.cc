@@ -6,6 +6,7 @@
 #include <spdlog/spdlog.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "services/grpc_util.h"
 #include "tasks/answer.h"
 #include "verifier/utf8.h"
@@ -66,7 +67,11 @@ absl::StatusOr<std::vector<float>> ScoreRequest(const kappa::v1::VerifyRequest& 
 grpc::Status VerifierService::Verify(grpc::ServerContext*, const kappa::v1::VerifyRequest* request,
                                      kappa::v1::VerifyResponse* response) {
   try {
+    const absl::Time start = absl::Now();
     absl::StatusOr<std::vector<float>> rewards = ScoreRequest(*request, options_);
+    if (metrics_ != nullptr) {
+      metrics_->RecordRequest(absl::ToDoubleSeconds(absl::Now() - start), rewards);
+    }
     if (!rewards.ok()) {
       spdlog::debug("Verify rejected: {}", rewards.status().ToString());
       return services::ToGrpcStatus(rewards.status());

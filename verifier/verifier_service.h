@@ -7,6 +7,7 @@
 
 #include "absl/status/statusor.h"
 #include "kappa/v1/verifier.grpc.pb.h"
+#include "verifier/verifier_metrics.h"
 
 namespace kappa::verifier {
 
@@ -21,13 +22,16 @@ absl::StatusOr<std::vector<float>> ScoreRequest(const kappa::v1::VerifyRequest& 
 
 class VerifierService final : public kappa::v1::Verifier::Service {
  public:
-  explicit VerifierService(VerifierOptions options) : options_(options) {}
+  // `metrics` (not owned) may be null: nothing is recorded.
+  explicit VerifierService(VerifierOptions options, VerifierMetrics* metrics = nullptr)
+      : options_(options), metrics_(metrics) {}
 
   grpc::Status Verify(grpc::ServerContext* context, const kappa::v1::VerifyRequest* request,
                       kappa::v1::VerifyResponse* response) override;
 
  private:
   const VerifierOptions options_;
+  VerifierMetrics* const metrics_;
 };
 
 }  // namespace kappa::verifier

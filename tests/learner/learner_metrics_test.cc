@@ -39,9 +39,12 @@ TEST(LearnerMetrics, ExportsAStepForPrometheus) {
   observed.staleness = {0, 1};
   observed.eval_accuracy = 0.25;
   CoordinatorCounters counters;
+  counters.groups_accepted = 7;
   counters.dropped_stale = 2;
   counters.buffered = 3;
-  metrics.RecordStep(observed, report, {}, alarms, counters);
+  metrics.RecordStep(observed, report, {}, alarms);
+  // The coordinator is read at scrape time, as main.cc wires it.
+  registry.AddCollectHook([&] { metrics.RecordCoordinator(counters); });
   const std::string text = registry.Serialize();
 
   for (const char* name :
@@ -55,6 +58,7 @@ TEST(LearnerMetrics, ExportsAStepForPrometheus) {
         "kappa_learner_alarms_total{kind=\"magnitude_drowning\"} 0\n",
         "kappa_learner_policy_version 1\n", "kappa_learner_staleness_versions_count 2\n",
         "kappa_learner_groups_dropped_total{reason=\"stale\"} 2\n",
+        "kappa_learner_groups_total 7\n",
         "kappa_learner_buffer_groups 3\n", "kappa_learner_step_seconds_count 1\n",
         "kappa_learner_tokens_total 30\n"}) {
     EXPECT_NE(text.find(name), std::string::npos) << name << " missing from\n" << text;
@@ -70,11 +74,16 @@ TEST(LearnerMetrics, ExportsAStepForPrometheus) {
   EXPECT_EQ(status, 0) << output;
   EXPECT_EQ(output, "");
 
-  // Counters are deltas of the coordinator's totals.
+  // Counters follow the coordinator's totals at the next scrape, with no step
+  // in between; a total that went down (it cannot, but) never lowers them.
   counters.dropped_stale = 5;
-  metrics.RecordStep(observed, report, {}, alarms, counters);
-  EXPECT_NE(registry.Serialize().find("kappa_learner_groups_dropped_total{reason=\"stale\"} 5\n"),
+  counters.groups_accepted = 9;
+  std::string next = registry.Serialize();
+  EXPECT_NE(next.find("kappa_learner_groups_dropped_total{reason=\"stale\"} 5\n"),
             std::string::npos);
+  EXPECT_NE(next.find("kappa_learner_groups_total 9\n"), std::string::npos);
+  counters.groups_accepted = 4;
+  EXPECT_NE(registry.Serialize().find("kappa_learner_groups_total 9\n"), std::string::npos);
 }
 
 }  // namespace

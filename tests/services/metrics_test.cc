@@ -15,6 +15,7 @@
 #include <limits>
 #include <string>
 
+#include "tests/services/http_get.h"
 #include "tests/services/promtool.h"
 
 #include "services/metrics_server.h"
@@ -91,27 +92,25 @@ TEST(Metrics, PromtoolFindsNothingToComplainAbout) {
   EXPECT_NE(bad_status, 127) << "promtool is not installed (scripts/setup.sh installs prometheus)";
 }
 
-std::string HttpGet(int port, const std::string& path) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    ::close(fd);
-    return "";
-  }
-  const std::string request = "GET " + path + " HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
-  if (::write(fd, request.data(), request.size()) < 0) {
-    ::close(fd);
-    return "";
-  }
-  std::string response;
-  char buffer[4096];
-  ssize_t n;
-  while ((n = ::read(fd, buffer, sizeof(buffer))) > 0) response.append(buffer, static_cast<size_t>(n));
-  ::close(fd);
-  return response;
+TEST(Metrics, CollectHooksRunAtEveryScrapeAndTotalsNeverGoDown) {
+  Registry r;
+  double queue = 3;
+  double total = 10;
+  r.AddCollectHook([&] {
+    r.GetGauge("kappa_test_queue_depth", "Waiting.").Set(queue);
+    r.GetCounter("kappa_test_items_total", "Items.").SetTotal(total);
+  });
+  std::string text = r.Serialize();
+  EXPECT_NE(text.find("kappa_test_queue_depth 3\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("kappa_test_items_total 10\n"), std::string::npos) << text;
+  queue = 0;
+  total = 12;
+  text = r.Serialize();
+  EXPECT_NE(text.find("kappa_test_queue_depth 0\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("kappa_test_items_total 12\n"), std::string::npos) << text;
+  total = 4;  // a restarted source: the exported counter holds
+  text = r.Serialize();
+  EXPECT_NE(text.find("kappa_test_items_total 12\n"), std::string::npos) << text;
 }
 
 TEST(MetricsServer, ServesTheRegistryAtSlashMetrics) {
@@ -120,18 +119,18 @@ TEST(MetricsServer, ServesTheRegistryAtSlashMetrics) {
   auto server = MetricsServer::Start("127.0.0.1:0", &r);
   ASSERT_TRUE(server.ok()) << server.status();
   ASSERT_GT((*server)->port(), 0);
-  const std::string response = HttpGet((*server)->port(), "/metrics");
-  EXPECT_EQ(response.rfind("HTTP/1.1 200", 0), 0u) << response;
-  EXPECT_NE(response.find("Content-Type: text/plain; version=0.0.4"), std::string::npos);
-  const size_t body = response.find("\r\n\r\n");
-  ASSERT_NE(body, std::string::npos);
-  EXPECT_EQ(response.substr(body + 4), r.Serialize());
+  const std::string address = "127.0.0.1:" + std::to_string((*server)->port());
+  const kappa::testing::HttpResponse response = kappa::testing::HttpGet(address, "/metrics");
+  EXPECT_EQ(response.status, 200) << response.headers;
+  EXPECT_NE(response.headers.find("Content-Type: text/plain; version=0.0.4"), std::string::npos);
+  EXPECT_EQ(response.body, r.Serialize());
   // Values are live.
   r.GetCounter("kappa_test_events_total", "Events seen.\nSecond line \\ here", {{"kind", "plain"}})
       .Increment(1);
-  EXPECT_NE(HttpGet((*server)->port(), "/metrics").find("kappa_test_events_total{kind=\"plain\"} 2.5"),
+  EXPECT_NE(kappa::testing::HttpGet(address, "/metrics")
+                .body.find("kappa_test_events_total{kind=\"plain\"} 2.5"),
             std::string::npos);
-  EXPECT_EQ(HttpGet((*server)->port(), "/other").find("HTTP/1.1 200"), std::string::npos);
+  EXPECT_EQ(kappa::testing::HttpGet(address, "/other").status, 404);
 }
 
 }  // namespace

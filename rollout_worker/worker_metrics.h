@@ -1,0 +1,43 @@
+// The rollout worker's Prometheus metrics (docs/metrics.md): what it
+// produced (samples, tokens, groups), how long a group took, and which peer
+// failed it. One worker per process, so no worker label: Prometheus's
+// `instance` tells workers apart.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "absl/strings/string_view.h"
+#include "services/metrics.h"
+
+namespace kappa::rollout {
+
+class WorkerMetrics {
+ public:
+  explicit WorkerMetrics(services::metrics::Registry& registry);
+
+  // One group handed to the learner.
+  void RecordGroupSent(int64_t samples, int64_t tokens, double generation_seconds);
+  // A work item given up (failed, expired, or lost with a broken stream).
+  void RecordItemsDropped(int64_t items);
+  // A failed RPC to `peer`: "learner", "teacher" or "verifier". Each failed
+  // attempt counts, retried or not.
+  void RecordRpcError(absl::string_view peer);
+  // The policy version the worker samples with (set at scrape time).
+  void SetPolicyVersion(int64_t version);
+
+ private:
+  services::metrics::Registry& registry_;
+  services::metrics::Counter& samples_;
+  services::metrics::Counter& tokens_;
+  services::metrics::Counter& groups_;
+  services::metrics::Counter& items_dropped_;
+  services::metrics::Histogram& generation_seconds_;
+  services::metrics::Gauge& policy_version_;
+};
+
+// "Teacher.Score" → "teacher": the peer an RPC name (as the sampler logs it)
+// goes to.
+std::string PeerOfRpc(absl::string_view rpc);
+
+}  // namespace kappa::rollout

@@ -1,0 +1,40 @@
+#include "verifier/verifier_metrics.h"
+
+namespace kappa::verifier {
+namespace {
+
+constexpr char kRewardsHelp[] = "Rewards given, by value.";
+
+}  // namespace
+
+VerifierMetrics::VerifierMetrics(services::metrics::Registry& registry)
+    : registry_(registry),
+      requests_(registry.GetCounter("kappa_verifier_requests_total", "Verify calls handled.")),
+      rejected_(registry.GetCounter("kappa_verifier_rejected_requests_total",
+                                    "Verify calls refused as invalid (no item scored).")),
+      verify_seconds_(registry.GetHistogram(
+          "kappa_verifier_verify_seconds", "Time to validate and score one Verify call.",
+          {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25})) {
+  // The binary rewards exist (at 0) before the first call.
+  for (const char* value : {"0", "1"}) {
+    registry.GetCounter("kappa_verifier_rewards_total", kRewardsHelp, {{"value", value}});
+  }
+}
+
+void VerifierMetrics::RecordRequest(double seconds,
+                                    const absl::StatusOr<std::vector<float>>& rewards) {
+  requests_.Increment();
+  verify_seconds_.Observe(seconds);
+  if (!rewards.ok()) {
+    rejected_.Increment();
+    return;
+  }
+  for (float reward : *rewards) {
+    registry_
+        .GetCounter("kappa_verifier_rewards_total", kRewardsHelp,
+                    {{"value", services::metrics::FormatValue(reward)}})
+        .Increment();
+  }
+}
+
+}  // namespace kappa::verifier
