@@ -14,6 +14,7 @@
 #include "cli/child_run.h"
 #include "cli/experiment_results.h"
 #include "cli/progress.h"
+#include "cli/report_experiment.h"
 #include "cli/run_dir.h"
 #include "cli/run_session.h"
 #include "cli/termination_signal.h"
@@ -185,6 +186,10 @@ int ExperimentCommand(const std::vector<std::string>& args) {
                               ResultsMarkdown(title, context, spec.arms, results))}) {
       if (!status.ok()) std::cerr << "kappa experiment: " << status.message() << "\n";
     }
+    if (absl::Status status = WriteExperimentReport(out.string(), title, context, spec.arms, results);
+        !status.ok()) {
+      std::cerr << "kappa experiment: report.html: " << status.message() << "\n";
+    }
   };
 
   std::cerr << absl::StrFormat("kappa experiment: %d arms x %d seeds = %d runs of %s into %s\n",
@@ -249,8 +254,8 @@ int ExperimentCommand(const std::vector<std::string>& args) {
   write_results();
 
   std::cout << ResultsMarkdown(title, context, spec.arms, results) << std::flush;
-  std::cerr << absl::StrFormat("kappa experiment: %s in %s; %d failed; results in %s/results.md "
-                               "and results.csv, run logs in %s/logs/\n",
+  std::cerr << absl::StrFormat("kappa experiment: %s in %s; %d failed; results in %s/results.md, "
+                               "results.csv and report.html, run logs in %s/logs/\n",
                                interrupted ? "interrupted" : "finished",
                                FormatDuration(SecondsSince(start)), failed, out.string(),
                                out.string());

@@ -2,11 +2,13 @@
 //   kappa sft CONFIG [key=value ...] --role teacher|student [--out DIR]
 //   kappa run CONFIG [key=value ...] [--resume] [--no-progress]
 //   kappa experiment ABLATION.yaml [key=value ...] [--quick] [--out DIR]
+//   kappa report RUN_DIR [--out FILE]
 #include <iostream>
 #include <string>
 #include <vector>
 
 #include "cli/experiment_command.h"
+#include "cli/report_command.h"
 #include "cli/run_command.h"
 #include "cli/sft_command.h"
 
@@ -21,7 +23,10 @@ constexpr const char* kUsage =
     "      supervised warm start of one model; writes a checkpoint and sft_summary.json\n"
     "  kappa experiment ABLATION.yaml [key=value ...] [--quick] [--out DIR]\n"
     "      one `kappa run` per (arm, seed) of an ablation file, then results.csv and\n"
-    "      results.md (per arm: mean ± std over seeds) in DIR\n";
+    "      results.md (per arm: mean ± std over seeds) and report.html (curves per arm) in DIR\n"
+    "  kappa report RUN_DIR [--out FILE]\n"
+    "      a self-contained HTML page of a run (curves, alarms, K_DR heatmap, summary,\n"
+    "      config) from RUN_DIR/metrics.jsonl; default RUN_DIR/report.html\n";
 
 }  // namespace
 
@@ -35,6 +40,7 @@ int main(int argc, char** argv) {
   if (command == "run") return kappa::cli::RunCommand(args);
   if (command == "sft") return kappa::cli::SftCommand(args);
   if (command == "experiment") return kappa::cli::ExperimentCommand(args);
+  if (command == "report") return kappa::cli::ReportCommand(args);
   if (command == "help" || command == "--help" || command == "-h") {
     std::cout << kUsage;
     return 0;
