@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 
 namespace kappa::cli {
 namespace {
@@ -24,6 +25,11 @@ std::string Fixed(const std::optional<double>& value, int decimals) {
   return value ? absl::StrFormat("%.*f", decimals, *value) : std::string("-");
 }
 
+// κ spans decades (0.01 under distillation-heavy mixing, 100 when drowning).
+std::string Significant(const std::optional<double>& value) {
+  return value ? absl::StrFormat("%.3g", *value) : std::string("-");
+}
+
 }  // namespace
 
 void RunProgress::Update(const nlohmann::json& record) {
@@ -34,6 +40,22 @@ void RunProgress::Update(const nlohmann::json& record) {
   ReadNumber(record, "loss_reward", loss_reward);
   ReadNumber(record, "loss_distill", loss_distill);
   ReadNumber(record, "samples_per_second", samples_per_second);
+  ReadNumber(record, "kappa", kappa);
+  if (auto it = record.find("alarm_active"); it != record.end() && it->is_object()) {
+    active_alarms.clear();
+    for (const auto& [kind, active] : it->items()) {
+      if (active.is_number() && active.get<double>() != 0) active_alarms.push_back(kind);
+    }
+  }
+  if (auto it = record.find("alarms"); it != record.end() && it->is_array()) {
+    for (const nlohmann::json& alarm : *it) {
+      const std::string kind = alarm.value("kind", std::string("alarm"));
+      const int64_t alarm_step = alarm.value("step", step);
+      if (alarms_fired[kind]++ == 0) first_alarm_step[kind] = alarm_step;
+      unshown_alarm_lines.push_back(absl::StrCat("step ", alarm_step, " ALARM ", kind, ": ",
+                                                 alarm.value("message", std::string())));
+    }
+  }
   std::optional<double> eval;
   ReadNumber(record, "eval_accuracy", eval);
   if (eval) {
@@ -44,6 +66,12 @@ void RunProgress::Update(const nlohmann::json& record) {
     last_eval_accuracy = eval;
     last_eval_step = step;
   }
+}
+
+std::vector<std::string> RunProgress::TakeAlarmLines() {
+  std::vector<std::string> lines(unshown_alarm_lines.begin(), unshown_alarm_lines.end());
+  unshown_alarm_lines.clear();
+  return lines;
 }
 
 std::string FormatDuration(double seconds) {
@@ -63,14 +91,21 @@ std::string FormatProgressLine(const RunProgress& p, double elapsed_seconds, int
   }
   absl::StrAppend(&line, " reward ", Fixed(p.reward_mean, 3), " | acc ",
                   Fixed(p.last_eval_accuracy, 3), " | L_R ", Fixed(p.loss_reward, 4), " | L_D ",
-                  Fixed(p.loss_distill, 4), " | ", Fixed(p.samples_per_second, 1),
-                  " samples/s | v", p.policy_version, " | ", FormatDuration(elapsed_seconds));
+                  Fixed(p.loss_distill, 4), " | κ ", Significant(p.kappa), " | ",
+                  Fixed(p.samples_per_second, 1), " samples/s | v", p.policy_version, " | ",
+                  FormatDuration(elapsed_seconds));
+  if (!p.active_alarms.empty()) absl::StrAppend(&line, " | ALARM ", absl::StrJoin(p.active_alarms, ","));
   return line;
 }
 
 bool ProgressDisplay::StderrIsTty() { return isatty(STDERR_FILENO) == 1; }
 
-void ProgressDisplay::Show(const RunProgress& progress, double elapsed_seconds) {
+void ProgressDisplay::Show(RunProgress& progress, double elapsed_seconds) {
+  for (const std::string& alarm : progress.TakeAlarmLines()) {
+    // On a TTY the bar is erased first and redrawn below the alarm.
+    std::fprintf(stderr, "%s%s\n", tty_ ? "\r\033[2K" : "", alarm.c_str());
+    line_open_ = false;
+  }
   if (tty_) {
     // \r + erase-line: redraw in place without scrolling.
     std::fprintf(stderr, "\r\033[2K%s", FormatProgressLine(progress, elapsed_seconds).c_str());

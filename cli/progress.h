@@ -4,8 +4,11 @@
 
 #include <chrono>
 #include <cstdint>
+#include <deque>
+#include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -23,15 +26,24 @@ struct RunProgress {
   std::optional<int64_t> first_eval_step;
   std::optional<double> last_eval_accuracy;   // the "after"
   std::optional<int64_t> last_eval_step;
+  std::optional<double> kappa;                 // the last measured κ
+  std::vector<std::string> active_alarms;      // kinds active at the last step
+  std::map<std::string, int64_t> alarms_fired;  // kind → times it fired
+  std::map<std::string, int64_t> first_alarm_step;
+  // One line per alarm that fired, "step 42 ALARM magnitude_drowning: ...",
+  // until the display takes them (TakeAlarmLines).
+  std::deque<std::string> unshown_alarm_lines;
   int64_t records = 0;
 
   // Folds one metrics.jsonl record in; missing or non-numeric keys leave the
   // previous value.
   void Update(const nlohmann::json& record);
+  std::vector<std::string> TakeAlarmLines();
 };
 
 // "step 12/60 [####------] reward 0.42 | acc 0.31 | L_R 0.0123 | L_D 0.345 |
-//  23.1 samples/s | v12 | 00:42" (width-independent; `bar_width` 0: no bar).
+//  κ 0.15 | 23.1 samples/s | v12 | 00:42", then "| ALARM collapse" while an
+// alarm is active (width-independent; `bar_width` 0: no bar).
 std::string FormatProgressLine(const RunProgress& progress, double elapsed_seconds,
                                int bar_width = 20);
 // "1:02:03" / "02:03".
@@ -44,13 +56,15 @@ inline double SecondsSince(std::chrono::steady_clock::time_point start) {
 
 // Writes progress lines to stderr: on a TTY one line redrawn in place; else a
 // new line when at least `plain_interval_seconds` passed or an eval arrived.
+// An alarm that fires gets a line of its own, at once, in both modes, so it
+// stays on screen after the bar has moved on.
 class ProgressDisplay {
  public:
   explicit ProgressDisplay(bool tty, double plain_interval_seconds = 10.0)
       : tty_(tty), interval_(plain_interval_seconds) {}
   static bool StderrIsTty();
 
-  void Show(const RunProgress& progress, double elapsed_seconds);
+  void Show(RunProgress& progress, double elapsed_seconds);
   // Ends the in-place line (TTY) so later output starts on a fresh line.
   void Finish();
 

@@ -10,6 +10,7 @@
 #include "cli/args.h"
 #include "cli/bootstrap.h"
 #include "cli/progress.h"
+#include "cli/report_run.h"
 #include "cli/run_dir.h"
 #include "cli/run_session.h"
 #include "cli/service_launch.h"
@@ -63,6 +64,13 @@ void PrintSummary(const services::Config& config, const std::string& run_dir,
                                    sft->accuracy);
     }
   }
+  if (p.alarms_fired.empty()) {
+    std::cout << "  alarms: none fired\n";
+  }
+  for (const auto& [kind, count] : p.alarms_fired) {
+    std::cout << absl::StrFormat("  alarm %s fired %d time%s (first at step %d)\n", kind, count,
+                                 count == 1 ? "" : "s", p.first_alarm_step.at(kind));
+  }
   std::cout << "  run dir: " << run_dir << " (config.yaml, metrics.jsonl, checkpoints/, logs/)\n"
             << std::flush;
 
@@ -73,6 +81,7 @@ void PrintSummary(const services::Config& config, const std::string& run_dir,
                             {"wall_seconds", outcome.wall_seconds}};
   if (p.first_eval_accuracy) summary["accuracy_before"] = *p.first_eval_accuracy;
   if (p.last_eval_accuracy) summary["accuracy_after"] = *p.last_eval_accuracy;
+  summary["alarms_fired"] = p.alarms_fired;
   std::ofstream(fs::path(run_dir) / "run_summary.json") << summary.dump(2) << "\n";
 }
 
@@ -146,6 +155,12 @@ int RunCommand(const std::vector<std::string>& args) {
   options.show_progress = !line->Has("--no-progress");
   const SessionOutcome outcome = RunSession(*plan, options);
   PrintSummary(config, *run_dir, outcome);
+  // The page of the run's curves, also for a stopped run (what it got to).
+  if (absl::StatusOr<RunReportOutcome> report = WriteRunReport(*run_dir, ""); report.ok()) {
+    std::cout << "  report: " << report->path << "\n";
+  } else {
+    std::cerr << "kappa run: no report: " << report.status().message() << "\n";
+  }
   return outcome.exit_code;
 }
 

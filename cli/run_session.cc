@@ -133,6 +133,11 @@ class Session {
     for (const nlohmann::json& record : metrics_.ReadNew()) outcome_.progress.Update(record);
     if (options_.show_progress && outcome_.progress.records > 0) {
       display_.Show(outcome_.progress, SecondsSince(start_));
+    } else {
+      // Without the bar, alarms are still worth a line each.
+      for (const std::string& line : outcome_.progress.TakeAlarmLines()) {
+        std::cerr << line << "\n" << std::flush;
+      }
     }
   }
 

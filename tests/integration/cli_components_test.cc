@@ -87,8 +87,30 @@ TEST(RunProgressTest, TracksFirstAndLastEvalAndFormats) {
   const std::string line = FormatProgressLine(progress, 65.0, 10);
   EXPECT_EQ(line,
             "step 20/60 [###-------] reward 0.375 | acc 0.550 | L_R 0.0100 | L_D 0.5000 | "
-            "40.0 samples/s | v20 | 01:05");
+            "κ - | 40.0 samples/s | v20 | 01:05");
   EXPECT_EQ(FormatDuration(3723), "1:02:03");
+}
+
+TEST(RunProgressTest, AlarmsGetALineWhenTheyFireAndStayInTheBarWhileActive) {
+  RunProgress progress;
+  progress.total_steps = 60;
+  progress.Update({{"step", 41}, {"kappa", 12.5},
+                   {"alarm_active", {{"magnitude_drowning", 0}, {"collapse", 0}}}});
+  EXPECT_TRUE(progress.TakeAlarmLines().empty());
+  progress.Update(
+      {{"step", 42},
+       {"alarms", {{{"kind", "magnitude_drowning"}, {"step", 42}, {"message", "kappa_eff EMA 12.1 > 10"}}}},
+       {"alarm_active", {{"magnitude_drowning", 1}, {"collapse", 0}}}});
+  EXPECT_EQ(progress.TakeAlarmLines(),
+            std::vector<std::string>{"step 42 ALARM magnitude_drowning: kappa_eff EMA 12.1 > 10"});
+  EXPECT_TRUE(progress.TakeAlarmLines().empty());  // each alarm is shown once
+  const std::string line = FormatProgressLine(progress, 5.0, 0);
+  EXPECT_NE(line.find("| κ 12.5 |"), std::string::npos) << line;
+  EXPECT_NE(line.find("| ALARM magnitude_drowning"), std::string::npos) << line;
+  progress.Update({{"step", 43}, {"alarm_active", {{"magnitude_drowning", 0}, {"collapse", 0}}}});
+  EXPECT_EQ(FormatProgressLine(progress, 5.0, 0).find("ALARM"), std::string::npos);
+  EXPECT_EQ(progress.alarms_fired.at("magnitude_drowning"), 1);
+  EXPECT_EQ(progress.first_alarm_step.at("magnitude_drowning"), 42);
 }
 
 TEST(BootstrapKeyTest, ChangesWithWhatDeterminesTheWeights) {
