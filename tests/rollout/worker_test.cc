@@ -17,6 +17,7 @@
 #include "teacher_server/teacher_service.h"
 #include "tests/rollout/fake_learner.h"
 #include "tests/rollout/test_policy.h"
+#include "tests/services/promtool.h"
 #include "verifier/verifier_service.h"
 
 namespace kappa::rollout {
@@ -300,6 +301,9 @@ TEST_F(WorkerTest, UnavailableVerifierIsRetriedUntilItComesBack) {
   options.sampler.initial_backoff = absl::Milliseconds(20);
   options.sampler.max_backoff = absl::Milliseconds(100);
   options.sampler.rpc_deadline = absl::Seconds(2);
+  services::metrics::Registry registry;
+  WorkerMetrics metrics(registry);
+  options.metrics = &metrics;
   const std::string verifier_address = "127.0.0.1:" + std::to_string(verifier_port);
   worker_ = std::make_unique<RolloutWorker>(
       services::MakeChannel("127.0.0.1:" + std::to_string(learner_port_)),
@@ -320,6 +324,22 @@ TEST_F(WorkerTest, UnavailableVerifierIsRetriedUntilItComesBack) {
   worker_->Stop();
   worker_thread_.join();
   (*verifier_server)->Shutdown(absl::Milliseconds(100));
+  worker_.reset();  // it points at `metrics`, which goes before the fixture does
+
+  // Every failed attempt was counted against the verifier, nothing against
+  // the others; the group, once through, was counted with its tokens.
+  const std::string text = registry.Serialize();
+  using kappa::testing::SampleValue;
+  EXPECT_GE(SampleValue(text, "kappa_worker_rpc_errors_total{peer=\"verifier\"}"), 1) << text;
+  EXPECT_EQ(SampleValue(text, "kappa_worker_rpc_errors_total{peer=\"teacher\"}"), 0) << text;
+  EXPECT_EQ(SampleValue(text, "kappa_worker_groups_total"), 1) << text;
+  EXPECT_EQ(SampleValue(text, "kappa_worker_samples_total"), kGroupSize) << text;
+  int64_t tokens = 0;
+  const kappa::v1::ScoredGroup group = learner_->groups()[0];
+  for (const auto& sample : group.samples()) tokens += sample.response_tokens_size();
+  EXPECT_EQ(SampleValue(text, "kappa_worker_tokens_total"), tokens) << text;
+  EXPECT_EQ(SampleValue(text, "kappa_worker_generation_seconds_count"), 1) << text;
+  EXPECT_EQ(kappa::testing::PromtoolCheckMetrics(text).second, "");
 }
 
 }  // namespace

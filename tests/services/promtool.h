@@ -1,10 +1,12 @@
-// `promtool check metrics` on a scrape, for the tests that prove our
-// exposition text (Debian's prometheus package, installed by setup.sh).
+// For the tests that prove our exposition text: `promtool check metrics` on a
+// scrape (Debian's prometheus package, installed by setup.sh), and reading
+// one sample's value back.
 #pragma once
 
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -28,6 +30,16 @@ inline std::pair<int, std::string> PromtoolCheckMetrics(const std::string& text)
   const int status = pipe != nullptr ? pclose(pipe) : -1;
   std::remove(path);
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
+}
+
+// The value of the sample `series` (name plus label text exactly as
+// serialized, e.g. `kappa_x_total{kind="a"}`) in a scrape; NaN if absent.
+inline double SampleValue(const std::string& scrape, const std::string& series) {
+  const std::string needle = "\n" + series + " ";
+  const std::string text = "\n" + scrape;
+  const size_t at = text.find(needle);
+  if (at == std::string::npos) return std::nan("");
+  return std::strtod(text.c_str() + at + needle.size(), nullptr);
 }
 
 }  // namespace kappa::testing

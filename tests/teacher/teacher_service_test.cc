@@ -22,6 +22,7 @@
 #include "model/model_config.h"
 #include "services/server.h"
 #include "services/tensor_codec.h"
+#include "tests/services/promtool.h"
 
 namespace kappa::teacher {
 namespace {
@@ -77,7 +78,10 @@ class TeacherServiceTest : public ::testing::Test {
     options.batching.max_batch_sequences = 8;
     options.batching.max_wait = absl::Milliseconds(5);
     options.max_new_tokens = 16;
-    auto service = TeacherService::Create(model::LoadCheckpoint(*checkpoint_dir_), options);
+    registry_ = new services::metrics::Registry();
+    metrics_ = new TeacherMetrics(*registry_);
+    auto service =
+        TeacherService::Create(model::LoadCheckpoint(*checkpoint_dir_), options, metrics_);
     ASSERT_TRUE(service.ok()) << service.status();
     service_ = service->release();
     auto server = services::GrpcServer::Start("127.0.0.1:0", {service_});
@@ -91,6 +95,8 @@ class TeacherServiceTest : public ::testing::Test {
     server_->Shutdown(absl::Seconds(1));
     delete server_;
     delete service_;
+    delete metrics_;
+    delete registry_;
     delete reference_;
     std::filesystem::remove_all(*checkpoint_dir_);
     delete checkpoint_dir_;
@@ -148,12 +154,16 @@ class TeacherServiceTest : public ::testing::Test {
   static TeacherService* service_;
   static services::GrpcServer* server_;
   static model::Decoder* reference_;
+  static services::metrics::Registry* registry_;
+  static TeacherMetrics* metrics_;
 };
 
 std::string* TeacherServiceTest::checkpoint_dir_ = nullptr;
 TeacherService* TeacherServiceTest::service_ = nullptr;
 services::GrpcServer* TeacherServiceTest::server_ = nullptr;
 model::Decoder* TeacherServiceTest::reference_ = nullptr;
+services::metrics::Registry* TeacherServiceTest::registry_ = nullptr;
+TeacherMetrics* TeacherServiceTest::metrics_ = nullptr;
 
 TEST_F(TeacherServiceTest, HealthIsServing) {
   EXPECT_TRUE(services::CheckHealth(Address(), absl::Seconds(5)).ok());
@@ -278,6 +288,39 @@ TEST_F(TeacherServiceTest, RequestLargerThanABatchIsSplit) {
     EXPECT_NEAR(got[0], want[0][responses[i][0]].item<float>(), 1e-5) << i;
   }
   EXPECT_LE(service_->batcher_stats().largest_batch, 8);
+}
+
+TEST_F(TeacherServiceTest, MetricsRecordCallsBatchesPositionsAndErrors) {
+  using kappa::testing::SampleValue;
+  const std::string before = registry_->Serialize();
+  std::vector<std::vector<int32_t>> prompts, responses;
+  for (int i = 0; i < 20; ++i) {
+    prompts.push_back({1, 3 + i % 10});
+    responses.push_back({4 + i % 9, 2, 5});
+  }
+  kappa::v1::ScoreRequest request = Request(prompts, responses);
+  request.set_form(kappa::v1::SCORE_FORM_SAMPLED);
+  kappa::v1::ScoreResponse response;
+  ASSERT_TRUE(Score(request, &response).ok());
+  kappa::v1::ScoreRequest bad = request;
+  bad.mutable_sequences(0)->clear_response_tokens();
+  EXPECT_FALSE(Score(bad, &response).ok());
+
+  const std::string after = registry_->Serialize();
+  auto delta = [&](const std::string& series) {
+    return SampleValue(after, series) - SampleValue(before, series);
+  };
+  EXPECT_EQ(delta("kappa_teacher_requests_total{method=\"score\"}"), 2) << after;
+  EXPECT_EQ(delta("kappa_teacher_request_errors_total{method=\"score\"}"), 1) << after;
+  EXPECT_EQ(delta("kappa_teacher_score_seconds_count"), 2) << after;
+  EXPECT_EQ(delta("kappa_teacher_tokens_total"), 60) << after;  // 20 responses x 3 positions
+  // 20 sequences at max_batch_sequences 8: at least three forwards, none over 8.
+  EXPECT_GE(delta("kappa_teacher_batch_size_count"), 3) << after;
+  EXPECT_EQ(delta("kappa_teacher_batch_size_bucket{le=\"8\"}"),
+            delta("kappa_teacher_batch_size_count"));
+  EXPECT_EQ(delta("kappa_teacher_batch_size_sum"), 20);
+  const auto [status, complaints] = kappa::testing::PromtoolCheckMetrics(after);
+  EXPECT_EQ(complaints, "");
 }
 
 struct BadScore {

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "services/grpc_util.h"
 #include "services/server.h"
+#include "tests/services/promtool.h"
 
 namespace kappa::verifier {
 namespace {
@@ -17,7 +18,8 @@ class VerifierServiceTest : public ::testing::Test {
   void SetUp() override {
     VerifierOptions options;
     options.max_items = 8;
-    service_ = std::make_unique<VerifierService>(options);
+    metrics_ = std::make_unique<VerifierMetrics>(registry_);
+    service_ = std::make_unique<VerifierService>(options, metrics_.get());
     auto server = services::GrpcServer::Start("127.0.0.1:0", {service_.get()});
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = std::move(*server);
@@ -43,6 +45,8 @@ class VerifierServiceTest : public ::testing::Test {
     item->set_response_text(response);
   }
 
+  services::metrics::Registry registry_;
+  std::unique_ptr<VerifierMetrics> metrics_;
   std::unique_ptr<VerifierService> service_;
   std::unique_ptr<services::GrpcServer> server_;
   std::string address_;
@@ -69,6 +73,27 @@ TEST_F(VerifierServiceTest, RewardsABatchInOrder) {
   ASSERT_EQ(response.rewards_size(), 8);
   const float expected[] = {1, 0, 1, 1, 0, 0, 1, 1};
   for (int i = 0; i < 8; ++i) EXPECT_EQ(response.rewards(i), expected[i]) << "item " << i;
+}
+
+TEST_F(VerifierServiceTest, MetricsCountRequestsRejectionsAndRewardsByValue) {
+  kappa::v1::VerifyRequest request;
+  Add(&request, "46", "46");
+  Add(&request, "46", "45");
+  Add(&request, "7", "7");
+  kappa::v1::VerifyResponse response;
+  ASSERT_TRUE(Verify(request, &response).ok());
+  kappa::v1::VerifyRequest empty;
+  EXPECT_FALSE(Verify(empty, &response).ok());
+
+  const std::string text = registry_.Serialize();
+  using kappa::testing::SampleValue;
+  EXPECT_EQ(SampleValue(text, "kappa_verifier_requests_total"), 2) << text;
+  EXPECT_EQ(SampleValue(text, "kappa_verifier_rejected_requests_total"), 1) << text;
+  EXPECT_EQ(SampleValue(text, "kappa_verifier_rewards_total{value=\"1\"}"), 2) << text;
+  EXPECT_EQ(SampleValue(text, "kappa_verifier_rewards_total{value=\"0\"}"), 1) << text;
+  EXPECT_EQ(SampleValue(text, "kappa_verifier_verify_seconds_count"), 2) << text;
+  const auto [status, complaints] = kappa::testing::PromtoolCheckMetrics(text);
+  EXPECT_EQ(complaints, "");
 }
 
 TEST_F(VerifierServiceTest, InvalidItemsNameTheField) {
