@@ -15,6 +15,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tests/integration/tiny_run_config.h"
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -31,27 +33,10 @@ TEST(EndToEndLoopTest, TrainsAFewStepsWithTwoWorkers) {
   fs::remove_all(root);
   fs::create_directories(root);
   const fs::path config = root / "e2e.yaml";
-  {
-    std::ofstream out(config);
-    out << R"(name: e2e
-runs_dir: )" << (root / "runs").string() << R"(
-data_dir: )" << (root / "cache").string() << R"(
-workers: 2
-task: {kind: arithmetic, min_digits: 1, max_digits: 1, operators: "+", train_size: 60, heldout_size: 20}
-teacher:
-  shape: {hidden_size: 32, intermediate_size: 64, num_hidden_layers: 1, num_attention_heads: 2,
-          num_key_value_heads: 1, max_position_embeddings: 12}
-  bootstrap: {steps: 30, batch_size: 16}
-student:
-  shape: {hidden_size: 32, intermediate_size: 64, num_hidden_layers: 1, num_attention_heads: 2,
-          num_key_value_heads: 1, max_position_embeddings: 12}
-  bootstrap: {steps: 5, batch_size: 16}
-learner: {buffer_groups: 8, max_staleness: 2}
-rollout: {max_new_tokens: 4, max_outstanding: 2}
-trainer: {steps: 6, groups_per_step: 3, group_size: 4, eval_every: 3, eval_examples: 20,
-          checkpoint_every: 3}
-)";
-  }
+  std::ofstream(config) << kappa::testing::TinyRunConfig(
+      "e2e", root.string(), 2,
+      "{steps: 6, groups_per_step: 3, group_size: 4, eval_every: 3, eval_examples: 20,\n"
+      "          checkpoint_every: 3}");
   const std::string command = std::string(KAPPA_CLI) + " run " + config.string() +
                               " --no-progress > " + (root / "kappa.out").string() + " 2>&1";
   const int status = std::system(command.c_str());

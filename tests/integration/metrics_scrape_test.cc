@@ -30,6 +30,7 @@
 
 #include "cli/free_port.h"
 #include "cli/process_supervisor.h"
+#include "tests/integration/tiny_run_config.h"
 #include "tests/services/http_get.h"
 #include "tests/services/promtool.h"
 
@@ -109,23 +110,10 @@ class MetricsScrapeTest : public ::testing::Test {
     fs::create_directories(root_);
     const fs::path config = root_ / "scrape.yaml";
     // Far more steps than the test waits for: the run is stopped by SIGTERM.
-    std::ofstream(config) << "name: scrape\nruns_dir: " << (root_ / "runs").string()
-                          << "\ndata_dir: " << (root_ / "cache").string() << R"(
-workers: 2
-task: {kind: arithmetic, min_digits: 1, max_digits: 1, operators: "+", train_size: 60, heldout_size: 20}
-teacher:
-  shape: {hidden_size: 32, intermediate_size: 64, num_hidden_layers: 1, num_attention_heads: 2,
-          num_key_value_heads: 1, max_position_embeddings: 12}
-  bootstrap: {steps: 30, batch_size: 16}
-student:
-  shape: {hidden_size: 32, intermediate_size: 64, num_hidden_layers: 1, num_attention_heads: 2,
-          num_key_value_heads: 1, max_position_embeddings: 12}
-  bootstrap: {steps: 5, batch_size: 16}
-learner: {buffer_groups: 8, max_staleness: 2}
-rollout: {max_new_tokens: 4, max_outstanding: 2}
-trainer: {steps: 100000, groups_per_step: 2, group_size: 4, eval_every: 2, eval_examples: 10,
-          checkpoint_every: 0}
-)";
+    std::ofstream(config) << kappa::testing::TinyRunConfig(
+        "scrape", root_.string(), 2,
+        "{steps: 100000, groups_per_step: 2, group_size: 4, eval_every: 2, eval_examples: 10,\n"
+        "          checkpoint_every: 0}");
     ProcessSpec kappa_run;
     kappa_run.name = "kappa-run";
     kappa_run.argv = {KAPPA_CLI, "run", config.string(), "--no-progress"};
