@@ -1,5 +1,7 @@
 #include "cli/run_command.h"
 
+#include <unistd.h>
+
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -93,8 +95,13 @@ int RunCommand(const std::vector<std::string>& args) {
     std::cerr << "kappa run: " << line.status().message() << "\n" << kUsage;
     return 2;
   }
-  absl::StatusOr<services::Config> loaded =
-      services::LoadConfig(line->config_path, line->overrides);
+  absl::StatusOr<std::vector<std::string>> overrides =
+      services::WithEnvironmentOverrides(line->overrides, environ);
+  if (!overrides.ok()) {
+    std::cerr << "kappa run: " << overrides.status().message() << "\n";
+    return 2;
+  }
+  absl::StatusOr<services::Config> loaded = services::LoadConfig(line->config_path, *overrides);
   if (!loaded.ok()) {
     std::cerr << "kappa run: " << loaded.status().message() << "\n";
     return 1;

@@ -1,5 +1,7 @@
 #include "cli/sft_command.h"
 
+#include <unistd.h>
+
 #include <filesystem>
 #include <iostream>
 
@@ -26,8 +28,13 @@ int SftCommand(const std::vector<std::string>& args) {
     std::cerr << "kappa sft: " << role.status().message() << "\n";
     return 2;
   }
-  absl::StatusOr<services::Config> config =
-      services::LoadConfig(line->config_path, line->overrides);
+  absl::StatusOr<std::vector<std::string>> overrides =
+      services::WithEnvironmentOverrides(line->overrides, environ);
+  if (!overrides.ok()) {
+    std::cerr << "kappa sft: " << overrides.status().message() << "\n";
+    return 2;
+  }
+  absl::StatusOr<services::Config> config = services::LoadConfig(line->config_path, *overrides);
   if (!config.ok()) {
     std::cerr << "kappa sft: " << config.status().message() << "\n";
     return 1;

@@ -14,7 +14,7 @@ PACKAGES=(
   prometheus
   nlohmann-json3-dev
   curl openssl
-  python3 jq
+  python3 python3-yaml jq docker-compose
   chromium fonts-dejavu-core
 )
 

@@ -1,5 +1,7 @@
 #include "services/cli_flags.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <iostream>
 
@@ -60,8 +62,11 @@ absl::StatusOr<CommonFlags> ParseCommonFlags(int argc, const char* const* argv,
 }
 
 absl::StatusOr<Config> LoadConfigFromFlags(const CommonFlags& flags) {
-  if (flags.config_path.empty()) return ParseConfig("", "<defaults>", flags.overrides);
-  return LoadConfig(flags.config_path, flags.overrides);
+  absl::StatusOr<std::vector<std::string>> overrides =
+      WithEnvironmentOverrides(flags.overrides, environ);
+  if (!overrides.ok()) return overrides.status();
+  if (flags.config_path.empty()) return ParseConfig("", "<defaults>", *overrides);
+  return LoadConfig(flags.config_path, *overrides);
 }
 
 std::string Usage(const std::string& program, const std::string& extra_usage) {

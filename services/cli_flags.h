@@ -38,7 +38,8 @@ absl::StatusOr<CommonFlags> ParseCommonFlags(int argc, const char* const* argv,
                                              const std::vector<std::string>& extra_flags = {});
 
 // LoadConfig(config_path, overrides), or the defaults plus overrides when no
-// --config was given.
+// --config was given; KAPPA_CFG_* environment overrides (config.h) apply
+// between the file and the command line.
 absl::StatusOr<Config> LoadConfigFromFlags(const CommonFlags& flags);
 
 // The usage text for `program`, listing the shared flags plus `extra_usage`

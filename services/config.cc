@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <set>
 #include <sstream>
 #include <variant>
@@ -12,7 +13,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 
 namespace kappa::services {
@@ -389,6 +392,32 @@ absl::StatusOr<Config> LoadConfig(const std::string& path,
   std::stringstream text;
   text << in.rdbuf();
   return ParseConfig(text.str(), path, overrides);
+}
+
+absl::StatusOr<std::vector<std::string>> WithEnvironmentOverrides(
+    const std::vector<std::string>& overrides, const char* const* environment) {
+  constexpr absl::string_view kPrefix = "KAPPA_CFG_";
+  std::map<std::string, std::string> by_variable;  // sorted: a stable order
+  for (const char* const* entry = environment; entry != nullptr && *entry != nullptr; ++entry) {
+    const absl::string_view text = *entry;
+    const size_t equals = text.find('=');
+    if (!absl::StartsWith(text, kPrefix) || equals == absl::string_view::npos) continue;
+    const std::string variable(text.substr(0, equals));
+    std::string key = absl::AsciiStrToLower(variable.substr(kPrefix.size()));
+    key = absl::StrReplaceAll(key, {{"__", "."}});
+    const std::string override_text = absl::StrCat(key, "=", text.substr(equals + 1));
+    // Checked alone against the defaults so the message names the variable.
+    if (absl::StatusOr<Config> alone = ParseConfig("", "<environment>", {override_text});
+        !alone.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("environment variable ", variable, ": ", alone.status().message()));
+    }
+    by_variable[variable] = override_text;
+  }
+  std::vector<std::string> all;
+  for (const auto& [variable, override_text] : by_variable) all.push_back(override_text);
+  all.insert(all.end(), overrides.begin(), overrides.end());
+  return all;
 }
 
 std::vector<std::string> ConfigKeys() {

@@ -184,6 +184,16 @@ absl::StatusOr<Config> LoadConfig(const std::string& path,
 // From YAML text (file name only used in messages).
 absl::StatusOr<Config> ParseConfig(const std::string& yaml_text, const std::string& file_name,
                                    const std::vector<std::string>& overrides = {});
+// Config overrides from the environment, for containers that share one
+// mounted config file: every variable KAPPA_CFG_<SECTION>__<KEY>=value
+// becomes "section.key=value" (lower-cased; "__" separates levels, so
+// KAPPA_CFG_TRAINER__GROUPS_PER_STEP=8 is trainer.groups_per_step=8 and
+// KAPPA_CFG_WORKERS=3 is workers=3). They come before `overrides` (the
+// command line wins), in variable-name order. INVALID_ARGUMENT naming the
+// variable when one is not a known key or its value does not parse.
+absl::StatusOr<std::vector<std::string>> WithEnvironmentOverrides(
+    const std::vector<std::string>& overrides, const char* const* environment);
+
 // Every key path the config accepts ("trainer.steps", ...), in file order.
 std::vector<std::string> ConfigKeys();
 

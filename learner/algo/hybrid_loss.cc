@@ -68,7 +68,8 @@ TokenTerms ComputeTokenTerms(model::Decoder& model, const TrainBatch& batch,
   if (batch.sft_input_tokens.defined()) {
     const torch::Tensor sft_logits =
         model->Forward(batch.sft_input_tokens, batch.sft_attention_mask).logits;
-    terms.sft_nll = SftNll(sft_logits, batch.sft_target_tokens, batch.sft_mask);
+    terms.sft_nll =
+        SftNll(sft_logits, batch.sft_target_tokens, batch.sft_mask, &terms.sft_count);
   }
   return terms;
 }
@@ -81,17 +82,19 @@ LossTerms AggregateTerms(const TokenTerms& tokens, const TrainBatch& batch,
   const torch::Tensor zero = torch::zeros({}, tokens.logprobs.options());
   terms.reward_loss = Aggregate(
       weights.reward.defined() ? tokens.reward * weights.reward : tokens.reward, mask,
-      config.aggregation);
+      config.aggregation, &terms.reward_count);
   if (tokens.distill.defined() && !weights.no_distill) {
     const torch::Tensor& distill_mask =
         weights.distill_mask.defined() ? weights.distill_mask : mask;
     terms.distill_loss = Aggregate(
         weights.distill.defined() ? tokens.distill * weights.distill : tokens.distill,
-        distill_mask, config.aggregation);
+        distill_mask, config.aggregation, &terms.distill_count);
   } else {
     terms.distill_loss = zero;
+    terms.distill_count = zero;
   }
   terms.sft_loss = tokens.sft_nll.defined() ? tokens.sft_nll : zero;
+  terms.sft_count = tokens.sft_nll.defined() ? tokens.sft_count : zero;
 
   torch::NoGradGuard no_grad;
   const torch::Tensor log_ratio =

@@ -37,6 +37,7 @@ struct TokenTerms {
   torch::Tensor distill;         // [B, L] ℓ_D(n); undefined without teacher log-probs
   torch::Tensor entropy;         // [B, L] H(p_n), no graph
   torch::Tensor sft_nll;         // scalar mean NLL of the demonstrations; undefined if none
+  torch::Tensor sft_count;       // demonstration tokens sft_nll averages over
 };
 
 // Runs the model on `batch`, which must already be on the model's device.
@@ -63,6 +64,13 @@ struct LossTerms {
   torch::Tensor distill_loss;
   torch::Tensor sft_loss;
   torch::Tensor logits;  // [B, L, V] raw model logits, with graph
+  // What each mean above was taken over (tokens or sequences, per the
+  // aggregation; 0 for an absent term), unclamped, without graph. A
+  // data-parallel step weighs each rank's gradient by them, so R ranks give
+  // the gradient of the mean over the whole batch, not a mean of means.
+  torch::Tensor reward_count;
+  torch::Tensor distill_count;
+  torch::Tensor sft_count;
   // Over response tokens (token mean), without graph.
   double entropy = 0.0;        // H(p_n) under the temperature
   double clip_fraction = 0.0;  // share of tokens where the PPO clip is active

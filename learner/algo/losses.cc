@@ -43,7 +43,7 @@ DistillLoss ParseDistillLoss(const std::string& name) {
 }
 
 torch::Tensor Aggregate(const torch::Tensor& per_position, const torch::Tensor& mask,
-                        Aggregation agg) {
+                        Aggregation agg, torch::Tensor* count) {
   CheckSameShape(per_position, mask, "Aggregate");
   if (per_position.dim() != 2) {
     throw std::invalid_argument("Aggregate: expected [B, T], got " +
@@ -54,7 +54,9 @@ torch::Tensor Aggregate(const torch::Tensor& per_position, const torch::Tensor& 
   // placeholder teacher row) and NaN * 0 would poison the sum.
   const torch::Tensor masked = per_position.masked_fill(weight == 0, 0) * weight;
   if (agg == Aggregation::kTokenMean) {
-    return masked.sum() / weight.sum().clamp_min(1);
+    const torch::Tensor tokens = weight.sum();
+    if (count != nullptr) *count = tokens.detach();
+    return masked.sum() / tokens.clamp_min(1);
   }
   const torch::Tensor seq_sum = masked.sum(1);
   const torch::Tensor seq_tokens = weight.sum(1);
@@ -63,7 +65,9 @@ torch::Tensor Aggregate(const torch::Tensor& per_position, const torch::Tensor& 
   const torch::Tensor per_seq = agg == Aggregation::kSeqMeanTokenMean
                                     ? seq_sum / seq_tokens.clamp_min(1)
                                     : seq_sum;
-  return (per_seq * seq_valid).sum() / seq_valid.sum().clamp_min(1);
+  const torch::Tensor sequences = seq_valid.sum();
+  if (count != nullptr) *count = sequences.detach();
+  return (per_seq * seq_valid).sum() / sequences.clamp_min(1);
 }
 
 torch::Tensor GrpoAdvantages(const torch::Tensor& rewards, bool norm_std, double eps) {

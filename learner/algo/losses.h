@@ -23,9 +23,12 @@ DistillLoss ParseDistillLoss(const std::string& name);
 // response positions, 0.0 elsewhere. token-mean: sum / #valid tokens;
 // seq-mean-token-mean: mean over sequences (with >= 1 valid token) of the
 // per-sequence token mean; seq-mean-token-sum: mean over sequences of the
-// per-sequence sum.
+// per-sequence sum. `count` (optional) receives what the mean was taken over
+// — valid tokens, or valid sequences for the seq-mean forms — unclamped and
+// without graph: a data-parallel step needs it to weigh ranks (an empty mask
+// gives a 0 loss and a 0 count).
 torch::Tensor Aggregate(const torch::Tensor& per_position, const torch::Tensor& mask,
-                        Aggregation agg);
+                        Aggregation agg, torch::Tensor* count = nullptr);
 
 // A_i = (r_i - mean_j r_j) / (std_j r_j + eps), std the population std over
 // the group (norm_std=false: no division). rewards: [num_groups, G].

@@ -24,6 +24,55 @@ std::vector<torch::Tensor> TrainableParameters(model::Decoder& model) {
   return params;
 }
 
+// Data parallel. Rank r's term is a mean L = s_r / max(c_r, 1) over its own
+// c_r tokens (or sequences); the whole batch's mean is Σ s_r / max(C, 1),
+// C = Σ c_r. Scaling each rank's term by max(c_r, 1) / max(C, 1) before its
+// backward makes the sum of the ranks' gradients the gradient of that mean,
+// whatever the split, instead of a mean of per-rank means.
+struct RankShares {
+  double reward_scale = 1, distill_scale = 1, sft_scale = 1;
+  double reward_loss = 0, distill_loss = 0, sft_loss = 0;  // over the whole batch
+  bool any_distill = false, any_sft = false;                // on some rank
+};
+
+RankShares ShareAcrossRanks(const LossTerms& terms, bool has_distill, bool has_sft,
+                            Collectives& collectives) {
+  auto count = [](const torch::Tensor& c, bool present) {
+    return present && c.defined() ? c.detach().to(torch::kCPU, torch::kFloat64).reshape({})
+                                  : torch::zeros({}, torch::kFloat64);
+  };
+  auto loss = [](const torch::Tensor& l, bool present) {
+    return present ? l.detach().to(torch::kCPU, torch::kFloat64).reshape({})
+                   : torch::zeros({}, torch::kFloat64);
+  };
+  const torch::Tensor counts = torch::stack({count(terms.reward_count, true),
+                                             count(terms.distill_count, has_distill),
+                                             count(terms.sft_count, has_sft)});
+  const torch::Tensor losses = torch::stack({loss(terms.reward_loss, true),
+                                             loss(terms.distill_loss, has_distill),
+                                             loss(terms.sft_loss, has_sft)});
+  const torch::Tensor local_weight = counts.clamp_min(1);
+  // [c_R, c_D, c_S, s_R, s_D, s_S] summed over ranks; on the group's device.
+  const torch::Device device = terms.reward_loss.device();
+  torch::Tensor shared = torch::cat({counts, losses * local_weight}).to(device);
+  collectives.SumInPlace({shared});
+  shared = shared.to(torch::kCPU);
+  const double* g = shared.data_ptr<double>();
+  const double* local = local_weight.data_ptr<double>();
+  RankShares shares;
+  const double total_reward = std::max(g[0], 1.0), total_distill = std::max(g[1], 1.0),
+               total_sft = std::max(g[2], 1.0);
+  shares.reward_scale = local[0] / total_reward;
+  shares.distill_scale = local[1] / total_distill;
+  shares.sft_scale = local[2] / total_sft;
+  shares.reward_loss = g[3] / total_reward;
+  shares.distill_loss = g[4] / total_distill;
+  shares.sft_loss = g[5] / total_sft;
+  shares.any_distill = g[1] > 0;
+  shares.any_sft = g[2] > 0;
+  return shares;
+}
+
 }  // namespace
 
 PolicyOptimizer::PolicyOptimizer(model::Decoder model, double lr, double weight_decay,
@@ -71,9 +120,20 @@ StepStats PolicyOptimizer::Step(const LossTerms& terms, double lambda) {
   return Step(terms, plan, /*separate=*/true);
 }
 
+void PolicyOptimizer::set_collectives(Collectives* collectives) {
+  collectives_ = collectives;
+  if (collectives_ == nullptr || collectives_->size() == 1) return;
+  // Every rank starts from rank 0's weights; identical updates keep them so.
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> params;
+  for (const torch::Tensor& p : params_) params.push_back(p.data());
+  collectives_->Broadcast(params, /*root=*/0);
+}
+
 StepStats PolicyOptimizer::Step(const LossTerms& terms, const GradientPlan& plan, bool separate) {
   StepStats stats;
   auto has_graph = [](const torch::Tensor& t) { return t.defined() && t.requires_grad(); };
+  // This rank's graphs...
   const bool has_distill = has_graph(terms.distill_loss);
   const bool has_sft = has_graph(terms.sft_loss) && plan.sft_weight != 0.0;
   const torch::Device device = params_.front().device();
@@ -82,25 +142,48 @@ StepStats PolicyOptimizer::Step(const LossTerms& terms, const GradientPlan& plan
   };
   std::vector<torch::Tensor> host_values = {scalar(terms.reward_loss),
                                             scalar(terms.distill_loss), scalar(terms.sft_loss)};
+  // ... and, data parallel, the terms some rank has (a rank without one
+  // still sums a zero gradient for it, so the collectives match up).
+  const bool parallel = collectives_ != nullptr && collectives_->size() > 1;
+  RankShares shares;
+  shares.any_distill = has_distill;
+  shares.any_sft = has_sft;
+  if (parallel) {
+    shares = ShareAcrossRanks(terms, has_distill, has_sft, *collectives_);
+    host_values = {torch::tensor(shares.reward_loss, torch::kFloat64).to(device),
+                   torch::tensor(shares.distill_loss, torch::kFloat64).to(device),
+                   torch::tensor(shares.sft_loss, torch::kFloat64).to(device)};
+  }
+  const torch::Tensor reward_loss = terms.reward_loss * shares.reward_scale;
+  const torch::Tensor distill_loss =
+      has_distill ? terms.distill_loss * shares.distill_scale : terms.distill_loss;
+  const torch::Tensor sft_loss = has_sft ? terms.sft_loss * shares.sft_scale : terms.sft_loss;
+  const bool any_sft = shares.any_sft && plan.sft_weight != 0.0;
 
   stats.measured = separate || plan.project || plan.normalize;
   if (stats.measured) {
     // One backward per signal, each into its own buffer; the shared graph
     // (the logits) is kept until the last one.
     AttachGradients(reward_grad_, /*zero=*/true);
-    terms.reward_loss.backward({}, /*retain_graph=*/has_distill || has_sft);
+    reward_loss.backward({}, /*retain_graph=*/has_distill || has_sft);
     GradientList distill(1), sft(1);
-    if (has_distill) {
+    if (shares.any_distill) {
       AttachGradients(distill_grad_, /*zero=*/true);
-      terms.distill_loss.backward({}, /*retain_graph=*/has_sft);
+      if (has_distill) distill_loss.backward({}, /*retain_graph=*/has_sft);
       distill[0] = distill_grad_.flat;
     }
-    if (has_sft) {
+    if (any_sft) {
       AttachGradients(sft_grad_, /*zero=*/true);
-      terms.sft_loss.backward();
+      if (has_sft) sft_loss.backward();
       sft[0] = sft_grad_.flat;
     }
     torch::NoGradGuard no_grad;
+    if (parallel) {
+      std::vector<torch::Tensor> buffers = {reward_grad_.flat};
+      if (shares.any_distill) buffers.push_back(distill_grad_.flat);
+      if (any_sft) buffers.push_back(sft_grad_.flat);
+      collectives_->SumInPlace(buffers);
+    }
     // Combines in place into the reward buffer, which becomes .grad.
     const CombinedGradient combined =
         CombineGradients({reward_grad_.flat}, std::move(distill), std::move(sft), plan, device);
@@ -112,11 +195,12 @@ StepStats PolicyOptimizer::Step(const LossTerms& terms, const GradientPlan& plan
     }
   } else {
     AttachGradients(reward_grad_, /*zero=*/true);
-    torch::Tensor total = plan.reward_weight * terms.reward_loss;
-    if (has_distill) total = total + plan.distill_weight * terms.distill_loss;
-    if (has_sft) total = total + plan.sft_weight * terms.sft_loss;
+    torch::Tensor total = plan.reward_weight * reward_loss;
+    if (has_distill) total = total + plan.distill_weight * distill_loss;
+    if (has_sft) total = total + plan.sft_weight * sft_loss;
     total.backward();
     torch::NoGradGuard no_grad;
+    if (parallel) collectives_->SumInPlace({reward_grad_.flat});
     host_values.push_back(reward_grad_.flat.to(torch::kFloat64).square().sum());
   }
 
@@ -124,7 +208,7 @@ StepStats PolicyOptimizer::Step(const LossTerms& terms, const GradientPlan& plan
   const torch::Tensor host = torch::stack(host_values).to(torch::kCPU);
   const double* h = host.data_ptr<double>();
   stats.reward_loss = h[0];
-  stats.distill_loss = has_distill ? h[1] : 0.0;
+  stats.distill_loss = shares.any_distill ? h[1] : 0.0;
   stats.sft_loss = h[2];
   stats.grad_norm = std::sqrt(h[3]);
   if (stats.measured) {

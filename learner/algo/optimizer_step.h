@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "learner/algo/balance.h"
+#include "learner/algo/collectives.h"
 #include "learner/algo/hybrid_loss.h"
 #include "model/transformer.h"
 
@@ -53,6 +54,12 @@ class PolicyOptimizer {
   PolicyOptimizer(model::Decoder model, double lr, double weight_decay, double max_grad_norm,
                   int64_t warmup_steps = 0);
 
+  // Data parallel: from now on each Step sums the ranks' gradients before
+  // anything reads them (norms, κ, M3, clipping), so every rank applies the
+  // same update: that of one step over all ranks' batches together. Starts
+  // by broadcasting rank 0's parameters. Not owned; null: one process.
+  void set_collectives(Collectives* collectives);
+
   // separate = false with a plan that neither projects nor normalizes takes
   // one backward pass of the weighted sum (no κ); otherwise three.
   StepStats Step(const LossTerms& terms, const GradientPlan& plan, bool separate);
@@ -86,6 +93,7 @@ class PolicyOptimizer {
 
   model::Decoder model_;
   std::vector<torch::Tensor> params_;
+  Collectives* collectives_ = nullptr;
   FlatGradient reward_grad_, distill_grad_, sft_grad_;
   torch::optim::AdamW optimizer_;
   double base_lr_;

@@ -72,7 +72,7 @@ void Validate(const model::Decoder& model, const std::vector<SftExample>& exampl
 }  // namespace
 
 torch::Tensor SftNll(const torch::Tensor& logits, const torch::Tensor& targets,
-                     const torch::Tensor& mask) {
+                     const torch::Tensor& mask, torch::Tensor* count) {
   if (logits.dim() != 3 || targets.sizes() != logits.sizes().slice(0, 2) ||
       mask.sizes() != targets.sizes()) {
     throw std::invalid_argument("SftNll: want logits [B, T, V], targets and mask [B, T]; got " +
@@ -85,7 +85,9 @@ torch::Tensor SftNll(const torch::Tensor& logits, const torch::Tensor& targets,
       logits.reshape({-1, vocab}).to(torch::kFloat32), targets.reshape({-1}),
       torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kNone));
   const torch::Tensor weight = mask.reshape({-1}).to(nll.scalar_type());
-  return (nll * weight).sum() / weight.sum().clamp_min(1);
+  const torch::Tensor tokens = weight.sum();
+  if (count != nullptr) *count = tokens.detach();
+  return (nll * weight).sum() / tokens.clamp_min(1);
 }
 
 double WarmupCosineLr(double lr, int64_t step, int64_t warmup_steps, int64_t total_steps) {

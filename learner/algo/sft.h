@@ -31,8 +31,9 @@ struct SftOptions {
 
 // Mean NLL over positions where mask > 0. logits [B, T, V], targets [B, T]
 // int64, mask [B, T]. A scalar with graph.
+// `count` (optional): the target tokens averaged over (see Aggregate).
 torch::Tensor SftNll(const torch::Tensor& logits, const torch::Tensor& targets,
-                     const torch::Tensor& mask);
+                     const torch::Tensor& mask, torch::Tensor* count = nullptr);
 
 // Trains `model` in place with AdamW on the NLL of the answer tokens only
 // (prompt tokens are context, not targets). Returns the loss of the last

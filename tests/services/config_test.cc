@@ -118,6 +118,34 @@ TEST(ConfigTest, BadOverrides) {
             "override 'workers': expected key=value");
 }
 
+TEST(ConfigTest, EnvironmentOverridesComeBetweenTheFileAndTheCommandLine) {
+  const char* environment[] = {"PATH=/usr/bin",
+                               "KAPPA_CFG_TRAINER__STEPS=40",
+                               "KAPPA_CFG_WORKERS=5",
+                               "KAPPA_CFG_TRAINER__GROUPS_PER_STEP=6",
+                               "KAPPA_BIN_DIR=/opt/kappa",  // not a config variable
+                               nullptr};
+  absl::StatusOr<std::vector<std::string>> overrides =
+      WithEnvironmentOverrides({"workers=7"}, environment);
+  ASSERT_TRUE(overrides.ok()) << overrides.status();
+  EXPECT_EQ(*overrides, (std::vector<std::string>{"trainer.groups_per_step=6", "trainer.steps=40",
+                                                  "workers=5", "workers=7"}));
+  absl::StatusOr<Config> config = ParseConfig("trainer:\n  steps: 3\n", "run.yaml", *overrides);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->trainer.steps, 40);           // environment over the file
+  EXPECT_EQ(config->trainer.groups_per_step, 6);
+  EXPECT_EQ(config->workers, 7);                  // command line over the environment
+
+  const char* bad[] = {"KAPPA_CFG_TRAINER__STEPZ=4", nullptr};
+  EXPECT_EQ(WithEnvironmentOverrides({}, bad).status().message(),
+            "environment variable KAPPA_CFG_TRAINER__STEPZ: override 'trainer.stepz=4': unknown "
+            "key 'trainer.stepz'");
+  const char* bad_value[] = {"KAPPA_CFG_TRAINER__STEPS=many", nullptr};
+  EXPECT_EQ(WithEnvironmentOverrides({}, bad_value).status().message(),
+            "environment variable KAPPA_CFG_TRAINER__STEPS: override 'trainer.steps=many': key "
+            "'trainer.steps' expects an integer, got 'many'");
+}
+
 TEST(ConfigTest, YamlRoundTrip) {
   Config config;
   config.name = "round trip: with colon";

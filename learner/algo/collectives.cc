@@ -1,0 +1,126 @@
+#include "learner/algo/collectives.h"
+
+#include <torch/csrc/distributed/c10d/FileStore.hpp>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#ifdef USE_C10D_NCCL
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+
+#include <stdexcept>
+
+namespace kappa::learner {
+namespace {
+
+// Over any c10d process group class: ProcessGroupGloo and ProcessGroupNCCL
+// have the same allreduce/broadcast signatures in libtorch 1.13 (where they
+// are ProcessGroups) and 2.x (where they are Backends).
+template <typename Group>
+class C10dCollectives final : public Collectives {
+ public:
+  C10dCollectives(c10::intrusive_ptr<Group> group, int rank, int size)
+      : group_(std::move(group)), rank_(rank), size_(size) {}
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+
+  void SumInPlace(const std::vector<torch::Tensor>& tensors) override {
+    if (size_ == 1) return;
+    for (const torch::Tensor& tensor : tensors) {
+      // One tensor per call: given several, c10d sums them all into one.
+      std::vector<torch::Tensor> one = {tensor};
+      ::c10d::AllreduceOptions options;
+      options.reduceOp = ::c10d::ReduceOp::SUM;
+      group_->allreduce(one, options)->wait();
+    }
+  }
+
+  void Broadcast(const std::vector<torch::Tensor>& tensors, int root) override {
+    if (size_ == 1) return;
+    for (const torch::Tensor& tensor : tensors) {
+      std::vector<torch::Tensor> one = {tensor};
+      ::c10d::BroadcastOptions options;
+      options.rootRank = root;
+      group_->broadcast(one, options)->wait();
+    }
+  }
+
+ private:
+  c10::intrusive_ptr<Group> group_;
+  const int rank_;
+  const int size_;
+};
+
+std::unique_ptr<Collectives> OverStore(const c10::intrusive_ptr<::c10d::Store>& store, int rank,
+                                       int size, torch::Device device,
+                                       std::chrono::milliseconds timeout) {
+  if (device.is_cuda()) {
+#ifdef USE_C10D_NCCL
+    auto options = ::c10d::ProcessGroupNCCL::Options::create();
+    options->timeout = timeout;
+    return std::make_unique<C10dCollectives<::c10d::ProcessGroupNCCL>>(
+        c10::make_intrusive<::c10d::ProcessGroupNCCL>(store, rank, size, options), rank, size);
+#else
+    throw std::invalid_argument("collectives: CUDA device but libtorch has no NCCL");
+#endif
+  }
+  auto options = ::c10d::ProcessGroupGloo::Options::create();
+  options->timeout = timeout;
+  options->devices.push_back(::c10d::ProcessGroupGloo::createDefaultDevice());
+  return std::make_unique<C10dCollectives<::c10d::ProcessGroupGloo>>(
+      c10::make_intrusive<::c10d::ProcessGroupGloo>(store, rank, size, options), rank, size);
+}
+
+}  // namespace
+
+std::unique_ptr<Collectives> ConnectCollectives(const CollectivesOptions& options) {
+  if (options.world_size < 1 || options.rank < 0 || options.rank >= options.world_size) {
+    throw std::invalid_argument("collectives: rank " + std::to_string(options.rank) +
+                                " outside world size " + std::to_string(options.world_size));
+  }
+  c10::intrusive_ptr<::c10d::Store> store;
+  const std::string& url = options.store;
+  if (url.rfind("tcp://", 0) == 0) {
+    const std::string address = url.substr(6);
+    const size_t colon = address.rfind(':');
+    int port = 0;
+    try {
+      port = colon == std::string::npos ? 0 : std::stoi(address.substr(colon + 1));
+    } catch (const std::exception&) {
+      port = 0;
+    }
+    if (colon == std::string::npos || port <= 0 || port > 65535) {
+      throw std::invalid_argument("collectives: store '" + url + "' is not tcp://HOST:PORT");
+    }
+    ::c10d::TCPStoreOptions tcp;
+    tcp.port = static_cast<uint16_t>(port);
+    tcp.isServer = options.rank == 0;
+    tcp.numWorkers = options.world_size;
+    tcp.waitWorkers = true;
+    tcp.timeout = options.timeout;
+    store = c10::make_intrusive<::c10d::TCPStore>(address.substr(0, colon), tcp);
+  } else if (url.rfind("file://", 0) == 0) {
+    store = c10::make_intrusive<::c10d::FileStore>(url.substr(7), options.world_size);
+  } else {
+    throw std::invalid_argument("collectives: store '" + url +
+                                "' must be tcp://HOST:PORT or file:///PATH");
+  }
+  store->setTimeout(options.timeout);
+  return OverStore(store, options.rank, options.world_size, options.device, options.timeout);
+}
+
+struct InProcessRendezvous::Impl {
+  int world_size;
+  c10::intrusive_ptr<::c10d::Store> store = c10::make_intrusive<::c10d::HashStore>();
+};
+
+InProcessRendezvous::InProcessRendezvous(int world_size) : impl_(new Impl{world_size}) {}
+InProcessRendezvous::~InProcessRendezvous() = default;
+
+std::unique_ptr<Collectives> InProcessRendezvous::Join(int rank) {
+  return OverStore(impl_->store, rank, impl_->world_size, torch::kCPU, std::chrono::seconds(60));
+}
+
+}  // namespace kappa::learner

@@ -1,0 +1,63 @@
+// What a data-parallel learner needs from torch's c10d: sum tensors across
+// the ranks and broadcast one rank's tensors, on Gloo (CPU) or NCCL (CUDA).
+// Every rank ends a SumInPlace with the same bits, which is what keeps the
+// ranks' parameters bitwise identical step after step.
+//
+// libtorch only. Calls are collective: every rank must make the same calls
+// in the same order with tensors of the same shapes, or they block until the
+// store's timeout (std::runtime_error from c10d).
+#pragma once
+
+#include <torch/torch.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace kappa::learner {
+
+class Collectives {
+ public:
+  virtual ~Collectives() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // Elementwise sum over ranks of each tensor, in place, one collective per
+  // tensor (contiguous, on the group's device).
+  virtual void SumInPlace(const std::vector<torch::Tensor>& tensors) = 0;
+  // Copies rank `root`'s tensors into every other rank's, in place.
+  virtual void Broadcast(const std::vector<torch::Tensor>& tensors, int root) = 0;
+};
+
+struct CollectivesOptions {
+  // Where the ranks meet: "tcp://HOST:PORT" (rank 0 listens on PORT, the
+  // others connect to HOST:PORT) or "file:///PATH" (a file on storage every
+  // rank sees; it must not exist from an earlier run).
+  std::string store;
+  int rank = 0;
+  int world_size = 1;
+  // Gloo for CPU; NCCL for CUDA (when libtorch was built with it).
+  torch::Device device = torch::kCPU;
+  // Rendezvous and each collective give up after this long.
+  std::chrono::milliseconds timeout = std::chrono::minutes(5);
+};
+
+// Connects to the other ranks (blocks until all world_size have joined or
+// the timeout passes). Throws std::invalid_argument on a bad store address,
+// rank or size, std::runtime_error when the rendezvous fails.
+std::unique_ptr<Collectives> ConnectCollectives(const CollectivesOptions& options);
+
+// For tests: `world_size` ranks in this process, one per thread, meeting
+// in an in-memory store. Call from each rank's own thread.
+class InProcessRendezvous {
+ public:
+  explicit InProcessRendezvous(int world_size);
+  ~InProcessRendezvous();
+  std::unique_ptr<Collectives> Join(int rank);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kappa::learner

@@ -1,0 +1,156 @@
+// The data-parallel learner step on real c10d Gloo process groups (two
+// ranks, one thread each): after N steps the ranks' parameters are bitwise
+// identical, and equal to one process stepping on the whole batch, also when
+// the ranks hold unequal shares (so the ranks' gradients are weighted by
+// their token counts, not averaged as a mean of means).
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <functional>
+#include <thread>
+#include <vector>
+
+#include "learner/algo/collectives.h"
+#include "learner/algo/hybrid_step.h"
+#include "tests/algo/tiny_model.h"
+
+namespace kappa::learner {
+namespace {
+
+using testing::RandomGroups;
+using testing::TinyModel;
+
+constexpr int kSteps = 3;
+
+struct RunResult {
+  std::vector<torch::Tensor> parameters;
+  std::vector<double> kappas;
+  std::vector<double> distill_losses;
+};
+
+HybridStepConfig Config(int64_t kappa_every) {
+  HybridStepConfig config;
+  config.loss.lambda = 0.5;
+  config.monitor.kappa_every = kappa_every;
+  return config;
+}
+
+// kSteps steps of `model`; at step s the batch is `groups[s]` (this rank's share).
+RunResult Train(model::Decoder model, const HybridStepConfig& config, Collectives* collectives,
+                const std::vector<std::vector<ScoredGroup>>& groups) {
+  auto optimizer = std::make_unique<PolicyOptimizer>(model, 1e-3, 0.01, /*max_grad_norm=*/1.0);
+  optimizer->set_collectives(collectives);
+  HybridStep step(model, std::move(optimizer), config);
+  RunResult result;
+  for (int s = 0; s < kSteps; ++s) {
+    const HybridStepReport report = step.Run(BuildTrainBatch(groups[s], true, 0));
+    result.kappas.push_back(report.stats.kappa().value_or(-1));
+    result.distill_losses.push_back(report.stats.distill_loss);
+  }
+  for (const torch::Tensor& p : model->parameters()) result.parameters.push_back(p.detach().clone());
+  return result;
+}
+
+// Rank r of 2 trains on groups [split[r], split[r+1]) of each step's 6 groups.
+void ExpectDataParallelEqualsOneProcess(const HybridStepConfig& config, std::vector<size_t> split,
+                                        const std::function<std::unique_ptr<Collectives>(int)>& join) {
+  // Models and data come from torch's global generator: made here, before
+  // the rank threads start, not raced for inside them.
+  std::vector<std::vector<ScoredGroup>> whole(kSteps);
+  std::vector<std::vector<std::vector<ScoredGroup>>> shares(2, std::vector<std::vector<ScoredGroup>>(kSteps));
+  for (int s = 0; s < kSteps; ++s) {
+    whole[s] = RandomGroups(6, 4, true, 100 + s);
+    for (int r = 0; r < 2; ++r) {
+      shares[r][s] = {whole[s].begin() + split[r], whole[s].begin() + split[r + 1]};
+    }
+  }
+  const RunResult single = Train(TinyModel(11), config, nullptr, whole);
+  // Rank 1 starts from other weights: the broadcast must fix that.
+  std::vector<model::Decoder> models = {TinyModel(11), TinyModel(12)};
+
+  std::vector<RunResult> ranks(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      std::unique_ptr<Collectives> collectives = join(r);
+      ranks[r] = Train(models[r], config, collectives.get(), shares[r]);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+
+  ASSERT_EQ(ranks[0].parameters.size(), single.parameters.size());
+  for (size_t i = 0; i < single.parameters.size(); ++i) {
+    EXPECT_TRUE(torch::equal(ranks[0].parameters[i], ranks[1].parameters[i]))
+        << "parameter " << i << " differs between the ranks";
+    EXPECT_TRUE(torch::allclose(ranks[0].parameters[i], single.parameters[i], 1e-4, 1e-6))
+        << "parameter " << i << ": max |diff| "
+        << (ranks[0].parameters[i] - single.parameters[i]).abs().max().item<double>();
+  }
+  for (int s = 0; s < kSteps; ++s) {
+    // κ and the losses are the whole batch's, the same on every rank.
+    EXPECT_EQ(ranks[0].kappas[s], ranks[1].kappas[s]) << "step " << s;
+    EXPECT_NEAR(ranks[0].kappas[s], single.kappas[s], 1e-4 * std::fabs(single.kappas[s]) + 1e-9)
+        << "step " << s;
+    EXPECT_NEAR(ranks[0].distill_losses[s], single.distill_losses[s], 1e-5) << "step " << s;
+  }
+}
+
+TEST(DataParallelTest, TwoGlooRanksEqualOneProcessOnTheWholeBatch) {
+  InProcessRendezvous rendezvous(2);
+  ExpectDataParallelEqualsOneProcess(Config(/*kappa_every=*/1), {0, 3, 6},
+                                     [&](int rank) { return rendezvous.Join(rank); });
+}
+
+TEST(DataParallelTest, UnequalSharesAreWeightedByTheirTokens) {
+  // One group against five, in both step paths (separate backward passes
+  // with κ, and the single backward of the weighted sum).
+  for (int64_t kappa_every : {1, 0}) {
+    SCOPED_TRACE("kappa_every " + std::to_string(kappa_every));
+    InProcessRendezvous rendezvous(2);
+    ExpectDataParallelEqualsOneProcess(Config(kappa_every), {0, 1, 6},
+                                       [&](int rank) { return rendezvous.Join(rank); });
+  }
+}
+
+int FreePort() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  socklen_t length = sizeof(addr);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &length);
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+TEST(DataParallelTest, RanksMeetThroughATcpStore) {
+  const std::string store = "tcp://127.0.0.1:" + std::to_string(FreePort());
+  ExpectDataParallelEqualsOneProcess(Config(1), {0, 2, 6}, [&](int rank) {
+    CollectivesOptions options;
+    options.store = store;
+    options.rank = rank;
+    options.world_size = 2;
+    options.timeout = std::chrono::seconds(60);
+    return ConnectCollectives(options);
+  });
+}
+
+TEST(DataParallelTest, BadStoreAddressesAreRefused) {
+  CollectivesOptions options;
+  options.world_size = 2;
+  for (const char* store : {"127.0.0.1:29500", "tcp://127.0.0.1", "tcp://host:http", "nfs:///x"}) {
+    options.store = store;
+    EXPECT_THROW(ConnectCollectives(options), std::invalid_argument) << store;
+  }
+  options.store = "tcp://127.0.0.1:29500";
+  options.rank = 2;
+  EXPECT_THROW(ConnectCollectives(options), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace kappa::learner
