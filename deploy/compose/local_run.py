@@ -21,7 +21,8 @@ Substitutions (the only differences from a container run):
   * volume targets become host directories: a bind mount's target maps to its
     source (e.g. /etc/kappa/kappa.yaml -> deploy/compose/kappa.yaml), a named
     volume's target to <work>/volumes/<name>; rewritten in arguments and
-    environment values wherever a value is or starts with a target path;
+    environment values wherever a value (or the value of a key=value
+    argument) is or starts with a target path;
   * every (service, replica, container port) named in a listen flag
     (HOST:PORT with HOST 0.0.0.0) gets a free loopback port: `0.0.0.0:P`,
     `127.0.0.1:P` (in the service's own healthcheck) and `SERVICE:P` /
@@ -244,6 +245,9 @@ class LocalRun:
         return self.ports[key]
 
     def rewrite(self, value, service, replica, mounts):
+        m = re.fullmatch(r"([a-z_][a-z0-9_.]*)=(.*)", value)
+        if m:  # a config override key=value: rewrite the value
+            return f"{m.group(1)}={self.rewrite(m.group(2), service, replica, mounts)}"
         for target, host in mounts:
             if value == target:
                 return host
