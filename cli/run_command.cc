@@ -17,6 +17,7 @@
 #include "cli/run_session.h"
 #include "cli/service_launch.h"
 #include "cli/termination_signal.h"
+#include "learner/data_parallel_setup.h"
 #include "learner/step_config.h"
 #include "services/config.h"
 
@@ -37,6 +38,11 @@ absl::Status Preflight(const services::Config& config) {
   // The learner would refuse these too, but only after the bootstrap and
   // every process had started.
   if (absl::Status status = learner::ValidateStepConfig(config); !status.ok()) return status;
+  if (absl::Status status =
+          learner::ResolveDataParallel(config, {{"dist-store", "tcp://127.0.0.1:1"}}, "").status();
+      !status.ok()) {
+    return status;
+  }
   for (const char* binary :
        {kTeacherBinary, kVerifierBinary, kLearnerBinary, kRolloutWorkerBinary}) {
     absl::StatusOr<std::string> path = FindServiceBinary(binary);

@@ -56,6 +56,9 @@ class Session {
       if (!Spawn(*spec)) return Stop(1);
     }
     learner_pid_ = pids_.back();
+    for (const ProcessSpec& rank : plan_.learner_ranks) {
+      if (!Spawn(rank)) return Stop(1);
+    }
     std::cout << "started teacher (" << options_.teacher_address << "), verifier ("
               << options_.verifier_address << "), learner (" << options_.learner_address
               << "); logs in " << options_.run_dir << "/logs/\n";
@@ -93,6 +96,9 @@ class Session {
         {"teacher", ConnectAddress(options_.teacher_address)},
         {"verifier", ConnectAddress(options_.verifier_address)},
         {"learner", ConnectAddress(options_.learner_address)}};
+    for (size_t i = 0; i < plan_.learner_ranks.size(); ++i) {
+      pending.emplace_back(plan_.learner_ranks[i].name, plan_.learner_rank_addresses[i]);
+    }
     const auto deadline = Clock::now() + options_.health_timeout;
     while (!pending.empty()) {
       if (TerminationSignal() != 0) return Interrupted();

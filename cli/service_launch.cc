@@ -128,17 +128,54 @@ absl::StatusOr<LaunchPlan> PlanLaunch(const services::Config& config,
   if (!spec.ok()) return spec.status();
   plan.verifier = *std::move(spec);
 
-  std::vector<std::string> learner_args = {"--run-dir", run_dir};
-  if (resume) learner_args.push_back("--resume");
-  spec = add("kappa-learner", "learner", kLearnerBinary, std::move(learner_args),
-             ThreadEnv(config.learner.threads, tpp));
-  if (!spec.ok()) return spec.status();
-  plan.learner = *std::move(spec);
+  // Data parallel: ranks 1.. listen on ports of their own and meet rank 0
+  // at the store; all share the run directory (only rank 0 writes to it).
+  const int64_t ranks = std::max<int64_t>(1, config.learner.world_size);
+  std::string store = config.learner.dist_store;
+  if (ranks > 1 && store.empty()) {
+    absl::StatusOr<int> port = PickFreePort(config.host);
+    if (!port.ok()) return port.status();
+    store = absl::StrCat("tcp://", ConnectAddress(absl::StrCat(config.host, ":", *port)));
+  }
+  std::vector<std::string> learner_addresses = {ConnectAddress(config.learner.address)};
+  for (int64_t rank = 0; rank < ranks; ++rank) {
+    std::vector<std::string> learner_args = {"--run-dir", run_dir};
+    if (resume) learner_args.push_back("--resume");
+    if (ranks > 1) {
+      for (const std::string& arg : {std::string("--world-size"), absl::StrCat(ranks),
+                                     std::string("--rank"), absl::StrCat(rank),
+                                     std::string("--dist-store"), store}) {
+        learner_args.push_back(arg);
+      }
+    }
+    if (rank > 0) {
+      absl::StatusOr<int> port = PickFreePort(config.host);
+      if (!port.ok()) return port.status();
+      const std::string address = absl::StrCat(config.host, ":", *port);
+      learner_args.push_back("--address");
+      learner_args.push_back(address);
+      learner_addresses.push_back(ConnectAddress(address));
+    }
+    spec = add("kappa-learner", rank == 0 ? "learner" : absl::StrCat("learner-", rank),
+               kLearnerBinary, std::move(learner_args), ThreadEnv(config.learner.threads, tpp));
+    if (!spec.ok()) return spec.status();
+    if (rank == 0) {
+      plan.learner = *std::move(spec);
+    } else {
+      plan.learner_ranks.push_back(*std::move(spec));
+      plan.learner_rank_addresses.push_back(learner_addresses.back());
+    }
+  }
 
   for (int64_t i = 0; i < config.workers; ++i) {
     // A stable id per slot: the worker derives its sampling seed from it.
     const std::string name = absl::StrCat("rollout-", i);
-    spec = add("kappa-rollout", name, kRolloutWorkerBinary, {"--worker-id", name},
+    std::vector<std::string> worker_args = {"--worker-id", name};
+    if (ranks > 1) {
+      worker_args.push_back("--learner");
+      worker_args.push_back(learner_addresses[static_cast<size_t>(i % ranks)]);
+    }
+    spec = add("kappa-rollout", name, kRolloutWorkerBinary, std::move(worker_args),
                ThreadEnv(config.rollout.threads, tpp));
     if (!spec.ok()) return spec.status();
     plan.workers.push_back(*std::move(spec));

@@ -45,7 +45,11 @@ struct MetricsEndpoint {
 struct LaunchPlan {
   ProcessSpec teacher;
   ProcessSpec verifier;
-  ProcessSpec learner;
+  ProcessSpec learner;  // rank 0: evaluates, logs metrics.jsonl, checkpoints
+  // learner.world_size > 1: ranks 1.. (learner-1, ...) with their gRPC
+  // addresses; rollout worker i talks to rank i mod world_size.
+  std::vector<ProcessSpec> learner_ranks;
+  std::vector<std::string> learner_rank_addresses;
   std::vector<ProcessSpec> workers;  // rollout-0 .. rollout-(N-1)
   std::vector<MetricsEndpoint> metrics;  // every process above, each on a free port
 };

@@ -22,7 +22,7 @@ Coordinator::Coordinator(size_t dataset_size, uint64_t seed, int64_t data_positi
                          const CoordinatorOptions& options)
     : options_(options),
       lease_prefix_(MakeLeasePrefix()),
-      prompts_(dataset_size, seed, data_position) {}
+      prompts_(dataset_size, seed, data_position, options.rank, options.world_size) {}
 
 int64_t Coordinator::UsedSlotsLocked() const {
   return static_cast<int64_t>(leases_.size() + buffer_.size());

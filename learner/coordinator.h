@@ -28,6 +28,10 @@ struct CoordinatorOptions {
   int64_t buffer_groups = 64;
   int64_t max_staleness = 2;
   absl::Duration lease_timeout = absl::Seconds(30);
+  // Data parallel: this learner rank leases only its share of the prompts
+  // (PromptSource shards).
+  int rank = 0;
+  int world_size = 1;
 };
 
 struct Lease {

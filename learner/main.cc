@@ -1,18 +1,24 @@
 // kappa-learner: the coordinator and trainer process.
 //
 //   kappa-learner --config FILE [key=value ...] [--run-dir DIR] [--resume]
-//                 [--log-file FILE] [--address HOST:PORT]
+//                 [--log-file FILE] [--address HOST:PORT] [--metrics-address HOST:PORT]
+//                 [--world-size R --rank N|auto --dist-store URL]
 //   kappa-learner --health-check HOST:PORT
 #include <spdlog/spdlog.h>
 
+#include <unistd.h>
+
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
 #include <memory>
 
 #include "absl/strings/str_cat.h"
+#include "learner/algo/collectives.h"
 #include "learner/algo/optimizer_step.h"
 #include "learner/coordinator.h"
+#include "learner/data_parallel_setup.h"
 #include "learner/learner_metrics.h"
 #include "learner/learner_service.h"
 #include "learner/policy_publisher.h"
@@ -69,6 +75,19 @@ absl::StatusOr<StartPoint> LoadStartPoint(const services::Config& config,
   return start;
 }
 
+constexpr const char* kExtraUsage =
+    "  --run-dir DIR          run directory\n"
+    "  --resume               continue from DIR's latest checkpoint\n"
+    "  --world-size R         data-parallel ranks (default learner.world_size)\n"
+    "  --rank N|auto          this rank; auto: the host name's trailing -N\n"
+    "  --dist-store URL       tcp://HOST:PORT of rank 0 or file:///PATH (learner.dist_store)\n";
+
+std::string HostName() {
+  char host[256] = {0};
+  if (gethostname(host, sizeof(host) - 1) != 0) return "";
+  return host;
+}
+
 int Main(int argc, char** argv) {
   services::InstallTerminationHandlers();
   // --resume is the one boolean flag; the shared parser handles the rest.
@@ -82,16 +101,15 @@ int Main(int argc, char** argv) {
     }
   }
   absl::StatusOr<services::CommonFlags> flags =
-      services::ParseCommonFlags(static_cast<int>(args.size()), args.data(), {"run-dir"});
+      services::ParseCommonFlags(static_cast<int>(args.size()), args.data(),
+                                 {"run-dir", "rank", "world-size", "dist-store"});
   if (!flags.ok()) {
     std::cerr << "kappa-learner: " << flags.status().message() << "\n"
-              << services::Usage("kappa-learner", "  --run-dir DIR   run directory\n"
-                                                  "  --resume        continue from DIR's latest checkpoint\n");
+              << services::Usage("kappa-learner", kExtraUsage);
     return 2;
   }
   if (flags->help) {
-    std::cout << services::Usage("kappa-learner", "  --run-dir DIR   run directory\n"
-                                                  "  --resume        continue from DIR's latest checkpoint\n");
+    std::cout << services::Usage("kappa-learner", kExtraUsage);
     return 0;
   }
   services::InitLogging("learner", flags->log_file);
@@ -102,6 +120,11 @@ int Main(int argc, char** argv) {
   absl::StatusOr<services::Config> config = services::LoadConfigFromFlags(*flags);
   if (!config.ok()) {
     spdlog::error("{}", config.status().ToString());
+    return 2;
+  }
+  absl::StatusOr<DataParallelSetup> rank = ResolveDataParallel(*config, flags->extra, HostName());
+  if (!rank.ok()) {
+    spdlog::error("{}", std::string(rank.status().message()));
     return 2;
   }
   if (config->trainer.groups_per_step > config->learner.buffer_groups) {
@@ -141,11 +164,37 @@ int Main(int argc, char** argv) {
       start->student, config->trainer.lr, config->trainer.weight_decay,
       config->trainer.max_grad_norm);
   if (!start->optimizer_path.empty()) optimizer->Load(start->optimizer_path);
+  // Data parallel: meet the other ranks (blocks until all have joined) and
+  // start from rank 0's weights. A resumed run must give every rank the same
+  // checkpoint (a shared run directory): optimizer state is not broadcast.
+  std::unique_ptr<Collectives> collectives;
+  if (rank->world_size > 1) {
+    spdlog::info("data parallel: rank {} of {}, meeting at {}", rank->rank, rank->world_size,
+                 rank->store);
+    CollectivesOptions options;
+    options.store = rank->store;
+    options.rank = rank->rank;
+    options.world_size = rank->world_size;
+    options.device = start->student->parameters().front().device();
+    // A collective waits for the slowest rank's batch, so this bounds how
+    // long any rank may go without groups before the run fails.
+    options.timeout = std::chrono::minutes(30);
+    try {
+      collectives = ConnectCollectives(options);
+      optimizer->set_collectives(collectives.get());
+    } catch (const std::exception& e) {
+      spdlog::error("data parallel: {}", e.what());
+      return 1;
+    }
+    spdlog::info("data parallel: all {} ranks joined", rank->world_size);
+  }
 
   CoordinatorOptions coordinator_options;
   coordinator_options.buffer_groups = config->learner.buffer_groups;
   coordinator_options.max_staleness = config->learner.max_staleness;
   coordinator_options.lease_timeout = absl::Milliseconds(config->learner.lease_timeout_ms);
+  coordinator_options.rank = rank->rank;
+  coordinator_options.world_size = rank->world_size;
   Coordinator coordinator((*train)->size(), config->seed, start->state.data_position,
                           coordinator_options);
   PolicyPublisher publisher;
@@ -172,7 +221,7 @@ int Main(int argc, char** argv) {
   spdlog::info("learner serving on {} (run dir {})", address, run_dir);
 
   TrainerLoop trainer(*config, run_dir, start->student, std::move(optimizer), start->state,
-                      &coordinator, &publisher, **heldout, tokenizer);
+                      &coordinator, &publisher, **heldout, tokenizer, *rank);
   // One registry for the process; /metrics only when asked for.
   services::metrics::Registry registry;
   LearnerMetrics learner_metrics(registry);

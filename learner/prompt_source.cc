@@ -5,9 +5,14 @@
 
 namespace kappa::learner {
 
-PromptSource::PromptSource(size_t dataset_size, uint64_t seed, int64_t position)
-    : size_(dataset_size), seed_(seed), position_(position) {
+PromptSource::PromptSource(size_t dataset_size, uint64_t seed, int64_t position, int shard,
+                           int shards)
+    : size_(dataset_size), seed_(seed), position_(position), shard_(shard), shards_(shards) {
   if (size_ == 0) throw std::invalid_argument("PromptSource: empty dataset");
+  if (shards_ < 1 || shard_ < 0 || shard_ >= shards_) {
+    throw std::invalid_argument("PromptSource: shard " + std::to_string(shard_) + " of " +
+                                std::to_string(shards_));
+  }
 }
 
 // Fisher-Yates with a hand-rolled bounded draw: std::uniform_int_distribution
@@ -24,9 +29,10 @@ void PromptSource::ShuffleEpoch(int64_t epoch) {
 }
 
 size_t PromptSource::Next() {
-  const int64_t epoch = position_ / static_cast<int64_t>(size_);
+  const int64_t global = position_ * shards_ + shard_;
+  const int64_t epoch = global / static_cast<int64_t>(size_);
   if (epoch != epoch_) ShuffleEpoch(epoch);
-  const size_t index = order_[position_ % static_cast<int64_t>(size_)];
+  const size_t index = order_[global % static_cast<int64_t>(size_)];
   ++position_;
   return index;
 }

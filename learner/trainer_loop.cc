@@ -23,13 +23,25 @@ std::vector<ScoredGroup> TakeGroups(std::vector<BufferedGroup>& buffered) {
   return groups;
 }
 
+// FNV-1a over every parameter's float32 bytes: equal only if bitwise equal.
+uint64_t ParameterFingerprint(model::Decoder& model) {
+  uint64_t hash = 0xcbf29ce484222325ULL;
+  torch::NoGradGuard no_grad;
+  for (const torch::Tensor& p : model->parameters()) {
+    const torch::Tensor bytes = p.detach().to(torch::kCPU, torch::kFloat32).contiguous();
+    const auto* data = static_cast<const unsigned char*>(bytes.data_ptr());
+    for (int64_t i = 0; i < bytes.numel() * 4; ++i) hash = (hash ^ data[i]) * 0x100000001b3ULL;
+  }
+  return hash;
+}
+
 }  // namespace
 
 TrainerLoop::TrainerLoop(const services::Config& config, std::string run_dir,
                          model::Decoder student, std::unique_ptr<PolicyOptimizer> optimizer,
                          const TrainerState& start, Coordinator* coordinator,
                          PolicyPublisher* publisher, const tasks::Dataset& heldout,
-                         const model::CharTokenizer& tokenizer)
+                         const model::CharTokenizer& tokenizer, DataParallelSetup rank)
     : config_(config),
       run_dir_(std::move(run_dir)),
       student_(std::move(student)),
@@ -39,7 +51,9 @@ TrainerLoop::TrainerLoop(const services::Config& config, std::string run_dir,
       publisher_(publisher),
       heldout_(heldout),
       tokenizer_(tokenizer),
-      metrics_(run_dir_ + "/metrics.jsonl") {}
+      rank_(std::move(rank)),
+      metrics_(rank_.primary() ? std::make_unique<MetricsLog>(run_dir_ + "/metrics.jsonl")
+                               : nullptr) {}
 
 void TrainerLoop::PublishPolicy() {
   auto snapshot = std::make_shared<PolicySnapshot>();
@@ -88,10 +102,10 @@ absl::Status TrainerLoop::Run(const std::function<bool()>& stop_requested) {
   std::filesystem::create_directories(run_dir_ + "/checkpoints");
   PublishPolicy();
   const absl::Time run_start = absl::Now();
-  if (state_.step == 0) {
+  if (state_.step == 0 && rank_.primary()) {
     const double accuracy = EvaluateHeldOut();
     spdlog::info("step 0: held-out accuracy {:.3f}", accuracy);
-    metrics_.Write({{"step", 0},
+    metrics_->Write({{"step", 0},
                     {"policy_version", state_.policy_version},
                     {"eval_accuracy", accuracy},
                     {"elapsed_seconds", 0.0}});
@@ -99,9 +113,11 @@ absl::Status TrainerLoop::Run(const std::function<bool()>& stop_requested) {
   absl::Time last_step_end = absl::Now();
   while (state_.step < config_.trainer.steps) {
     if (stop_requested()) return absl::CancelledError("stop requested");
-    std::vector<BufferedGroup> buffered =
-        coordinator_->TakeBatch(static_cast<size_t>(config_.trainer.groups_per_step),
-                                state_.policy_version, absl::Now() + absl::Seconds(1));
+    // Data parallel: this rank's share; the step sums over the ranks.
+    const int64_t local_groups = rank_.local_groups_per_step > 0 ? rank_.local_groups_per_step
+                                                                 : config_.trainer.groups_per_step;
+    std::vector<BufferedGroup> buffered = coordinator_->TakeBatch(
+        static_cast<size_t>(local_groups), state_.policy_version, absl::Now() + absl::Seconds(1));
     if (buffered.empty()) continue;
     const absl::Time step_start = absl::Now();
     nlohmann::json lease_ids = nlohmann::json::array();
@@ -172,11 +188,12 @@ absl::Status TrainerLoop::Run(const std::function<bool()>& stop_requested) {
     }
     AddAlarms(events, *alarms_, record);
     const bool last = state_.step == config_.trainer.steps;
-    if ((config_.trainer.eval_every > 0 && state_.step % config_.trainer.eval_every == 0) ||
-        last) {
+    if (rank_.primary() &&
+        ((config_.trainer.eval_every > 0 && state_.step % config_.trainer.eval_every == 0) ||
+         last)) {
       record["eval_accuracy"] = EvaluateHeldOut();
     }
-    metrics_.Write(record);
+    if (metrics_ != nullptr) metrics_->Write(record);
     if (metrics_exporter_ != nullptr) {
       StepObservationForMetrics observed;
       observed.step = state_.step;
@@ -196,12 +213,16 @@ absl::Status TrainerLoop::Run(const std::function<bool()>& stop_requested) {
                  record.contains("eval_accuracy")
                      ? absl::StrCat(" eval ", record["eval_accuracy"].get<double>())
                      : "");
-    if ((config_.trainer.checkpoint_every > 0 &&
-         state_.step % config_.trainer.checkpoint_every == 0) ||
-        last) {
+    if (rank_.primary() && ((config_.trainer.checkpoint_every > 0 &&
+                              state_.step % config_.trainer.checkpoint_every == 0) ||
+                             last)) {
       if (absl::Status status = SaveCheckpoint(state_.step); !status.ok()) return status;
     }
   }
+  // Data-parallel ranks must end bit-identical; this line lets anyone (and
+  // the end-to-end test) compare their logs.
+  spdlog::info("final parameters: rank {} of {}, fingerprint {:016x}", rank_.rank,
+               rank_.world_size, ParameterFingerprint(student_));
   return absl::OkStatus();
 }
 

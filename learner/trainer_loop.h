@@ -13,6 +13,7 @@
 #include "learner/algo/hybrid_step.h"
 #include "learner/algo/optimizer_step.h"
 #include "learner/coordinator.h"
+#include "learner/data_parallel_setup.h"
 #include "learner/learner_metrics.h"
 #include "learner/metrics_log.h"
 #include "learner/policy_publisher.h"
@@ -26,10 +27,14 @@ namespace kappa::learner {
 
 class TrainerLoop {
  public:
+  // Data parallel (`rank`): every rank trains on its local share of each
+  // step's groups (the optimizer holds the collectives); only the primary
+  // rank evaluates, writes metrics.jsonl and checkpoints.
   TrainerLoop(const services::Config& config, std::string run_dir, model::Decoder student,
               std::unique_ptr<PolicyOptimizer> optimizer, const TrainerState& start,
               Coordinator* coordinator, PolicyPublisher* publisher,
-              const tasks::Dataset& heldout, const model::CharTokenizer& tokenizer);
+              const tasks::Dataset& heldout, const model::CharTokenizer& tokenizer,
+              DataParallelSetup rank = {});
 
   // Runs until trainer.steps are done or `stop_requested` returns true.
   // INVALID_ARGUMENT naming the key on a bad balancing/gating/alarm setting.
@@ -56,7 +61,8 @@ class TrainerLoop {
   PolicyPublisher* const publisher_;
   const tasks::Dataset& heldout_;
   const model::CharTokenizer& tokenizer_;
-  MetricsLog metrics_;
+  const DataParallelSetup rank_;
+  std::unique_ptr<MetricsLog> metrics_;  // the primary rank's
   LearnerMetrics* metrics_exporter_ = nullptr;
 };
 

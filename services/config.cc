@@ -95,6 +95,8 @@ const std::vector<Field>& Fields() {
       KAPPA_CONFIG_FIELD(learner.buffer_groups),
       KAPPA_CONFIG_FIELD(learner.max_staleness),
       KAPPA_CONFIG_FIELD(learner.threads),
+      KAPPA_CONFIG_FIELD(learner.world_size),
+      KAPPA_CONFIG_FIELD(learner.dist_store),
 
       KAPPA_CONFIG_FIELD(rollout.max_outstanding),
       KAPPA_CONFIG_FIELD(rollout.temperature),

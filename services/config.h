@@ -81,6 +81,12 @@ struct Config {
     int64_t buffer_groups = 64;        // bounded buffer of scored groups
     int64_t max_staleness = 2;         // drop groups older than this many versions
     int64_t threads = 1;
+    // Data-parallel ranks (kappa-learner --rank N of world_size): each takes
+    // its share of every batch; gradients are summed over ranks (c10d).
+    int64_t world_size = 1;
+    // Where the ranks meet: tcp://HOST:PORT (rank 0 listens) or file:///PATH.
+    // kappa run picks a loopback port when world_size > 1 and this is empty.
+    std::string dist_store;
   } learner;
   struct Rollout {
     int64_t max_outstanding = 2;       // work items a worker holds at once

@@ -1,0 +1,61 @@
+#include "learner/data_parallel_setup.h"
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+
+namespace kappa::learner {
+namespace {
+
+std::string FlagOr(const std::map<std::string, std::string>& flags, const std::string& name,
+                   const std::string& fallback) {
+  const auto it = flags.find(name);
+  return it == flags.end() ? fallback : it->second;
+}
+
+}  // namespace
+
+absl::StatusOr<DataParallelSetup> ResolveDataParallel(
+    const services::Config& config, const std::map<std::string, std::string>& flags,
+    const std::string& host_name) {
+  DataParallelSetup setup;
+  const std::string world_size =
+      FlagOr(flags, "world-size", absl::StrCat(config.learner.world_size));
+  if (!absl::SimpleAtoi(world_size, &setup.world_size) || setup.world_size < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--world-size / learner.world_size: want an integer >= 1, got '",
+                     world_size, "'"));
+  }
+  const std::string rank = FlagOr(flags, "rank", "0");
+  if (rank == "auto") {
+    const size_t dash = host_name.rfind('-');
+    if (dash == std::string::npos ||
+        !absl::SimpleAtoi(host_name.substr(dash + 1), &setup.rank)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--rank auto: host name '", host_name, "' does not end in -N (a StatefulSet ordinal)"));
+    }
+  } else if (!absl::SimpleAtoi(rank, &setup.rank)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--rank: want an integer or 'auto', got '", rank, "'"));
+  }
+  if (setup.rank < 0 || setup.rank >= setup.world_size) {
+    return absl::InvalidArgumentError(absl::StrCat("--rank: ", setup.rank, " is outside [0, ",
+                                                   setup.world_size, ") (the world size)"));
+  }
+  if (setup.world_size > 1) {
+    setup.store = FlagOr(flags, "dist-store", config.learner.dist_store);
+    if (setup.store.empty()) {
+      return absl::InvalidArgumentError(
+          "--dist-store / learner.dist_store: needed when the world size is above 1 "
+          "(tcp://HOST:PORT of rank 0, or file:///PATH)");
+    }
+  }
+  if (config.trainer.groups_per_step % setup.world_size != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("trainer.groups_per_step (", config.trainer.groups_per_step,
+                     ") must be a multiple of the world size (", setup.world_size, ")"));
+  }
+  setup.local_groups_per_step = config.trainer.groups_per_step / setup.world_size;
+  return setup;
+}
+
+}  // namespace kappa::learner

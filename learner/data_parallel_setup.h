@@ -1,0 +1,33 @@
+// Which data-parallel rank this learner process is and where the ranks meet,
+// from the config (learner.world_size, learner.dist_store) and the flags
+// --world-size R, --rank N|auto, --dist-store URL (flags win).
+//
+// `--rank auto` reads the ordinal a StatefulSet puts at the end of the pod's
+// host name (learner-2 → rank 2), so one pod template serves every rank.
+#pragma once
+
+#include <map>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "services/config.h"
+
+namespace kappa::learner {
+
+struct DataParallelSetup {
+  int rank = 0;
+  int world_size = 1;
+  std::string store;  // tcp://HOST:PORT or file:///PATH; empty when world_size is 1
+  bool primary() const { return rank == 0; }
+  // Groups each rank trains on per step (trainer.groups_per_step / world_size).
+  int64_t local_groups_per_step = 0;
+};
+
+// INVALID_ARGUMENT naming the flag or key: a rank outside [0, world_size), a
+// world size above 1 without a store, --rank auto on a host name without a
+// trailing -N, or trainer.groups_per_step not divisible by the world size.
+absl::StatusOr<DataParallelSetup> ResolveDataParallel(
+    const services::Config& config, const std::map<std::string, std::string>& flags,
+    const std::string& host_name);
+
+}  // namespace kappa::learner
