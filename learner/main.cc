@@ -136,9 +136,14 @@ int Main(int argc, char** argv) {
   services::ConfigureTorchThreads(config->learner.threads);
   torch::manual_seed(config->seed);
   const auto run_dir_flag = flags->extra.find("run-dir");
-  const std::string run_dir = run_dir_flag == flags->extra.end()
-                                  ? absl::StrCat(config->runs_dir, "/", config->name)
-                                  : run_dir_flag->second;
+  const std::string base_run_dir = run_dir_flag == flags->extra.end()
+                                       ? absl::StrCat(config->runs_dir, "/", config->name)
+                                       : run_dir_flag->second;
+  // Every rank checkpoints (so each resumes from its own state, in step with
+  // the others); ranks above 0 keep theirs under rank-N/ so a shared run
+  // directory holds them all. metrics.jsonl is rank 0's alone.
+  const std::string run_dir =
+      rank->primary() ? base_run_dir : absl::StrCat(base_run_dir, "/rank-", rank->rank);
   const std::string address = flags->address.empty() ? config->learner.address : flags->address;
   std::filesystem::create_directories(run_dir);
 
@@ -153,6 +158,14 @@ int Main(int argc, char** argv) {
     spdlog::error("{}", start.status().ToString());
     return 2;
   }
+  absl::StatusOr<torch::Device> device =
+      services::ResolveDevice(config->learner.device, "learner.device");
+  if (!device.ok()) {
+    spdlog::error("{}", device.status().ToString());
+    return 2;
+  }
+  start->student->to(*device);
+  spdlog::info("learner computes on {}", device->str());
   model::CharTokenizer tokenizer;
   if (start->student->config().vocab_size != tokenizer.vocab_size()) {
     spdlog::error("student vocab_size {} does not match the tokenizer's {}",
@@ -187,6 +200,19 @@ int Main(int argc, char** argv) {
       return 1;
     }
     spdlog::info("data parallel: all {} ranks joined", rank->world_size);
+    // Resumed ranks must stand at the same step, or their loops would run a
+    // different number of collectives; all ranks learn of a mismatch at once.
+    const torch::Tensor step = torch::tensor({start->state.step}, torch::kLong).to(options.device);
+    const torch::Tensor rank0_step = step.clone();
+    collectives->Broadcast({rank0_step}, 0);
+    const torch::Tensor mismatches = (step != rank0_step).to(torch::kLong);
+    collectives->SumInPlace({mismatches});
+    if (mismatches.item<int64_t>() > 0) {
+      spdlog::error("data parallel: the ranks start from different steps (this rank {}, rank 0 "
+                    "{}); resume every rank from the same checkpoint step",
+                    start->state.step, rank0_step.item<int64_t>());
+      return 1;
+    }
   }
 
   CoordinatorOptions coordinator_options;

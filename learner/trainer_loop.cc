@@ -213,9 +213,9 @@ absl::Status TrainerLoop::Run(const std::function<bool()>& stop_requested) {
                  record.contains("eval_accuracy")
                      ? absl::StrCat(" eval ", record["eval_accuracy"].get<double>())
                      : "");
-    if (rank_.primary() && ((config_.trainer.checkpoint_every > 0 &&
-                              state_.step % config_.trainer.checkpoint_every == 0) ||
-                             last)) {
+    if ((config_.trainer.checkpoint_every > 0 &&
+         state_.step % config_.trainer.checkpoint_every == 0) ||
+        last) {
       if (absl::Status status = SaveCheckpoint(state_.step); !status.ok()) return status;
     }
   }

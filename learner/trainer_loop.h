@@ -28,8 +28,9 @@ namespace kappa::learner {
 class TrainerLoop {
  public:
   // Data parallel (`rank`): every rank trains on its local share of each
-  // step's groups (the optimizer holds the collectives); only the primary
-  // rank evaluates, writes metrics.jsonl and checkpoints.
+  // step's groups (the optimizer holds the collectives) and checkpoints into
+  // its own `run_dir`; only the primary rank evaluates and writes
+  // metrics.jsonl.
   TrainerLoop(const services::Config& config, std::string run_dir, model::Decoder student,
               std::unique_ptr<PolicyOptimizer> optimizer, const TrainerState& start,
               Coordinator* coordinator, PolicyPublisher* publisher,

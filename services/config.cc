@@ -86,6 +86,7 @@ const std::vector<Field>& Fields() {
       KAPPA_CONFIG_FIELD(teacher.max_batch_sequences),
       KAPPA_CONFIG_FIELD(teacher.max_wait_ms),
       KAPPA_CONFIG_FIELD(teacher.threads),
+      KAPPA_CONFIG_FIELD(teacher.device),
 
       KAPPA_CONFIG_FIELD(verifier.address),
       KAPPA_CONFIG_FIELD(verifier.max_items),
@@ -95,6 +96,7 @@ const std::vector<Field>& Fields() {
       KAPPA_CONFIG_FIELD(learner.buffer_groups),
       KAPPA_CONFIG_FIELD(learner.max_staleness),
       KAPPA_CONFIG_FIELD(learner.threads),
+      KAPPA_CONFIG_FIELD(learner.device),
       KAPPA_CONFIG_FIELD(learner.world_size),
       KAPPA_CONFIG_FIELD(learner.dist_store),
 

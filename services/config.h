@@ -68,6 +68,7 @@ struct Config {
     int64_t max_batch_sequences = 64;
     int64_t max_wait_ms = 5;
     int64_t threads = 1;
+    std::string device = "cpu";        // cpu | cuda | cuda:N
   } teacher;
 
   // --- services
@@ -81,6 +82,7 @@ struct Config {
     int64_t buffer_groups = 64;        // bounded buffer of scored groups
     int64_t max_staleness = 2;         // drop groups older than this many versions
     int64_t threads = 1;
+    std::string device = "cpu";        // cpu | cuda | cuda:N (the rank's GPU under data parallel)
     // Data-parallel ranks (kappa-learner --rank N of world_size): each takes
     // its share of every batch; gradients are summed over ranks (c10d).
     int64_t world_size = 1;

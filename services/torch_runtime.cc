@@ -5,6 +5,9 @@
 
 #include <mutex>
 
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+
 namespace kappa::services {
 
 void ConfigureTorchThreads(int64_t intra_op_threads) {
@@ -19,6 +22,25 @@ void ConfigureTorchThreads(int64_t intra_op_threads) {
     } catch (const c10::Error&) {
     }
   });
+}
+
+absl::StatusOr<torch::Device> ResolveDevice(const std::string& name, const std::string& key) {
+  if (name == "cpu") return torch::Device(torch::kCPU);
+  if (name != "cuda" && name.rfind("cuda:", 0) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(key, ": '", name, "' is not cpu, cuda or cuda:N"));
+  }
+  int index = 0;
+  if (name != "cuda" && (!absl::SimpleAtoi(name.substr(5), &index) || index < 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(key, ": '", name, "' has no device index"));
+  }
+  const int64_t available = static_cast<int64_t>(torch::cuda::device_count());
+  if (index >= available) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        key, ": '", name, "' asked for, but this libtorch sees ", available,
+        " CUDA device(s) (a CPU build of libtorch, or no GPU visible)"));
+  }
+  return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(index));
 }
 
 }  // namespace kappa::services

@@ -53,10 +53,17 @@ int Serve(const kappa::services::CommonFlags& flags) {
   kappa::teacher::TeacherMetrics metrics(registry);
   std::unique_ptr<kappa::teacher::TeacherService> service;
   try {
+    absl::StatusOr<torch::Device> device =
+        kappa::services::ResolveDevice(config->teacher.device, "teacher.device");
+    if (!device.ok()) {
+      spdlog::error("teacher: {}", device.status().ToString());
+      return 2;
+    }
     kappa::model::Decoder model = kappa::model::LoadCheckpoint(checkpoint);
+    model->to(*device);
     options.model_name = model->config().name.empty() ? checkpoint : model->config().name;
-    spdlog::info("loaded teacher '{}' from {}: vocab {}, {} layers, hidden {}",
-                 options.model_name, checkpoint, model->config().vocab_size,
+    spdlog::info("loaded teacher '{}' from {} on {}: vocab {}, {} layers, hidden {}",
+                 options.model_name, checkpoint, device->str(), model->config().vocab_size,
                  model->config().num_hidden_layers, model->config().hidden_size);
     absl::StatusOr<std::unique_ptr<kappa::teacher::TeacherService>> created =
         kappa::teacher::TeacherService::Create(model, options, &metrics);

@@ -254,7 +254,8 @@ void PolicyOptimizer::Save(const std::string& path) const {
 void PolicyOptimizer::Load(const std::string& path) {
   torch::serialize::InputArchive archive;
   try {
-    archive.load_from(path);
+    // Onto the parameters' device: a CPU checkpoint resumes on a GPU and back.
+    archive.load_from(path, params_.front().device());
     optimizer_.load(archive);
     torch::Tensor step;
     archive.read("kappa_policy_optimizer_step", step);

@@ -129,6 +129,36 @@ TEST(EndToEndLoopTest, TwoDataParallelLearnerRanksTrainInLockstep) {
     ++lines;
   }
   EXPECT_EQ(lines, 5);
+
+  // Every rank checkpointed (rank 1 under rank-1/), so both resume at step 4
+  // and go on in lockstep.
+  EXPECT_TRUE(fs::exists(root / "runs" / "dp" / "rank-1" / "checkpoints" / "latest"));
+  const std::string resume = "KAPPA_CFG_LEARNER__WORLD_SIZE=2 " + std::string(KAPPA_CLI) +
+                             " run " + config.string() + " trainer.steps=6 --resume --no-progress > " +
+                             (root / "resume.out").string() + " 2>&1";
+  ASSERT_EQ(std::system(resume.c_str()), 0) << ReadAll(root / "resume.out");
+  const std::string resumed0 = ReadAll(logs / "learner.log");
+  const std::string resumed1 = ReadAll(logs / "learner-1.log");
+  EXPECT_NE(resumed1.find("step 6:"), std::string::npos) << resumed1;
+  const size_t second_run = resumed0.rfind("final parameters: ");
+  ASSERT_NE(second_run, std::string::npos);
+  EXPECT_EQ(Fingerprint(resumed0.substr(second_run)),
+            Fingerprint(resumed1.substr(resumed1.rfind("final parameters: "))));
+  EXPECT_NE(Fingerprint(resumed0.substr(second_run)), Fingerprint(rank0)) << "no step was taken";
+
+  // A rank without its checkpoint would start at step 0 against rank 0's 6:
+  // refused, by both ranks, before any step.
+  fs::remove_all(root / "runs" / "dp" / "rank-1" / "checkpoints");
+  const std::string mismatched = "KAPPA_CFG_LEARNER__WORLD_SIZE=2 " + std::string(KAPPA_CLI) +
+                                 " run " + config.string() +
+                                 " trainer.steps=8 --resume --no-progress > " +
+                                 (root / "mismatch.out").string() + " 2>&1";
+  EXPECT_NE(std::system(mismatched.c_str()), 0);
+  const std::string refused = ReadAll(logs / "learner.log");
+  EXPECT_NE(refused.find("the ranks start from different steps (this rank 6, rank 0 6)"),
+            std::string::npos)
+      << refused;
+  EXPECT_EQ(refused.find("step 7:"), std::string::npos);
   fs::remove_all(root);
 }
 
