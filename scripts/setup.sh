@@ -4,6 +4,8 @@
 # only one dpkg query.
 set -euo pipefail
 
+# What the build needs (deploy/docker/Dockerfile's build stage installs
+# exactly these; tests/deploy checks it).
 PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config git
   libtorch-dev libopenblas0-pthread libgloo-dev
@@ -11,22 +13,27 @@ PACKAGES=(
   libabsl-dev libspdlog-dev libfmt-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libyaml-cpp-dev
-  prometheus
   nlohmann-json3-dev
+)
+# The real tools the tests drive: Prometheus (promtool and the server),
+# headless Chromium for the report, docker-compose/python for the deploy
+# checks, openssl for certificates.
+TEST_PACKAGES=(
+  prometheus
   curl openssl
   python3 python3-yaml jq docker-compose
   chromium fonts-dejavu-core
 )
 
 missing=()
-for pkg in "${PACKAGES[@]}"; do
+for pkg in "${PACKAGES[@]}" "${TEST_PACKAGES[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed"; then
     missing+=("$pkg")
   fi
 done
 
 if ((${#missing[@]} == 0)); then
-  echo "setup: all ${#PACKAGES[@]} packages present"
+  echo "setup: all $((${#PACKAGES[@]} + ${#TEST_PACKAGES[@]})) packages present"
   exit 0
 fi
 
