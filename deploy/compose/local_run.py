@@ -36,8 +36,9 @@ Prometheus and Grafana (third-party images) are not started; every kappa
 
 Checks: bootstrap exits 0; every healthcheck passes; the learner exits 0
 within --timeout; metrics.jsonl holds steps 1..steps; every long-running
-process served /metrics; at least --min-active-workers workers (default 2,
-of 3) report kappa_worker_groups_total > 0. Then SIGTERM to everything,
+process served /metrics; every rollout worker connected to the learner (its
+log says so); at least --min-active-workers workers (default 1) report
+kappa_worker_groups_total > 0. Then SIGTERM to everything,
 SIGKILL after 5 s. Exit status 0 on success, 1 on any failure (with the
 failing process's log tail), 2 on usage errors.
 """
@@ -459,6 +460,15 @@ class LocalRun:
             svc = self.services[p.service]
             if "--metrics-address" in as_list(svc.get("command")) and p.name not in self.metrics_seen:
                 raise Failure(f"{p.name}: /metrics never answered", p)
+        # Wiring: every worker reached the learner through its service address.
+        # Which of them got work before a 4-step run ended is a race (a worker
+        # that loads its policy last may find the steps done), so only one
+        # worker is required to have sent groups by default.
+        for p in self.replicas("rollout"):
+            with open(p.log_path, errors="replace") as f:
+                if "connected to the learner as" not in f.read():
+                    raise Failure(f"{p.name} never connected to the learner", p)
+        log(f"all {len(self.replicas('rollout'))} rollout workers connected to the learner")
         active = {}
         for p in self.replicas("rollout"):
             text = self.metrics_seen.get(p.name, "")
@@ -482,11 +492,11 @@ def main():
     ap.add_argument("--docker-compose", default=shutil.which("docker-compose") or "docker-compose")
     ap.add_argument("--scale", action="append", default=[], metavar="SERVICE=N",
                     help="replicas, as docker-compose up --scale (default rollout=3)")
-    ap.add_argument("--steps", type=int, default=4, help="trainer.steps (KAPPA_CFG_TRAINER__STEPS)")
+    ap.add_argument("--steps", type=int, default=8, help="trainer.steps (KAPPA_CFG_TRAINER__STEPS)")
     ap.add_argument("--no-tiny", dest="tiny", action="store_false",
                     help="keep the Compose config's model shapes and steps")
     ap.add_argument("--timeout", type=float, default=180, help="seconds for the whole run")
-    ap.add_argument("--min-active-workers", type=int, default=2)
+    ap.add_argument("--min-active-workers", type=int, default=1)
     ap.add_argument("--work-dir", help="keep volumes and logs here (default: a temp dir)")
     ap.add_argument("--keep", action="store_true", help="keep the temp work dir")
     args = ap.parse_args()
