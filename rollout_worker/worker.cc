@@ -137,6 +137,7 @@ grpc::Status RolloutWorker::ServeStream(bool* received_any) {
       std::lock_guard<std::mutex> lock(mu_);
       ++stats_.connections;
     }
+    if (options_.metrics != nullptr) options_.metrics->RecordConnection();
     spdlog::info("connected to the learner as {}", options_.worker_id);
     connection.reader = std::thread([this, &connection] { ReadLoop(&connection); });
     while (!stopping()) {

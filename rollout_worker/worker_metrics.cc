@@ -19,6 +19,8 @@ WorkerMetrics::WorkerMetrics(services::metrics::Registry& registry)
       items_dropped_(registry.GetCounter(
           "kappa_worker_items_dropped_total",
           "Work items given up: failed, lease expired, or lost with a broken stream.")),
+      connections_(registry.GetCounter("kappa_worker_learner_connections_total",
+                                       "Rollout streams opened to the learner (Hello sent).")),
       // One group is G samples decoded together, then verified and scored:
       // tens of milliseconds for the demo model, seconds for a large one.
       generation_seconds_(registry.GetHistogram(
@@ -38,6 +40,8 @@ void WorkerMetrics::RecordGroupSent(int64_t samples, int64_t tokens, double gene
   tokens_.Increment(static_cast<double>(tokens));
   generation_seconds_.Observe(generation_seconds);
 }
+
+void WorkerMetrics::RecordConnection() { connections_.Increment(); }
 
 void WorkerMetrics::RecordItemsDropped(int64_t items) {
   items_dropped_.Increment(static_cast<double>(items));

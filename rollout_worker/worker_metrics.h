@@ -16,6 +16,8 @@ class WorkerMetrics {
  public:
   explicit WorkerMetrics(services::metrics::Registry& registry);
 
+  // A Rollout stream to the learner opened (Hello sent).
+  void RecordConnection();
   // One group handed to the learner.
   void RecordGroupSent(int64_t samples, int64_t tokens, double generation_seconds);
   // A work item given up (failed, expired, or lost with a broken stream).
@@ -32,6 +34,7 @@ class WorkerMetrics {
   services::metrics::Counter& tokens_;
   services::metrics::Counter& groups_;
   services::metrics::Counter& items_dropped_;
+  services::metrics::Counter& connections_;
   services::metrics::Histogram& generation_seconds_;
   services::metrics::Gauge& policy_version_;
 };

@@ -36,8 +36,8 @@ Prometheus and Grafana (third-party images) are not started; every kappa
 
 Checks: bootstrap exits 0; every healthcheck passes; the learner exits 0
 within --timeout; metrics.jsonl holds steps 1..steps; every long-running
-process served /metrics; every rollout worker connected to the learner (its
-log says so); at least --min-active-workers workers (default 1) report
+process served /metrics; every rollout worker connected to the learner
+(kappa_worker_learner_connections_total >= 1); at least --min-active-workers workers (default 1) report
 kappa_worker_groups_total > 0. Then SIGTERM to everything,
 SIGKILL after 5 s. Exit status 0 on success, 1 on any failure (with the
 failing process's log tail), 2 on usage errors.
@@ -460,14 +460,16 @@ class LocalRun:
             svc = self.services[p.service]
             if "--metrics-address" in as_list(svc.get("command")) and p.name not in self.metrics_seen:
                 raise Failure(f"{p.name}: /metrics never answered", p)
-        # Wiring: every worker reached the learner through its service address.
-        # Which of them got work before a 4-step run ended is a race (a worker
+        # Wiring: every worker reached the learner through its service address
+        # (kappa_worker_learner_connections_total > 0 in its last scrape).
+        # Which of them got work before a short run ended is a race (a worker
         # that loads its policy last may find the steps done), so only one
         # worker is required to have sent groups by default.
         for p in self.replicas("rollout"):
-            with open(p.log_path, errors="replace") as f:
-                if "connected to the learner as" not in f.read():
-                    raise Failure(f"{p.name} never connected to the learner", p)
+            text = self.metrics_seen.get(p.name, "")
+            m = re.search(r"^kappa_worker_learner_connections_total (\S+)$", text, re.M)
+            if not m or float(m.group(1)) < 1:
+                raise Failure(f"{p.name} never connected to the learner", p)
         log(f"all {len(self.replicas('rollout'))} rollout workers connected to the learner")
         active = {}
         for p in self.replicas("rollout"):
