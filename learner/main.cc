@@ -178,8 +178,9 @@ int Main(int argc, char** argv) {
       config->trainer.max_grad_norm);
   if (!start->optimizer_path.empty()) optimizer->Load(start->optimizer_path);
   // Data parallel: meet the other ranks (blocks until all have joined) and
-  // start from rank 0's weights. A resumed run must give every rank the same
-  // checkpoint (a shared run directory): optimizer state is not broadcast.
+  // start from rank 0's weights. A resumed rank has loaded its own
+  // checkpoint (optimizer state included), written at the same step as the
+  // others': the ranks' updates are identical, so the states are too.
   std::unique_ptr<Collectives> collectives;
   if (rank->world_size > 1) {
     spdlog::info("data parallel: rank {} of {}, meeting at {}", rank->rank, rank->world_size,
