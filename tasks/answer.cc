@@ -1,5 +1,6 @@
 #include "tasks/answer.h"
 
+#include <algorithm>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -70,6 +71,35 @@ absl::StatusOr<float> ExactAnswerReward(std::string_view task, std::string_view 
   const std::optional<std::string> expected = CanonicalInteger(Trim(reference));
   const std::optional<std::string> got = ParseFinalAnswer(response);
   return got.has_value() && *got == *expected ? 1.0f : 0.0f;
+}
+
+std::string_view ExtractPythonCode(std::string_view response) {
+  // Fences open at the start of a line: "```" then the info string up to the
+  // end of the line.
+  size_t line_start = 0;
+  while (line_start < response.size()) {
+    size_t line_end = response.find('\n', line_start);
+    if (line_end == std::string_view::npos) line_end = response.size();
+    const std::string_view line = response.substr(line_start, line_end - line_start);
+    if (line.substr(0, 3) == "```") {
+      std::string info(Trim(line.substr(3)));
+      for (char& c : info) c = static_cast<char>(c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c);
+      if (info == "python" || info == "python3" || info == "py") {
+        const size_t body = std::min(line_end + 1, response.size());
+        // The closing fence is a line starting with ``` (after the body).
+        size_t close = body;
+        while (close < response.size()) {
+          if (response.substr(close, 3) == "```") return response.substr(body, close - body);
+          const size_t next = response.find('\n', close);
+          if (next == std::string_view::npos) break;
+          close = next + 1;
+        }
+        return response.substr(body);
+      }
+    }
+    line_start = line_end + 1;
+  }
+  return response;
 }
 
 }  // namespace kappa::tasks

@@ -34,4 +34,16 @@ absl::Status ValidateReference(std::string_view task, std::string_view reference
 absl::StatusOr<float> ExactAnswerReward(std::string_view task, std::string_view reference,
                                         std::string_view response);
 
+// The "code" task family is not an exact-answer task: the reference is Python
+// test code and the response a Python solution, and the reward comes from
+// running both in the verifier's sandbox (verifier/code_reward.h). The
+// functions above do not accept it.
+inline constexpr std::string_view kCodeTask = "code";
+inline bool IsCodeTask(std::string_view task) { return task == kCodeTask; }
+
+// The solution inside a model response: the body of the first fenced block
+// whose info string is python, python3 or py (any case; an unclosed fence runs
+// to the end), else the whole response.
+std::string_view ExtractPythonCode(std::string_view response);
+
 }  // namespace kappa::tasks

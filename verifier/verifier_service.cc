@@ -1,7 +1,10 @@
 #include "verifier/verifier_service.h"
 
+#include <algorithm>
+#include <atomic>
 #include <exception>
 #include <string>
+#include <thread>
 
 #include <spdlog/spdlog.h>
 
@@ -18,10 +21,36 @@ absl::Status FieldError(int index, const char* field, absl::string_view message)
   return absl::InvalidArgumentError(absl::StrCat("items[", index, "].", field, ": ", message));
 }
 
-absl::Status ValidateItem(const kappa::v1::VerifyItem& item, int index) {
+absl::Status ValidateCodeItem(const kappa::v1::VerifyItem& item, int index,
+                              const CodeRewarder* code) {
+  if (code == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "items[", index, "].task: code tasks are disabled on this verifier"));
+  }
+  if (!code->available().ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("items[", index, "].task: ", code->available().message()));
+  }
+  if (!IsValidUtf8(item.reference_answer())) {
+    return FieldError(index, "reference_answer", "not valid UTF-8");
+  }
+  if (absl::Status status = code->ValidateTests(item.reference_answer()); !status.ok()) {
+    return FieldError(index, "reference_answer", status.message());
+  }
+  if (!IsValidUtf8(item.response_text())) {
+    return FieldError(index, "response_text", "not valid UTF-8");
+  }
+  if (absl::Status status = code->ValidateResponse(item.response_text()); !status.ok()) {
+    return FieldError(index, "response_text", status.message());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateItem(const kappa::v1::VerifyItem& item, int index, const CodeRewarder* code) {
   // Proto3 parsing already rejects invalid UTF-8 in string fields on the wire;
   // these checks also cover in-process callers.
   if (!IsValidUtf8(item.task())) return FieldError(index, "task", "not valid UTF-8");
+  if (tasks::IsCodeTask(item.task())) return ValidateCodeItem(item, index, code);
   if (absl::Status status = tasks::ValidateTask(item.task()); !status.ok()) {
     return FieldError(index, "task", status.message());
   }
@@ -38,10 +67,34 @@ absl::Status ValidateItem(const kappa::v1::VerifyItem& item, int index) {
   return absl::OkStatus();
 }
 
+// Runs the request's code items (indices `code_items`), up to
+// code.capacity() at once; the slots bound the sandboxes across all calls.
+void ScoreCodeItems(const kappa::v1::VerifyRequest& request, const std::vector<int>& code_items,
+                    CodeRewarder& code, std::vector<float>* rewards) {
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t k = next++; k < code_items.size(); k = next++) {
+      const kappa::v1::VerifyItem& item = request.items(code_items[k]);
+      (*rewards)[code_items[k]] = code.Run(item.reference_answer(), item.response_text()).reward();
+    }
+  };
+  const size_t threads = std::min(code_items.size(), static_cast<size_t>(code.capacity()));
+  std::vector<std::thread> helpers;
+  for (size_t t = 1; t < threads; ++t) helpers.emplace_back(work);
+  work();
+  for (std::thread& helper : helpers) helper.join();
+}
+
 }  // namespace
 
+VerifierService::VerifierService(VerifierOptions options, VerifierMetrics* metrics)
+    : options_(options), metrics_(metrics) {
+  if (options_.code.enabled) code_ = std::make_unique<CodeRewarder>(options_.code, metrics_);
+}
+
 absl::StatusOr<std::vector<float>> ScoreRequest(const kappa::v1::VerifyRequest& request,
-                                                const VerifierOptions& options) {
+                                                const VerifierOptions& options,
+                                                CodeRewarder* code) {
   if (request.items_size() == 0) return absl::InvalidArgumentError("items: empty request");
   if (request.items_size() > options.max_items) {
     return absl::InvalidArgumentError(absl::StrCat("items: ", request.items_size(),
@@ -50,17 +103,24 @@ absl::StatusOr<std::vector<float>> ScoreRequest(const kappa::v1::VerifyRequest& 
   }
   // Validate everything first: a malformed item fails the whole request.
   for (int i = 0; i < request.items_size(); ++i) {
-    if (absl::Status status = ValidateItem(request.items(i), i); !status.ok()) return status;
+    if (absl::Status status = ValidateItem(request.items(i), i, code); !status.ok()) {
+      return status;
+    }
   }
-  std::vector<float> rewards;
-  rewards.reserve(request.items_size());
+  std::vector<float> rewards(request.items_size(), 0.0f);
+  std::vector<int> code_items;
   for (int i = 0; i < request.items_size(); ++i) {
     const kappa::v1::VerifyItem& item = request.items(i);
+    if (tasks::IsCodeTask(item.task())) {
+      code_items.push_back(i);
+      continue;
+    }
     absl::StatusOr<float> reward =
         tasks::ExactAnswerReward(item.task(), item.reference_answer(), item.response_text());
     if (!reward.ok()) return FieldError(i, "reference_answer", reward.status().message());
-    rewards.push_back(*reward);
+    rewards[i] = *reward;
   }
+  if (!code_items.empty()) ScoreCodeItems(request, code_items, *code, &rewards);
   return rewards;
 }
 
@@ -68,7 +128,7 @@ grpc::Status VerifierService::Verify(grpc::ServerContext*, const kappa::v1::Veri
                                      kappa::v1::VerifyResponse* response) {
   try {
     const absl::Time start = absl::Now();
-    absl::StatusOr<std::vector<float>> rewards = ScoreRequest(*request, options_);
+    absl::StatusOr<std::vector<float>> rewards = ScoreRequest(*request, options_, code_.get());
     if (metrics_ != nullptr) {
       metrics_->RecordRequest(absl::ToDoubleSeconds(absl::Now() - start), rewards);
     }
