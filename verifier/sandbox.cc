@@ -60,24 +60,42 @@ enum Stage : int32_t {
 
 const char* StageName(int32_t stage) {
   switch (stage) {
-    case kStageFds: return "arranging fds";
-    case kStageSetsid: return "setsid";
-    case kStageUnshareNet: return "unshare(CLONE_NEWNET)";
-    case kStageUnshareMount: return "unshare(CLONE_NEWNS)";
-    case kStageMountPrivate: return "making mounts private";
-    case kStageMountTmpfs: return "mounting the work dir tmpfs";
-    case kStageReadOnly: return "making mounts read-only";
-    case kStageWorkDirWritable: return "making the work dir writable";
-    case kStageWriteFiles: return "writing the program files";
-    case kStageUnsharePid: return "unshare(CLONE_NEWPID)";
-    case kStageForkInner: return "fork";
-    case kStageMountProc: return "mounting /proc";
-    case kStageChdir: return "chdir to the work dir";
-    case kStageRlimit: return "setrlimit";
-    case kStageDropPrivileges: return "dropping privileges";
-    case kStageNoNewPrivs: return "prctl(PR_SET_NO_NEW_PRIVS)";
-    case kStageExec: return "execve";
-    default: return "unknown step";
+    case kStageFds:
+      return "arranging fds";
+    case kStageSetsid:
+      return "setsid";
+    case kStageUnshareNet:
+      return "unshare(CLONE_NEWNET)";
+    case kStageUnshareMount:
+      return "unshare(CLONE_NEWNS)";
+    case kStageMountPrivate:
+      return "making mounts private";
+    case kStageMountTmpfs:
+      return "mounting the work dir tmpfs";
+    case kStageReadOnly:
+      return "making mounts read-only";
+    case kStageWorkDirWritable:
+      return "making the work dir writable";
+    case kStageWriteFiles:
+      return "writing the program files";
+    case kStageUnsharePid:
+      return "unshare(CLONE_NEWPID)";
+    case kStageForkInner:
+      return "fork";
+    case kStageMountProc:
+      return "mounting /proc";
+    case kStageChdir:
+      return "chdir to the work dir";
+    case kStageRlimit:
+      return "setrlimit";
+    case kStageDropPrivileges:
+      return "dropping privileges";
+    case kStageNoNewPrivs:
+      return "prctl(PR_SET_NO_NEW_PRIVS)";
+    case kStageExec:
+      return "execve";
+    default:
+      return "unknown step";
   }
 }
 
@@ -143,8 +161,8 @@ bool WriteFiles(const char* dir, const ChildFile* files, size_t count) {
   if (dir_fd < 0) return false;
   bool ok = true;
   for (size_t i = 0; i < count && ok; ++i) {
-    const int fd = openat(dir_fd, files[i].name,
-                          O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    const int fd =
+        openat(dir_fd, files[i].name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
     ok = fd >= 0 && WriteAll(fd, files[i].data, files[i].size);
     if (fd >= 0) close(fd);
   }
@@ -239,8 +257,7 @@ void SetMountAttributes(const char* path, unsigned int flags, uint64_t set, uint
     if (mount("tmpfs", plan.work_dir, "tmpfs", MS_NOSUID | MS_NODEV, plan.tmpfs_options) < 0) {
       Fail(kControlFd, kStageMountTmpfs);
     }
-    SetMountAttributes("/", AT_RECURSIVE, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID, 0,
-                       kStageReadOnly);
+    SetMountAttributes("/", AT_RECURSIVE, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID, 0, kStageReadOnly);
     SetMountAttributes(plan.work_dir, 0, 0, MOUNT_ATTR_RDONLY, kStageWorkDirWritable);
   }
   if (plan.write_files && !WriteFiles(plan.work_dir, plan.files, plan.file_count)) {
@@ -414,11 +431,16 @@ SandboxIsolation ProbeSandboxIsolation() {
 
 const char* OutcomeName(SandboxResult::Outcome outcome) {
   switch (outcome) {
-    case SandboxResult::Outcome::kPass: return "pass";
-    case SandboxResult::Outcome::kFail: return "fail";
-    case SandboxResult::Outcome::kTimeout: return "timeout";
-    case SandboxResult::Outcome::kKilled: return "killed";
-    case SandboxResult::Outcome::kError: return "error";
+    case SandboxResult::Outcome::kPass:
+      return "pass";
+    case SandboxResult::Outcome::kFail:
+      return "fail";
+    case SandboxResult::Outcome::kTimeout:
+      return "timeout";
+    case SandboxResult::Outcome::kKilled:
+      return "killed";
+    case SandboxResult::Outcome::kError:
+      return "error";
   }
   return "error";
 }
@@ -428,7 +450,8 @@ std::string SandboxResult::Summary() const {
   if (!error.empty()) absl::StrAppend(&line, ": ", error);
   if (timed_out) absl::StrAppend(&line, " (wall-clock timeout)");
   if (signal != 0) absl::StrAppend(&line, " (signal ", signal, ", ", strsignal(signal), ")");
-  if (exit_code >= 0) absl::StrAppend(&line, " (exit ", exit_code, completed ? "" : ", tests did not finish", ")");
+  if (exit_code >= 0)
+    absl::StrAppend(&line, " (exit ", exit_code, completed ? "" : ", tests did not finish", ")");
   return line;
 }
 
@@ -436,9 +459,11 @@ absl::StatusOr<SandboxResult> RunSandboxed(
     const std::vector<std::pair<std::string, std::string>>& files, const std::string& entry,
     const SandboxOptions& options, const SandboxIsolation& isolation) {
   for (const auto& [name, contents] : files) {
-    if (!ValidFileName(name)) return absl::InvalidArgumentError(absl::StrCat("bad file name '", name, "'"));
+    if (!ValidFileName(name))
+      return absl::InvalidArgumentError(absl::StrCat("bad file name '", name, "'"));
   }
-  if (!ValidFileName(entry)) return absl::InvalidArgumentError(absl::StrCat("bad entry '", entry, "'"));
+  if (!ValidFileName(entry))
+    return absl::InvalidArgumentError(absl::StrCat("bad entry '", entry, "'"));
 
   SandboxResult result;
   const absl::Time start = absl::Now();
@@ -472,9 +497,10 @@ absl::StatusOr<SandboxResult> RunSandboxed(
     result.error = absl::StrCat("writing the program into ", work_dir, ": ", std::strerror(errno));
     return finish();
   }
-  const std::string tmpfs_options = absl::StrCat(
-      "size=", std::max<int64_t>(options.file_size_bytes, 1 << 20) * 4, ",nr_inodes=4096,mode=0700,uid=",
-      isolation.drop_privileges ? options.uid : 0, ",gid=", isolation.drop_privileges ? options.gid : 0);
+  const std::string tmpfs_options =
+      absl::StrCat("size=", std::max<int64_t>(options.file_size_bytes, 1 << 20) * 4,
+                   ",nr_inodes=4096,mode=0700,uid=", isolation.drop_privileges ? options.uid : 0,
+                   ",gid=", isolation.drop_privileges ? options.gid : 0);
   std::vector<std::string> args = {"python3", "-I", "-S", "-B", entry};
   std::vector<char*> argv;
   for (std::string& arg : args) argv.push_back(arg.data());
@@ -486,8 +512,10 @@ absl::StatusOr<SandboxResult> RunSandboxed(
   UniqueFd devnull(open("/dev/null", O_RDONLY | O_CLOEXEC));
   UniqueFd stdout_r, stdout_w, stderr_r, stderr_w, completion_r, completion_w, control_r, control_w,
       kill_r, kill_w;
-  for (auto [r, w] : {std::pair{&stdout_r, &stdout_w}, {&stderr_r, &stderr_w},
-                      {&completion_r, &completion_w}, {&control_r, &control_w},
+  for (auto [r, w] : {std::pair{&stdout_r, &stdout_w},
+                      {&stderr_r, &stderr_w},
+                      {&completion_r, &completion_w},
+                      {&control_r, &control_w},
                       {&kill_r, &kill_w}}) {
     if (absl::Status status = MakePipe(r, w); !status.ok()) {
       result.error = std::string(status.message());
@@ -573,7 +601,8 @@ absl::StatusOr<SandboxResult> RunSandboxed(
     add(control_open, control_r, 3);
     const absl::Duration wait =
         (result.timed_out || !control_open ? drain_until : std::min(deadline, drain_until)) - now;
-    const int wait_ms = static_cast<int>(std::clamp<int64_t>(absl::ToInt64Milliseconds(wait) + 1, 1, 1000));
+    const int wait_ms =
+        static_cast<int>(std::clamp<int64_t>(absl::ToInt64Milliseconds(wait) + 1, 1, 1000));
     const int ready = poll(polled.data(), polled.size(), wait_ms);
     if (ready < 0 && errno != EINTR) {
       result.error = absl::StrCat("poll: ", std::strerror(errno));
@@ -582,9 +611,15 @@ absl::StatusOr<SandboxResult> RunSandboxed(
     for (size_t i = 0; ready > 0 && i < polled.size(); ++i) {
       if (polled[i].revents == 0) continue;
       switch (which[i]) {
-        case 0: stdout_open = Drain(stdout_r.get(), &result.stdout_tail, options.output_limit_bytes); break;
-        case 1: stderr_open = Drain(stderr_r.get(), &result.stderr_tail, options.output_limit_bytes); break;
-        case 2: completion_open = Drain(completion_r.get(), &completion_bytes, 64); break;
+        case 0:
+          stdout_open = Drain(stdout_r.get(), &result.stdout_tail, options.output_limit_bytes);
+          break;
+        case 1:
+          stderr_open = Drain(stderr_r.get(), &result.stderr_tail, options.output_limit_bytes);
+          break;
+        case 2:
+          completion_open = Drain(completion_r.get(), &completion_bytes, 64);
+          break;
         case 3:
           control_open = Drain(control_r.get(), &control_bytes, 1 << 16);
           if (!control_open) {

@@ -67,18 +67,19 @@ TEST_F(CodeVerifyTest, HostileAndOrdinarySolutionsGetTheRightRewardsAndServingGo
   const std::string escape = absl::StrCat("/tmp/kappa_escape_", getpid());
   std::remove(escape.c_str());
   kappa::v1::VerifyRequest request;
-  Add(&request, "code", kTests, kGood);                                        // 1
-  Add(&request, "code", kTests, "def add(a, b):\n    return a * b\n");         // wrong
-  Add(&request, "code", kTests, "def add(a, b)\n    return a + b\n");          // syntax
-  Add(&request, "code", kTests, "while True:\n    pass\n");                    // loop
+  Add(&request, "code", kTests, kGood);                                 // 1
+  Add(&request, "code", kTests, "def add(a, b):\n    return a * b\n");  // wrong
+  Add(&request, "code", kTests, "def add(a, b)\n    return a + b\n");   // syntax
+  Add(&request, "code", kTests, "while True:\n    pass\n");             // loop
   Add(&request, "code", kTests,
       "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n");
-  Add(&request, "code", kTests, "x = bytearray(10 * 1024 ** 3)\ndef add(a, b):\n    return a + b\n");
+  Add(&request, "code", kTests,
+      "x = bytearray(10 * 1024 ** 3)\ndef add(a, b):\n    return a + b\n");
   Add(&request, "code", kTests,
       absl::StrCat("open('", escape, "', 'w').write('x')\ndef add(a, b):\n    return a + b\n"));
   Add(&request, "code", kTests,
       absl::StrCat("import os\nassert 'KAPPA_SECRET' not in os.environ\n", kGood));  // 1
-  Add(&request, "", "7", "3 + 4 = 7");                                           // arithmetic 1
+  Add(&request, "", "7", "3 + 4 = 7");                                               // arithmetic 1
   kappa::v1::VerifyResponse response;
   const grpc::Status status = Verify(request, &response);
   ASSERT_TRUE(status.ok()) << status.error_message();
