@@ -494,7 +494,7 @@ def main():
     ap.add_argument("--docker-compose", default=shutil.which("docker-compose") or "docker-compose")
     ap.add_argument("--scale", action="append", default=[], metavar="SERVICE=N",
                     help="replicas, as docker-compose up --scale (default rollout=3)")
-    ap.add_argument("--steps", type=int, default=8, help="trainer.steps (KAPPA_CFG_TRAINER__STEPS)")
+    ap.add_argument("--steps", type=int, default=40, help="trainer.steps (KAPPA_CFG_TRAINER__STEPS)")
     ap.add_argument("--no-tiny", dest="tiny", action="store_false",
                     help="keep the Compose config's model shapes and steps")
     ap.add_argument("--timeout", type=float, default=180, help="seconds for the whole run")
