@@ -72,6 +72,10 @@ void PrintSummary(const services::Config& config, const std::string& run_dir,
                                    sft->accuracy);
     }
   }
+  if (outcome.restarts > 0) {
+    std::cout << absl::StrFormat("  processes restarted after dying: %d (see kappa run's messages)\n",
+                                 outcome.restarts);
+  }
   if (p.alarms_fired.empty()) {
     std::cout << "  alarms: none fired\n";
   }
@@ -90,6 +94,7 @@ void PrintSummary(const services::Config& config, const std::string& run_dir,
   if (p.first_eval_accuracy) summary["accuracy_before"] = *p.first_eval_accuracy;
   if (p.last_eval_accuracy) summary["accuracy_after"] = *p.last_eval_accuracy;
   summary["alarms_fired"] = p.alarms_fired;
+  summary["restarts"] = outcome.restarts;
   std::ofstream(fs::path(run_dir) / "run_summary.json") << summary.dump(2) << "\n";
 }
 

@@ -4,6 +4,7 @@
 
 #include <cstdio>
 #include <deque>
+#include <map>
 #include <fstream>
 #include <iostream>
 #include <thread>
@@ -56,6 +57,8 @@ class Session {
       if (!Spawn(*spec)) return Stop(1);
     }
     learner_pid_ = pids_.back();
+    restartable_[pids_[0]] = &plan_.teacher;
+    restartable_[pids_[1]] = &plan_.verifier;
     for (const ProcessSpec& rank : plan_.learner_ranks) {
       if (!Spawn(rank)) return Stop(1);
     }
@@ -76,6 +79,7 @@ class Session {
               << std::flush;
     for (const ProcessSpec& worker : plan_.workers) {
       if (!Spawn(worker)) return Stop(1);
+      restartable_[pids_.back()] = &worker;
     }
     return Stop(FollowTraining());
   }
@@ -147,18 +151,58 @@ class Session {
     }
   }
 
+  // Restart rule: while training, a teacher, verifier or rollout worker that
+  // dies (non-zero exit or a signal) is started again with the same command
+  // line, up to kMaxRestarts times per process name; the workers reconnect
+  // and the learner re-issues a dead worker's leases, so nothing is lost. A
+  // learner rank is never restarted here (`kappa run --resume` does that),
+  // nor is anything that fails while the run is still starting up.
+  static constexpr int kMaxRestarts = 5;
+
+  // True when `event` was a restartable process and it runs again.
+  bool Restart(const ExitEvent& event) {
+    const auto it = restartable_.find(event.pid);
+    if (it == restartable_.end()) return false;
+    const ProcessSpec* spec = it->second;
+    restartable_.erase(it);
+    int& restarts = restarts_[spec->name];
+    display_.Finish();
+    if (restarts >= kMaxRestarts) {
+      std::cerr << "kappa run: " << spec->name << " died again after " << restarts
+                << " restarts; giving up\n";
+      return false;
+    }
+    ++restarts;
+    std::cerr << "kappa run: " << spec->name << " " << event.status.ToString()
+              << " during training; restarting it (restart " << restarts << " of "
+              << kMaxRestarts << "; log " << spec->log_file << ")\n"
+              << std::flush;
+    absl::StatusOr<pid_t> pid = supervisor_.Spawn(*spec);
+    if (!pid.ok()) {
+      std::cerr << "kappa run: " << pid.status().message() << "\n";
+      return false;
+    }
+    restartable_[*pid] = spec;
+    ++outcome_.restarts;
+    return true;
+  }
+
   // -1 while everything runs; 0 when the learner finished; 1 on a failure.
   int CheckChildren(bool training) {
-    std::vector<ExitEvent> events = supervisor_.Poll();
-    if (events.empty()) return -1;
-    for (const ExitEvent& event : events) {
+    std::vector<ExitEvent> polled = supervisor_.Poll();
+    if (polled.empty()) return -1;
+    std::vector<ExitEvent> events;
+    for (const ExitEvent& event : polled) {
       if (event.pid == learner_pid_) {
         if (event.status.success() && training) return 0;
         display_.Finish();
         ReportDeath(event, options_.run_dir);
         return 1;
       }
+      if (training && !event.status.success() && Restart(event)) continue;
+      events.push_back(event);
     }
+    if (events.empty()) return -1;
     // Another process went first. When the learner finishes it closes its
     // server, and workers may notice before its own exit is reaped; give it
     // a moment before calling the run failed.
@@ -202,6 +246,8 @@ class Session {
   ProcessSupervisor supervisor_;
   std::vector<pid_t> pids_;
   pid_t learner_pid_ = 0;
+  std::map<pid_t, const ProcessSpec*> restartable_;  // running, restartable
+  std::map<std::string, int> restarts_;              // by process name
   MetricsTail metrics_;
   ProgressDisplay display_;
   SessionOutcome outcome_;

@@ -29,6 +29,7 @@ struct SessionOutcome {
   int exit_code = 1;
   RunProgress progress;
   double wall_seconds = 0.0;
+  int restarts = 0;  // teacher/verifier/worker processes restarted after dying
 };
 
 SessionOutcome RunSession(const LaunchPlan& plan, const SessionOptions& options);
