@@ -69,7 +69,8 @@ CodeRewarder::CodeRewarder(CodeOptions options, VerifierMetrics* metrics)
   }
   // One known-good run: a missing interpreter or an unusable work root shows
   // now, in the log and as FAILED_PRECONDITION, not as silent zero rewards.
-  const SandboxResult check = RunUnlimited("assert f() == 1\n", "def f():\n    return 1\n");
+  const SandboxResult check =
+      RunUnlimited("assert f() == 1\n", "def f():\n    return 1\n", ForSlot(0));
   if (check.outcome != SandboxResult::Outcome::kPass) {
     available_ = absl::FailedPreconditionError(
         absl::StrCat("the code sandbox failed its self-check: ", check.Summary(), " ",
@@ -101,7 +102,7 @@ SandboxResult CodeRewarder::Run(std::string_view tests, std::string_view respons
   SandboxResult result;
   {
     SandboxSlots::Lease lease(*slots_);
-    result = RunUnlimited(tests, tasks::ExtractPythonCode(response));
+    result = RunUnlimited(tests, tasks::ExtractPythonCode(response), ForSlot(lease.index()));
   }
   if (metrics_ != nullptr) metrics_->RecordSandboxRun(OutcomeName(result.outcome), result.seconds);
   if (result.outcome == SandboxResult::Outcome::kError) {
@@ -112,14 +113,24 @@ SandboxResult CodeRewarder::Run(std::string_view tests, std::string_view respons
   return result;
 }
 
-SandboxResult CodeRewarder::RunUnlimited(std::string_view tests, std::string_view solution) const {
+SandboxOptions CodeRewarder::ForSlot(int slot) const {
+  SandboxOptions sandbox = options_.sandbox;
+  if (options_.slot_uid_base != 0) {
+    sandbox.uid = options_.slot_uid_base + static_cast<uid_t>(slot);
+    sandbox.gid = static_cast<gid_t>(sandbox.uid);
+  }
+  return sandbox;
+}
+
+SandboxResult CodeRewarder::RunUnlimited(std::string_view tests, std::string_view solution,
+                                         const SandboxOptions& sandbox) const {
   const std::vector<std::pair<std::string, std::string>> files = {
       {"kappa_main.py", kHarness},
       {"solution.py", std::string(solution)},
       {"tests.py", std::string(tests)},
   };
   absl::StatusOr<SandboxResult> result =
-      RunSandboxed(files, "kappa_main.py", options_.sandbox, isolation_);
+      RunSandboxed(files, "kappa_main.py", sandbox, isolation_);
   if (result.ok()) return *std::move(result);
   SandboxResult failed;  // outcome kError
   failed.error = std::string(result.status().message());

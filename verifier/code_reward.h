@@ -27,6 +27,11 @@ struct CodeOptions {
   int max_concurrent = 0;  // sandboxes at once, all calls together; 0: hardware threads
   size_t max_solution_bytes = 64 * 1024;  // response_text
   size_t max_tests_bytes = 256 * 1024;    // reference_answer
+  // Run i of the concurrent runs (slot i) executes as uid/gid
+  // slot_uid_base + i when the sandbox drops privileges (no passwd entry is
+  // needed), so each run has its own RLIMIT_NPROC budget. 0: every run uses
+  // sandbox.uid/gid.
+  uid_t slot_uid_base = 61000;
   SandboxOptions sandbox;
 };
 
@@ -55,7 +60,10 @@ class CodeRewarder {
   int capacity() const { return capacity_; }
 
  private:
-  SandboxResult RunUnlimited(std::string_view tests, std::string_view solution) const;
+  SandboxResult RunUnlimited(std::string_view tests, std::string_view solution,
+                             const SandboxOptions& sandbox) const;
+  // The sandbox options of slot `slot` (its own uid; see slot_uid_base).
+  SandboxOptions ForSlot(int slot) const;
 
   const CodeOptions options_;
   VerifierMetrics* const metrics_;

@@ -42,7 +42,8 @@ int CountSteps(const fs::path& metrics) {
   return steps;
 }
 
-// The pid of the process whose command line contains `needle` (pgrep -f).
+// The pid of the process whose command line contains `needle` (pgrep -f;
+// `needle` is used as a regex, fine for paths and flags).
 pid_t FindProcess(const std::string& needle) {
   FILE* pipe = popen(("pgrep -f -- '" + needle + "'").c_str(), "r");
   long pid = 0;
@@ -80,7 +81,8 @@ TEST(FaultTest, KilledRolloutWorkerIsRestartedAndNothingIsLostOrDoubled) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   ASSERT_GE(CountSteps(run_dir / "metrics.jsonl"), 3) << ReadAll(root / "kappa.out");
-  const pid_t victim = FindProcess("--worker-id rollout-1");
+  // This run's rollout-1 (other tests may run workers of that name too).
+  const pid_t victim = FindProcess((run_dir / "config.yaml").string() + " --worker-id rollout-1");
   ASSERT_GT(victim, 0);
   ASSERT_EQ(::kill(victim, SIGKILL), 0);
 
