@@ -2,7 +2,6 @@
 
 #include <ctime>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 
 #include "absl/status/status.h"
@@ -19,6 +18,7 @@
 #include "cli/run_session.h"
 #include "cli/termination_signal.h"
 #include "learner/step_config.h"
+#include "services/atomic_file.h"
 #include "services/config.h"
 
 namespace kappa::cli {
@@ -45,20 +45,6 @@ absl::Status PrepareOutDir(const fs::path& out) {
     return absl::FailedPreconditionError(
         absl::StrCat("cannot create ", (out / "logs").string(), ": ", ec.message()));
   }
-  return absl::OkStatus();
-}
-
-// Written through a temporary file, so a reader never sees half a report.
-absl::Status WriteFileAtomically(const fs::path& path, const std::string& text) {
-  const fs::path tmp = fs::path(path.string() + ".tmp");
-  {
-    std::ofstream out(tmp);
-    out << text;
-    if (!out) return absl::FailedPreconditionError(absl::StrCat("cannot write ", tmp.string()));
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec) return absl::FailedPreconditionError(absl::StrCat("rename ", tmp.string(), ": ", ec.message()));
   return absl::OkStatus();
 }
 
@@ -165,7 +151,7 @@ int ExperimentCommand(const std::vector<std::string>& args) {
     absl::StrAppend(&commands, CommandLineText(argv), "\n");
     argvs.push_back(std::move(argv));
   }
-  if (absl::Status status = WriteFileAtomically(out / "commands.txt", commands); !status.ok()) {
+  if (absl::Status status = services::WriteFileAtomically((out / "commands.txt").string(), commands); !status.ok()) {
     return fail(status);
   }
 
@@ -181,9 +167,9 @@ int ExperimentCommand(const std::vector<std::string>& args) {
   const std::string context = Context(spec, quick, runs.size());
   auto write_results = [&]() {
     for (absl::Status status :
-         {WriteFileAtomically(out / "results.csv", ResultsCsv(results)),
-          WriteFileAtomically(out / "results.md",
-                              ResultsMarkdown(title, context, spec.arms, results))}) {
+         {services::WriteFileAtomically((out / "results.csv").string(), ResultsCsv(results)),
+          services::WriteFileAtomically((out / "results.md").string(),
+                                        ResultsMarkdown(title, context, spec.arms, results))}) {
       if (!status.ok()) std::cerr << "kappa experiment: " << status.message() << "\n";
     }
     if (absl::Status status = WriteExperimentReport(out.string(), title, context, spec.arms, results);

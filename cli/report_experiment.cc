@@ -9,6 +9,7 @@
 #include "cli/report_html.h"
 #include "cli/report_run.h"
 #include "cli/report_svg.h"
+#include "services/atomic_file.h"
 
 namespace kappa::cli {
 namespace {
@@ -240,13 +241,13 @@ absl::Status WriteExperimentReport(const std::string& out_dir, const std::string
       // The run's own page is cheap to regenerate; it is what a row links to.
       const std::string html =
           RunReportHtml(*run.series, absl::StrCat("kappa run report: ", result.name));
-      if (WriteReportFile(run_dir + "/report.html", html).ok()) {
+      if (services::WriteFileAtomically(run_dir + "/report.html", html).ok()) {
         run.report_link = absl::StrCat("runs/", result.name, "/report.html");
       }
     }
     runs.push_back(std::move(run));
   }
-  return WriteReportFile(absl::StrCat(out_dir, "/report.html"),
+  return services::WriteFileAtomically(absl::StrCat(out_dir, "/report.html"),
                          ExperimentReportHtml(title, context, arms, runs));
 }
 

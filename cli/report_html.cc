@@ -2,8 +2,6 @@
 
 #include <cmath>
 #include <cstdio>
-#include <filesystem>
-#include <fstream>
 
 #include "absl/strings/str_cat.h"
 #include "cli/report_svg.h"
@@ -92,20 +90,5 @@ std::string TableRow(const std::string& key, const std::string& label,
   return row + "</tr>\n";
 }
 
-absl::Status WriteReportFile(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary);
-    out << text;
-    if (!out) return absl::FailedPreconditionError(absl::StrCat("cannot write ", tmp));
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) {
-    return absl::FailedPreconditionError(absl::StrCat("rename ", tmp, " to ", path, ": ",
-                                                      ec.message()));
-  }
-  return absl::OkStatus();
-}
 
 }  // namespace kappa::cli

@@ -29,7 +29,5 @@ std::string FormatSeconds(const std::optional<double>& seconds);
 std::string TableRow(const std::string& key, const std::string& label,
                      const std::vector<std::string>& cells);
 
-// Writes through `path`.tmp + rename, so a browser never loads half a page.
-absl::Status WriteReportFile(const std::string& path, const std::string& text);
 
 }  // namespace kappa::cli

@@ -10,6 +10,7 @@
 #include "cli/experiment_results.h"
 #include "cli/report_html.h"
 #include "cli/report_svg.h"
+#include "services/atomic_file.h"
 
 namespace kappa::cli {
 namespace {
@@ -400,7 +401,7 @@ absl::StatusOr<RunReportOutcome> WriteRunReport(const std::string& run_dir,
   if (!dir.has_filename()) dir = dir.parent_path();  // "runs/demo/"
   const std::string name = dir.filename().string();
   const std::string html = RunReportHtml(*series, absl::StrCat("kappa run report: ", name));
-  if (absl::Status status = WriteReportFile(outcome.path, html); !status.ok()) return status;
+  if (absl::Status status = services::WriteFileAtomically(outcome.path, html); !status.ok()) return status;
   return outcome;
 }
 

@@ -19,6 +19,7 @@
 #include "cli/termination_signal.h"
 #include "learner/data_parallel_setup.h"
 #include "learner/step_config.h"
+#include "services/atomic_file.h"
 #include "services/config.h"
 
 namespace kappa::cli {
@@ -38,8 +39,7 @@ absl::Status Preflight(const services::Config& config) {
   // The learner would refuse these too, but only after the bootstrap and
   // every process had started.
   if (absl::Status status = learner::ValidateStepConfig(config); !status.ok()) return status;
-  if (absl::Status status =
-          learner::ResolveDataParallel(config, {{"dist-store", "tcp://127.0.0.1:1"}}, "").status();
+  if (absl::Status status = learner::CheckWorldSize(config, config.learner.world_size);
       !status.ok()) {
     return status;
   }
@@ -156,8 +156,8 @@ int RunCommand(const std::vector<std::string>& args) {
     std::cerr << "kappa run: " << plan.status().message() << "\n";
     return 1;
   }
-  if (absl::Status status = WriteFileAtomically((fs::path(*run_dir) / "prometheus.yml").string(),
-                                          PrometheusScrapeConfig(plan->metrics));
+  if (absl::Status status = services::WriteFileAtomically(
+          (fs::path(*run_dir) / "prometheus.yml").string(), PrometheusScrapeConfig(plan->metrics));
       !status.ok()) {
     std::cerr << "kappa run: " << status.message() << "\n";
     return 1;

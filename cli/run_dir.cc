@@ -2,9 +2,9 @@
 
 #include <ctime>
 #include <filesystem>
-#include <fstream>
 
 #include "absl/strings/str_cat.h"
+#include "services/atomic_file.h"
 
 namespace kappa::cli {
 namespace {
@@ -69,24 +69,11 @@ absl::StatusOr<std::string> PrepareRunDir(const services::Config& config, bool r
 }
 
 absl::Status WriteResolvedConfig(const services::Config& config, const std::string& path) {
-  return WriteFileAtomically(path,
+  return services::WriteFileAtomically(path,
                              absl::StrCat("# Resolved by `kappa run` (config file + overrides + "
                                           "chosen ports);\n# every process of this run reads "
                                           "this file.\n",
                                           services::ConfigToYaml(config)));
-}
-
-absl::Status WriteFileAtomically(const std::string& path, const std::string& content) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp);
-    out << content;
-    if (!out) return absl::FailedPreconditionError(absl::StrCat("cannot write ", tmp));
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) return absl::FailedPreconditionError(absl::StrCat("rename ", tmp, ": ", ec.message()));
-  return absl::OkStatus();
 }
 
 }  // namespace kappa::cli

@@ -28,8 +28,5 @@ absl::StatusOr<std::string> MoveAsideIfNonEmpty(const std::string& dir, const st
 // Writes services::ConfigToYaml(config) to `path` atomically.
 absl::Status WriteResolvedConfig(const services::Config& config, const std::string& path);
 
-// Writes `content` to path.tmp, then renames it over `path`, so a reader
-// never sees half a file.
-absl::Status WriteFileAtomically(const std::string& path, const std::string& content);
 
 }  // namespace kappa::cli

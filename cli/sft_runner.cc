@@ -19,6 +19,7 @@
 #include "model/model_config.h"
 #include "model/tokenizer.h"
 #include "model/transformer.h"
+#include "services/atomic_file.h"
 
 namespace kappa::cli {
 namespace {
@@ -52,14 +53,9 @@ void WriteSummary(const std::string& dir, Role role, const SftResult& result) {
       {"train_examples", result.train_examples},
       {"eval_examples", result.eval_examples},
   };
-  const std::string path = dir + "/" + kSftSummaryFile;
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp);
-    out << summary.dump(2) << "\n";
-    if (!out) throw std::runtime_error("cannot write " + tmp);
-  }
-  std::filesystem::rename(tmp, path);
+  const absl::Status written =
+      services::WriteFileAtomically(dir + "/" + kSftSummaryFile, summary.dump(2) + "\n");
+  if (!written.ok()) throw std::runtime_error(std::string(written.message()));
 }
 
 absl::StatusOr<SftResult> RunSftOrThrow(const services::Config& config, Role role,

@@ -49,13 +49,24 @@ absl::StatusOr<DataParallelSetup> ResolveDataParallel(
           "(tcp://HOST:PORT of rank 0, or file:///PATH)");
     }
   }
-  if (config.trainer.groups_per_step % setup.world_size != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("trainer.groups_per_step (", config.trainer.groups_per_step,
-                     ") must be a multiple of the world size (", setup.world_size, ")"));
+  if (absl::Status status = CheckWorldSize(config, setup.world_size); !status.ok()) {
+    return status;
   }
   setup.local_groups_per_step = config.trainer.groups_per_step / setup.world_size;
   return setup;
+}
+
+absl::Status CheckWorldSize(const services::Config& config, int64_t world_size) {
+  if (world_size < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("learner.world_size: want an integer >= 1, got ", world_size));
+  }
+  if (config.trainer.groups_per_step % world_size != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("trainer.groups_per_step (", config.trainer.groups_per_step,
+                     ") must be a multiple of the world size (", world_size, ")"));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace kappa::learner

@@ -30,4 +30,9 @@ absl::StatusOr<DataParallelSetup> ResolveDataParallel(
     const services::Config& config, const std::map<std::string, std::string>& flags,
     const std::string& host_name);
 
+// INVALID_ARGUMENT unless `world_size` >= 1 divides trainer.groups_per_step:
+// the check `kappa run` makes on learner.world_size before starting anything
+// (it picks the store itself).
+absl::Status CheckWorldSize(const services::Config& config, int64_t world_size);
+
 }  // namespace kappa::learner

@@ -1,41 +1,19 @@
 #include "learner/run_state.h"
 
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
-
-#include <fcntl.h>
-#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "services/atomic_file.h"
 
 namespace kappa::learner {
 namespace {
 
 namespace fs = std::filesystem;
-
-absl::Status WriteFileAtomically(const std::string& path, const std::string& contents) {
-  const std::string temp = absl::StrCat(path, ".tmp-", getpid());
-  {
-    std::ofstream out(temp, std::ios::trunc | std::ios::binary);
-    out << contents;
-    out.flush();
-    if (!out) return absl::InternalError(absl::StrCat("cannot write ", temp));
-  }
-  const int fd = ::open(temp.c_str(), O_RDONLY);
-  if (fd >= 0) {
-    ::fsync(fd);
-    ::close(fd);
-  }
-  if (std::rename(temp.c_str(), path.c_str()) != 0) {
-    return absl::InternalError(absl::StrCat("cannot rename ", temp, " to ", path));
-  }
-  return absl::OkStatus();
-}
 
 absl::StatusOr<std::string> ReadFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -56,7 +34,7 @@ absl::Status WriteTrainerState(const std::string& checkpoint_dir, const TrainerS
                          {"policy_version", state.policy_version},
                          {"data_position", state.data_position},
                          {"seed", state.seed}};
-  return WriteFileAtomically(checkpoint_dir + "/trainer_state.json", json.dump(2));
+  return services::WriteFileAtomically(checkpoint_dir + "/trainer_state.json", json.dump(2));
 }
 
 absl::StatusOr<TrainerState> ReadTrainerState(const std::string& checkpoint_dir) {
@@ -77,7 +55,7 @@ absl::StatusOr<TrainerState> ReadTrainerState(const std::string& checkpoint_dir)
 }
 
 absl::Status MarkLatest(const std::string& run_dir, const std::string& checkpoint_dir) {
-  return WriteFileAtomically(run_dir + "/checkpoints/latest",
+  return services::WriteFileAtomically(run_dir + "/checkpoints/latest",
                              fs::path(checkpoint_dir).filename().string() + "\n");
 }
 
