@@ -140,19 +140,21 @@ StepStats PolicyOptimizer::Step(const LossTerms& terms, const GradientPlan& plan
   auto scalar = [&](const torch::Tensor& t) {
     return t.detach().to(device, torch::kFloat64).reshape({});
   };
-  std::vector<torch::Tensor> host_values = {scalar(terms.reward_loss),
-                                            scalar(terms.distill_loss), scalar(terms.sft_loss)};
   // ... and, data parallel, the terms some rank has (a rank without one
-  // still sums a zero gradient for it, so the collectives match up).
+  // still sums a zero gradient for it, so the collectives match up). The
+  // reported losses are then the whole batch's.
   const bool parallel = collectives_ != nullptr && collectives_->size() > 1;
   RankShares shares;
   shares.any_distill = has_distill;
   shares.any_sft = has_sft;
+  std::vector<torch::Tensor> host_values;
   if (parallel) {
     shares = ShareAcrossRanks(terms, has_distill, has_sft, *collectives_);
-    host_values = {torch::tensor(shares.reward_loss, torch::kFloat64).to(device),
-                   torch::tensor(shares.distill_loss, torch::kFloat64).to(device),
-                   torch::tensor(shares.sft_loss, torch::kFloat64).to(device)};
+    for (double loss : {shares.reward_loss, shares.distill_loss, shares.sft_loss}) {
+      host_values.push_back(torch::tensor(loss, torch::kFloat64).to(device));
+    }
+  } else {
+    host_values = {scalar(terms.reward_loss), scalar(terms.distill_loss), scalar(terms.sft_loss)};
   }
   const torch::Tensor reward_loss = terms.reward_loss * shares.reward_scale;
   const torch::Tensor distill_loss =
