@@ -15,18 +15,13 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tests/integration/run_files.h"
 #include "tests/integration/tiny_run_config.h"
 
 namespace {
 
 namespace fs = std::filesystem;
-
-std::string ReadAll(const fs::path& path) {
-  std::ifstream in(path);
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  return buffer.str();
-}
+using kappa::testing::ReadAll;
 
 TEST(EndToEndLoopTest, TrainsAFewStepsWithTwoWorkers) {
   const fs::path root = fs::temp_directory_path() / ("kappa-e2e-" + std::to_string(getpid()));

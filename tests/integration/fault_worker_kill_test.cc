@@ -18,26 +18,19 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/process_supervisor.h"
+#include "tests/integration/run_files.h"
 #include "tests/integration/tiny_run_config.h"
 
 namespace {
 
 namespace fs = std::filesystem;
+using kappa::testing::ReadAll;
 
-std::string ReadAll(const fs::path& path) {
-  std::ifstream in(path);
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  return buffer.str();
-}
-
+// Training steps logged so far (the step-0 evaluation line not counted).
 int CountSteps(const fs::path& metrics) {
-  std::ifstream in(metrics);
-  std::string line;
   int steps = 0;
-  while (std::getline(in, line)) {
-    const nlohmann::json record = nlohmann::json::parse(line, nullptr, false);
-    if (!record.is_discarded() && record.value("step", 0) > 0) ++steps;
+  for (const nlohmann::json& record : kappa::testing::StepRecords(metrics)) {
+    if (record.value("step", 0) > 0) ++steps;
   }
   return steps;
 }

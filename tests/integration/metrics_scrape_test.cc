@@ -30,6 +30,7 @@
 
 #include "cli/free_port.h"
 #include "cli/process_supervisor.h"
+#include "tests/integration/run_files.h"
 #include "tests/integration/tiny_run_config.h"
 #include "tests/services/http_get.h"
 #include "tests/services/promtool.h"
@@ -40,13 +41,8 @@ namespace fs = std::filesystem;
 using kappa::cli::ProcessSpec;
 using kappa::cli::ProcessSupervisor;
 using kappa::testing::HttpGet;
-
-std::string ReadAll(const fs::path& path) {
-  std::ifstream in(path);
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  return buffer.str();
-}
+using kappa::testing::ReadAll;
+using kappa::testing::StepRecords;
 
 std::string RunCommand(const std::string& command) {
   FILE* pipe = popen(command.c_str(), "r");
@@ -55,18 +51,6 @@ std::string RunCommand(const std::string& command) {
   while (pipe != nullptr && fgets(buffer, sizeof(buffer), pipe) != nullptr) output += buffer;
   if (pipe != nullptr) pclose(pipe);
   return output;
-}
-
-// The complete lines of metrics.jsonl so far (the last one may be half written).
-std::vector<nlohmann::json> StepRecords(const fs::path& path) {
-  std::vector<nlohmann::json> records;
-  std::ifstream in(path);
-  std::string line;
-  while (std::getline(in, line)) {
-    nlohmann::json record = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (!record.is_discarded()) records.push_back(std::move(record));
-  }
-  return records;
 }
 
 struct Target {

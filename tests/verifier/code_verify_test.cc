@@ -7,15 +7,14 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "services/grpc_util.h"
-#include "services/server.h"
 #include "tests/services/promtool.h"
+#include "tests/verifier/served_verifier.h"
 #include "verifier/verifier_service.h"
 
 namespace kappa::verifier {
 namespace {
 
-class CodeVerifyTest : public ::testing::Test {
+class CodeVerifyTest : public testing::ServedVerifierTest {
  protected:
   void SetUp() override {
     setenv("KAPPA_SECRET", "hunter2-kappa", 1);
@@ -26,38 +25,9 @@ class CodeVerifyTest : public ::testing::Test {
     options.code.sandbox.cpu_seconds = 2;
     options.code.sandbox.wall_timeout = absl::Seconds(5);
     options.code.sandbox.address_space_bytes = int64_t{256} << 20;
-    metrics_ = std::make_unique<VerifierMetrics>(registry_);
-    service_ = std::make_unique<VerifierService>(options, metrics_.get());
-    auto server = services::GrpcServer::Start("127.0.0.1:0", {service_.get()});
-    ASSERT_TRUE(server.ok()) << server.status();
-    server_ = std::move(*server);
-    stub_ = kappa::v1::Verifier::NewStub(
-        services::MakeChannel(absl::StrCat("127.0.0.1:", server_->port())));
+    verify_deadline_ = std::chrono::seconds(60);  // hostile items run to their limits
+    StartVerifier(options);
   }
-  void TearDown() override {
-    if (server_) server_->Shutdown(absl::Seconds(1));
-  }
-
-  grpc::Status Verify(const kappa::v1::VerifyRequest& request,
-                      kappa::v1::VerifyResponse* response) {
-    grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
-    return stub_->Verify(&context, request, response);
-  }
-
-  static void Add(kappa::v1::VerifyRequest* request, const std::string& task,
-                  const std::string& reference, const std::string& response) {
-    kappa::v1::VerifyItem* item = request->add_items();
-    item->set_task(task);
-    item->set_reference_answer(reference);
-    item->set_response_text(response);
-  }
-
-  services::metrics::Registry registry_;
-  std::unique_ptr<VerifierMetrics> metrics_;
-  std::unique_ptr<VerifierService> service_;
-  std::unique_ptr<services::GrpcServer> server_;
-  std::unique_ptr<kappa::v1::Verifier::Stub> stub_;
 };
 
 constexpr char kTests[] = "assert add(2, 3) == 5\nassert add(-1, 1) == 0\n";
@@ -67,19 +37,19 @@ TEST_F(CodeVerifyTest, HostileAndOrdinarySolutionsGetTheRightRewardsAndServingGo
   const std::string escape = absl::StrCat("/tmp/kappa_escape_", getpid());
   std::remove(escape.c_str());
   kappa::v1::VerifyRequest request;
-  Add(&request, "code", kTests, kGood);                                 // 1
-  Add(&request, "code", kTests, "def add(a, b):\n    return a * b\n");  // wrong
-  Add(&request, "code", kTests, "def add(a, b)\n    return a + b\n");   // syntax
-  Add(&request, "code", kTests, "while True:\n    pass\n");             // loop
-  Add(&request, "code", kTests,
+  AddItem(&request, "code", kTests, kGood);                                 // 1
+  AddItem(&request, "code", kTests, "def add(a, b):\n    return a * b\n");  // wrong
+  AddItem(&request, "code", kTests, "def add(a, b)\n    return a + b\n");   // syntax
+  AddItem(&request, "code", kTests, "while True:\n    pass\n");             // loop
+  AddItem(&request, "code", kTests,
       "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n");
-  Add(&request, "code", kTests,
+  AddItem(&request, "code", kTests,
       "x = bytearray(10 * 1024 ** 3)\ndef add(a, b):\n    return a + b\n");
-  Add(&request, "code", kTests,
+  AddItem(&request, "code", kTests,
       absl::StrCat("open('", escape, "', 'w').write('x')\ndef add(a, b):\n    return a + b\n"));
-  Add(&request, "code", kTests,
+  AddItem(&request, "code", kTests,
       absl::StrCat("import os\nassert 'KAPPA_SECRET' not in os.environ\n", kGood));  // 1
-  Add(&request, "", "7", "3 + 4 = 7");                                               // arithmetic 1
+  AddItem(&request, "", "7", "3 + 4 = 7");                                               // arithmetic 1
   kappa::v1::VerifyResponse response;
   const grpc::Status status = Verify(request, &response);
   ASSERT_TRUE(status.ok()) << status.error_message();
@@ -93,8 +63,8 @@ TEST_F(CodeVerifyTest, HostileAndOrdinarySolutionsGetTheRightRewardsAndServingGo
 
   // Still serving: a plain arithmetic request.
   kappa::v1::VerifyRequest arithmetic;
-  Add(&arithmetic, "arithmetic", "46", "46");
-  Add(&arithmetic, "arithmetic", "46", "45");
+  AddItem(&arithmetic, "arithmetic", "46", "46");
+  AddItem(&arithmetic, "arithmetic", "46", "45");
   kappa::v1::VerifyResponse after;
   ASSERT_TRUE(Verify(arithmetic, &after).ok());
   ASSERT_EQ(after.rewards_size(), 2);
@@ -134,8 +104,8 @@ TEST_F(CodeVerifyTest, InvalidCodeItemsNameTheField) {
   };
   for (const Case& c : cases) {
     kappa::v1::VerifyRequest request;
-    Add(&request, "code", kTests, kGood);
-    Add(&request, "code", c.reference, c.response);
+    AddItem(&request, "code", kTests, kGood);
+    AddItem(&request, "code", c.reference, c.response);
     kappa::v1::VerifyResponse response;
     const grpc::Status status = Verify(request, &response);
     EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);

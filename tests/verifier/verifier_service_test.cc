@@ -7,50 +7,25 @@
 
 #include "absl/strings/str_cat.h"
 #include "services/grpc_util.h"
-#include "services/server.h"
 #include "tests/services/promtool.h"
+#include "tests/verifier/served_verifier.h"
 
 namespace kappa::verifier {
 namespace {
 
-class VerifierServiceTest : public ::testing::Test {
+class VerifierServiceTest : public testing::ServedVerifierTest {
  protected:
   void SetUp() override {
     VerifierOptions options;
     options.max_items = 8;
-    metrics_ = std::make_unique<VerifierMetrics>(registry_);
-    service_ = std::make_unique<VerifierService>(options, metrics_.get());
-    auto server = services::GrpcServer::Start("127.0.0.1:0", {service_.get()});
-    ASSERT_TRUE(server.ok()) << server.status();
-    server_ = std::move(*server);
-    address_ = absl::StrCat("127.0.0.1:", server_->port());
-    stub_ = kappa::v1::Verifier::NewStub(services::MakeChannel(address_));
-  }
-  void TearDown() override {
-    if (server_) server_->Shutdown(absl::Seconds(1));
+    StartVerifier(options);
   }
 
-  grpc::Status Verify(const kappa::v1::VerifyRequest& request,
-                      kappa::v1::VerifyResponse* response) {
-    grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-    return stub_->Verify(&context, request, response);
-  }
-
+  // Most items here are plain answers: the task comes last and may be left out.
   static void Add(kappa::v1::VerifyRequest* request, const std::string& reference,
                   const std::string& response, const std::string& task = "") {
-    kappa::v1::VerifyItem* item = request->add_items();
-    item->set_task(task);
-    item->set_reference_answer(reference);
-    item->set_response_text(response);
+    AddItem(request, task, reference, response);
   }
-
-  services::metrics::Registry registry_;
-  std::unique_ptr<VerifierMetrics> metrics_;
-  std::unique_ptr<VerifierService> service_;
-  std::unique_ptr<services::GrpcServer> server_;
-  std::string address_;
-  std::unique_ptr<kappa::v1::Verifier::Stub> stub_;
 };
 
 TEST_F(VerifierServiceTest, HealthIsServing) {
