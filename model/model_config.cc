@@ -115,7 +115,9 @@ ModelConfig ModelConfig::FromJson(const std::string& json_text) {
   Json j;
   try {
     j = Json::parse(json_text);
-  } catch (const Json::parse_error& e) {
+  } catch (const Json::exception& e) {
+    // Not only parse_error: a number too large for a double is out_of_range
+    // (found by tests/fuzz/model_config_fuzzer).
     Fail(std::string("config is not valid JSON: ") + e.what());
   }
   if (!j.is_object()) Fail("config must be a JSON object");
@@ -154,12 +156,14 @@ ModelConfig ModelConfig::FromJson(const std::string& json_text) {
   OptionalTokenId(j, "bos_token_id", &c.bos_token_id);
   OptionalTokenId(j, "eos_token_id", &c.eos_token_id);
   OptionalTokenId(j, "pad_token_id", &c.pad_token_id);
+  // Validate first: head_dim() divides by num_attention_heads, which may be 0
+  // here (found by tests/fuzz/model_config_fuzzer).
+  c.Validate();
   if (auto it = j.find("head_dim"); it != j.end() && !it->is_null()) {
     if (!it->is_number_integer() || it->get<int64_t>() != c.head_dim()) {
       Fail("head_dim must equal hidden_size / num_attention_heads = " + std::to_string(c.head_dim()));
     }
   }
-  c.Validate();
   return c;
 }
 

@@ -21,6 +21,21 @@ absl::Status Invalid(std::string_view field, const std::string& what) {
   return absl::InvalidArgumentError(absl::StrCat(std::string(field), ": ", what));
 }
 
+// The product of `shape`. A zero dimension makes a tensor empty however large
+// the others are, and ValidateTensor accepts such shapes ([2^40, 2^40, 0] with
+// no data), so it is checked first and the product cannot overflow (found by
+// tests/fuzz/tensor_codec_fuzzer); otherwise the product is taken unsigned, so
+// even an unvalidated shape wraps instead of being undefined behaviour.
+template <typename Dims>
+int64_t ElementCount(const Dims& shape) {
+  for (int64_t dim : shape) {
+    if (dim == 0) return 0;
+  }
+  uint64_t elements = 1;
+  for (int64_t dim : shape) elements *= static_cast<uint64_t>(dim);
+  return static_cast<int64_t>(elements);
+}
+
 }  // namespace
 
 size_t DTypeSize(kappa::v1::DType dtype) {
@@ -98,22 +113,14 @@ absl::Status ValidateTensor(const kappa::v1::Tensor& tensor, std::string_view fi
   return ValidateTensor(tensor, field);
 }
 
-int64_t NumElements(const kappa::v1::Tensor& tensor) {
-  int64_t elements = 1;
-  for (int64_t dim : tensor.shape()) elements *= dim;
-  return elements;
-}
+int64_t NumElements(const kappa::v1::Tensor& tensor) { return ElementCount(tensor.shape()); }
 
 void SetFloat32(kappa::v1::Tensor* out, const std::vector<int64_t>& shape, const float* values) {
   out->Clear();
   out->set_dtype(kappa::v1::DTYPE_FLOAT32);
-  int64_t elements = 1;
-  for (int64_t dim : shape) {
-    out->add_shape(dim);
-    elements *= dim;
-  }
+  for (int64_t dim : shape) out->add_shape(dim);
   out->mutable_data()->assign(reinterpret_cast<const char*>(values),
-                              static_cast<size_t>(elements) * sizeof(float));
+                              static_cast<size_t>(ElementCount(shape)) * sizeof(float));
 }
 
 std::vector<float> GetFloat32(const kappa::v1::Tensor& tensor) {
