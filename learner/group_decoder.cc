@@ -1,9 +1,13 @@
 #include "learner/group_decoder.h"
 
+#include <google/protobuf/stubs/common.h>
+
+#include <algorithm>
 #include <string>
 
 #include "absl/strings/str_cat.h"
 #include "kappa/v1/teacher.pb.h"
+#include "services/tensor_codec.h"
 #include "services/torch_tensor_codec.h"
 
 namespace kappa::learner {
@@ -32,6 +36,31 @@ absl::Status CheckResponse(const google::protobuf::RepeatedField<int32_t>& token
                                                    expect.max_new_tokens));
   }
   return CheckTokens(tokens, field, expect.vocab_size);
+}
+
+// Text is only logged and reported, but a report that cannot be written as
+// UTF-8 (JSON) would fail far from its cause. Proto3 refuses such strings on
+// the wire already; this covers in-process callers.
+absl::Status CheckText(const std::string& text, const std::string& field) {
+  if (!google::protobuf::internal::IsStructurallyValidUTF8(text.data(),
+                                                           static_cast<int>(text.size()))) {
+    return absl::InvalidArgumentError(field + ": not valid UTF-8");
+  }
+  return absl::OkStatus();
+}
+
+// Log-probabilities as the loss reads them: a floating dtype (an int32 tensor
+// of the right byte count would otherwise be converted silently), every value
+// finite (the codec names the first NaN/Inf).
+absl::StatusOr<torch::Tensor> DecodeLogProbs(const kappa::v1::Tensor& wire,
+                                             const std::string& field) {
+  const kappa::v1::DType dtype = wire.dtype();
+  if (dtype == kappa::v1::DTYPE_INT32 || dtype == kappa::v1::DTYPE_INT64) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": dtype ", std::string(services::DTypeName(dtype)),
+                     " is not a floating type (float32, bfloat16 or float16)"));
+  }
+  return services::DecodeTensor(wire, field);
 }
 
 // RSTG teacher SFT data: only for a work item that asked for it, only for a
@@ -63,6 +92,11 @@ absl::Status DecodeDemonstrations(const kappa::v1::ScoredGroup& message,
         message.demonstrations(i).response_tokens();
     if (absl::Status status =
             CheckResponse(tokens, absl::StrCat("demonstrations[", i, "].response_tokens"), expect);
+        !status.ok()) {
+      return status;
+    }
+    if (absl::Status status = CheckText(message.demonstrations(i).response_text(),
+                                        absl::StrCat("demonstrations[", i, "].response_text"));
         !status.ok()) {
       return status;
     }
@@ -102,7 +136,10 @@ absl::StatusOr<ScoredGroup> DecodeScoredGroup(const kappa::v1::ScoredGroup& mess
       return absl::InvalidArgumentError(
           absl::StrCat(field, ".reward: ", in.reward(), " is not 0 or 1"));
     }
-    auto behavior = services::DecodeTensor(in.behavior_logprobs(), field + ".behavior_logprobs");
+    if (auto status = CheckText(in.response_text(), field + ".response_text"); !status.ok()) {
+      return status;
+    }
+    auto behavior = DecodeLogProbs(in.behavior_logprobs(), field + ".behavior_logprobs");
     if (!behavior.ok()) return behavior.status();
     if (behavior->dim() != 1 || behavior->size(0) != length) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -116,9 +153,17 @@ absl::StatusOr<ScoredGroup> DecodeScoredGroup(const kappa::v1::ScoredGroup& mess
                                     behavior_f32.data_ptr<float>() + length);
     sample.reward = in.reward();
     if (expect.teacher_form != 0) {
-      auto teacher = services::DecodeTensor(in.teacher_logprobs(), field + ".teacher_logprobs");
+      auto teacher = DecodeLogProbs(in.teacher_logprobs(), field + ".teacher_logprobs");
       if (!teacher.ok()) return teacher.status();
       const bool full = expect.teacher_form == kappa::v1::SCORE_FORM_FULL;
+      // A teacher with another vocabulary gives rows that do not line up
+      // with the student's token ids: name that rather than a bare shape.
+      if (full && teacher->dim() == 2 && teacher->size(0) == length &&
+          teacher->size(1) != expect.vocab_size) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            field, ".teacher_logprobs: teacher vocabulary size ", teacher->size(1),
+            " does not match the student's ", expect.vocab_size));
+      }
       const bool shape_ok = full ? (teacher->dim() == 2 && teacher->size(0) == length &&
                                     teacher->size(1) == expect.vocab_size)
                                  : (teacher->dim() == 1 && teacher->size(0) == length);
@@ -136,6 +181,17 @@ absl::StatusOr<ScoredGroup> DecodeScoredGroup(const kappa::v1::ScoredGroup& mess
     return status;
   }
   return group;
+}
+
+absl::Status CheckPolicyVersion(int64_t policy_version, int64_t latest_published) {
+  // Before the first publication work items carry version 0.
+  const int64_t newest = std::max<int64_t>(latest_published, 0);
+  if (policy_version < 0 || policy_version > newest) {
+    return absl::InvalidArgumentError(absl::StrCat("policy_version: ", policy_version,
+                                                   " was never published (latest is ",
+                                                   newest, ")"));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace kappa::learner

@@ -25,4 +25,10 @@ struct GroupExpectations {
 absl::StatusOr<ScoredGroup> DecodeScoredGroup(const kappa::v1::ScoredGroup& message,
                                               const GroupExpectations& expect);
 
+// A group's policy_version must name a version this learner has published
+// (0 before the first publication); anything else is a worker bug or a group
+// from another run, and its importance ratio would be meaningless.
+// INVALID_ARGUMENT "policy_version: ..." otherwise.
+absl::Status CheckPolicyVersion(int64_t policy_version, int64_t latest_published);
+
 }  // namespace kappa::learner

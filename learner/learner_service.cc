@@ -18,6 +18,17 @@ constexpr int64_t kPolicyChunkBytes = 1 << 20;
 // Blocking waits wake this often to notice cancellation and shutdown.
 constexpr absl::Duration kWakeInterval = absl::Milliseconds(500);
 
+// Why the coordinator refused a well-formed group, as a status for the log:
+// it keeps no record of closed leases, so a duplicate reads as not found.
+absl::Status SubmitError(SubmitVerdict verdict, const std::string& lease_id) {
+  if (verdict == SubmitVerdict::kWrongWorker) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("lease_id: lease '", lease_id, "' is held by another worker stream"));
+  }
+  return absl::NotFoundError(absl::StrCat(
+      "lease_id: lease '", lease_id, "' is not open (already returned, expired or never issued)"));
+}
+
 }  // namespace
 
 LearnerService::LearnerService(const tasks::Dataset& train, Tokenize tokenize,
@@ -110,6 +121,12 @@ grpc::Status LearnerService::Rollout(
     ++counters_.groups_received;
     const kappa::v1::ScoredGroup& wire = message.group();
     absl::StatusOr<ScoredGroup> group = DecodeScoredGroup(wire, expectations_);
+    if (group.ok()) {
+      if (absl::Status version = CheckPolicyVersion(wire.policy_version(), publisher_->version());
+          !version.ok()) {
+        group = version;
+      }
+    }
     if (!group.ok()) {
       // The prompt is re-issued when its lease lapses; the stream stays up so
       // the worker's other groups are not lost.
@@ -121,8 +138,8 @@ grpc::Status LearnerService::Rollout(
     const SubmitVerdict verdict = coordinator_->Submit(wire.lease_id(), stream_id,
                                                        *std::move(group));
     if (verdict != SubmitVerdict::kAccepted) {
-      spdlog::warn("worker {}: dropped group for unknown or expired lease {}", stream_id,
-                   wire.lease_id());
+      spdlog::warn("worker {}: dropped group for lease {}: {}", stream_id, wire.lease_id(),
+                   SubmitError(verdict, wire.lease_id()).ToString());
     }
   }
   reader_done = true;

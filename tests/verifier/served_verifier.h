@@ -20,10 +20,11 @@ namespace kappa::verifier::testing {
 class ServedVerifierTest : public ::testing::Test {
  protected:
   // Call from SetUp (fatal failures return from it).
-  void StartVerifier(const VerifierOptions& options) {
+  void StartVerifier(const VerifierOptions& options,
+                     const services::ServerOptions& server_options = {}) {
     metrics_ = std::make_unique<VerifierMetrics>(registry_);
     service_ = std::make_unique<VerifierService>(options, metrics_.get());
-    auto server = services::GrpcServer::Start("127.0.0.1:0", {service_.get()});
+    auto server = services::GrpcServer::Start("127.0.0.1:0", {service_.get()}, server_options);
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = std::move(*server);
     address_ = absl::StrCat("127.0.0.1:", server_->port());
