@@ -25,15 +25,22 @@ TEST_PACKAGES=(
   chromium fonts-dejavu-core
 )
 
+# The sanitizer and fuzz builds (scripts/sanitize.sh, scripts/fuzz.sh): clang,
+# its sanitizer/libFuzzer runtimes, and llvm-symbolizer for readable stacks.
+FUZZ_PACKAGES=(
+  clang libclang-rt-14-dev llvm
+)
+ALL_PACKAGES=("${PACKAGES[@]}" "${TEST_PACKAGES[@]}" "${FUZZ_PACKAGES[@]}")
+
 missing=()
-for pkg in "${PACKAGES[@]}" "${TEST_PACKAGES[@]}"; do
+for pkg in "${ALL_PACKAGES[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed"; then
     missing+=("$pkg")
   fi
 done
 
 if ((${#missing[@]} == 0)); then
-  echo "setup: all $((${#PACKAGES[@]} + ${#TEST_PACKAGES[@]})) packages present"
+  echo "setup: all ${#ALL_PACKAGES[@]} packages present"
   exit 0
 fi
 

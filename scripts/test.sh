@@ -1,9 +1,16 @@
 #!/usr/bin/env bash
-# The test command: installs what is missing, builds, runs every test through ctest.
+# The test command: installs what is missing, builds, runs every test through
+# ctest, then the sanitizer build's tests (scripts/sanitize.sh: ASan + UBSan,
+# build-asan) and the bounded fuzz runs (scripts/fuzz.sh, build-fuzz).
+# Arguments go to the main ctest and select a subset: then the sanitizer and
+# fuzz stages are skipped. KAPPA_SANITIZER_CHECKS=0 skips them too.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 bash scripts/build.sh
 BUILD_DIR=${KAPPA_BUILD_DIR:-build}
-cd "$BUILD_DIR"
-ctest --output-on-failure --timeout 600 -j "${KAPPA_TEST_JOBS:-2}" "$@"
+(cd "$BUILD_DIR" && ctest --output-on-failure --timeout 600 -j "${KAPPA_TEST_JOBS:-2}" "$@")
+if (($# == 0)) && [[ ${KAPPA_SANITIZER_CHECKS:-1} != 0 ]]; then
+  bash scripts/sanitize.sh
+  bash scripts/fuzz.sh
+fi

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Builds the libraries that do not link libtorch (proto, services, tasks,
+# verifier, tokenizer) and their unit tests with sanitizers, in a build
+# directory of their own, and runs those tests through ctest. libtorch is left
+# out (KAPPA_TORCH=OFF): it is not instrumented, and the model code is covered
+# by the normal build's tests.
+#
+#   bash scripts/sanitize.sh            # ASan + UBSan in build-asan (CI runs this)
+#   bash scripts/sanitize.sh thread     # TSan in build-tsan, the gRPC service tests only
+#
+# Extra arguments after the mode go to ctest (e.g. -R config). Environment:
+# KAPPA_JOBS (build jobs, default 2), KAPPA_TEST_JOBS (ctest jobs, default 2).
+# Suppressions, each with the reason it is there: tests/sanitize/.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+MODE=${1:-address}
+shift || true
+SUPPRESSIONS="$PWD/tests/sanitize"
+case "$MODE" in
+  address)
+    BUILD_DIR=build-asan
+    SANITIZE=address,undefined
+    # detect_leaks: LeakSanitizer too. halt_on_error for UBSan matches
+    # -fno-sanitize-recover (cmake/sanitizers.cmake): a finding fails the test.
+    export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:strict_string_checks=1:check_initialization_order=1:detect_stack_use_after_return=1}
+    export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$SUPPRESSIONS/lsan.supp:print_suppressions=0}
+    export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+    # verifier_binary_test: not built by clang for now (see the top-level
+    # CMakeLists.txt, KAPPA_CLANG_SKIPS_VERIFIER_BINARY).
+    TEST_FILTER=(-E '^verifier_binary_test$')
+    ;;
+  thread)
+    BUILD_DIR=build-tsan
+    SANITIZE=thread
+    export TSAN_OPTIONS=${TSAN_OPTIONS:-suppressions=$SUPPRESSIONS/tsan.supp:halt_on_error=0:second_deadlock_stack=1}
+    # The tests whose threads are the project's own (servers, streams,
+    # metrics); Debian's gRPC itself is not TSan-instrumented.
+    TEST_FILTER=(-R '^(services_grpc_test|services_metrics_test|verifier_service_test)$')
+    ;;
+  *)
+    echo "usage: $0 [address|thread] [ctest args...]" >&2
+    exit 2
+    ;;
+esac
+
+# Same ccache settings as scripts/build.sh, so CI reuses the objects.
+export CCACHE_BASEDIR="$PWD"
+export CCACHE_NOHASHDIR=1
+if [[ ! -f "$BUILD_DIR/build.ninja" ]]; then
+  cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DCMAKE_CXX_COMPILER=clang++ -DKAPPA_TORCH=OFF -DKAPPA_SANITIZE="$SANITIZE" \
+    -DKAPPA_WERROR=OFF
+fi
+cmake --build "$BUILD_DIR" -j "${KAPPA_JOBS:-2}"
+
+ctest --test-dir "$BUILD_DIR" --output-on-failure --timeout 600 -j "${KAPPA_TEST_JOBS:-2}" \
+  "${TEST_FILTER[@]}" "$@"
