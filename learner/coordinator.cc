@@ -1,5 +1,6 @@
 #include "learner/coordinator.h"
 
+#include <algorithm>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -56,7 +57,8 @@ std::optional<Lease> Coordinator::LeaseNext(const std::string& worker_id, int ma
     changed_.WaitWithDeadline(&mu_, std::min(deadline, now + kPollInterval));
   }
   Lease lease;
-  lease.lease_id = absl::StrCat(lease_prefix_, next_lease_++);
+  lease.serial = next_lease_++;
+  lease.lease_id = absl::StrCat(lease_prefix_, lease.serial);
   if (!reissue_.empty()) {
     lease.example_index = reissue_.front();
     reissue_.pop_front();
@@ -153,9 +155,24 @@ CoordinatorCounters Coordinator::counters() const {
   return counters;
 }
 
-int64_t Coordinator::data_position() const {
+DataPosition Coordinator::data_position() const {
   absl::MutexLock lock(&mu_);
-  return prompts_.position();
+  DataPosition position;
+  position.drawn = prompts_.position();
+  for (const BufferedGroup& entry : buffer_) position.pending.push_back(entry.example_index);
+  std::vector<const Lease*> open;
+  for (const auto& [id, lease] : leases_) open.push_back(&lease);
+  std::sort(open.begin(), open.end(),
+            [](const Lease* a, const Lease* b) { return a->serial < b->serial; });
+  for (const Lease* lease : open) position.pending.push_back(lease->example_index);
+  position.pending.insert(position.pending.end(), reissue_.begin(), reissue_.end());
+  return position;
+}
+
+void Coordinator::Requeue(const std::vector<size_t>& example_indices) {
+  absl::MutexLock lock(&mu_);
+  reissue_.insert(reissue_.begin(), example_indices.begin(), example_indices.end());
+  changed_.SignalAll();
 }
 
 }  // namespace kappa::learner

@@ -36,6 +36,7 @@ struct CoordinatorOptions {
 
 struct Lease {
   std::string lease_id;
+  int64_t serial = 0;  // issue order (lease ids sort as strings, not numbers)
   size_t example_index = 0;
   std::string worker_id;
   absl::Time deadline;
@@ -46,6 +47,11 @@ struct BufferedGroup {
   std::string lease_id;
   size_t example_index = 0;
   ScoredGroup group;
+};
+
+struct DataPosition {
+  int64_t drawn = 0;
+  std::vector<size_t> pending;
 };
 
 enum class SubmitVerdict { kAccepted, kUnknownLease, kWrongWorker };
@@ -88,8 +94,16 @@ class Coordinator {
 
   void Shutdown() ABSL_LOCKS_EXCLUDED(mu_);
   CoordinatorCounters counters() const ABSL_LOCKS_EXCLUDED(mu_);
-  // Prompts drawn from the dataset so far (for resume).
-  int64_t data_position() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Where a resumed run continues: prompts drawn from the dataset so far,
+  // and those drawn but not trained on yet, in the order they would be:
+  // groups in the buffer, then open leases by issue order, then prompts
+  // waiting to be re-issued. Without the pending ones a resumed learner
+  // would skip every prompt in flight at its checkpoint. One snapshot, so a
+  // prompt leased meanwhile is neither skipped nor drawn twice.
+  DataPosition data_position() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Hands `example_indices` out before anything else, in order (a resumed
+  // run's DataPosition::pending).
+  void Requeue(const std::vector<size_t>& example_indices) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   void ExpireLeasesLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -33,7 +33,8 @@ absl::Status WriteTrainerState(const std::string& checkpoint_dir, const TrainerS
   nlohmann::json json = {{"step", state.step},
                          {"policy_version", state.policy_version},
                          {"data_position", state.data_position},
-                         {"seed", state.seed}};
+                         {"seed", state.seed},
+                         {"pending_prompts", state.pending_prompts}};
   return services::WriteFileAtomically(checkpoint_dir + "/trainer_state.json", json.dump(2));
 }
 
@@ -48,6 +49,8 @@ absl::StatusOr<TrainerState> ReadTrainerState(const std::string& checkpoint_dir)
     state.policy_version = json.at("policy_version").get<int64_t>();
     state.data_position = json.at("data_position").get<int64_t>();
     state.seed = json.at("seed").get<uint64_t>();
+    // Absent in checkpoints written before it was recorded.
+    state.pending_prompts = json.value("pending_prompts", std::vector<int64_t>());
     return state;
   } catch (const nlohmann::json::exception& e) {
     return absl::DataLossError(absl::StrCat(path, ": ", e.what()));

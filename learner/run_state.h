@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 
@@ -18,6 +19,9 @@ struct TrainerState {
   int64_t step = 0;            // optimizer steps completed
   int64_t policy_version = 0;  // == step: version k is the policy after step k
   int64_t data_position = 0;   // prompts drawn from the train split
+  // Drawn but not yet trained on when the checkpoint was taken (dataset
+  // indices, in the order they were due): handed out first on resume.
+  std::vector<int64_t> pending_prompts;
   uint64_t seed = 0;
 };
 

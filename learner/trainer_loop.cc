@@ -53,7 +53,12 @@ TrainerLoop::TrainerLoop(const services::Config& config, std::string run_dir,
       tokenizer_(tokenizer),
       rank_(std::move(rank)),
       metrics_(rank_.primary() ? std::make_unique<MetricsLog>(run_dir_ + "/metrics.jsonl")
-                               : nullptr) {}
+                               : nullptr) {
+  // A resumed run first trains on what was in flight at its checkpoint; the
+  // prompt source continues after the last prompt drawn.
+  coordinator_->Requeue(std::vector<size_t>(start.pending_prompts.begin(),
+                                            start.pending_prompts.end()));
+}
 
 void TrainerLoop::PublishPolicy() {
   auto snapshot = std::make_shared<PolicySnapshot>();
@@ -81,7 +86,9 @@ absl::Status TrainerLoop::SaveCheckpoint(int64_t step) {
   } catch (const std::exception& e) {
     return absl::InternalError(absl::StrCat("checkpoint ", dir, ": ", e.what()));
   }
-  state_.data_position = coordinator_->data_position();
+  const DataPosition position = coordinator_->data_position();
+  state_.data_position = position.drawn;
+  state_.pending_prompts.assign(position.pending.begin(), position.pending.end());
   if (absl::Status status = WriteTrainerState(dir, state_); !status.ok()) return status;
   return MarkLatest(run_dir_, dir);
 }
