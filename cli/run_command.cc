@@ -142,6 +142,18 @@ int RunCommand(const std::vector<std::string>& args) {
   }
   config.data_dir = fs::absolute(config.data_dir).string();
   config.runs_dir = fs::absolute(config.runs_dir).string();
+  for (std::string* path : {&config.security.cert_file, &config.security.key_file,
+                            &config.security.ca_file, &config.security.token_file}) {
+    if (!path->empty()) *path = fs::absolute(*path).string();
+  }
+  // Checked here, before any process starts, so a bad certificate path is one
+  // clear message rather than three services failing.
+  absl::StatusOr<services::TransportSecurity> security =
+      services::LoadTransportSecurity(config.security);
+  if (!security.ok()) {
+    std::cerr << "kappa run: " << security.status().message() << "\n";
+    return 1;
+  }
   if (absl::Status status = AssignServiceAddresses(config); !status.ok()) {
     std::cerr << "kappa run: " << status.message() << "\n";
     return 1;
@@ -169,6 +181,7 @@ int RunCommand(const std::vector<std::string>& args) {
   options.teacher_address = config.teacher.address;
   options.verifier_address = config.verifier.address;
   options.learner_address = config.learner.address;
+  options.security = *std::move(security);
   options.total_steps = config.trainer.steps;
   options.show_progress = !line->Has("--no-progress");
   const SessionOutcome outcome = RunSession(*plan, options);

@@ -108,7 +108,7 @@ class Session {
       if (TerminationSignal() != 0) return Interrupted();
       if (const int code = CheckChildren(/*training=*/false); code >= 0) return code;
       for (auto it = pending.begin(); it != pending.end();) {
-        if (services::CheckHealth(it->second, absl::Seconds(1)).ok()) {
+        if (services::CheckHealth(it->second, absl::Seconds(1), options_.security).ok()) {
           it = pending.erase(it);
         } else {
           ++it;

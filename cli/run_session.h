@@ -9,6 +9,7 @@
 
 #include "cli/progress.h"
 #include "cli/service_launch.h"
+#include "services/transport_security.h"
 
 namespace kappa::cli {
 
@@ -17,6 +18,7 @@ struct SessionOptions {
   std::string teacher_address;
   std::string verifier_address;
   std::string learner_address;
+  services::TransportSecurity security;  // for the health checks
   int64_t total_steps = 0;
   bool show_progress = true;
   std::chrono::seconds health_timeout{300};

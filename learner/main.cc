@@ -114,7 +114,7 @@ int Main(int argc, char** argv) {
   }
   services::InitLogging("learner", flags->log_file);
   if (!flags->health_check_address.empty()) {
-    return services::RunHealthCheck(flags->health_check_address);
+    return services::RunHealthCheck(*flags);
   }
 
   absl::StatusOr<services::Config> config = services::LoadConfigFromFlags(*flags);
@@ -239,13 +239,20 @@ int Main(int argc, char** argv) {
       },
       work, expect, &coordinator, &publisher);
 
+  absl::StatusOr<services::ServerOptions> server_options =
+      services::ServerOptionsFromConfig(*config);
+  if (!server_options.ok()) {
+    spdlog::error("{}", server_options.status().ToString());
+    return 2;
+  }
   absl::StatusOr<std::unique_ptr<services::GrpcServer>> server =
-      services::GrpcServer::Start(address, {&service});
+      services::GrpcServer::Start(address, {&service}, *server_options);
   if (!server.ok()) {
     spdlog::error("cannot serve on {}: {}", address, server.status().ToString());
     return 1;
   }
-  spdlog::info("learner serving on {} (run dir {})", address, run_dir);
+  spdlog::info("learner serving on {} ({}; run dir {})", address,
+               services::DescribeTransport(server_options->security), run_dir);
 
   TrainerLoop trainer(*config, run_dir, start->student, std::move(optimizer), start->state,
                       &coordinator, &publisher, **heldout, tokenizer, *rank);

@@ -59,7 +59,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (!flags->health_check_address.empty()) {
-    return kappa::services::RunHealthCheck(flags->health_check_address);
+    return kappa::services::RunHealthCheck(*flags);
   }
 
   kappa::services::InitLogging("rollout-worker", flags->log_file);
@@ -87,16 +87,25 @@ int main(int argc, char** argv) {
       flag_or("learner", flags->address.empty() ? config->learner.address : flags->address);
   const std::string teacher = flag_or("teacher", config->teacher.address);
   const std::string verifier = flag_or("verifier", config->verifier.address);
-  spdlog::info("worker {}: learner {}, teacher {}, verifier {}, {} torch threads, seed {}",
-               options.worker_id, learner, teacher, verifier, config->rollout.threads,
+  absl::StatusOr<kappa::services::ServerOptions> rpc =
+      kappa::services::ServerOptionsFromConfig(*config);  // the same limits and credentials
+  if (!rpc.ok()) {
+    spdlog::error("configuration: {}", rpc.status().ToString());
+    return 2;
+  }
+  auto channel_to = [&](const std::string& target) {
+    return kappa::services::MakeChannel(target, rpc->security, rpc->max_message_bytes);
+  };
+  spdlog::info("worker {}: learner {}, teacher {}, verifier {} ({}), {} torch threads, seed {}",
+               options.worker_id, learner, teacher, verifier,
+               kappa::services::DescribeTransport(rpc->security), config->rollout.threads,
                options.sampler.seed);
 
   kappa::services::metrics::Registry registry;
   kappa::rollout::WorkerMetrics metrics(registry);
   options.metrics = &metrics;
-  kappa::rollout::RolloutWorker worker(kappa::services::MakeChannel(learner),
-                                       kappa::services::MakeChannel(verifier),
-                                       kappa::services::MakeChannel(teacher), options);
+  kappa::rollout::RolloutWorker worker(channel_to(learner), channel_to(verifier),
+                                       channel_to(teacher), options);
   // The policy version is read at scrape time; the metrics server (declared
   // after `worker`) stops first.
   registry.AddCollectHook(

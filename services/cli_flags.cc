@@ -82,8 +82,21 @@ std::string Usage(const std::string& program, const std::string& extra_usage) {
       "  --help                 this text\n");
 }
 
-int RunHealthCheck(const std::string& address, absl::Duration timeout) {
-  const absl::Status status = CheckHealth(address, timeout);
+int RunHealthCheck(const CommonFlags& flags, absl::Duration timeout) {
+  // The configuration only for its security section: a probe of a TLS server
+  // needs the CA (and under mutual TLS a client certificate) and the token.
+  absl::StatusOr<Config> config = LoadConfigFromFlags(flags);
+  if (!config.ok()) {
+    std::cerr << config.status().message() << std::endl;
+    return 2;
+  }
+  absl::StatusOr<TransportSecurity> security = LoadTransportSecurity(config->security);
+  if (!security.ok()) {
+    std::cerr << security.status().message() << std::endl;
+    return 2;
+  }
+  const std::string& address = flags.health_check_address;
+  const absl::Status status = CheckHealth(address, timeout, *security);
   if (!status.ok()) {
     std::cerr << status.message() << std::endl;
     return 1;

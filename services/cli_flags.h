@@ -46,9 +46,10 @@ absl::StatusOr<Config> LoadConfigFromFlags(const CommonFlags& flags);
 // lines (e.g. "  --rank N   data-parallel rank").
 std::string Usage(const std::string& program, const std::string& extra_usage = "");
 
-// `--health-check ADDR` mode: CheckHealth(address, timeout); prints
+// `--health-check ADDR` mode: CheckHealth(flags.health_check_address) with
+// the transport security of the configuration `flags` name; prints
 // "ADDR: SERVING" to stdout or the reason to stderr, and returns the process
-// exit code (0 when SERVING, 1 otherwise).
-int RunHealthCheck(const std::string& address, absl::Duration timeout = absl::Seconds(5));
+// exit code (0 when SERVING, 1 otherwise, 2 for a bad configuration).
+int RunHealthCheck(const CommonFlags& flags, absl::Duration timeout = absl::Seconds(5));
 
 }  // namespace kappa::services

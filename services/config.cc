@@ -100,6 +100,15 @@ const std::vector<Field>& Fields() {
       KAPPA_CONFIG_FIELD(learner.world_size),
       KAPPA_CONFIG_FIELD(learner.dist_store),
 
+      KAPPA_CONFIG_FIELD(security.tls),
+      KAPPA_CONFIG_FIELD(security.cert_file),
+      KAPPA_CONFIG_FIELD(security.key_file),
+      KAPPA_CONFIG_FIELD(security.ca_file),
+      KAPPA_CONFIG_FIELD(security.mutual_tls),
+      KAPPA_CONFIG_FIELD(security.server_name),
+      KAPPA_CONFIG_FIELD(security.token_file),
+      KAPPA_CONFIG_FIELD(security.max_message_bytes),
+
       KAPPA_CONFIG_FIELD(rollout.max_outstanding),
       KAPPA_CONFIG_FIELD(rollout.temperature),
       KAPPA_CONFIG_FIELD(rollout.top_p),

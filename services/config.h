@@ -90,6 +90,22 @@ struct Config {
     // kappa run picks a loopback port when world_size > 1 and this is empty.
     std::string dist_store;
   } learner;
+  // Transport security of every gRPC channel and server (docs/security.md).
+  // Off by default: the local demo runs on loopback.
+  struct Security {
+    bool tls = false;                  // TLS on every server and channel
+    std::string cert_file;             // PEM chain: this process's server cert (and client cert under mutual_tls)
+    std::string key_file;              // PEM private key of cert_file
+    std::string ca_file;               // PEM CA bundle the peers' certificates must chain to
+    bool mutual_tls = false;           // servers require and verify a client certificate
+    std::string server_name;           // TLS name to verify instead of the address's host (e.g. when dialing an IP)
+    // Bearer token every call carries and every server checks. Only a file
+    // path here (or the KAPPA_AUTH_TOKEN environment variable), never the
+    // token itself: config files get copied, logged and committed.
+    std::string token_file;
+    int64_t max_message_bytes = 64 << 20;  // gRPC send/receive limit of every server and channel
+  } security;
+
   struct Rollout {
     int64_t max_outstanding = 2;       // work items a worker holds at once
     double temperature = 1.0;

@@ -28,7 +28,9 @@ absl::Status FromGrpcStatus(const grpc::Status& status) {
   return absl::Status(static_cast<absl::StatusCode>(code), status.error_message());
 }
 
-std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target, int max_message_bytes) {
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target,
+                                           const TransportSecurity& security,
+                                           int max_message_bytes) {
   grpc::ChannelArguments args;
   args.SetServiceConfigJSON(R"({"loadBalancingConfig": [{"round_robin": {}}]})");
   args.SetMaxReceiveMessageSize(max_message_bytes);
@@ -40,7 +42,10 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target, int max_me
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 0);
   args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
-  return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+  if (!security.server_name.empty()) {
+    args.SetSslTargetNameOverride(security.server_name);
+  }
+  return grpc::CreateCustomChannel(target, MakeChannelCredentials(security), args);
 }
 
 }  // namespace kappa::services

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <limits>
 #include <mutex>
 
 #include "absl/strings/str_cat.h"
@@ -15,6 +16,21 @@
 #include "services/grpc_util.h"
 
 namespace kappa::services {
+
+absl::StatusOr<ServerOptions> ServerOptionsFromConfig(const Config& config) {
+  absl::StatusOr<TransportSecurity> security = LoadTransportSecurity(config.security);
+  if (!security.ok()) return security.status();
+  const int64_t max_message_bytes = config.security.max_message_bytes;
+  if (max_message_bytes <= 0 || max_message_bytes > std::numeric_limits<int>::max()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("security.max_message_bytes: expected 1..",
+                     std::numeric_limits<int>::max(), ", got ", max_message_bytes));
+  }
+  ServerOptions options;
+  options.max_message_bytes = static_cast<int>(max_message_bytes);
+  options.security = *std::move(security);
+  return options;
+}
 
 absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(
     const std::string& address, const std::vector<grpc::Service*>& services,
@@ -27,7 +43,7 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(address, MakeServerCredentials(options.security), &port);
   for (grpc::Service* service : services) builder.RegisterService(service);
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   builder.SetMaxSendMessageSize(options.max_message_bytes);
@@ -116,8 +132,9 @@ bool TerminationRequested() {
   return g_termination_requested.load();
 }
 
-absl::Status CheckHealth(const std::string& address, absl::Duration timeout) {
-  auto channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+absl::Status CheckHealth(const std::string& address, absl::Duration timeout,
+                         const TransportSecurity& security) {
+  auto channel = MakeChannel(address, security);
   auto stub = grpc::health::v1::Health::NewStub(channel);
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(timeout));

@@ -12,12 +12,18 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "services/transport_security.h"
 
 namespace kappa::services {
 
 struct ServerOptions {
-  int max_message_bytes = 64 << 20;
+  int max_message_bytes = 64 << 20;  // larger requests fail with RESOURCE_EXHAUSTED
+  TransportSecurity security;        // default: plain text, no token
 };
+
+// The configuration's message size limit and transport security (reads the
+// certificate and token files; errors as LoadTransportSecurity).
+absl::StatusOr<ServerOptions> ServerOptionsFromConfig(const Config& config);
 
 class GrpcServer {
  public:
@@ -54,6 +60,7 @@ bool TerminationRequested();
 // grpc.health.v1.Health/Check against `address` (overall service ""):
 // OK when SERVING; UNAVAILABLE otherwise. Backs every binary's
 // `--health-check ADDR` mode.
-absl::Status CheckHealth(const std::string& address, absl::Duration timeout);
+absl::Status CheckHealth(const std::string& address, absl::Duration timeout,
+                         const TransportSecurity& security = {});
 
 }  // namespace kappa::services

@@ -87,15 +87,22 @@ int Serve(const kappa::services::CommonFlags& flags) {
     spdlog::error("teacher: {}", metrics_server.status().ToString());
     return 1;
   }
+  absl::StatusOr<kappa::services::ServerOptions> server_options =
+      kappa::services::ServerOptionsFromConfig(*config);
+  if (!server_options.ok()) {
+    spdlog::error("{}", server_options.status().ToString());
+    return 2;
+  }
   absl::StatusOr<std::unique_ptr<kappa::services::GrpcServer>> server =
-      kappa::services::GrpcServer::Start(address, {service.get()});
+      kappa::services::GrpcServer::Start(address, {service.get()}, *server_options);
   if (!server.ok()) {
     spdlog::error("teacher: cannot serve on {}: {}", address, server.status().ToString());
     return 1;
   }
-  spdlog::info("teacher serving on {} (port {}), max_batch_sequences {}, max_wait {} ms", address,
-               (*server)->port(), options.batching.max_batch_sequences,
-               config->teacher.max_wait_ms);
+  spdlog::info("teacher serving on {} (port {}, {}), max_batch_sequences {}, max_wait {} ms",
+               address, (*server)->port(),
+               kappa::services::DescribeTransport(server_options->security),
+               options.batching.max_batch_sequences, config->teacher.max_wait_ms);
 
   kappa::services::WaitForTerminationSignal();
   spdlog::info("teacher: termination signal, shutting down");
@@ -126,7 +133,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (!flags->health_check_address.empty()) {
-    return kappa::services::RunHealthCheck(flags->health_check_address);
+    return kappa::services::RunHealthCheck(*flags);
   }
   return Serve(*flags);
 }

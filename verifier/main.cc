@@ -91,7 +91,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (!flags->health_check_address.empty()) {
-    return services::RunHealthCheck(flags->health_check_address);
+    return services::RunHealthCheck(*flags);
   }
 
   services::InitLogging("verifier", flags->log_file);
@@ -112,14 +112,21 @@ int main(int argc, char** argv) {
     spdlog::error("{}", metrics_server.status().ToString());
     return 1;
   }
+  absl::StatusOr<services::ServerOptions> server_options =
+      services::ServerOptionsFromConfig(*config);
+  if (!server_options.ok()) {
+    spdlog::error("{}", server_options.status().ToString());
+    return 2;
+  }
   absl::StatusOr<std::unique_ptr<services::GrpcServer>> server =
-      services::GrpcServer::Start(address, {&service});
+      services::GrpcServer::Start(address, {&service}, *server_options);
   if (!server.ok()) {
     spdlog::error("{}", server.status().ToString());
     return 1;
   }
-  spdlog::info("serving kappa.v1.Verifier on {} (port {}, max_items {})", address,
-               (*server)->port(), config->verifier.max_items);
+  spdlog::info("serving kappa.v1.Verifier on {} (port {}, {}, max_items {})", address,
+               (*server)->port(), services::DescribeTransport(server_options->security),
+               config->verifier.max_items);
 
   services::WaitForTerminationSignal();
   spdlog::info("termination requested; shutting down");

@@ -17,7 +17,11 @@ deploy/k8s/base and every overlay:
     deploy/compose/kappa.yaml byte for byte;
   * the PrometheusRule holds exactly the groups of deploy/prometheus/rules.yml;
   * gpu overlay: learner and teacher containers limit nvidia.com/gpu, and
-    learner replicas equal KAPPA_WORLD_SIZE.
+    learner replicas equal KAPPA_WORLD_SIZE;
+  * *-tls overlays (components/tls): every kappa container has the
+    security settings in its environment, the token from Secret kappa-token
+    and Secret kappa-tls at /etc/kappa/tls; gRPC services are probed by
+    `kappa-<service> --health-check` naming the certificate's server name.
 
 usage: check_k8s.py REPO_ROOT [--kubectl PATH]
 """
@@ -29,7 +33,11 @@ import sys
 
 import yaml
 
-TARGETS = ["base", "overlays/cpu-demo", "overlays/gpu"]
+TARGETS = ["base", "overlays/cpu-demo", "overlays/gpu", "overlays/cpu-demo-tls"]
+SECURITY_ENV = {"KAPPA_CFG_SECURITY__TLS": "true", "KAPPA_CFG_SECURITY__MUTUAL_TLS": "true",
+                "KAPPA_CFG_SECURITY__CERT_FILE": "/etc/kappa/tls/tls.crt",
+                "KAPPA_CFG_SECURITY__KEY_FILE": "/etc/kappa/tls/tls.key",
+                "KAPPA_CFG_SECURITY__CA_FILE": "/etc/kappa/tls/ca.crt"}
 JOBS = {"kappa-learner", "kappa-teacher", "kappa-verifier", "kappa-rollout"}
 GRPC_PORT = {"learner": 50051, "teacher": 50052, "verifier": 50053}
 errors = []
@@ -51,6 +59,7 @@ def selects(selector, labels):
 
 
 def check(target, docs, repo):
+    tls = target.endswith("-tls")
     by_kind = {}
     for d in docs:
         by_kind.setdefault(d["kind"], []).append(d)
@@ -89,13 +98,33 @@ def check(target, docs, repo):
                     fail(target, f"{cname}: --config is not /etc/kappa/kappa.yaml")
                 if kind != "containers":
                     continue
+                if tls:
+                    env = {e["name"]: e for e in c.get("env") or []}
+                    for name, value in SECURITY_ENV.items():
+                        if (env.get(name) or {}).get("value") != value:
+                            fail(target, f"{cname}: {name} is not {value}")
+                    ref = ((env.get("KAPPA_AUTH_TOKEN") or {}).get("valueFrom") or {}).get("secretKeyRef")
+                    if ref != {"name": "kappa-token", "key": "token"}:
+                        fail(target, f"{cname}: KAPPA_AUTH_TOKEN is not from Secret kappa-token")
+                    mounts = {m["mountPath"]: m["name"] for m in c.get("volumeMounts") or []}
+                    volumes = {v["name"]: v for v in t["spec"].get("volumes") or []}
+                    secret = (volumes.get(mounts.get("/etc/kappa/tls")) or {}).get("secret") or {}
+                    if secret.get("secretName") != "kappa-tls":
+                        fail(target, f"{cname}: Secret kappa-tls is not mounted at /etc/kappa/tls")
                 for probe in ("livenessProbe", "readinessProbe"):
                     p = c.get(probe)
                     if not p:
                         fail(target, f"{cname}: no {probe}")
                         continue
                     want = GRPC_PORT.get(c["name"])
-                    if want and (p.get("grpc") or {}).get("port") != want:
+                    if want and tls:
+                        command = [str(a) for a in (p.get("exec") or {}).get("command") or []]
+                        if p.get("grpc") or command[:1] != [f"kappa-{c['name']}"] or \
+                                command[-2:] != ["--health-check", f"127.0.0.1:{want}"] or \
+                                f"security.server_name={c['name']}" not in command:
+                            fail(target, f"{cname}: {probe} is not `kappa-{c['name']} "
+                                         f"--health-check 127.0.0.1:{want}` naming the server")
+                    elif want and (p.get("grpc") or {}).get("port") != want:
                         fail(target, f"{cname}: {probe} is not a gRPC probe on {want}")
                     if want and f"0.0.0.0:{want}" not in args:
                         fail(target, f"{cname}: does not listen on 0.0.0.0:{want}")

@@ -31,7 +31,7 @@ TEST(GrpcUtilTest, OutOfRangeCodesBecomeUnknown) {
 }
 
 TEST(GrpcUtilTest, MakeChannelReturnsAChannel) {
-  auto channel = MakeChannel("127.0.0.1:1", 1 << 20);
+  auto channel = MakeChannel("127.0.0.1:1", {}, 1 << 20);
   ASSERT_NE(channel, nullptr);
   // Nothing listens on port 1: the channel must not claim to be ready.
   EXPECT_FALSE(channel->WaitForConnected(std::chrono::system_clock::now() +
