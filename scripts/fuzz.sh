@@ -39,10 +39,8 @@ export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 
 # 1. Every corpus input, regression inputs included, runs clean.
-ctest_args=()
-for target in "${TARGETS[@]}"; do ctest_args+=(-R "^${target}_corpus\$"); done
-if (($# == 0)); then ctest_args=(-L fuzz); fi
-ctest --test-dir "$BUILD_DIR" --output-on-failure "${ctest_args[@]}"
+selected=$(printf '%s_corpus|' "${TARGETS[@]}")
+ctest --test-dir "$BUILD_DIR" --output-on-failure -L fuzz -R "^(${selected%|})\$"
 
 # 2. Bounded fuzzing.
 work=$(mktemp -d -t kappa-fuzz.XXXXXX)
