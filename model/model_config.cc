@@ -4,6 +4,7 @@
 
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 namespace kappa::model {
 namespace {
@@ -25,6 +26,12 @@ template <typename T>
 void Optional(const Json& j, const char* key, T* out) {
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) return;
+  // nlohmann turns a JSON float into an integer with a plain cast, undefined
+  // behaviour when it is out of range (2.7e20 as int64_t, found by
+  // tests/fuzz/model_config_fuzzer): integer keys take JSON integers only.
+  if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+    if (!it->is_number_integer()) Fail(std::string("key \"") + key + "\" must be an integer");
+  }
   try {
     *out = it->get<T>();
   } catch (const Json::exception& e) {
