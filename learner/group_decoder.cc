@@ -39,8 +39,8 @@ absl::Status CheckResponse(const google::protobuf::RepeatedField<int32_t>& token
 }
 
 // Text is only logged and reported, but a report that cannot be written as
-// UTF-8 (JSON) would fail far from its cause. Proto3 refuses such strings on
-// the wire already; this covers in-process callers.
+// UTF-8 (JSON) would fail far from its cause. The fields are bytes on the
+// wire (learner.proto), so this is the check.
 absl::Status CheckText(const std::string& text, const std::string& field) {
   if (!google::protobuf::internal::IsStructurallyValidUTF8(text.data(),
                                                            static_cast<int>(text.size()))) {

@@ -104,11 +104,20 @@ void LearnerMetrics::RecordStep(const StepObservationForMetrics& step,
       .Increment(static_cast<double>(step.tokens));
 }
 
+namespace {
+constexpr char kDroppedHelp[] = "Scored groups dropped before training.";
+}  // namespace
+
+void LearnerMetrics::RecordInvalidGroups(int64_t total) {
+  registry_.GetCounter("kappa_learner_groups_dropped_total", kDroppedHelp, {{"reason", "invalid"}})
+      .SetTotal(static_cast<double>(total));
+}
+
 void LearnerMetrics::RecordCoordinator(const CoordinatorCounters& counters) {
   Registry& r = registry_;
   r.GetCounter("kappa_learner_groups_total", "Scored groups accepted from rollout workers.")
       .SetTotal(static_cast<double>(counters.groups_accepted));
-  const char* dropped_help = "Scored groups dropped before training.";
+  const char* dropped_help = kDroppedHelp;
   r.GetCounter("kappa_learner_groups_dropped_total", dropped_help, {{"reason", "stale"}})
       .SetTotal(static_cast<double>(counters.dropped_stale));
   r.GetCounter("kappa_learner_groups_dropped_total", dropped_help, {{"reason", "unknown_lease"}})

@@ -34,6 +34,9 @@ class LearnerMetrics {
   // The group traffic (accepted, dropped, buffered) as of now. Called at
   // every scrape (a collect hook), so starvation shows while no step runs.
   void RecordCoordinator(const CoordinatorCounters& counters);
+  // Groups the service refused as malformed (LearnerService counters), as
+  // kappa_learner_groups_dropped_total{reason="invalid"}.
+  void RecordInvalidGroups(int64_t total);
 
  private:
   services::metrics::Registry& registry_;

@@ -224,6 +224,11 @@ int Main(int argc, char** argv) {
   coordinator_options.world_size = rank->world_size;
   Coordinator coordinator((*train)->size(), config->seed, start->state.data_position,
                           coordinator_options);
+  // A resumed run first trains on what was in flight at its checkpoint (the
+  // prompt source continues after the last prompt drawn). Before the server
+  // starts, so no worker can lease a new prompt ahead of them.
+  coordinator.Requeue(std::vector<size_t>(start->state.pending_prompts.begin(),
+                                          start->state.pending_prompts.end()));
   PolicyPublisher publisher;
 
   const WorkTemplate work = WorkTemplateFor(*config);
@@ -259,7 +264,10 @@ int Main(int argc, char** argv) {
   // One registry for the process; /metrics only when asked for.
   services::metrics::Registry registry;
   LearnerMetrics learner_metrics(registry);
-  registry.AddCollectHook([&] { learner_metrics.RecordCoordinator(coordinator.counters()); });
+  registry.AddCollectHook([&] {
+    learner_metrics.RecordCoordinator(coordinator.counters());
+    learner_metrics.RecordInvalidGroups(service.counters().groups_invalid.load());
+  });
   trainer.set_metrics(&learner_metrics);
   absl::StatusOr<std::unique_ptr<services::metrics::MetricsServer>> metrics_server =
       services::metrics::ServeMetricsIfRequested(flags->metrics_address, &registry);

@@ -53,12 +53,7 @@ TrainerLoop::TrainerLoop(const services::Config& config, std::string run_dir,
       tokenizer_(tokenizer),
       rank_(std::move(rank)),
       metrics_(rank_.primary() ? std::make_unique<MetricsLog>(run_dir_ + "/metrics.jsonl")
-                               : nullptr) {
-  // A resumed run first trains on what was in flight at its checkpoint; the
-  // prompt source continues after the last prompt drawn.
-  coordinator_->Requeue(std::vector<size_t>(start.pending_prompts.begin(),
-                                            start.pending_prompts.end()));
-}
+                               : nullptr) {}
 
 void TrainerLoop::PublishPolicy() {
   auto snapshot = std::make_shared<PolicySnapshot>();

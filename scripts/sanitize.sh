@@ -26,9 +26,7 @@ case "$MODE" in
     export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:strict_string_checks=1:check_initialization_order=1:detect_stack_use_after_return=1}
     export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$SUPPRESSIONS/lsan.supp:print_suppressions=0}
     export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
-    # verifier_binary_test: not built by clang for now (see the top-level
-    # CMakeLists.txt, KAPPA_CLANG_SKIPS_VERIFIER_BINARY).
-    TEST_FILTER=(-E '^verifier_binary_test$')
+    TEST_FILTER=()
     ;;
   thread)
     BUILD_DIR=build-tsan

@@ -42,6 +42,10 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target,
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 0);
   args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  // gRPC's default reconnect backoff grows to 120 s: a worker would sit idle
+  // for minutes after a learner restart. Peers here come back within seconds
+  // (a restarted process, a rescheduled pod), so cap the wait at 5 s.
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 5000);
   if (!security.server_name.empty()) {
     args.SetSslTargetNameOverride(security.server_name);
   }

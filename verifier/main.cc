@@ -40,7 +40,8 @@ absl::Status ApplyCodeFlags(const std::map<std::string, std::string>& extra,
   for (const auto& [name, value] : extra) {
     int64_t number = 0;
     const bool numeric = absl::SimpleAtoi(value, &number) && number > 0;
-    auto need_number = [&]() {
+    // Named captures: clang (before C++20) cannot capture structured bindings.
+    auto need_number = [&name = name, &value = value]() {
       return absl::InvalidArgumentError(
           absl::StrCat("--", name, ": expected a positive integer, got '", value, "'"));
     };

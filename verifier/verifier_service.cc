@@ -47,8 +47,8 @@ absl::Status ValidateCodeItem(const kappa::v1::VerifyItem& item, int index,
 }
 
 absl::Status ValidateItem(const kappa::v1::VerifyItem& item, int index, const CodeRewarder* code) {
-  // Proto3 parsing already rejects invalid UTF-8 in string fields on the wire;
-  // these checks also cover in-process callers.
+  // The text fields are bytes on the wire (verifier.proto): UTF-8 is checked
+  // here, so the caller learns which field of which item is wrong.
   if (!IsValidUtf8(item.task())) return FieldError(index, "task", "not valid UTF-8");
   if (tasks::IsCodeTask(item.task())) return ValidateCodeItem(item, index, code);
   if (absl::Status status = tasks::ValidateTask(item.task()); !status.ok()) {

@@ -44,7 +44,10 @@ TEST(LearnerMetrics, ExportsAStepForPrometheus) {
   counters.buffered = 3;
   metrics.RecordStep(observed, report, {}, alarms);
   // The coordinator is read at scrape time, as main.cc wires it.
-  registry.AddCollectHook([&] { metrics.RecordCoordinator(counters); });
+  registry.AddCollectHook([&] {
+    metrics.RecordCoordinator(counters);
+    metrics.RecordInvalidGroups(4);
+  });
   const std::string text = registry.Serialize();
 
   for (const char* name :
@@ -58,6 +61,7 @@ TEST(LearnerMetrics, ExportsAStepForPrometheus) {
         "kappa_learner_alarms_total{kind=\"magnitude_drowning\"} 0\n",
         "kappa_learner_policy_version 1\n", "kappa_learner_staleness_versions_count 2\n",
         "kappa_learner_groups_dropped_total{reason=\"stale\"} 2\n",
+        "kappa_learner_groups_dropped_total{reason=\"invalid\"} 4\n",
         "kappa_learner_groups_total 7\n",
         "kappa_learner_buffer_groups 3\n", "kappa_learner_step_seconds_count 1\n",
         "kappa_learner_tokens_total 30\n"}) {

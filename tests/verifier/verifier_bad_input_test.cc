@@ -54,17 +54,16 @@ TEST_F(VerifierBadInputTest, EachMalformedRequestGetsAPreciseStatusAndNothingIsL
       {"oversized message",
        [](auto& r) { r.mutable_items(2)->set_response_text(std::string(kMaxMessageBytes, '9')); },
        grpc::StatusCode::RESOURCE_EXHAUSTED, "larger than max"},
-      // Proto3 refuses to parse a string field that is not UTF-8, so these
-      // never reach the handler (whose own check names the field for
-      // in-process callers; verifier_service_test): gRPC answers INTERNAL
-      // with an empty message. Declaring the text fields `bytes` (same wire
-      // format) would let the handler answer INVALID_ARGUMENT by name.
+      // bytes on the wire (verifier.proto), so the handler names the field.
       {"non-UTF-8 response text",
        [](auto& r) { r.mutable_items(1)->set_response_text("8 \xff\xfe"); },
-       grpc::StatusCode::INTERNAL, ""},
+       grpc::StatusCode::INVALID_ARGUMENT, "items[1].response_text: not valid UTF-8"},
       {"non-UTF-8 reference answer",
        [](auto& r) { r.mutable_items(0)->set_reference_answer("4\xc3"); },
-       grpc::StatusCode::INTERNAL, ""},
+       grpc::StatusCode::INVALID_ARGUMENT, "items[0].reference_answer: not valid UTF-8"},
+      {"non-UTF-8 task",
+       [](auto& r) { r.mutable_items(2)->set_task("arith\xffmetic"); },
+       grpc::StatusCode::INVALID_ARGUMENT, "items[2].task: not valid UTF-8"},
   };
 
   kappa::v1::VerifyResponse before;

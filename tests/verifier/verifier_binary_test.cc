@@ -50,7 +50,7 @@ TEST(VerifierBinaryTest, ServesUntilSigterm) {
                            "127.0.0.1:0", "--log-file", log});
   // The picked port appears in the log once the server is up.
   int port = 0;
-  const std::regex port_pattern(R"(\(port (\d+), max_items 16\))");
+  const std::regex port_pattern(R"(\(port (\d+), plain text, max_items 16\))");
   for (int i = 0; i < 200 && port == 0; ++i) {
     std::smatch match;
     const std::string text = ReadFile(log);
