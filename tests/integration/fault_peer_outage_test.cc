@@ -33,6 +33,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
+using kappa::testing::FindProcess;
 using kappa::testing::ReadAll;
 using kappa::testing::StepRecords;
 
@@ -45,17 +46,6 @@ int LastStep(const fs::path& metrics) {
     step = std::max(step, record.value("step", 0));
   }
   return step;
-}
-
-// The pid of the process whose command line contains `needle` (pgrep -f).
-pid_t FindProcess(const std::string& needle) {
-  FILE* pipe = popen(("pgrep -f -- '" + needle + "'").c_str(), "r");
-  long pid = 0;
-  if (pipe != nullptr) {
-    if (fscanf(pipe, "%ld", &pid) != 1) pid = 0;
-    pclose(pipe);
-  }
-  return static_cast<pid_t>(pid);
 }
 
 // The workers' /metrics addresses, from the run's prometheus.yml.

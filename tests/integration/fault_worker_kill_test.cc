@@ -24,28 +24,9 @@
 namespace {
 
 namespace fs = std::filesystem;
+using kappa::testing::CountTrainedSteps;
+using kappa::testing::FindProcess;
 using kappa::testing::ReadAll;
-
-// Training steps logged so far (the step-0 evaluation line not counted).
-int CountSteps(const fs::path& metrics) {
-  int steps = 0;
-  for (const nlohmann::json& record : kappa::testing::StepRecords(metrics)) {
-    if (record.value("step", 0) > 0) ++steps;
-  }
-  return steps;
-}
-
-// The pid of the process whose command line contains `needle` (pgrep -f;
-// `needle` is used as a regex, fine for paths and flags).
-pid_t FindProcess(const std::string& needle) {
-  FILE* pipe = popen(("pgrep -f -- '" + needle + "'").c_str(), "r");
-  long pid = 0;
-  if (pipe != nullptr) {
-    if (fscanf(pipe, "%ld", &pid) != 1) pid = 0;
-    pclose(pipe);
-  }
-  return static_cast<pid_t>(pid);
-}
 
 TEST(FaultTest, KilledRolloutWorkerIsRestartedAndNothingIsLostOrDoubled) {
   const fs::path root = fs::temp_directory_path() / ("kappa-fault-" + std::to_string(getpid()));
@@ -70,10 +51,11 @@ TEST(FaultTest, KilledRolloutWorkerIsRestartedAndNothingIsLostOrDoubled) {
   // Kill rollout-1 once training is under way.
   const fs::path run_dir = root / "runs" / "fault";
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-  while (CountSteps(run_dir / "metrics.jsonl") < 3 && std::chrono::steady_clock::now() < deadline) {
+  while (CountTrainedSteps(run_dir / "metrics.jsonl") < 3 &&
+         std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  ASSERT_GE(CountSteps(run_dir / "metrics.jsonl"), 3) << ReadAll(root / "kappa.out");
+  ASSERT_GE(CountTrainedSteps(run_dir / "metrics.jsonl"), 3) << ReadAll(root / "kappa.out");
   // This run's rollout-1 (other tests may run workers of that name too).
   const pid_t victim = FindProcess((run_dir / "config.yaml").string() + " --worker-id rollout-1");
   ASSERT_GT(victim, 0);

@@ -1,7 +1,11 @@
 // Reading what a `kappa run` leaves behind, for the end-to-end tests: whole
-// files (logs, kappa's output) and metrics.jsonl records.
+// files (logs, kappa's output) and metrics.jsonl records; and finding the
+// run's processes, for the fault tests.
 #pragma once
 
+#include <sys/types.h>
+
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -31,6 +35,27 @@ inline std::vector<nlohmann::json> StepRecords(const std::filesystem::path& path
     if (!record.is_discarded()) records.push_back(std::move(record));
   }
   return records;
+}
+
+// Training steps logged so far (the step-0 evaluation line not counted).
+inline int CountTrainedSteps(const std::filesystem::path& metrics) {
+  int steps = 0;
+  for (const nlohmann::json& record : StepRecords(metrics)) {
+    if (record.value("step", 0) > 0) ++steps;
+  }
+  return steps;
+}
+
+// The pid of the process whose command line contains `needle` (pgrep -f;
+// `needle` is used as a regex, fine for paths and flags); 0 when none.
+inline pid_t FindProcess(const std::string& needle) {
+  FILE* pipe = popen(("pgrep -f -- '" + needle + "'").c_str(), "r");
+  long pid = 0;
+  if (pipe != nullptr) {
+    if (fscanf(pipe, "%ld", &pid) != 1) pid = 0;
+    pclose(pipe);
+  }
+  return static_cast<pid_t>(pid);
 }
 
 }  // namespace kappa::testing

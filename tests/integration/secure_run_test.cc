@@ -42,11 +42,8 @@ TEST(SecureRunTest, TrainsWithMutualTlsAndABearerTokenOnEveryChannel) {
   ASSERT_EQ(std::system(command.c_str()), 0) << ReadAll(root / "kappa.out");
 
   const fs::path run_dir = root / "runs" / "secure";
-  int steps = 0;
-  for (const nlohmann::json& record : kappa::testing::StepRecords(run_dir / "metrics.jsonl")) {
-    if (record.value("step", 0) > 0) ++steps;
-  }
-  EXPECT_EQ(steps, 3) << ReadAll(root / "kappa.out");
+  EXPECT_EQ(kappa::testing::CountTrainedSteps(run_dir / "metrics.jsonl"), 3)
+      << ReadAll(root / "kappa.out");
   for (const char* log : {"learner.log", "teacher.log", "verifier.log", "rollout-0.log"}) {
     EXPECT_NE(ReadAll(run_dir / "logs" / log).find("mutual TLS + bearer token"), std::string::npos)
         << log << ":\n" << ReadAll(run_dir / "logs" / log);
