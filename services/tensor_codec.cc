@@ -1,5 +1,6 @@
 #include "services/tensor_codec.h"
 
+#include <algorithm>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -114,6 +115,47 @@ absl::Status ValidateTensor(const kappa::v1::Tensor& tensor, std::string_view fi
 }
 
 int64_t NumElements(const kappa::v1::Tensor& tensor) { return ElementCount(tensor.shape()); }
+
+namespace {
+
+// A float is NaN or ±Inf exactly when all its exponent bits are set. Blocks
+// are OR-reduced without branches (the compiler vectorizes that loop); only a
+// block that holds one is searched element by element.
+template <typename Bits>
+int64_t FirstWithExponentAllOnes(const void* data, int64_t count, Bits exponent_mask) {
+  const auto* bits = static_cast<const unsigned char*>(data);
+  auto load = [bits](int64_t i) {
+    Bits value;
+    std::memcpy(&value, bits + i * sizeof(Bits), sizeof(Bits));  // no alignment assumed
+    return value;
+  };
+  constexpr int64_t kBlock = 4096;
+  for (int64_t begin = 0; begin < count; begin += kBlock) {
+    const int64_t end = std::min(count, begin + kBlock);
+    bool any = false;
+    for (int64_t i = begin; i < end; ++i) any |= (load(i) & exponent_mask) == exponent_mask;
+    if (!any) continue;
+    for (int64_t i = begin; i < end; ++i) {
+      if ((load(i) & exponent_mask) == exponent_mask) return i;
+    }
+  }
+  return -1;
+}
+
+}  // namespace
+
+int64_t FirstNonFinite(const void* data, int64_t count, kappa::v1::DType dtype) {
+  switch (dtype) {
+    case kappa::v1::DTYPE_FLOAT32:
+      return FirstWithExponentAllOnes<uint32_t>(data, count, 0x7f800000u);
+    case kappa::v1::DTYPE_BFLOAT16:
+      return FirstWithExponentAllOnes<uint16_t>(data, count, 0x7f80u);
+    case kappa::v1::DTYPE_FLOAT16:
+      return FirstWithExponentAllOnes<uint16_t>(data, count, 0x7c00u);
+    default:
+      return -1;
+  }
+}
 
 void SetFloat32(kappa::v1::Tensor* out, const std::vector<int64_t>& shape, const float* values) {
   out->Clear();

@@ -26,6 +26,12 @@ absl::Status ValidateTensor(const kappa::v1::Tensor& tensor, std::string_view fi
 
 int64_t NumElements(const kappa::v1::Tensor& tensor);
 
+// Flat index of the first NaN or ±Inf among the `count` elements of `dtype`
+// at `data`; -1 when all are finite, and always for integer dtypes. One pass
+// over the exponent bits, no allocation: it runs on every decoded log-prob
+// tensor, so it must cost about a memory read (bench/transport_bench.cc).
+int64_t FirstNonFinite(const void* data, int64_t count, kappa::v1::DType dtype);
+
 // Host-endian helpers (this codebase only targets little-endian hosts; a
 // static_assert in the .cc enforces it).
 void SetFloat32(kappa::v1::Tensor* out, const std::vector<int64_t>& shape, const float* values);

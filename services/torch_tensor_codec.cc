@@ -65,10 +65,9 @@ absl::StatusOr<torch::Tensor> DecodeTensor(const kappa::v1::Tensor& tensor,
   if (!tensor.data().empty()) {
     std::memcpy(decoded.data_ptr(), tensor.data().data(), tensor.data().size());
   }
-  if (reject_non_finite && decoded.is_floating_point() && decoded.numel() > 0) {
-    const torch::Tensor bad = torch::isfinite(decoded).logical_not_().flatten();
-    if (bad.any().item<bool>()) {
-      const int64_t index = bad.nonzero()[0][0].item<int64_t>();
+  if (reject_non_finite) {
+    const int64_t index = FirstNonFinite(decoded.data_ptr(), decoded.numel(), tensor.dtype());
+    if (index >= 0) {
       const double value = decoded.flatten()[index].item<double>();
       return absl::InvalidArgumentError(absl::StrCat(std::string(field), ": non-finite value ",
                                                      value, " at flat index ", index));

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <vector>
 
 namespace kappa::services {
 namespace {
@@ -104,6 +105,38 @@ TEST(TensorCodecTest, Float32RoundTripThroughSerializedMessage) {
   EXPECT_EQ(GetFloat32(parsed), std::vector<float>(std::begin(values), std::end(values)));
   // Little-endian bytes on the wire: 1.5f is 0x3FC00000.
   EXPECT_EQ(parsed.data().substr(0, 4), std::string("\x00\x00\xc0\x3f", 4));
+}
+
+}  // namespace
+}  // namespace kappa::services
+
+namespace kappa::services {
+namespace {
+
+TEST(FirstNonFiniteTest, FindsTheFirstNanOrInfInEveryFloatingDType) {
+  const float inf = std::numeric_limits<float>::infinity();
+  std::vector<float> values(10000, 1.5f);
+  values[3] = std::numeric_limits<float>::max();          // large but finite
+  values[4] = std::numeric_limits<float>::denorm_min();   // tiny but finite
+  EXPECT_EQ(FirstNonFinite(values.data(), 10000, kappa::v1::DTYPE_FLOAT32), -1);
+  values[9000] = -inf;  // in a later block than the first
+  values[8191] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_EQ(FirstNonFinite(values.data(), 10000, kappa::v1::DTYPE_FLOAT32), 8191);
+  EXPECT_EQ(FirstNonFinite(values.data(), 8191, kappa::v1::DTYPE_FLOAT32), -1);
+  values[0] = inf;
+  EXPECT_EQ(FirstNonFinite(values.data(), 10000, kappa::v1::DTYPE_FLOAT32), 0);
+
+  // bfloat16: the upper half of a float32; float16: 5 exponent bits.
+  const std::vector<uint16_t> bf16 = {0x3fc0 /*1.5*/, 0x7f7f /*max*/, 0xff80 /*-inf*/};
+  EXPECT_EQ(FirstNonFinite(bf16.data(), 3, kappa::v1::DTYPE_BFLOAT16), 2);
+  EXPECT_EQ(FirstNonFinite(bf16.data(), 2, kappa::v1::DTYPE_BFLOAT16), -1);
+  const std::vector<uint16_t> f16 = {0x3e00 /*1.5*/, 0x7bff /*65504*/, 0x7e00 /*nan*/};
+  EXPECT_EQ(FirstNonFinite(f16.data(), 3, kappa::v1::DTYPE_FLOAT16), 2);
+  EXPECT_EQ(FirstNonFinite(f16.data(), 2, kappa::v1::DTYPE_FLOAT16), -1);
+
+  // Integers have no non-finite values, whatever their bits.
+  const std::vector<int32_t> ints = {0x7f800000, -1};
+  EXPECT_EQ(FirstNonFinite(ints.data(), 2, kappa::v1::DTYPE_INT32), -1);
 }
 
 }  // namespace
