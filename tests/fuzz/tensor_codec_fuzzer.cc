@@ -2,7 +2,9 @@
 // input is a serialized kappa.v1.Tensor as a peer would send it. Whatever the
 // bytes, validation must not crash, and a tensor it accepts must be safe to
 // read: its element count times the dtype size is exactly its data size, and
-// float32 data survives GetFloat32 -> SetFloat32 unchanged.
+// float32 data survives GetFloat32 -> SetFloat32 unchanged, and
+// FirstNonFinite agrees with std::isfinite element by element.
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -45,6 +47,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     kappa::services::SetFloat32(&copy, shape, values.data());
     Check(copy.data() == tensor.data());
     Check(ValidateTensor(copy, "copy").ok());
+
+    int64_t first_non_finite = -1;
+    for (int64_t i = 0; i < elements && first_non_finite < 0; ++i) {
+      if (!std::isfinite(values[i])) first_non_finite = i;
+    }
+    Check(kappa::services::FirstNonFinite(values.data(), elements, tensor.dtype()) ==
+          first_non_finite);
   }
   return 0;
 }
