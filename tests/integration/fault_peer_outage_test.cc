@@ -155,17 +155,10 @@ TEST(FaultTest, StalledOrKilledTeacherAndVerifierCostTimeButNoData) {
   EXPECT_NE(out.find("processes restarted after dying: 1"), std::string::npos) << out;
 
   // Every step trained, each group once; the learner rejected none.
-  std::set<std::string> leases;
-  int steps = 0;
-  for (const nlohmann::json& record : StepRecords(metrics)) {
-    if (record.value("step", 0) == 0) continue;
-    ++steps;
-    for (const auto& id : record["lease_ids"]) {
-      EXPECT_TRUE(leases.insert(id.get<std::string>()).second) << "lease trained twice: " << id;
-    }
-  }
-  EXPECT_EQ(steps, kSteps);
-  EXPECT_EQ(leases.size(), static_cast<size_t>(3 * kSteps));
+  const kappa::testing::TrainedGroups trained = kappa::testing::ReadTrainedGroups(metrics);
+  EXPECT_TRUE(trained.repeated.empty()) << "leases trained twice: " << trained.repeated.size();
+  EXPECT_EQ(trained.steps, kSteps);
+  EXPECT_EQ(trained.leases.size(), static_cast<size_t>(3 * kSteps));
   const std::string learner_log = ReadAll(run_dir / "logs" / "learner.log");
   EXPECT_EQ(learner_log.find("rejected group"), std::string::npos) << learner_log;
   // The outage is in the workers' logs too, and both stopped cleanly.
@@ -179,8 +172,8 @@ TEST(FaultTest, StalledOrKilledTeacherAndVerifierCostTimeButNoData) {
   EXPECT_NE(worker_logs.find("Teacher.Score for lease"), std::string::npos);
   std::cout << "verifier stalled " << verifier_outage << " s, teacher stalled " << teacher_outage
             << " s (steps " << step_before << " -> " << step_after_stalls
-            << "), then teacher killed and restarted; " << steps << "/" << kSteps
-            << " steps trained, " << leases.size() << " distinct leases; "
+            << "), then teacher killed and restarted; " << trained.steps << "/" << kSteps
+            << " steps trained, " << trained.leases.size() << " distinct leases; "
             << std::chrono::duration<double>(Clock::now() - test_start).count() << " s\n";
   fs::remove_all(root);
 }

@@ -71,20 +71,11 @@ TEST(FaultTest, KilledRolloutWorkerIsRestartedAndNothingIsLostOrDoubled) {
   EXPECT_NE(out.find("processes restarted after dying: 1"), std::string::npos) << out;
 
   // Every step trained, each group exactly once.
-  std::ifstream metrics(run_dir / "metrics.jsonl");
-  std::string line;
-  std::set<std::string> leases;
-  int steps = 0;
-  while (std::getline(metrics, line)) {
-    const nlohmann::json record = nlohmann::json::parse(line);
-    if (record.value("step", 0) == 0) continue;
-    ++steps;
-    for (const auto& id : record["lease_ids"]) {
-      EXPECT_TRUE(leases.insert(id.get<std::string>()).second) << "lease trained twice: " << id;
-    }
-  }
-  EXPECT_EQ(steps, kSteps);
-  EXPECT_EQ(leases.size(), static_cast<size_t>(3 * kSteps));
+  const kappa::testing::TrainedGroups trained =
+      kappa::testing::ReadTrainedGroups(run_dir / "metrics.jsonl");
+  EXPECT_TRUE(trained.repeated.empty()) << "leases trained twice: " << trained.repeated.size();
+  EXPECT_EQ(trained.steps, kSteps);
+  EXPECT_EQ(trained.leases.size(), static_cast<size_t>(3 * kSteps));
   // The restarted worker served until the end (its clean-shutdown line).
   EXPECT_NE(ReadAll(run_dir / "logs" / "rollout-1.log").find("rollout worker rollout-1 stopped"),
             std::string::npos);

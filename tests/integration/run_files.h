@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -44,6 +45,27 @@ inline int CountTrainedSteps(const std::filesystem::path& metrics) {
     if (record.value("step", 0) > 0) ++steps;
   }
   return steps;
+}
+
+// What a run trained on: the steps logged (the step-0 evaluation line not
+// counted), every lease id consumed, and the ids consumed more than once.
+struct TrainedGroups {
+  int steps = 0;
+  std::set<std::string> leases;
+  std::vector<std::string> repeated;
+};
+inline TrainedGroups ReadTrainedGroups(const std::filesystem::path& metrics) {
+  TrainedGroups trained;
+  for (const nlohmann::json& record : StepRecords(metrics)) {
+    if (record.value("step", 0) == 0) continue;
+    ++trained.steps;
+    for (const auto& id : record["lease_ids"]) {
+      if (!trained.leases.insert(id.get<std::string>()).second) {
+        trained.repeated.push_back(id.get<std::string>());
+      }
+    }
+  }
+  return trained;
 }
 
 // The pid of the process whose command line contains `needle` (pgrep -f;
