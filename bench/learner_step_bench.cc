@@ -9,8 +9,13 @@
 //   exact        κ + cheap K_DR + exact K_DR on --exact-positions sampled positions
 //   kappa4_kdr   cheap K_DR every step, κ every 4th step (monitor.kappa_every=4):
 //                compare its mean, not its median, since 3 steps in 4 are plain
-// Usage: kappa_bench_learner_step [--model demo|large] [--device cpu|cuda]
-//        [--reps N] [--exact-positions K] [--threads T]
+// Also prints tokens/s (every position of the padded batch) and, given the
+// device's dense bf16 matrix rate (--peak-tflops), model FLOP utilization:
+// the plain step's model FLOPs (below) per second over the peak, for every
+// mode, so the monitors' overhead shows as lost utilization.
+// Usage: kappa_bench_learner_step [--model demo|large|gpt] [--device cpu|cuda]
+//        [--reps N] [--exact-positions K] [--threads T] [--modes plain,kappa,...]
+//        [--precision fp32|bf16] [--peak-tflops F]
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -19,6 +24,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -36,11 +42,41 @@ struct Shape {
   int64_t groups, group_size, prompt_len, response_len;
 };
 
+// Model FLOPs of one plain training step (forward + backward = 3× the
+// forward), the usual accounting: 2 per multiply-add of every weight matrix
+// (the tied output projection included, the embedding lookup not), plus the
+// causal attention scores and weighted sums (QKᵀ and AV: 2·2·T·d per token
+// per layer for full attention, half of it under the causal mask).
+double PlainStepFlops(const model::ModelConfig& c, int64_t rows, int64_t seq) {
+  const double d = static_cast<double>(c.hidden_size);
+  const double head_dim = d / static_cast<double>(c.num_attention_heads);
+  const double kv = head_dim * static_cast<double>(c.num_key_value_heads);
+  const double per_layer = d * d /*q*/ + 2 * d * kv /*k, v*/ + d * d /*o*/ +
+                           3 * d * static_cast<double>(c.intermediate_size) /*gate, up, down*/;
+  const double matmul_params = static_cast<double>(c.num_hidden_layers) * per_layer +
+                               d * static_cast<double>(c.vocab_size);
+  const double tokens = static_cast<double>(rows * seq);
+  const double attention = static_cast<double>(c.num_hidden_layers) * 2.0 * static_cast<double>(seq) * d;
+  return 3.0 * tokens * (2.0 * matmul_params + attention);
+}
+
 Shape ShapeFor(const std::string& name) {
   Shape s;
   model::ModelConfig& c = s.config;
   c.vocab_size = 51;  // the demo's character tokenizer
-  if (name == "demo") {  // configs/demo.yaml: 2 layers, d=128; 8 groups × G=8
+  if (name == "gpt") {  // GPT-2-small-sized: 12 layers, d=768, 16 sequences of 1024 tokens
+    c.vocab_size = 32000;
+    c.hidden_size = 768;
+    c.intermediate_size = 2048;
+    c.num_hidden_layers = 12;
+    c.num_attention_heads = 12;
+    c.num_key_value_heads = 12;
+    c.max_position_embeddings = 1024;
+    s.groups = 2;
+    s.group_size = 8;
+    s.prompt_len = 256;
+    s.response_len = 768;
+  } else if (name == "demo") {  // configs/demo.yaml: 2 layers, d=128; 8 groups × G=8
     c.hidden_size = 128;
     c.intermediate_size = 352;
     c.num_hidden_layers = 2;
@@ -63,7 +99,7 @@ Shape ShapeFor(const std::string& name) {
     s.prompt_len = 56;
     s.response_len = 200;
   } else {
-    std::fprintf(stderr, "unknown --model '%s' (demo | large)\n", name.c_str());
+    std::fprintf(stderr, "unknown --model '%s' (demo | large | gpt)\n", name.c_str());
     std::exit(2);
   }
   return s;
@@ -83,7 +119,8 @@ std::vector<learner::ScoredGroup> SyntheticGroups(const Shape& s) {
       for (int64_t k = 0; k < len; ++k) sample.response_tokens.push_back(3 + (g + 5 * i + 3 * k) % 45);
       sample.behavior_logprobs.assign(static_cast<size_t>(len), -2.0f);
       sample.reward = static_cast<float>((g + i) % 2);
-      sample.teacher_logprobs = torch::log_softmax(2 * torch::randn({len, 51}), -1);
+      sample.teacher_logprobs =
+          torch::log_softmax(2 * torch::randn({len, s.config.vocab_size}), -1);
       group.samples.push_back(std::move(sample));
     }
   }
@@ -98,8 +135,9 @@ struct Mode {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string model_name = "demo", device_name = "cpu";
+  std::string model_name = "demo", device_name = "cpu", modes_flag, precision_name = "fp32";
   int reps = 20, exact_positions = 8, threads = 0;
+  double peak_tflops = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     if (flag == "--model") model_name = argv[i + 1];
@@ -107,6 +145,9 @@ int main(int argc, char** argv) {
     else if (flag == "--reps") reps = std::atoi(argv[i + 1]);
     else if (flag == "--exact-positions") exact_positions = std::atoi(argv[i + 1]);
     else if (flag == "--threads") threads = std::atoi(argv[i + 1]);
+    else if (flag == "--modes") modes_flag = argv[i + 1];
+    else if (flag == "--precision") precision_name = argv[i + 1];
+    else if (flag == "--peak-tflops") peak_tflops = std::atof(argv[i + 1]);
     else {
       std::fprintf(stderr, "unknown flag %s\n", flag.c_str());
       return 2;
@@ -123,6 +164,23 @@ int main(int argc, char** argv) {
                             {"kappa_kdr", 1, 1, 0},
                             {"kappa4_kdr", 4, 1, 0}};
   if (exact_positions > 0) modes.push_back({"exact", 1, 1, 1});  // 0: skip the slow mode
+  if (!modes_flag.empty()) {  // a subset, e.g. --modes plain,kappa; plain is the ratios' base
+    std::vector<Mode> chosen;
+    for (const Mode& mode : modes) {
+      if (mode.name == std::string("plain") ||
+          ("," + modes_flag + ",").find("," + std::string(mode.name) + ",") != std::string::npos) {
+        chosen.push_back(mode);
+      }
+    }
+    modes = chosen;
+  }
+  learner::Precision precision;
+  try {
+    precision = learner::ParsePrecision(precision_name);
+  } catch (const std::invalid_argument& e) {
+    std::fprintf(stderr, "--precision: %s\n", e.what());
+    return 2;
+  }
   std::vector<learner::HybridStep> steps;
   steps.reserve(modes.size());
   for (const Mode& mode : modes) {
@@ -135,6 +193,7 @@ int main(int argc, char** argv) {
     config.monitor.kdr_every = mode.kdr_every;
     config.monitor.kdr_exact_every = mode.exact_every;
     config.monitor.kdr_exact_positions = exact_positions;
+    config.precision = precision;
     // A tiny learning rate keeps every mode on (nearly) the same weights.
     auto optimizer = std::make_unique<learner::PolicyOptimizer>(model, 1e-7, 0.0, 1.0);
     steps.emplace_back(model, std::move(optimizer), config);
@@ -160,24 +219,34 @@ int main(int argc, char** argv) {
   };
   std::fprintf(stderr, "\n");
   const double plain = median(seconds["plain"]);
-  std::printf("model=%s device=%s threads=%d rows=%lld seq=%lld reps=%d\n", model_name.c_str(),
-              device_name.c_str(), torch::get_num_threads(),
-              static_cast<long long>(batch.input_tokens.size(0)),
-              static_cast<long long>(batch.input_tokens.size(1)), reps);
+  const int64_t rows = batch.input_tokens.size(0), seq = batch.input_tokens.size(1);
+  const double flops = PlainStepFlops(shape.config, rows, seq);
+  std::printf("model=%s device=%s precision=%s threads=%d rows=%lld seq=%lld reps=%d "
+              "plain-step model GFLOP=%.1f\n",
+              model_name.c_str(), device_name.c_str(), learner::PrecisionName(precision),
+              torch::get_num_threads(), static_cast<long long>(rows), static_cast<long long>(seq),
+              reps, flops / 1e9);
   auto mean = [](const std::vector<double>& v) {
     double sum = 0;
     for (double x : v) sum += x;
     return sum / static_cast<double>(v.size());
   };
   const double plain_mean = mean(seconds["plain"]);
-  std::printf("%-10s %10s %8s %10s %8s\n", "mode", "median_ms", "ratio", "mean_ms", "ratio");
+  std::printf("%-10s %10s %8s %10s %8s %12s %8s %6s\n", "mode", "median_ms", "ratio", "mean_ms",
+              "ratio", "tokens/s", "TFLOP/s", "MFU");
   for (const Mode& mode : modes) {
     const double t = median(seconds[mode.name]);
     const double m = mean(seconds[mode.name]);
-    std::printf("%-10s %10.3f %8.3f %10.3f %8.3f\n", mode.name, 1e3 * t, t / plain, 1e3 * m,
-                m / plain_mean);
+    const double tflops = flops / m / 1e12;
+    std::printf("%-10s %10.3f %8.3f %10.3f %8.3f %12.0f %8.2f ", mode.name, 1e3 * t, t / plain,
+                1e3 * m, m / plain_mean, static_cast<double>(rows * seq) / m, tflops);
+    if (peak_tflops > 0) {
+      std::printf("%5.1f%%\n", 100.0 * tflops / peak_tflops);
+    } else {
+      std::printf("%6s\n", "-");
+    }
   }
-  if (exact_positions > 0) {
+  if (seconds.count("exact") && seconds.count("kappa_kdr")) {
     const double exact_extra = median(seconds["exact"]) - median(seconds["kappa_kdr"]);
     std::printf("exact K_DR: %.3f ms per sampled position (%d positions)\n",
                 1e3 * exact_extra / exact_positions, exact_positions);

@@ -45,7 +45,12 @@ HybridStepReport HybridStep::Run(const TrainBatch& batch_in) {
 
   HybridStepReport report;
   report.lambda = lambda();
-  TokenTerms tokens = ComputeTokenTerms(model_, batch, loss);
+  const torch::Device device = params.front().device();
+  TokenTerms tokens;
+  {
+    AutocastGuard autocast(device, config_.precision);
+    tokens = ComputeTokenTerms(model_, batch, loss);
+  }
   const bool has_distill = tokens.distill.defined() && config_.gate != DistillGate::kNone;
   const torch::Tensor& mask = batch.response_mask;
 
@@ -119,7 +124,11 @@ HybridStepReport HybridStep::Run(const TrainBatch& batch_in) {
       }
       torch::AutoGradMode enable_grad(true);
       const TrainBatch sub = batch.SelectRows(torch::tensor(rows, torch::kInt64));
-      const TokenTerms sub_tokens = ComputeTokenTerms(model_, sub, loss);
+      TokenTerms sub_tokens;
+      {
+        AutocastGuard autocast(device, config_.precision);
+        sub_tokens = ComputeTokenTerms(model_, sub, loss);
+      }
       const std::vector<double> exact =
           ExactCrossKernel(params, sub_tokens.reward, sub_tokens.distill, local);
       report.exact_positions = static_cast<int64_t>(positions.size());

@@ -18,6 +18,7 @@
 #include "learner/algo/cross_kernel.h"
 #include "learner/algo/distill_gate.h"
 #include "learner/algo/hybrid_loss.h"
+#include "learner/algo/mixed_precision.h"
 #include "learner/algo/optimizer_step.h"
 #include "learner/algo/train_batch.h"
 #include "model/transformer.h"
@@ -41,6 +42,8 @@ struct HybridStepConfig {
   double sft_weight = 0.0;     // μ
   BalanceConfig balance;
   MonitorConfig monitor;
+  // bf16: the forward passes run under bf16 autocast (mixed_precision.h).
+  Precision precision = Precision::kFloat32;
 };
 
 struct HybridStepReport {
