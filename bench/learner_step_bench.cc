@@ -238,7 +238,7 @@ int main(int argc, char** argv) {
     const double t = median(seconds[mode.name]);
     const double m = mean(seconds[mode.name]);
     const double tflops = flops / m / 1e12;
-    std::printf("%-10s %10.3f %8.3f %10.3f %8.3f %12.0f %8.2f ", mode.name, 1e3 * t, t / plain,
+    std::printf("%-10s %10.3f %8.3f %10.3f %8.3f %12.0f %8.3g ", mode.name, 1e3 * t, t / plain,
                 1e3 * m, m / plain_mean, static_cast<double>(rows * seq) / m, tflops);
     if (peak_tflops > 0) {
       std::printf("%5.1f%%\n", 100.0 * tflops / peak_tflops);
