@@ -47,6 +47,13 @@ absl::StatusOr<HybridStepConfig> MakeHybridStepConfig(const services::Config& co
         "config keys 'trainer.lambda' and 'trainer.reward_weight' must be >= 0");
   }
   step.reward_weight = trainer.reward_weight;
+  KAPPA_RETURN_IF_ERROR(Parsed("trainer.precision",
+                               [&] { step.precision = ParsePrecision(trainer.precision); }));
+  if (trainer.micro_batch_sequences < 0) {
+    return absl::InvalidArgumentError(
+        "config key 'trainer.micro_batch_sequences' must be >= 0 (0: no micro-batches)");
+  }
+  step.micro_batch_sequences = trainer.micro_batch_sequences;
 
   KAPPA_RETURN_IF_ERROR(
       Parsed("trainer.distill_gate", [&] { step.gate = ParseDistillGate(trainer.distill_gate); }));

@@ -115,6 +115,7 @@ const std::vector<Field>& Fields() {
       KAPPA_CONFIG_FIELD(rollout.max_new_tokens),
       KAPPA_CONFIG_FIELD(rollout.threads),
       KAPPA_CONFIG_FIELD(rollout.rpc_deadline_ms),
+      KAPPA_CONFIG_FIELD(rollout.device),
 
       KAPPA_CONFIG_FIELD(trainer.steps),
       KAPPA_CONFIG_FIELD(trainer.groups_per_step),
@@ -127,6 +128,8 @@ const std::vector<Field>& Fields() {
       KAPPA_CONFIG_FIELD(trainer.aggregation),
       KAPPA_CONFIG_FIELD(trainer.distill_loss),
       KAPPA_CONFIG_FIELD(trainer.norm_std),
+      KAPPA_CONFIG_FIELD(trainer.precision),
+      KAPPA_CONFIG_FIELD(trainer.micro_batch_sequences),
       KAPPA_CONFIG_FIELD(trainer.clip_low),
       KAPPA_CONFIG_FIELD(trainer.clip_high),
       KAPPA_CONFIG_FIELD(trainer.dual_clip),

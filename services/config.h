@@ -113,6 +113,7 @@ struct Config {
     int64_t max_new_tokens = 8;
     int64_t threads = 1;
     int64_t rpc_deadline_ms = 10000;
+    std::string device = "cpu";        // cpu | cuda | cuda:N: where the worker's policy samples
   } rollout;
 
   // --- training
@@ -135,6 +136,15 @@ struct Config {
     int64_t eval_examples = 200;       // held-out examples per evaluation
     int64_t checkpoint_every = 20;     // steps; 0: only at the end
     int64_t distill_topk = 8;          // k of distill_loss=topk_reverse_kl
+    // fp32 | bf16: bf16 runs the learner's forward passes under autocast
+    // (matmuls in bfloat16; weights, gradients, optimizer state and loss
+    // reductions in float32). For CUDA; on a CPU it is correct but slow.
+    std::string precision = "fp32";
+    // Gradient accumulation: > 0 splits each step's batch (this rank's share)
+    // into micro-batches of at most this many sequences, bucketed by length
+    // so each pads only to its own longest; one optimizer step over the sum.
+    // 0: the whole batch in one forward.
+    int64_t micro_batch_sequences = 0;
     // Seed of the RL phase alone (prompt order, worker sampling, K_DR
     // position sampling); 0: use the top-level `seed`. Varying it keeps the
     // dataset and the bootstrap checkpoints, which `seed` also determines.

@@ -44,6 +44,10 @@ struct HybridStepConfig {
   MonitorConfig monitor;
   // bf16: the forward passes run under bf16 autocast (mixed_precision.h).
   Precision precision = Precision::kFloat32;
+  // > 0: gradient accumulation over micro-batches of at most this many
+  // sequences, bucketed by length; the step's update is the same as the
+  // whole batch's (up to rounding). 0: one forward over the whole batch.
+  int64_t micro_batch_sequences = 0;
 };
 
 struct HybridStepReport {
