@@ -2,7 +2,9 @@
 
 #include <stdexcept>
 #include <string>
+#include <utility>
 
+#include "learner/algo/fused_token_terms.h"
 #include "learner/algo/logprob_losses.h"
 #include "learner/algo/sft.h"
 
@@ -39,18 +41,10 @@ torch::Tensor DistillTokenLoss(const torch::Tensor& logprobs, const torch::Tenso
       "the full vocabulary [B, L, V]; sampled_reverse_kl takes [B, L] or [B, L, V])");
 }
 
-}  // namespace
-
-TokenTerms ComputeTokenTerms(model::Decoder& model, const TrainBatch& batch,
-                             const LossConfig& config) {
-  if (!(config.temperature > 0)) {
-    throw std::invalid_argument("ComputeLossTerms: temperature must be > 0, got " +
-                                std::to_string(config.temperature));
-  }
-  TokenTerms terms;
-  const model::ForwardOutput out = model->Forward(batch.input_tokens, batch.attention_mask);
-  terms.logits = out.logits;
-  terms.hidden = out.hidden;
+// Every other distillation form (and no teacher): one shared log_softmax
+// with graph, then the terms from it.
+void UnfusedTerms(const TrainBatch& batch, const LossConfig& config, TokenTerms* out) {
+  TokenTerms& terms = *out;
   const torch::Tensor scaled =
       config.temperature == 1.0 ? terms.logits : terms.logits / config.temperature;
   // The one [B, L, V] log_softmax that every term below shares.
@@ -64,6 +58,41 @@ TokenTerms ComputeTokenTerms(model::Decoder& model, const TrainBatch& batch,
   {
     torch::NoGradGuard no_grad;
     terms.entropy = EntropyFromLogProbs(terms.logprobs.detach());
+  }
+}
+
+}  // namespace
+
+TokenTerms ComputeTokenTerms(model::Decoder& model, const TrainBatch& batch,
+                             const LossConfig& config) {
+  if (!(config.temperature > 0)) {
+    throw std::invalid_argument("ComputeLossTerms: temperature must be > 0, got " +
+                                std::to_string(config.temperature));
+  }
+  TokenTerms terms;
+  const model::ForwardOutput out = model->Forward(batch.input_tokens, batch.attention_mask);
+  terms.logits = out.logits;
+  terms.hidden = out.hidden;
+  const torch::Tensor& teacher = batch.teacher_logprobs;
+  if (teacher.defined() && teacher.dim() == 3 && config.distill == DistillLoss::kReverseKl) {
+    // The default loss: one fused node for log p(y), the reverse KL and the
+    // entropy, keeping one [B, L, V] (the log-probs, no graph) for both the
+    // L_R and the L_D backward passes.
+    if (teacher.sizes() != terms.logits.sizes()) {
+      throw std::invalid_argument("ComputeLossTerms: teacher log-probs " +
+                                  c10::str(teacher.sizes()) + " do not match student logits " +
+                                  c10::str(terms.logits.sizes()));
+    }
+    FusedTokenTerms fused =
+        ComputeFusedTokenTerms(terms.logits, batch.target_tokens, teacher, config.temperature);
+    terms.logprobs = std::move(fused.logprobs);
+    terms.token_logprobs = std::move(fused.token_logprobs);
+    terms.distill = std::move(fused.reverse_kl);
+    terms.entropy = std::move(fused.entropy);
+    terms.reward =
+        PpoTokenLoss(terms.token_logprobs, batch.old_logprobs, batch.advantages, config.ppo);
+  } else {
+    UnfusedTerms(batch, config, &terms);
   }
   if (batch.sft_input_tokens.defined()) {
     const torch::Tensor sft_logits =
