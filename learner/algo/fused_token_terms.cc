@@ -230,6 +230,11 @@ FusedTokenTerms ComputeFusedTokenTerms(const torch::Tensor& logits, const torch:
     throw std::invalid_argument("ComputeFusedTokenTerms: targets " + c10::str(targets.sizes()) +
                                 " do not match logits " + c10::str(logits.sizes()));
   }
+  if (targets.device() != logits.device() || teacher_logprobs.device() != logits.device()) {
+    throw std::invalid_argument("ComputeFusedTokenTerms: logits on " + logits.device().str() +
+                                ", targets on " + targets.device().str() + ", teacher on " +
+                                teacher_logprobs.device().str());
+  }
   const int64_t vocab = logits.size(-1);
   bool use_kernel = false;
 #ifdef KAPPA_CUDA
