@@ -82,6 +82,9 @@ class HybridStep {
   double lambda() const;
 
  private:
+  // ComputeTokenTerms under the configured precision.
+  TokenTerms Forward(const TrainBatch& batch);
+
   model::Decoder model_;
   std::unique_ptr<PolicyOptimizer> optimizer_;
   const HybridStepConfig config_;

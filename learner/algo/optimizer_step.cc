@@ -24,53 +24,14 @@ std::vector<torch::Tensor> TrainableParameters(model::Decoder& model) {
   return params;
 }
 
-// Data parallel. Rank r's term is a mean L = s_r / max(c_r, 1) over its own
-// c_r tokens (or sequences); the whole batch's mean is Σ s_r / max(C, 1),
-// C = Σ c_r. Scaling each rank's term by max(c_r, 1) / max(C, 1) before its
-// backward makes the sum of the ranks' gradients the gradient of that mean,
-// whatever the split, instead of a mean of per-rank means.
-struct RankShares {
-  double reward_scale = 1, distill_scale = 1, sft_scale = 1;
-  double reward_loss = 0, distill_loss = 0, sft_loss = 0;  // over the whole batch
-  bool any_distill = false, any_sft = false;                // on some rank
-};
-
-RankShares ShareAcrossRanks(const LossTerms& terms, bool has_distill, bool has_sft,
-                            Collectives& collectives) {
-  auto count = [](const torch::Tensor& c, bool present) {
-    return present && c.defined() ? c.detach().to(torch::kCPU, torch::kFloat64).reshape({})
-                                  : torch::zeros({}, torch::kFloat64);
-  };
-  auto loss = [](const torch::Tensor& l, bool present) {
-    return present ? l.detach().to(torch::kCPU, torch::kFloat64).reshape({})
-                   : torch::zeros({}, torch::kFloat64);
-  };
-  const torch::Tensor counts = torch::stack({count(terms.reward_count, true),
-                                             count(terms.distill_count, has_distill),
-                                             count(terms.sft_count, has_sft)});
-  const torch::Tensor losses = torch::stack({loss(terms.reward_loss, true),
-                                             loss(terms.distill_loss, has_distill),
-                                             loss(terms.sft_loss, has_sft)});
-  const torch::Tensor local_weight = counts.clamp_min(1);
-  // [c_R, c_D, c_S, s_R, s_D, s_S] summed over ranks; on the group's device.
-  const torch::Device device = terms.reward_loss.device();
-  torch::Tensor shared = torch::cat({counts, losses * local_weight}).to(device);
-  collectives.SumInPlace({shared});
-  shared = shared.to(torch::kCPU);
-  const double* g = shared.data_ptr<double>();
-  const double* local = local_weight.data_ptr<double>();
-  RankShares shares;
-  const double total_reward = std::max(g[0], 1.0), total_distill = std::max(g[1], 1.0),
-               total_sft = std::max(g[2], 1.0);
-  shares.reward_scale = local[0] / total_reward;
-  shares.distill_scale = local[1] / total_distill;
-  shares.sft_scale = local[2] / total_sft;
-  shares.reward_loss = g[3] / total_reward;
-  shares.distill_loss = g[4] / total_distill;
-  shares.sft_loss = g[5] / total_sft;
-  shares.any_distill = g[1] > 0;
-  shares.any_sft = g[2] > 0;
-  return shares;
+// A term's mean L = s / max(c, 1) over its c tokens (or sequences). The
+// whole step's mean, over every micro-batch and every rank, is Σ s / max(C, 1)
+// with C = Σ c. Scaling each piece's L by c / max(C, 1) before its backward
+// makes the summed gradient the gradient of that mean, whatever the split,
+// instead of a mean of means. (c = 0 means L = 0: nothing to weigh.)
+torch::Tensor CountOrZero(const torch::Tensor& count, const torch::Device& device) {
+  return count.defined() ? count.detach().to(device, torch::kFloat64).reshape({})
+                         : torch::zeros({}, torch::TensorOptions(device).dtype(torch::kFloat64));
 }
 
 }  // namespace
@@ -131,58 +92,123 @@ void PolicyOptimizer::set_collectives(Collectives* collectives) {
 }
 
 StepStats PolicyOptimizer::Step(const LossTerms& terms, const GradientPlan& plan, bool separate) {
-  StepStats stats;
+  BeginStep(plan, separate, terms.reward_count, terms.distill_count, terms.sft_count);
+  AccumulateStep(terms);
+  return FinishStep();
+}
+
+void PolicyOptimizer::BeginStep(const GradientPlan& plan, bool separate,
+                                const torch::Tensor& reward_count,
+                                const torch::Tensor& distill_count,
+                                const torch::Tensor& sft_count) {
+  const torch::Device device = params_.front().device();
+  pending_ = PendingStep{};
+  pending_.open = true;
+  pending_.plan = plan;
+  pending_.measured = separate || plan.project || plan.normalize;
+  pending_.totals = torch::stack({CountOrZero(reward_count, device),
+                                  CountOrZero(distill_count, device),
+                                  CountOrZero(sft_count, device)});
+  // Data parallel: the means are over every rank's batch.
+  if (collectives_ != nullptr && collectives_->size() > 1) {
+    collectives_->SumInPlace({pending_.totals});
+  }
+  pending_.loss_sums = torch::zeros({3}, pending_.totals.options());
+}
+
+void PolicyOptimizer::AccumulateStep(const LossTerms& terms) {
+  if (!pending_.open) throw std::logic_error("PolicyOptimizer::AccumulateStep before BeginStep");
+  const GradientPlan& plan = pending_.plan;
   auto has_graph = [](const torch::Tensor& t) { return t.defined() && t.requires_grad(); };
-  // This rank's graphs...
   const bool has_distill = has_graph(terms.distill_loss);
   const bool has_sft = has_graph(terms.sft_loss) && plan.sft_weight != 0.0;
+  const torch::Device device = params_.front().device();
+  const torch::Tensor counts = torch::stack({CountOrZero(terms.reward_count, device),
+                                             CountOrZero(terms.distill_count, device),
+                                             CountOrZero(terms.sft_count, device)});
+  const torch::Tensor shares = counts / pending_.totals.clamp_min(1.0);
+  auto scaled = [&](const torch::Tensor& loss, int64_t i) {
+    return loss * shares[i].to(loss.scalar_type());
+  };
+  {
+    torch::NoGradGuard no_grad;
+    // Absent terms are graph-less zeros (LossTerms).
+    auto value = [&](const torch::Tensor& t) {
+      return t.detach().to(device, torch::kFloat64).reshape({});
+    };
+    pending_.loss_sums += torch::stack({value(terms.reward_loss), value(terms.distill_loss),
+                                        value(terms.sft_loss)}) *
+                          counts;
+  }
+  pending_.any_distill |= has_distill;
+  pending_.any_sft |= has_sft;
+
+  if (pending_.measured) {
+    // One backward per signal, each accumulating into its own buffer; the
+    // shared graph (the logits) is kept until the last one.
+    AttachGradients(reward_grad_, /*zero=*/!pending_.reward_started);
+    pending_.reward_started = true;
+    scaled(terms.reward_loss, 0).backward({}, /*retain_graph=*/has_distill || has_sft);
+    if (has_distill) {
+      AttachGradients(distill_grad_, /*zero=*/!pending_.distill_started);
+      pending_.distill_started = true;
+      scaled(terms.distill_loss, 1).backward({}, /*retain_graph=*/has_sft);
+    }
+    if (has_sft) {
+      AttachGradients(sft_grad_, /*zero=*/!pending_.sft_started);
+      pending_.sft_started = true;
+      scaled(terms.sft_loss, 2).backward();
+    }
+  } else {
+    AttachGradients(reward_grad_, /*zero=*/!pending_.reward_started);
+    pending_.reward_started = true;
+    torch::Tensor total = plan.reward_weight * scaled(terms.reward_loss, 0);
+    if (has_distill) total = total + plan.distill_weight * scaled(terms.distill_loss, 1);
+    if (has_sft) total = total + plan.sft_weight * scaled(terms.sft_loss, 2);
+    total.backward();
+  }
+}
+
+StepStats PolicyOptimizer::FinishStep() {
+  if (!pending_.open) throw std::logic_error("PolicyOptimizer::FinishStep before BeginStep");
+  pending_.open = false;
+  const GradientPlan& plan = pending_.plan;
   const torch::Device device = params_.front().device();
   auto scalar = [&](const torch::Tensor& t) {
     return t.detach().to(device, torch::kFloat64).reshape({});
   };
-  // ... and, data parallel, the terms some rank has (a rank without one
-  // still sums a zero gradient for it, so the collectives match up). The
-  // reported losses are then the whole batch's.
+  torch::NoGradGuard no_grad;
+  if (!pending_.reward_started) AttachGradients(reward_grad_, /*zero=*/true);
+  // Data parallel: a rank without some term still sums a zero gradient for
+  // it, so the collectives match up; whether any rank has one is in the
+  // summed counts. The reported losses are then the whole batch's.
   const bool parallel = collectives_ != nullptr && collectives_->size() > 1;
-  RankShares shares;
-  shares.any_distill = has_distill;
-  shares.any_sft = has_sft;
-  std::vector<torch::Tensor> host_values;
+  bool any_distill = pending_.any_distill, any_sft = pending_.any_sft;
+  torch::Tensor loss_sums = pending_.loss_sums;
   if (parallel) {
-    shares = ShareAcrossRanks(terms, has_distill, has_sft, *collectives_);
-    for (double loss : {shares.reward_loss, shares.distill_loss, shares.sft_loss}) {
-      host_values.push_back(torch::tensor(loss, torch::kFloat64).to(device));
-    }
-  } else {
-    host_values = {scalar(terms.reward_loss), scalar(terms.distill_loss), scalar(terms.sft_loss)};
+    collectives_->SumInPlace({loss_sums});
+    const torch::Tensor totals = pending_.totals.to(torch::kCPU);
+    any_distill = totals[1].item<double>() > 0;
+    any_sft = totals[2].item<double>() > 0 && plan.sft_weight != 0.0;
   }
-  const torch::Tensor reward_loss = terms.reward_loss * shares.reward_scale;
-  const torch::Tensor distill_loss =
-      has_distill ? terms.distill_loss * shares.distill_scale : terms.distill_loss;
-  const torch::Tensor sft_loss = has_sft ? terms.sft_loss * shares.sft_scale : terms.sft_loss;
-  const bool any_sft = shares.any_sft && plan.sft_weight != 0.0;
+  const torch::Tensor losses = loss_sums / pending_.totals.clamp_min(1.0);
+  std::vector<torch::Tensor> host_values = {losses[0], losses[1], losses[2]};
 
-  stats.measured = separate || plan.project || plan.normalize;
+  StepStats stats;
+  stats.measured = pending_.measured;
   if (stats.measured) {
-    // One backward per signal, each into its own buffer; the shared graph
-    // (the logits) is kept until the last one.
-    AttachGradients(reward_grad_, /*zero=*/true);
-    reward_loss.backward({}, /*retain_graph=*/has_distill || has_sft);
     GradientList distill(1), sft(1);
-    if (shares.any_distill) {
-      AttachGradients(distill_grad_, /*zero=*/true);
-      if (has_distill) distill_loss.backward({}, /*retain_graph=*/has_sft);
+    if (any_distill) {
+      AttachGradients(distill_grad_, /*zero=*/!pending_.distill_started);
       distill[0] = distill_grad_.flat;
     }
     if (any_sft) {
-      AttachGradients(sft_grad_, /*zero=*/true);
-      if (has_sft) sft_loss.backward();
+      AttachGradients(sft_grad_, /*zero=*/!pending_.sft_started);
       sft[0] = sft_grad_.flat;
     }
-    torch::NoGradGuard no_grad;
     if (parallel) {
       std::vector<torch::Tensor> buffers = {reward_grad_.flat};
-      if (shares.any_distill) buffers.push_back(distill_grad_.flat);
+      if (any_distill) buffers.push_back(distill_grad_.flat);
       if (any_sft) buffers.push_back(sft_grad_.flat);
       collectives_->SumInPlace(buffers);
     }
@@ -196,12 +222,6 @@ StepStats PolicyOptimizer::Step(const LossTerms& terms, const GradientPlan& plan
       host_values.push_back(scalar(t));
     }
   } else {
-    AttachGradients(reward_grad_, /*zero=*/true);
-    torch::Tensor total = plan.reward_weight * reward_loss;
-    if (has_distill) total = total + plan.distill_weight * distill_loss;
-    if (has_sft) total = total + plan.sft_weight * sft_loss;
-    total.backward();
-    torch::NoGradGuard no_grad;
     if (parallel) collectives_->SumInPlace({reward_grad_.flat});
     host_values.push_back(reward_grad_.flat.to(torch::kFloat64).square().sum());
   }
@@ -210,7 +230,7 @@ StepStats PolicyOptimizer::Step(const LossTerms& terms, const GradientPlan& plan
   const torch::Tensor host = torch::stack(host_values).to(torch::kCPU);
   const double* h = host.data_ptr<double>();
   stats.reward_loss = h[0];
-  stats.distill_loss = shares.any_distill ? h[1] : 0.0;
+  stats.distill_loss = any_distill ? h[1] : 0.0;
   stats.sft_loss = h[2];
   stats.grad_norm = std::sqrt(h[3]);
   if (stats.measured) {

@@ -63,6 +63,18 @@ class PolicyOptimizer {
   // separate = false with a plan that neither projects nor normalizes takes
   // one backward pass of the weighted sum (no κ); otherwise three.
   StepStats Step(const LossTerms& terms, const GradientPlan& plan, bool separate);
+
+  // The same step accumulated over micro-batches, whose graphs need not
+  // coexist: BeginStep with what the whole batch's means are taken over (its
+  // reward, distill and SFT counts on this rank, as LossTerms' counts would
+  // give), then AccumulateStep once per micro-batch (backward now; the
+  // graph can go), then FinishStep. Each micro-batch's mean is weighted by
+  // its count over the total, so the update is that of one Step on the whole
+  // batch. Step(terms, …) is exactly these three calls.
+  void BeginStep(const GradientPlan& plan, bool separate, const torch::Tensor& reward_count,
+                 const torch::Tensor& distill_count, const torch::Tensor& sft_count);
+  void AccumulateStep(const LossTerms& micro_batch);
+  StepStats FinishStep();
   // The naive step L_R + λ L_D, measured.
   StepStats Step(const LossTerms& terms, double lambda);
 
@@ -91,8 +103,21 @@ class PolicyOptimizer {
   // Points every parameter's .grad at `buffer` (zeroed first if `zero`).
   void AttachGradients(FlatGradient& buffer, bool zero);
 
+  // The step between BeginStep and FinishStep.
+  struct PendingStep {
+    bool open = false;
+    GradientPlan plan;
+    bool measured = false;       // one backward per signal, into its own buffer
+    torch::Tensor totals;        // [C_R, C_D, C_S], float64 on the device: over every rank
+    torch::Tensor loss_sums;     // [s_R, s_D, s_S]: Σ mean · count over micro-batches
+    bool any_distill = false;    // a distillation graph on some micro-batch of this rank
+    bool any_sft = false;
+    bool reward_started = false, distill_started = false, sft_started = false;
+  };
+
   model::Decoder model_;
   std::vector<torch::Tensor> params_;
+  PendingStep pending_;
   Collectives* collectives_ = nullptr;
   FlatGradient reward_grad_, distill_grad_, sft_grad_;
   torch::optim::AdamW optimizer_;

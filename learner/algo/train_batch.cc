@@ -119,6 +119,59 @@ TrainBatch TrainBatch::SelectRows(const torch::Tensor& rows) const {
   return out;
 }
 
+torch::Tensor MicroBatch::Slice(const torch::Tensor& whole_batch_tensor) const {
+  if (whole || !whole_batch_tensor.defined()) return whole_batch_tensor;
+  return whole_batch_tensor.index_select(0, rows.to(whole_batch_tensor.device()))
+      .narrow(1, 0, length);
+}
+
+void MicroBatch::Scatter(const torch::Tensor& part, torch::Tensor& whole_batch_tensor) const {
+  if (whole) {
+    whole_batch_tensor.copy_(part);
+    return;
+  }
+  whole_batch_tensor.narrow(1, 0, length).index_copy_(0, rows.to(part.device()), part);
+}
+
+std::vector<MicroBatch> SplitMicroBatches(const TrainBatch& batch, int64_t max_sequences) {
+  const int64_t num_rows = batch.input_tokens.size(0);
+  if (max_sequences <= 0 || max_sequences >= num_rows) {
+    MicroBatch all;
+    all.batch = batch;
+    all.rows = torch::arange(num_rows, torch::kInt64);
+    all.length = batch.input_tokens.size(1);
+    all.whole = true;
+    return {all};
+  }
+  // Longest first; a stable sort keeps equal-length rows in batch order.
+  const torch::Tensor lengths = batch.attention_mask.sum(1).to(torch::kCPU);
+  const torch::Tensor order =
+      std::get<1>(lengths.sort(/*stable=*/true, /*dim=*/0, /*descending=*/true));
+  std::vector<MicroBatch> out;
+  for (int64_t start = 0; start < num_rows; start += max_sequences) {
+    MicroBatch micro;
+    micro.rows = order.narrow(0, start, std::min(max_sequences, num_rows - start)).contiguous();
+    micro.length = lengths.index_select(0, micro.rows).max().item<int64_t>();
+    micro.batch = batch.SelectRows(micro.rows);
+    for (torch::Tensor* t : {&micro.batch.input_tokens, &micro.batch.attention_mask,
+                             &micro.batch.target_tokens, &micro.batch.response_mask,
+                             &micro.batch.old_logprobs, &micro.batch.advantages,
+                             &micro.batch.teacher_logprobs}) {
+      if (t->defined() && t->dim() >= 2) *t = t->narrow(1, 0, micro.length);
+    }
+    micro.batch.num_groups = 0;  // rows of several groups: no group structure
+    out.push_back(std::move(micro));
+  }
+  // The SFT rows are few and separate from the sampled ones: with the first.
+  TrainBatch& first = out.front().batch;
+  first.sft_input_tokens = batch.sft_input_tokens;
+  first.sft_attention_mask = batch.sft_attention_mask;
+  first.sft_target_tokens = batch.sft_target_tokens;
+  first.sft_mask = batch.sft_mask;
+  first.num_demonstrations = batch.num_demonstrations;
+  return out;
+}
+
 namespace {
 
 // Teacher demonstrations as SFT rows: (prompt, response) sequences shifted by

@@ -58,6 +58,26 @@ struct TrainBatch {
   TrainBatch SelectRows(const torch::Tensor& rows) const;
 };
 
+// Gradient accumulation: a part of a TrainBatch's rows, cut to the longest
+// of them (the rows are right-padded, so the columns dropped are padding).
+struct MicroBatch {
+  TrainBatch batch;     // the rows (and the SFT rows, with the first micro-batch)
+  torch::Tensor rows;   // int64 indices of those rows in the whole batch
+  int64_t length = 0;   // columns kept: the whole batch's first `length`
+  bool whole = false;   // the whole batch itself, uncut and uncopied
+
+  // [B, L] (or [B, L, …]) tensor of the whole batch → this micro-batch's part.
+  torch::Tensor Slice(const torch::Tensor& whole_batch_tensor) const;
+  // Writes this micro-batch's part back into a whole-batch tensor.
+  void Scatter(const torch::Tensor& part, torch::Tensor& whole_batch_tensor) const;
+};
+
+// Splits `batch` into micro-batches of at most `max_sequences` rows,
+// bucketed by length: rows sorted by their number of real input tokens, so
+// each micro-batch pads only to its own longest row. max_sequences <= 0 or
+// >= the batch's rows: one micro-batch, the batch itself.
+std::vector<MicroBatch> SplitMicroBatches(const TrainBatch& batch, int64_t max_sequences);
+
 // Throws std::invalid_argument naming the group and sample on inconsistent
 // input: no groups, unequal group sizes, empty prompts or responses,
 // behavior log-prob count != response length, negative token ids, teacher

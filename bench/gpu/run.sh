@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# Everything GPU-side in one run, under 6 minutes on one H200 (the device
+# machine: Ubuntu 24.04, g++ 13, CMake 4, nvcc 13, PyTorch 2.11+cu130, no
+# gRPC or abseil). It
+#   1. builds the libtorch-only targets with KAPPA_CUDA=ON against the
+#      machine's CUDA libtorch: model, learner/algo (with the CUDA kernels of
+#      learner/algo/cuda), their tests and the benchmark harnesses;
+#   2. runs the tests: on CUDA these include the fused token-terms kernels
+#      against the torch-op path (fp32, bf16; V = 32000 and 151936), a CUDA
+#      hybrid step against the CPU one (κ, K_DR exact vs brute force), the
+#      model and the M3 guarantees;
+#   3. runs the learner-step benchmark on a 12-layer, d=768 model, 16
+#      sequences of 1024 tokens, V=32000, bf16 autocast and fp32: tokens/s,
+#      model FLOP utilization against the 790 TFLOP/s dense bf16 rate
+#      measured on that machine, and the κ / K_DR monitors' overhead;
+#   4. runs the generation benchmark (KV cache vs recomputing the prefix) on CUDA;
+#   5. runs the eager-PyTorch reference of the same step beside ours.
+# Results land in $OUT (default /tmp/kappa-gpu-out); bench/README.md keeps them.
+#
+#   bash bench/gpu/run.sh .gpu_deps/share/cmake/nlohmann_json   # on the GPU machine
+#   bash bench/gpu/run.sh --compile-check                       # here: nvcc compile check only
+#
+# The nlohmann_json CMake package is header-only; the GPU machine has none,
+# so it travels with the tree (run's `carry: [".gpu_deps"]`).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+
+if [[ "${1:-}" == "--compile-check" ]]; then
+  # No CUDA libtorch on the development machine: compile the CUDA sources
+  # with /usr/local/cuda's nvcc and the wrapper against the headers.
+  exec bash scripts/cuda_compile_check.sh
+fi
+
+out=${OUT:-/tmp/kappa-gpu-out}
+build=${KAPPA_GPU_BUILD:-/tmp/kappa-gpu}
+mkdir -p "$out"
+json_dir=${1:-$PWD/.gpu_deps/share/cmake/nlohmann_json}
+start=$(date +%s)
+stage() { echo "== $1 ($(( $(date +%s) - start )) s)"; }
+
+stage "configure"
+torch_prefix=$(python3 -c 'import torch;print(torch.utils.cmake_prefix_path)')
+export CUDACXX=${CUDACXX:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKAPPA_BUILD_SERVICES=OFF \
+  -DKAPPA_CUDA=ON -DKAPPA_WERROR=OFF -DCMAKE_PREFIX_PATH="$torch_prefix" \
+  -Dnlohmann_json_DIR="$json_dir" > "$out/cmake.log" 2>&1 \
+  || { tail -30 "$out/cmake.log"; exit 1; }
+
+stage "build"
+ninja -C "$build" -k 0 > "$out/build.log" 2>&1 \
+  || { grep -E "error|Error" -A3 "$out/build.log" | head -80; exit 1; }
+
+stage "tests"
+(cd "$build" && timeout 150 ctest --output-on-failure -j 8 --timeout 120) > "$out/ctest.log" 2>&1
+grep -E "tests passed|tests failed|Failed|SEGFAULT|\*\*\*" "$out/ctest.log" | head -30
+# The CUDA-only cases, by name, so a skip is visible.
+for t in "$build"/tests/algo/algo_*test; do
+  "$t" --gtest_filter='*Cuda*:*CUDA*' 2>&1 | grep -E "^\[  (PASSED|FAILED|SKIPPED) " | sed "s|^|$(basename "$t"): |"
+done | tee "$out/cuda_tests.txt"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
+
+stage "learner-step benchmark"
+for precision in bf16 fp32; do
+  timeout 100 "$build"/bench/kappa_bench_learner_step --model gpt --device cuda --reps 10 \
+    --precision "$precision" --modes plain,kappa,kappa_kdr,kappa4_kdr --exact-positions 0 \
+    --peak-tflops 790 2>/dev/null | tee "$out/learner_step_gpt_${precision}.txt"
+done
+timeout 60 "$build"/bench/kappa_bench_learner_step --model large --device cuda --reps 20 \
+  --exact-positions 8 --peak-tflops 790 2>/dev/null | tee "$out/learner_step_large_fp32.txt"
+
+stage "generation benchmark"
+timeout 90 "$build"/bench/kappa_bench_generation --device cuda --lengths 32,128,512 \
+  --prompts 8 --group-size 8 --reps 3 2>/dev/null | tee "$out/generation_cuda.txt"
+
+stage "eager PyTorch reference"
+if [[ -f bench/eager_reference/compare.sh ]]; then
+  KAPPA_DEVICE=cuda timeout 90 bash bench/eager_reference/compare.sh \
+    "$build"/bench/kappa_bench_learner_step 2>&1 | tee "$out/eager_cuda.txt"
+fi
+stage "done"
