@@ -63,6 +63,85 @@ absl::StatusOr<torch::Tensor> DecodeLogProbs(const kappa::v1::Tensor& wire,
   return services::DecodeTensor(wire, field);
 }
 
+// Log-probs above 0 by more than rounding are no log-probs. A teacher's
+// log_softmax gives at most 0 for the top token; the slack admits an
+// implementation (or a bfloat16 wire) that rounds up by a few ulps.
+constexpr float kMaxLogProb = 1e-3f;
+
+// SCORE_FORM_TOPK: teacher_logprobs [T, k] and teacher_topk_ids [T, k] with
+// k = min(top_k, V), distinct ids in [0, V) per row, log-probs in
+// (kTopkFill, 0]. The wire stays compact (k ids + k values per token instead
+// of V values; bench/README.md has the bytes per token); the learner
+// densifies each row here to [T, V] with kTopkFill outside the k tokens, the
+// form the loss (TopkReverseKlFromLogProbs / TopkIndices, RSTG's max_prob
+// confidence, the K_DR logit gradient) reads: the teacher's top-k of the
+// dense row are the wire's k tokens, renormalised there as before.
+absl::StatusOr<torch::Tensor> DecodeTopkTeacher(const kappa::v1::ScoredSample& in,
+                                                int64_t length, const std::string& field,
+                                                const GroupExpectations& expect) {
+  const int64_t vocab = expect.vocab_size;
+  if (expect.teacher_top_k <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ".teacher_topk_ids: the work item asked for top_k ",
+                     expect.teacher_top_k, " (must be > 0 for the TOPK form)"));
+  }
+  const int64_t k = std::min<int64_t>(expect.teacher_top_k, vocab);
+  const std::string expected_shape = absl::StrCat("[", length, ", ", k, "]");
+  auto values = DecodeLogProbs(in.teacher_logprobs(), field + ".teacher_logprobs");
+  if (!values.ok()) return values.status();
+  if (values->dim() != 2 || values->size(0) != length || values->size(1) != k) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ".teacher_logprobs: shape ", c10::str(values->sizes()),
+                     " does not match ", expected_shape, " (top_k ", k, ")"));
+  }
+  const std::string ids_field = field + ".teacher_topk_ids";
+  const kappa::v1::DType ids_dtype = in.teacher_topk_ids().dtype();
+  if (ids_dtype != kappa::v1::DTYPE_INT32 && ids_dtype != kappa::v1::DTYPE_INT64) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(ids_field, ": dtype ", std::string(services::DTypeName(ids_dtype)),
+                     " is not an integer type (int32 or int64)"));
+  }
+  auto ids = services::DecodeTensor(in.teacher_topk_ids(), ids_field);
+  if (!ids.ok()) return ids.status();
+  if (ids->dim() != 2 || ids->size(0) != length || ids->size(1) != k) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(ids_field, ": shape ", c10::str(ids->sizes()), " does not match ",
+                     expected_shape, " (top_k ", k, ")"));
+  }
+  const torch::Tensor id64 = ids->to(torch::kInt64);
+  // Each check is one vectorised pass; the first offending entry is named.
+  const torch::Tensor out_of_range = (id64 < 0).logical_or(id64 >= vocab);
+  if (out_of_range.any().item<bool>()) {
+    const torch::Tensor at = out_of_range.nonzero()[0];
+    const int64_t t = at[0].item<int64_t>(), j = at[1].item<int64_t>();
+    return absl::InvalidArgumentError(
+        absl::StrCat(ids_field, "[", t, ", ", j, "]: token id ", id64[t][j].item<int64_t>(),
+                     " outside [0, ", vocab, ")"));
+  }
+  if (k > 1) {
+    const torch::Tensor sorted = std::get<0>(id64.sort(1));
+    const torch::Tensor repeated = sorted.narrow(1, 1, k - 1) == sorted.narrow(1, 0, k - 1);
+    if (repeated.any().item<bool>()) {
+      const torch::Tensor at = repeated.nonzero()[0];
+      const int64_t t = at[0].item<int64_t>();
+      return absl::InvalidArgumentError(
+          absl::StrCat(ids_field, "[", t, "]: token id ",
+                       sorted[t][at[1].item<int64_t>()].item<int64_t>(), " appears twice"));
+    }
+  }
+  const torch::Tensor logprobs = values->to(torch::kFloat32);
+  const torch::Tensor bad = (logprobs > kMaxLogProb).logical_or(logprobs <= kTopkFill);
+  if (bad.any().item<bool>()) {
+    const torch::Tensor at = bad.nonzero()[0];
+    const int64_t t = at[0].item<int64_t>(), j = at[1].item<int64_t>();
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ".teacher_logprobs[", t, ", ", j, "]: ",
+                     logprobs[t][j].item<float>(), " is not a log-probability (want (",
+                     kTopkFill, ", 0])"));
+  }
+  return torch::full({length, vocab}, kTopkFill, torch::kFloat32).scatter_(1, id64, logprobs);
+}
+
 // RSTG teacher SFT data: only for a work item that asked for it, only for a
 // negative zero-variance group (the worker asks the teacher in no other
 // case, so anything else is a worker bug the NLL term must not train on).
@@ -152,7 +231,11 @@ absl::StatusOr<ScoredGroup> DecodeScoredGroup(const kappa::v1::ScoredGroup& mess
     sample.behavior_logprobs.assign(behavior_f32.data_ptr<float>(),
                                     behavior_f32.data_ptr<float>() + length);
     sample.reward = in.reward();
-    if (expect.teacher_form != 0) {
+    if (expect.teacher_form == kappa::v1::SCORE_FORM_TOPK) {
+      auto dense = DecodeTopkTeacher(in, length, field, expect);
+      if (!dense.ok()) return dense.status();
+      sample.teacher_logprobs = *std::move(dense);
+    } else if (expect.teacher_form != 0) {
       auto teacher = DecodeLogProbs(in.teacher_logprobs(), field + ".teacher_logprobs");
       if (!teacher.ok()) return teacher.status();
       const bool full = expect.teacher_form == kappa::v1::SCORE_FORM_FULL;

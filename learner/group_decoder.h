@@ -12,16 +12,28 @@
 
 namespace kappa::learner {
 
+// The log-prob a TOPK row holds outside its k tokens once densified. Finite
+// (BuildTrainBatch refuses non-finite teacher rows, and -inf times a 0 mask
+// is NaN in RSTG's token_prob confidence), far below any real log-prob, and
+// still finite in bfloat16. exp() of it is 0, so the top-k picked from the
+// dense row (TopkIndices) are exactly the wire's k tokens, and the row's max
+// (RSTG max_prob) is the teacher's top-1.
+inline constexpr float kTopkFill = -1e30f;
+
 struct GroupExpectations {
   int64_t group_size = 0;
   int64_t vocab_size = 0;
   int64_t max_new_tokens = 0;
   int teacher_form = 0;  // kappa.v1.ScoreForm value the loss needs; 0 = none
+  // k the work item asked for under SCORE_FORM_TOPK; rows carry min(k, V).
+  int64_t teacher_top_k = 0;
   // K of WorkItem.teacher_demonstrations: a group may carry at most this many
   // demonstrations, and only when all its rewards are 0; 0 = none allowed.
   int64_t teacher_demonstrations = 0;
 };
 
+// Teacher log-probs reach the loss as ScoredSample.teacher_logprobs: FULL as
+// [T, V], SAMPLED as [T], and TOPK densified to [T, V] (see kTopkFill).
 absl::StatusOr<ScoredGroup> DecodeScoredGroup(const kappa::v1::ScoredGroup& message,
                                               const GroupExpectations& expect);
 

@@ -26,17 +26,29 @@ int32_t TeacherFormFor(const services::Config& config) {
       !HasBalance(config, "m3_adapt")) {
     return 0;
   }
+  const bool rstg = config.trainer.distill_gate == "rstg";
   if (config.trainer.distill_loss == "sampled_reverse_kl") {
     // RSTG's max_prob confidence needs max_v q, i.e. the full distribution;
     // the sampled loss reads its token from the full form too.
-    const bool needs_full = config.trainer.distill_gate == "rstg" &&
-                            config.rstg.confidence == "max_prob";
+    const bool needs_full = rstg && config.rstg.confidence == "max_prob";
     return needs_full ? kappa::v1::SCORE_FORM_FULL : kappa::v1::SCORE_FORM_SAMPLED;
   }
-  // reverse_kl and forward_kl read the full distribution; so does
-  // topk_reverse_kl, whose loss picks the teacher's top-k out of the full
-  // [B, L, V] tensor itself (the group decoder takes no wire TOPK form).
+  if (config.trainer.distill_loss == "topk_reverse_kl") {
+    // The loss reads only the teacher's top-k tokens, so the wire carries
+    // just those (k ids + k log-probs per token; the group decoder densifies
+    // them). RSTG's max_prob confidence reads the top-1, which is among
+    // them; token_prob reads q(y_t) of the sampled token, which may lie
+    // outside the top-k, so that combination needs the full rows.
+    const bool needs_full = rstg && config.rstg.confidence == "token_prob";
+    return needs_full ? kappa::v1::SCORE_FORM_FULL : kappa::v1::SCORE_FORM_TOPK;
+  }
+  // reverse_kl and forward_kl read the full distribution.
   return kappa::v1::SCORE_FORM_FULL;
+}
+
+int32_t TeacherTopKFor(const services::Config& config) {
+  if (TeacherFormFor(config) != kappa::v1::SCORE_FORM_TOPK) return 0;
+  return static_cast<int32_t>(std::max<int64_t>(config.trainer.distill_topk, 0));
 }
 
 int32_t TeacherDemonstrationsFor(const services::Config& config) {
@@ -51,6 +63,7 @@ WorkTemplate WorkTemplateFor(const services::Config& config) {
   work.temperature = static_cast<float>(config.rollout.temperature);
   work.top_p = static_cast<float>(config.rollout.top_p);
   work.teacher_form = TeacherFormFor(config);
+  work.teacher_top_k = TeacherTopKFor(config);
   work.teacher_demonstrations = TeacherDemonstrationsFor(config);
   work.teacher_temperature = static_cast<float>(config.rstg.teacher_temperature);
   return work;
@@ -62,6 +75,7 @@ GroupExpectations GroupExpectationsFor(const WorkTemplate& work, int64_t vocab_s
   expect.vocab_size = vocab_size;
   expect.max_new_tokens = work.max_new_tokens;
   expect.teacher_form = work.teacher_form;
+  expect.teacher_top_k = work.teacher_top_k;
   expect.teacher_demonstrations = work.teacher_demonstrations;
   return expect;
 }

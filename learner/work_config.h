@@ -18,7 +18,7 @@ struct WorkTemplate {
   float temperature = 1.0f;
   float top_p = 1.0f;
   int32_t teacher_form = 0;  // kappa.v1.ScoreForm; 0 = no teacher data
-  int32_t teacher_top_k = 0;
+  int32_t teacher_top_k = 0;  // k of SCORE_FORM_TOPK (trainer.distill_topk); 0 otherwise
   // RSTG teacher SFT: K teacher responses for negative zero-variance groups; 0 = never.
   int32_t teacher_demonstrations = 0;
   float teacher_temperature = 1.0f;
@@ -27,7 +27,13 @@ struct WorkTemplate {
 
 // The kappa.v1.ScoreForm of teacher log-probs the loss will read; 0 when it
 // reads none, so workers skip Teacher.Score entirely.
+// topk_reverse_kl asks for SCORE_FORM_TOPK (FULL under RSTG's token_prob
+// confidence, which needs q of tokens outside the top-k).
 int32_t TeacherFormFor(const services::Config& config);
+
+// k of the TOPK form (trainer.distill_topk; the worker and the group decoder
+// cap it at the vocabulary size); 0 for every other form.
+int32_t TeacherTopKFor(const services::Config& config);
 
 // K teacher demonstrations per negative zero-variance group; 0 unless the
 // RSTG gate is on and its SFT term has weight.

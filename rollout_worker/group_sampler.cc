@@ -274,7 +274,11 @@ absl::Status GroupSampler::Score(const kappa::v1::WorkItem& item, int64_t vocab_
   const auto form = static_cast<kappa::v1::ScoreForm>(item.teacher_form());
   kappa::v1::ScoreRequest request;
   request.set_form(form);
-  request.set_top_k(item.teacher_top_k());
+  // The teacher refuses top_k > V; a k past the vocabulary means all of it,
+  // which is what the shape check below and the learner expect.
+  request.set_top_k(form == kappa::v1::SCORE_FORM_TOPK
+                        ? static_cast<int32_t>(std::min<int64_t>(item.teacher_top_k(), vocab_size))
+                        : item.teacher_top_k());
   request.set_value_dtype(kappa::v1::DTYPE_FLOAT32);
   request.set_vocab_size(static_cast<int32_t>(vocab_size));
   for (const kappa::v1::ScoredSample& sample : group.samples()) {

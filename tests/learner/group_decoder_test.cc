@@ -1,13 +1,17 @@
-// DecodeScoredGroup on teacher demonstrations (RSTG teacher SFT): what the
-// learner accepts, and INVALID_ARGUMENT naming the field for everything else.
+// DecodeScoredGroup on teacher demonstrations (RSTG teacher SFT) and on
+// top-k teacher rows (SCORE_FORM_TOPK): what the learner accepts, and
+// INVALID_ARGUMENT naming the field for everything else.
 #include "learner/group_decoder.h"
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <string>
 #include <vector>
 
+#include "kappa/v1/teacher.pb.h"
 #include "services/tensor_codec.h"
+#include "services/torch_tensor_codec.h"
 
 namespace kappa::learner {
 namespace {
@@ -139,6 +143,170 @@ TEST(GroupDecoderDemonstrations, SampleFieldsStillReportedByName) {
   kappa::v1::ScoredGroup empty = Group();
   empty.mutable_samples(0)->clear_response_tokens();
   ExpectRejected(empty, Expect(0), "samples[0].response_tokens", "empty");
+}
+
+// ---- SCORE_FORM_TOPK ----
+
+GroupExpectations ExpectTopk(int64_t k) {
+  GroupExpectations expect = Expect(0);
+  expect.teacher_form = kappa::v1::SCORE_FORM_TOPK;
+  expect.teacher_top_k = k;
+  return expect;
+}
+
+// Top-k rows for every sample of Group() (responses of 2 tokens): ids and
+// log-probs [2, k], sample s's log-probs shifted by -0.1 s.
+kappa::v1::ScoredGroup TopkGroup(const std::vector<std::vector<int64_t>>& ids,
+                                 const std::vector<std::vector<float>>& logprobs) {
+  kappa::v1::ScoredGroup group = Group({1.0f, 0.0f});
+  const int64_t rows = static_cast<int64_t>(ids.size());
+  const int64_t k = static_cast<int64_t>(ids[0].size());
+  for (int s = 0; s < group.samples_size(); ++s) {
+    torch::Tensor id_tensor = torch::empty({rows, k}, torch::kInt32);
+    torch::Tensor values = torch::empty({rows, k}, torch::kFloat32);
+    for (int64_t t = 0; t < rows; ++t) {
+      for (int64_t j = 0; j < k; ++j) {
+        id_tensor[t][j] = ids[t][j];
+        values[t][j] = logprobs[t][j] - 0.1f * static_cast<float>(s);
+      }
+    }
+    services::EncodeTensor(id_tensor, group.mutable_samples(s)->mutable_teacher_topk_ids());
+    services::EncodeTensor(values, group.mutable_samples(s)->mutable_teacher_logprobs());
+  }
+  return group;
+}
+
+const std::vector<std::vector<int64_t>> kIds = {{5, 1, 50}, {0, 2, 33}};
+const std::vector<std::vector<float>> kLogProbs = {{-0.2f, -2.0f, -3.5f}, {-0.7f, -1.0f, -4.0f}};
+
+TEST(GroupDecoderTopk, RowsAreDensifiedWithTheFillOutsideTheTopk) {
+  const absl::StatusOr<ScoredGroup> decoded =
+      DecodeScoredGroup(TopkGroup(kIds, kLogProbs), ExpectTopk(3));
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  ASSERT_EQ(decoded->samples.size(), 2u);
+  for (int s = 0; s < 2; ++s) {
+    const torch::Tensor& dense = decoded->samples[s].teacher_logprobs;
+    ASSERT_EQ(dense.sizes(), (std::vector<int64_t>{2, kVocab}));
+    ASSERT_EQ(dense.scalar_type(), torch::kFloat32);
+    EXPECT_TRUE(torch::isfinite(dense).all().item<bool>());
+    for (int64_t t = 0; t < 2; ++t) {
+      torch::Tensor expected = torch::full({kVocab}, kTopkFill);
+      for (int64_t j = 0; j < 3; ++j) {
+        expected[kIds[t][j]] = kLogProbs[t][j] - 0.1f * static_cast<float>(s);
+      }
+      EXPECT_TRUE(torch::equal(dense[t], expected)) << "sample " << s << " row " << t;
+      // The top-k of the dense row are the wire's ids; the max is the top-1.
+      const torch::Tensor top = std::get<0>(std::get<1>(dense[t].topk(3)).sort());
+      EXPECT_TRUE(torch::equal(top, std::get<0>(torch::tensor(kIds[t]).sort()))) << t;
+      EXPECT_FLOAT_EQ(dense[t].max().item<float>(),
+                      kLogProbs[t][0] - 0.1f * static_cast<float>(s));
+      // exp() of the fill is 0: the dense row's mass is the top-k's.
+      EXPECT_EQ(dense[t].exp().index_fill(0, torch::tensor(kIds[t]), 0).sum().item<float>(),
+                0.0f);
+    }
+  }
+}
+
+TEST(GroupDecoderTopk, KPastTheVocabularyMeansTheWholeRow) {
+  // A work item's k above V: the worker asks for min(k, V), every id once.
+  std::vector<std::vector<int64_t>> ids(2);
+  std::vector<std::vector<float>> logprobs(2);
+  for (int64_t t = 0; t < 2; ++t) {
+    for (int64_t v = 0; v < kVocab; ++v) {
+      ids[t].push_back((v * 7 + t) % kVocab);
+      logprobs[t].push_back(-std::log(static_cast<float>(kVocab)));
+    }
+  }
+  const absl::StatusOr<ScoredGroup> decoded =
+      DecodeScoredGroup(TopkGroup(ids, logprobs), ExpectTopk(100));
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  EXPECT_TRUE((decoded->samples[0].teacher_logprobs > kTopkFill).all().item<bool>());
+  // k = V exactly is the same request.
+  EXPECT_TRUE(DecodeScoredGroup(TopkGroup(ids, logprobs), ExpectTopk(kVocab)).ok());
+}
+
+TEST(GroupDecoderTopk, WrongKIsRejected) {
+  ExpectRejected(TopkGroup(kIds, kLogProbs), ExpectTopk(4), "samples[0].teacher_logprobs",
+                 "shape [2, 3] does not match [2, 4] (top_k 4)");
+  ExpectRejected(TopkGroup(kIds, kLogProbs), ExpectTopk(2), "samples[0].teacher_logprobs",
+                 "does not match [2, 2]");
+  // Log-probs of the right k, ids of another.
+  kappa::v1::ScoredGroup ids_short = TopkGroup(kIds, kLogProbs);
+  services::EncodeTensor(torch::zeros({2, 2}, torch::kInt32),
+                         ids_short.mutable_samples(1)->mutable_teacher_topk_ids());
+  ExpectRejected(ids_short, ExpectTopk(3), "samples[1].teacher_topk_ids",
+                 "shape [2, 2] does not match [2, 3] (top_k 3)");
+}
+
+TEST(GroupDecoderTopk, WrongShapeIsRejected) {
+  // One row per response token: three rows for two tokens.
+  ExpectRejected(TopkGroup({{5, 1, 50}, {0, 2, 33}, {3, 4, 6}},
+                           {{-1.f, -2.f, -3.f}, {-1.f, -2.f, -3.f}, {-1.f, -2.f, -3.f}}),
+                 ExpectTopk(3), "samples[0].teacher_logprobs", "shape [3, 3] does not match [2, 3]");
+  kappa::v1::ScoredGroup flat = TopkGroup(kIds, kLogProbs);
+  services::EncodeTensor(torch::full({2}, -1.0f),
+                         flat.mutable_samples(0)->mutable_teacher_logprobs());
+  ExpectRejected(flat, ExpectTopk(3), "samples[0].teacher_logprobs", "shape [2] does not match");
+  // The full form where the work item asked for the top-k.
+  kappa::v1::ScoredGroup full = TopkGroup(kIds, kLogProbs);
+  services::EncodeTensor(torch::full({2, kVocab}, -std::log(51.0f)),
+                         full.mutable_samples(1)->mutable_teacher_logprobs());
+  ExpectRejected(full, ExpectTopk(3), "samples[1].teacher_logprobs",
+                 "shape [2, 51] does not match [2, 3]");
+}
+
+TEST(GroupDecoderTopk, IdsMissingOrNotIntegersAreRejected) {
+  kappa::v1::ScoredGroup missing = TopkGroup(kIds, kLogProbs);
+  missing.mutable_samples(1)->clear_teacher_topk_ids();
+  ExpectRejected(missing, ExpectTopk(3), "samples[1].teacher_topk_ids",
+                 "is not an integer type (int32 or int64)");
+  kappa::v1::ScoredGroup floats = TopkGroup(kIds, kLogProbs);
+  services::EncodeTensor(torch::ones({2, 3}),
+                         floats.mutable_samples(0)->mutable_teacher_topk_ids());
+  ExpectRejected(floats, ExpectTopk(3), "samples[0].teacher_topk_ids",
+                 "dtype float32 is not an integer type");
+  // int64 ids are fine.
+  kappa::v1::ScoredGroup wide = TopkGroup(kIds, kLogProbs);
+  services::EncodeTensor(torch::tensor({5, 1, 50, 0, 2, 33}, torch::kInt64).view({2, 3}),
+                         wide.mutable_samples(0)->mutable_teacher_topk_ids());
+  EXPECT_TRUE(DecodeScoredGroup(wide, ExpectTopk(3)).ok());
+}
+
+TEST(GroupDecoderTopk, IdOutsideTheVocabularyIsRejected) {
+  ExpectRejected(TopkGroup({{5, 1, 50}, {0, 2, 51}}, kLogProbs), ExpectTopk(3),
+                 "samples[0].teacher_topk_ids[1, 2]", "token id 51 outside [0, 51)");
+  ExpectRejected(TopkGroup({{5, -1, 50}, {0, 2, 33}}, kLogProbs), ExpectTopk(3),
+                 "samples[0].teacher_topk_ids[0, 1]", "token id -1 outside [0, 51)");
+}
+
+TEST(GroupDecoderTopk, RepeatedIdInARowIsRejected) {
+  ExpectRejected(TopkGroup({{5, 1, 50}, {33, 2, 33}}, kLogProbs), ExpectTopk(3),
+                 "samples[0].teacher_topk_ids[1]", "token id 33 appears twice");
+  // The same id in different rows is fine.
+  EXPECT_TRUE(DecodeScoredGroup(TopkGroup({{5, 1, 50}, {5, 1, 50}}, kLogProbs), ExpectTopk(3)).ok());
+}
+
+TEST(GroupDecoderTopk, ValuesThatAreNoLogProbsAreRejected) {
+  ExpectRejected(TopkGroup(kIds, {{-0.2f, 0.5f, -3.5f}, {-0.7f, -1.0f, -4.0f}}), ExpectTopk(3),
+                 "samples[0].teacher_logprobs[0, 1]", "0.5 is not a log-probability");
+  ExpectRejected(TopkGroup(kIds, {{-0.2f, -2.0f, -3.5f}, {-0.7f, -1.0f, -2e30f}}), ExpectTopk(3),
+                 "samples[0].teacher_logprobs[1, 2]", "is not a log-probability");
+  ExpectRejected(TopkGroup(kIds, {{-0.2f, -2.0f, std::nanf("")}, {-0.7f, -1.0f, -4.0f}}),
+                 ExpectTopk(3), "samples[0].teacher_logprobs", "non-finite value nan");
+  ExpectRejected(TopkGroup(kIds, {{-0.2f, -2.0f, -3.5f}, {-INFINITY, -1.0f, -4.0f}}),
+                 ExpectTopk(3), "samples[0].teacher_logprobs", "non-finite value -inf");
+  // 0 (a one-hot teacher) is a log-prob.
+  EXPECT_TRUE(
+      DecodeScoredGroup(TopkGroup(kIds, {{0.0f, -2.0f, -3.5f}, {0.0f, -1.0f, -4.0f}}), ExpectTopk(3))
+          .ok());
+}
+
+TEST(GroupDecoderTopk, OtherFormsAreUnchanged) {
+  // A FULL work item still wants [T, V] and ignores topk_ids.
+  kappa::v1::ScoredGroup group = TopkGroup(kIds, kLogProbs);
+  GroupExpectations full = Expect(0);
+  full.teacher_form = kappa::v1::SCORE_FORM_FULL;
+  ExpectRejected(group, full, "samples[0].teacher_logprobs", "teacher vocabulary size 3");
 }
 
 }  // namespace

@@ -127,6 +127,35 @@ kappa::v1::ScoredGroup ValidGroup(const kappa::v1::WorkItem& item) {
   return group;
 }
 
+// The same group for a TOPK work item: teacher rows [3, k] of the k the
+// item carries, ids 0..k-1 shifted by the row.
+kappa::v1::ScoredGroup ValidTopkGroup(const kappa::v1::WorkItem& item) {
+  kappa::v1::ScoredGroup group = ValidGroup(item);
+  const int k = item.teacher_top_k();
+  for (kappa::v1::ScoredSample& sample : *group.mutable_samples()) {
+    std::vector<int32_t> ids;
+    std::vector<float> logprobs;
+    for (int t = 0; t < kResponseLength; ++t) {
+      for (int j = 0; j < k; ++j) {
+        ids.push_back((t + j) % kVocab);
+        logprobs.push_back(-1.0f - static_cast<float>(j));
+      }
+    }
+    services::SetFloat32(sample.mutable_teacher_logprobs(), {kResponseLength, k},
+                         logprobs.data());
+    kappa::v1::Tensor* wire_ids = sample.mutable_teacher_topk_ids();
+    wire_ids->set_dtype(kappa::v1::DTYPE_INT32);
+    wire_ids->add_shape(kResponseLength);
+    wire_ids->add_shape(k);
+    wire_ids->set_data(ids.data(), ids.size() * sizeof(int32_t));
+  }
+  return group;
+}
+
+void SetIntAt(kappa::v1::Tensor* tensor, int index, int32_t value) {
+  std::memcpy(tensor->mutable_data()->data() + 4 * index, &value, 4);
+}
+
 void SetFloatAt(kappa::v1::Tensor* tensor, int index, float value) {
   std::memcpy(tensor->mutable_data()->data() + 4 * index, &value, 4);
 }
@@ -141,6 +170,7 @@ class LearnerBadInputTest : public ::testing::Test {
     work_.max_new_tokens = kMaxNewTokens;
     work_.teacher_form = kappa::v1::SCORE_FORM_FULL;
     work_.max_outstanding_limit = kMaxOutstanding;
+    Configure(work_);
     CoordinatorOptions options;
     options.buffer_groups = 2 * kMaxOutstanding;
     options.lease_timeout = absl::Seconds(60);
@@ -159,6 +189,9 @@ class LearnerBadInputTest : public ::testing::Test {
     address_ = absl::StrCat("127.0.0.1:", server_->port());
     stub_ = kappa::v1::Learner::NewStub(services::MakeChannel(address_));
   }
+
+  // Lets a derived fixture change what the work items ask for.
+  virtual void Configure(WorkTemplate& /*work*/) {}
 
   void TearDown() override {
     if (service_) service_->Shutdown();
@@ -343,6 +376,95 @@ TEST_F(LearnerBadInputTest, EachMalformedGroupIsRefusedByNameAndNothingIsLost) {
   EXPECT_EQ(batch[0].group.samples.size(), static_cast<size_t>(kGroupSize));
   EXPECT_EQ(coordinator_->counters().buffered, 0);
   EXPECT_TRUE(services::CheckHealth(address_, absl::Seconds(2)).ok());
+}
+
+// The same service asking for the teacher's top-k (topk_reverse_kl): the
+// work items carry the form and k, a group with those rows is accepted, and
+// rows of another shape, k or vocabulary are refused by name.
+class LearnerBadTopkInputTest : public LearnerBadInputTest {
+ protected:
+  static constexpr int kTopK = 3;
+  void Configure(WorkTemplate& work) override {
+    work.teacher_form = kappa::v1::SCORE_FORM_TOPK;
+    work.teacher_top_k = kTopK;
+  }
+};
+
+TEST_F(LearnerBadTopkInputTest, TopkRowsAreCheckedAgainstTheWorkItem) {
+  const std::vector<BadGroup> table = {
+      {"top-k: another k",
+       [](auto& g) {
+         SetFloats(g.mutable_samples(1)->mutable_teacher_logprobs(), {kResponseLength, 4}, -2.f);
+       },
+       "INVALID_ARGUMENT", "samples[1].teacher_logprobs: shape [3, 4] does not match [3, 3]"},
+      {"top-k: full rows",
+       [](auto& g) {
+         SetFloats(g.mutable_samples(0)->mutable_teacher_logprobs(), {kResponseLength, kVocab},
+                   -3.f);
+       },
+       "INVALID_ARGUMENT", "samples[0].teacher_logprobs: shape [3, 20] does not match [3, 3]"},
+      {"top-k: no ids", [](auto& g) { g.mutable_samples(0)->clear_teacher_topk_ids(); },
+       "INVALID_ARGUMENT",
+       "samples[0].teacher_topk_ids: dtype unspecified is not an integer type"},
+      {"top-k: ids of another shape",
+       [](auto& g) { g.mutable_samples(1)->mutable_teacher_topk_ids()->set_shape(1, 2); },
+       "INVALID_ARGUMENT", "samples[1].teacher_topk_ids: 36 bytes for shape [3, 2]"},
+      {"top-k: id out of range",
+       [](auto& g) { SetIntAt(g.mutable_samples(1)->mutable_teacher_topk_ids(), 4, kVocab); },
+       "INVALID_ARGUMENT", "samples[1].teacher_topk_ids[1, 1]: token id 20 outside [0, 20)"},
+      {"top-k: repeated id",
+       [](auto& g) { SetIntAt(g.mutable_samples(0)->mutable_teacher_topk_ids(), 8, 2); },
+       "INVALID_ARGUMENT", "samples[0].teacher_topk_ids[2]: token id 2 appears twice"},
+      {"top-k: positive log-prob",
+       [](auto& g) { SetFloatAt(g.mutable_samples(0)->mutable_teacher_logprobs(), 5, 2.0f); },
+       "INVALID_ARGUMENT", "samples[0].teacher_logprobs[1, 2]: 2 is not a log-probability"},
+      {"top-k: NaN log-prob",
+       [](auto& g) {
+         SetFloatAt(g.mutable_samples(1)->mutable_teacher_logprobs(), 0, std::nanf(""));
+       },
+       "INVALID_ARGUMENT", "samples[1].teacher_logprobs: non-finite value nan at flat index 0"},
+  };
+
+  grpc::ClientContext context;
+  std::unique_ptr<Stream> stream = Open(&context, kMaxOutstanding);
+  const int needed = static_cast<int>(table.size()) + 2;
+  const std::vector<kappa::v1::WorkItem> items = ReadWork(stream.get(), needed);
+  ASSERT_EQ(static_cast<int>(items.size()), needed);
+  for (const kappa::v1::WorkItem& item : items) {
+    ASSERT_EQ(item.teacher_form(), kappa::v1::SCORE_FORM_TOPK);
+    ASSERT_EQ(item.teacher_top_k(), kTopK);
+  }
+  ASSERT_TRUE(Send(stream.get(), ValidTopkGroup(items[0])));
+  ASSERT_TRUE(WaitAccepted(1));
+
+  for (size_t row = 0; row < table.size(); ++row) {
+    const BadGroup& bad = table[row];
+    kappa::v1::ScoredGroup group = ValidTopkGroup(items[row + 1]);
+    bad.mutate(group);
+    ASSERT_TRUE(Send(stream.get(), group)) << bad.name << ": the stream ended";
+    const std::string prefix =
+        absl::StrCat(" group for lease ", group.lease_id(), ": ", bad.code, ": ");
+    std::optional<std::string> message;
+    if (!WaitFor([&] { return (message = log_->After(prefix)).has_value(); })) {
+      ADD_FAILURE() << bad.name << ": no '" << prefix << "' logged";
+      continue;
+    }
+    EXPECT_NE(message->find(bad.message), std::string::npos)
+        << bad.name << ": logged '" << *message << "'";
+  }
+
+  ASSERT_TRUE(Send(stream.get(), ValidTopkGroup(items.back())));
+  ASSERT_TRUE(WaitAccepted(2));
+  EXPECT_TRUE(Close(stream.get()).ok());
+  EXPECT_EQ(service_->counters().groups_invalid, static_cast<int64_t>(table.size()));
+  const std::vector<BufferedGroup> batch =
+      coordinator_->TakeBatch(2, kPublishedVersion, absl::Now() + absl::Seconds(1));
+  ASSERT_EQ(batch.size(), 2u);
+  // Densified for the loss: [T, V], the k log-probs at their ids.
+  const torch::Tensor& teacher = batch[0].group.samples[0].teacher_logprobs;
+  ASSERT_EQ(teacher.sizes(), (std::vector<int64_t>{kResponseLength, kVocab}));
+  EXPECT_FLOAT_EQ(teacher[1][2].item<float>(), -2.0f);  // row 1, j = 1: id 2
+  EXPECT_FLOAT_EQ(teacher[1][5].item<float>(), kTopkFill);
 }
 
 // Exposes the fixture's helpers to the stream rows.

@@ -22,9 +22,9 @@ TEST(WorkConfig, TeacherFormFollowsTheLoss) {
   EXPECT_EQ(TeacherFormFor(config), kappa::v1::SCORE_FORM_FULL);
   config.trainer.distill_loss = "forward_kl";
   EXPECT_EQ(TeacherFormFor(config), kappa::v1::SCORE_FORM_FULL);
-  // The learner takes the top-k of the full distribution itself.
+  // Only the teacher's top-k cross the wire.
   config.trainer.distill_loss = "topk_reverse_kl";
-  EXPECT_EQ(TeacherFormFor(config), kappa::v1::SCORE_FORM_FULL);
+  EXPECT_EQ(TeacherFormFor(config), kappa::v1::SCORE_FORM_TOPK);
   config.trainer.distill_loss = "sampled_reverse_kl";
   EXPECT_EQ(TeacherFormFor(config), kappa::v1::SCORE_FORM_SAMPLED);
 }
@@ -51,6 +51,43 @@ TEST(WorkConfig, RstgMaxProbConfidenceNeedsTheFullDistribution) {
   EXPECT_EQ(TeacherFormFor(config), kappa::v1::SCORE_FORM_FULL);
   config.rstg.confidence = "token_prob";
   EXPECT_EQ(TeacherFormFor(config), kappa::v1::SCORE_FORM_SAMPLED);
+}
+
+TEST(WorkConfig, TopkReverseKlAsksForTheTopkFormWithTheLossK) {
+  services::Config config = Base();
+  config.trainer.distill_loss = "topk_reverse_kl";
+  config.trainer.distill_topk = 5;
+  EXPECT_EQ(TeacherTopKFor(config), 5);
+  WorkTemplate work = WorkTemplateFor(config);
+  EXPECT_EQ(work.teacher_form, kappa::v1::SCORE_FORM_TOPK);
+  EXPECT_EQ(work.teacher_top_k, 5);
+  // The decoder checks the rows against the same k.
+  GroupExpectations expect = GroupExpectationsFor(work, 51);
+  EXPECT_EQ(expect.teacher_form, kappa::v1::SCORE_FORM_TOPK);
+  EXPECT_EQ(expect.teacher_top_k, 5);
+
+  // RSTG's max_prob confidence reads the top-1: TOPK still suffices.
+  config.trainer.distill_gate = "rstg";
+  config.rstg.confidence = "max_prob";
+  EXPECT_EQ(TeacherFormFor(config), kappa::v1::SCORE_FORM_TOPK);
+  EXPECT_EQ(WorkTemplateFor(config).teacher_top_k, 5);
+  // token_prob reads q(y_t), possibly outside the top-k: full rows.
+  config.rstg.confidence = "token_prob";
+  EXPECT_EQ(TeacherFormFor(config), kappa::v1::SCORE_FORM_FULL);
+  EXPECT_EQ(TeacherTopKFor(config), 0);
+
+  // Every other form carries no k.
+  config = Base();
+  config.trainer.distill_topk = 5;
+  for (const char* loss : {"reverse_kl", "forward_kl", "sampled_reverse_kl"}) {
+    config.trainer.distill_loss = loss;
+    EXPECT_EQ(WorkTemplateFor(config).teacher_top_k, 0) << loss;
+  }
+  config.trainer.distill_loss = "topk_reverse_kl";
+  config.trainer.distill_gate = "none";
+  work = WorkTemplateFor(config);
+  EXPECT_EQ(work.teacher_form, 0);
+  EXPECT_EQ(work.teacher_top_k, 0);
 }
 
 TEST(WorkConfig, TeacherDemonstrationsOnlyForRstgWithSftWeight) {

@@ -159,12 +159,15 @@ class WorkerTest : public ::testing::Test {
           }
           break;
         }
-        case kappa::v1::SCORE_FORM_TOPK:
+        case kappa::v1::SCORE_FORM_TOPK: {
+          // A k past the vocabulary asks for all of it (the teacher refuses k > V).
+          const int64_t k = std::min<int64_t>(item.teacher_top_k(), config_.vocab_size);
           EXPECT_EQ(std::vector<int64_t>(teacher.shape().begin(), teacher.shape().end()),
-                    (std::vector<int64_t>{length, item.teacher_top_k()}));
+                    (std::vector<int64_t>{length, k}));
           EXPECT_EQ(sample.teacher_topk_ids().dtype(), kappa::v1::DTYPE_INT32);
-          EXPECT_EQ(services::NumElements(sample.teacher_topk_ids()), length * item.teacher_top_k());
+          EXPECT_EQ(services::NumElements(sample.teacher_topk_ids()), length * k);
           break;
+        }
         case kappa::v1::SCORE_FORM_SAMPLED:
           EXPECT_EQ(std::vector<int64_t>(teacher.shape().begin(), teacher.shape().end()),
                     (std::vector<int64_t>{length}));
@@ -219,7 +222,7 @@ TEST_F(WorkerTest, SamplesWithTheNewestWeightsScoresAndRespectsCredits) {
   // Credits: three items but one credit -> exactly one group until more credit.
   const std::vector<kappa::v1::WorkItem> items = {
       Item("lease-2", 0, kappa::v1::SCORE_FORM_SAMPLED), Item("lease-3", 1, 0),
-      Item("lease-4", 1, kappa::v1::SCORE_FORM_FULL)};
+      Item("lease-4", 1, kappa::v1::SCORE_FORM_TOPK, 1000)};
   for (const auto& item : items) learner_->SendWork(item);
   learner_->SendCredit(1);
   ASSERT_TRUE(learner_->WaitForGroups(3, kWait));
