@@ -1,6 +1,7 @@
 #include "rollout_worker/group_sampler.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Context.h>
 #include <spdlog/spdlog.h>
 #include <torch/torch.h>
 
@@ -8,6 +9,7 @@
 #include <chrono>
 #include <cmath>
 #include <exception>
+#include <mutex>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -54,6 +56,22 @@ absl::Status CheckShape(const kappa::v1::Tensor& tensor, const std::string& fiel
   return absl::OkStatus();
 }
 
+// A generator seeded with `seed` on `device`: torch::multinomial needs one on
+// the device of the probabilities it draws from. CPU keeps the
+// CPUGeneratorImpl every CPU run has used (same stream); CUDA clones that
+// device's default generator (no CUDA headers needed) and reseeds the copy.
+at::Generator MakeGenerator(const c10::Device& device, uint64_t seed) {
+  if (device.is_cpu()) return at::make_generator<at::CPUGeneratorImpl>(seed);
+  at::Generator base = at::globalContext().defaultGenerator(device);
+  at::Generator generator;
+  {
+    std::lock_guard<std::mutex> lock(base.mutex());
+    generator = base.clone();
+  }
+  generator.set_current_seed(seed);
+  return generator;
+}
+
 }  // namespace
 
 struct GroupSampler::Rng {
@@ -66,7 +84,7 @@ GroupSampler::GroupSampler(std::shared_ptr<grpc::ChannelInterface> verifier_chan
     : verifier_(kappa::v1::Verifier::NewStub(std::move(verifier_channel))),
       teacher_(kappa::v1::Teacher::NewStub(std::move(teacher_channel))),
       options_(std::move(options)),
-      rng_(std::make_unique<Rng>(Rng{at::make_generator<at::CPUGeneratorImpl>(options_.seed)})) {}
+      rng_(std::make_unique<Rng>(Rng{MakeGenerator(c10::Device(c10::kCPU), options_.seed)})) {}
 
 GroupSampler::~GroupSampler() = default;
 
@@ -141,6 +159,12 @@ absl::StatusOr<kappa::v1::ScoredGroup> GroupSampler::Run(const kappa::v1::WorkIt
   const std::vector<std::vector<int64_t>> prompts(item.group_size(), prompt);
   std::vector<model::SampledSequence> sampled;
   try {
+    // model::Sample runs on the policy's device (rollout.device, where the
+    // watcher loaded it); the generator follows it there once.
+    const c10::Device device = decoder->parameters().front().device();
+    if (rng_->generator.device() != device) {
+      rng_->generator = MakeGenerator(device, options_.seed);
+    }
     sampled = model::Sample(decoder, prompts, params, rng_->generator);
   } catch (const std::exception& e) {
     return absl::InternalError(absl::StrCat("sampling failed: ", e.what()));

@@ -69,6 +69,14 @@ int main(int argc, char** argv) {
     return 2;
   }
   kappa::services::ConfigureTorchThreads(config->rollout.threads);
+  // rollout.device: refused here, before any connection, if it names no
+  // usable device (the one parser learner.device and teacher.device use).
+  absl::StatusOr<torch::Device> device =
+      kappa::services::ResolveDevice(config->rollout.device, "rollout.device");
+  if (!device.ok()) {
+    spdlog::error("configuration: {}", device.status().ToString());
+    return 2;
+  }
   auto flag_or = [&](const std::string& name, const std::string& fallback) {
     auto it = flags->extra.find(name);
     return it != flags->extra.end() && !it->second.empty() ? it->second : fallback;
@@ -76,6 +84,7 @@ int main(int argc, char** argv) {
 
   kappa::rollout::WorkerOptions options;
   options.worker_id = flag_or("worker-id", DefaultWorkerId());
+  options.device = *device;
   options.max_outstanding = static_cast<int32_t>(config->rollout.max_outstanding);
   options.sampler.rpc_deadline = absl::Milliseconds(config->rollout.rpc_deadline_ms);
   options.sampler.default_max_new_tokens = config->rollout.max_new_tokens;
@@ -96,10 +105,12 @@ int main(int argc, char** argv) {
   auto channel_to = [&](const std::string& target) {
     return kappa::services::MakeChannel(target, rpc->security, rpc->max_message_bytes);
   };
-  spdlog::info("worker {}: learner {}, teacher {}, verifier {} ({}), {} torch threads, seed {}",
-               options.worker_id, learner, teacher, verifier,
-               kappa::services::DescribeTransport(rpc->security), config->rollout.threads,
-               options.sampler.seed);
+  spdlog::info(
+      "worker {}: learner {}, teacher {}, verifier {} ({}), policy on {}, {} torch threads, "
+      "seed {}",
+      options.worker_id, learner, teacher, verifier,
+      kappa::services::DescribeTransport(rpc->security), options.device.str(),
+      config->rollout.threads, options.sampler.seed);
 
   kappa::services::metrics::Registry registry;
   kappa::rollout::WorkerMetrics metrics(registry);

@@ -14,11 +14,15 @@
 namespace kappa::rollout {
 namespace {
 
-absl::StatusOr<std::shared_ptr<model::Decoder>> BuildDecoder(const AssembledPolicy& policy) {
+// The assembled weights are CPU tensors; the decoder is loaded there and then
+// moved to `device` whole (weights and buffers), so samplers see it only there.
+absl::StatusOr<std::shared_ptr<model::Decoder>> BuildDecoder(const AssembledPolicy& policy,
+                                                             const c10::Device& device) {
   try {
     const model::ModelConfig config = model::ModelConfig::FromJson(policy.model_config_json);
     auto decoder = std::make_shared<model::Decoder>(config);
     model::LoadWeights(*decoder, policy.weights);
+    (*decoder)->to(device);
     (*decoder)->eval();
     for (auto& parameter : (*decoder)->parameters()) parameter.set_requires_grad(false);
     return decoder;
@@ -131,7 +135,8 @@ grpc::Status PolicyWatcher::WatchOnce() {
     if (!added->has_value()) continue;
     const AssembledPolicy& assembled = **added;
     const absl::Time start = absl::Now();
-    absl::StatusOr<std::shared_ptr<model::Decoder>> decoder = BuildDecoder(assembled);
+    absl::StatusOr<std::shared_ptr<model::Decoder>> decoder =
+        BuildDecoder(assembled, options_.device);
     if (!decoder.ok()) {
       rejected_versions_.fetch_add(1);
       spdlog::error("policy version {} discarded: cannot load weights: {}", assembled.version,
@@ -139,8 +144,9 @@ grpc::Status PolicyWatcher::WatchOnce() {
       continue;
     }
     Publish(Policy{assembled.version, *std::move(decoder)});
-    spdlog::info("policy version {} loaded ({} parameters, {:.1f} ms)", assembled.version,
-                 assembled.weights.size(), absl::ToDoubleMilliseconds(absl::Now() - start));
+    spdlog::info("policy version {} loaded on {} ({} parameters, {:.1f} ms)", assembled.version,
+                 options_.device.str(), assembled.weights.size(),
+                 absl::ToDoubleMilliseconds(absl::Now() - start));
   }
   if (assembler.pending_version() >= 0) {
     spdlog::error("policy version {} discarded: stream ended mid-version",

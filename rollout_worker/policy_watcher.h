@@ -1,10 +1,12 @@
 // Keeps the worker's copy of the student policy current: one thread holds a
 // Learner.WatchPolicy stream, reassembles each version's chunks, loads them
-// into a fresh Decoder and publishes it. Samplers take a shared_ptr snapshot,
-// so a version being loaded is never seen half-written and an old version
-// stays alive until its last user drops it.
+// into a fresh Decoder on options.device (rollout.device) and publishes it.
+// Samplers take a shared_ptr snapshot, so a version being loaded is never
+// seen half-written and an old version stays alive until its last user
+// drops it.
 #pragma once
 
+#include <c10/core/Device.h>
 #include <grpcpp/grpcpp.h>
 
 #include <atomic>
@@ -34,6 +36,9 @@ struct PolicyWatcherOptions {
   std::string worker_id;
   absl::Duration initial_backoff = absl::Milliseconds(100);
   absl::Duration max_backoff = absl::Seconds(5);
+  // Where every version's weights are loaded and its model runs
+  // (rollout.device, checked by services::ResolveDevice at start-up).
+  c10::Device device{c10::kCPU};
 };
 
 class PolicyWatcher {

@@ -27,6 +27,9 @@ namespace kappa::rollout {
 
 struct WorkerOptions {
   std::string worker_id;
+  // rollout.device: the policy watcher loads every version there, and the
+  // sampler samples there (its generator follows the model's device).
+  c10::Device device{c10::kCPU};
   int32_t max_outstanding = 2;
   absl::Duration initial_backoff = absl::Milliseconds(100);
   absl::Duration max_backoff = absl::Seconds(5);

@@ -242,7 +242,8 @@ TEST(GroupDecoderTopk, WrongShapeIsRejected) {
   // One row per response token: three rows for two tokens.
   ExpectRejected(TopkGroup({{5, 1, 50}, {0, 2, 33}, {3, 4, 6}},
                            {{-1.f, -2.f, -3.f}, {-1.f, -2.f, -3.f}, {-1.f, -2.f, -3.f}}),
-                 ExpectTopk(3), "samples[0].teacher_logprobs", "shape [3, 3] does not match [2, 3]");
+                 ExpectTopk(3), "samples[0].teacher_logprobs",
+                 "shape [3, 3] does not match [2, 3]");
   kappa::v1::ScoredGroup flat = TopkGroup(kIds, kLogProbs);
   services::EncodeTensor(torch::full({2}, -1.0f),
                          flat.mutable_samples(0)->mutable_teacher_logprobs());
@@ -283,7 +284,8 @@ TEST(GroupDecoderTopk, RepeatedIdInARowIsRejected) {
   ExpectRejected(TopkGroup({{5, 1, 50}, {33, 2, 33}}, kLogProbs), ExpectTopk(3),
                  "samples[0].teacher_topk_ids[1]", "token id 33 appears twice");
   // The same id in different rows is fine.
-  EXPECT_TRUE(DecodeScoredGroup(TopkGroup({{5, 1, 50}, {5, 1, 50}}, kLogProbs), ExpectTopk(3)).ok());
+  EXPECT_TRUE(
+      DecodeScoredGroup(TopkGroup({{5, 1, 50}, {5, 1, 50}}, kLogProbs), ExpectTopk(3)).ok());
 }
 
 TEST(GroupDecoderTopk, ValuesThatAreNoLogProbsAreRejected) {
@@ -296,9 +298,9 @@ TEST(GroupDecoderTopk, ValuesThatAreNoLogProbsAreRejected) {
   ExpectRejected(TopkGroup(kIds, {{-0.2f, -2.0f, -3.5f}, {-INFINITY, -1.0f, -4.0f}}),
                  ExpectTopk(3), "samples[0].teacher_logprobs", "non-finite value -inf");
   // 0 (a one-hot teacher) is a log-prob.
-  EXPECT_TRUE(
-      DecodeScoredGroup(TopkGroup(kIds, {{0.0f, -2.0f, -3.5f}, {0.0f, -1.0f, -4.0f}}), ExpectTopk(3))
-          .ok());
+  EXPECT_TRUE(DecodeScoredGroup(TopkGroup(kIds, {{0.0f, -2.0f, -3.5f}, {0.0f, -1.0f, -4.0f}}),
+                                ExpectTopk(3))
+                  .ok());
 }
 
 TEST(GroupDecoderTopk, OtherFormsAreUnchanged) {
