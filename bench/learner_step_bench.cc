@@ -15,7 +15,11 @@
 // mode, so the monitors' overhead shows as lost utilization.
 // Usage: kappa_bench_learner_step [--model demo|large|gpt] [--device cpu|cuda]
 //        [--reps N] [--exact-positions K] [--threads T] [--modes plain,kappa,...]
-//        [--precision fp32|bf16] [--peak-tflops F]
+//        [--precision fp32|bf16] [--peak-tflops F] [--micro-batch N] [--ragged 1]
+// --micro-batch N adds plain_micro and kappa_micro: the same steps with
+// gradient accumulation over length-bucketed micro-batches of N sequences
+// (trainer.micro_batch_sequences); with --ragged 1 the responses' lengths
+// spread over 1/8..1 of the longest, where bucketing skips the padding.
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -40,6 +44,7 @@ using namespace kappa;
 struct Shape {
   model::ModelConfig config;
   int64_t groups, group_size, prompt_len, response_len;
+  bool ragged = false;
 };
 
 // Model FLOPs of one plain training step (forward + backward = 3× the
@@ -115,7 +120,11 @@ std::vector<learner::ScoredGroup> SyntheticGroups(const Shape& s) {
     for (int64_t k = 1; k < s.prompt_len; ++k) group.prompt_tokens.push_back(3 + (g * 7 + k) % 40);
     for (int64_t i = 0; i < s.group_size; ++i) {
       learner::ScoredSample sample;
-      const int64_t len = s.response_len - (i % 3);
+      // --ragged: lengths spread over [response_len / 8, response_len], as
+      // real rollouts are; otherwise nearly equal.
+      const int64_t len =
+          s.ragged ? std::max<int64_t>(1, s.response_len * (1 + (g * s.group_size + i) * 7 % 8) / 8)
+                   : s.response_len - (i % 3);
       for (int64_t k = 0; k < len; ++k) sample.response_tokens.push_back(3 + (g + 5 * i + 3 * k) % 45);
       sample.behavior_logprobs.assign(static_cast<size_t>(len), -2.0f);
       sample.reward = static_cast<float>((g + i) % 2);
@@ -130,6 +139,7 @@ std::vector<learner::ScoredGroup> SyntheticGroups(const Shape& s) {
 struct Mode {
   const char* name;
   int64_t kappa_every, kdr_every, exact_every;
+  bool micro = false;  // gradient accumulation over --micro-batch sequences
 };
 
 }  // namespace
@@ -138,6 +148,8 @@ int main(int argc, char** argv) {
   std::string model_name = "demo", device_name = "cpu", modes_flag, precision_name = "fp32";
   int reps = 20, exact_positions = 8, threads = 0;
   double peak_tflops = 0;
+  int micro_batch = 0;  // > 0: also the modes plain_micro and kappa_micro
+  bool ragged = false;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     if (flag == "--model") model_name = argv[i + 1];
@@ -148,6 +160,8 @@ int main(int argc, char** argv) {
     else if (flag == "--modes") modes_flag = argv[i + 1];
     else if (flag == "--precision") precision_name = argv[i + 1];
     else if (flag == "--peak-tflops") peak_tflops = std::atof(argv[i + 1]);
+    else if (flag == "--micro-batch") micro_batch = std::atoi(argv[i + 1]);
+    else if (flag == "--ragged") ragged = std::string(argv[i + 1]) == "1";
     else {
       std::fprintf(stderr, "unknown flag %s\n", flag.c_str());
       return 2;
@@ -155,7 +169,8 @@ int main(int argc, char** argv) {
   }
   if (threads > 0) torch::set_num_threads(threads);
   const torch::Device device(device_name == "cuda" ? torch::kCUDA : torch::kCPU);
-  const Shape shape = ShapeFor(model_name);
+  Shape shape = ShapeFor(model_name);
+  shape.ragged = ragged;
   const learner::TrainBatch batch =
       learner::BuildTrainBatch(SyntheticGroups(shape), true, 0).To(device);
 
@@ -163,6 +178,10 @@ int main(int argc, char** argv) {
                             {"kappa", 1, 0, 0},
                             {"kappa_kdr", 1, 1, 0},
                             {"kappa4_kdr", 4, 1, 0}};
+  if (micro_batch > 0) {
+    modes.push_back({"plain_micro", 0, 0, 0, true});
+    modes.push_back({"kappa_micro", 1, 0, 0, true});
+  }
   if (exact_positions > 0) modes.push_back({"exact", 1, 1, 1});  // 0: skip the slow mode
   if (!modes_flag.empty()) {  // a subset, e.g. --modes plain,kappa; plain is the ratios' base
     std::vector<Mode> chosen;
@@ -192,6 +211,7 @@ int main(int argc, char** argv) {
     config.monitor.kappa_every = mode.kappa_every;
     config.monitor.kdr_every = mode.kdr_every;
     config.monitor.kdr_exact_every = mode.exact_every;
+    config.micro_batch_sequences = mode.micro ? micro_batch : 0;
     config.monitor.kdr_exact_positions = exact_positions;
     config.precision = precision;
     // A tiny learning rate keeps every mode on (nearly) the same weights.
@@ -221,11 +241,12 @@ int main(int argc, char** argv) {
   const double plain = median(seconds["plain"]);
   const int64_t rows = batch.input_tokens.size(0), seq = batch.input_tokens.size(1);
   const double flops = PlainStepFlops(shape.config, rows, seq);
-  std::printf("model=%s device=%s precision=%s threads=%d rows=%lld seq=%lld reps=%d "
-              "plain-step model GFLOP=%.1f\n",
+  std::printf("model=%s device=%s precision=%s threads=%d rows=%lld seq=%lld (real tokens %lld) "
+              "reps=%d micro-batch=%d plain-step model GFLOP=%.1f\n",
               model_name.c_str(), device_name.c_str(), learner::PrecisionName(precision),
               torch::get_num_threads(), static_cast<long long>(rows), static_cast<long long>(seq),
-              reps, flops / 1e9);
+              static_cast<long long>(batch.attention_mask.sum().item<int64_t>()), reps,
+              micro_batch, flops / 1e9);
   auto mean = [](const std::vector<double>& v) {
     double sum = 0;
     for (double x : v) sum += x;

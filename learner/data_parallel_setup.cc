@@ -69,4 +69,10 @@ absl::Status CheckWorldSize(const services::Config& config, int64_t world_size) 
   return absl::OkStatus();
 }
 
+int RankCudaIndex(const std::string& device_name, int resolved_index,
+                  const DataParallelSetup& setup, int visible) {
+  if (device_name != "cuda" || setup.world_size <= 1 || visible <= 0) return resolved_index;
+  return setup.rank % visible;
+}
+
 }  // namespace kappa::learner

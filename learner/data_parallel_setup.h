@@ -30,6 +30,14 @@ absl::StatusOr<DataParallelSetup> ResolveDataParallel(
     const services::Config& config, const std::map<std::string, std::string>& flags,
     const std::string& host_name);
 
+// The CUDA device index a rank computes on. `learner.device: cuda` (no
+// index) under data parallel means this rank's own GPU among the `visible`
+// ones: rank mod visible, so R ranks on one R-GPU machine take one GPU each,
+// and a pod that sees only its own GPU takes index 0. `cuda:N` is taken as
+// asked (`resolved_index`), as is everything with one rank.
+int RankCudaIndex(const std::string& device_name, int resolved_index,
+                  const DataParallelSetup& setup, int visible);
+
 // INVALID_ARGUMENT unless `world_size` >= 1 divides trainer.groups_per_step:
 // the check `kappa run` makes on learner.world_size before starting anything
 // (it picks the store itself).

@@ -164,6 +164,12 @@ int Main(int argc, char** argv) {
     spdlog::error("{}", device.status().ToString());
     return 2;
   }
+  if (device->is_cuda()) {
+    device = torch::Device(
+        torch::kCUDA, static_cast<c10::DeviceIndex>(RankCudaIndex(
+                          config->learner.device, device->index(), *rank,
+                          static_cast<int>(torch::cuda::device_count()))));
+  }
   start->student->to(*device);
   spdlog::info("learner computes on {}", device->str());
   model::CharTokenizer tokenizer;

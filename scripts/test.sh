@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The test command: installs what is missing, builds, runs every test through
 # ctest, then the sanitizer build's tests (scripts/sanitize.sh: ASan + UBSan,
-# build-asan) and the bounded fuzz runs (scripts/fuzz.sh, build-fuzz).
+# build-asan), the bounded fuzz runs (scripts/fuzz.sh, build-fuzz) and, where
+# /usr/local/cuda has nvcc, the CUDA kernels' compile check
+# (scripts/cuda_compile_check.sh, build-cuda-check: no GPU needed).
 # Arguments go to the main ctest and select a subset: then the sanitizer and
 # fuzz stages are skipped. KAPPA_SANITIZER_CHECKS=0 skips them too.
 set -euo pipefail
@@ -13,4 +15,7 @@ BUILD_DIR=${KAPPA_BUILD_DIR:-build}
 if (($# == 0)) && [[ ${KAPPA_SANITIZER_CHECKS:-1} != 0 ]]; then
   bash scripts/sanitize.sh
   bash scripts/fuzz.sh
+  if [[ -x ${CUDACXX:-/usr/local/cuda/bin/nvcc} ]]; then
+    bash scripts/cuda_compile_check.sh
+  fi
 fi

@@ -73,8 +73,14 @@ timeout 90 "$build"/bench/kappa_bench_generation --device cuda --lengths 32,128,
   --prompts 8 --group-size 8 --reps 3 2>/dev/null | tee "$out/generation_cuda.txt"
 
 stage "eager PyTorch reference"
-if [[ -f bench/eager_reference/compare.sh ]]; then
-  KAPPA_DEVICE=cuda timeout 90 bash bench/eager_reference/compare.sh \
-    "$build"/bench/kappa_bench_learner_step 2>&1 | tee "$out/eager_cuda.txt"
+# The machine's own PyTorch runs the eager step; rounds alternate who goes first.
+if [[ -f bench/eager_reference/hybrid_step.py ]]; then
+  for round in 1 2; do
+    timeout 60 python3 bench/eager_reference/hybrid_step.py --model gpt --device cuda \
+      --modes plain,kappa --reps 10 2>/dev/null | tee -a "$out/eager_gpt_fp32.txt"
+    timeout 60 "$build"/bench/kappa_bench_learner_step --model gpt --device cuda --reps 10 \
+      --modes plain,kappa --exact-positions 0 --peak-tflops 790 2>/dev/null \
+      | tee -a "$out/kappa_gpt_fp32_vs_eager.txt"
+  done
 fi
 stage "done"

@@ -66,6 +66,10 @@ struct GradientPlan {
   double kappa_target = 1.0;
 };
 
+// Σ a·b over all elements, accumulated in float64 (a 0-dim float64 tensor on
+// their device, no host sync); a and b may be the same tensor (‖a‖²).
+torch::Tensor DotInFloat64(const torch::Tensor& a, const torch::Tensor& b);
+
 // What CombineGradients did, as device scalars (one host sync for the step).
 struct CombinedGradient {
   GradientList total;           // g = g_R′ + s g_D + μ g_SFT

@@ -37,7 +37,12 @@ double HybridStep::lambda() const {
 
 TokenTerms HybridStep::Forward(const TrainBatch& batch) {
   AutocastGuard autocast(optimizer_->parameters().front().device(), config_.precision);
-  return ComputeTokenTerms(model_, batch, config_.loss);
+  TokenTerms tokens = ComputeTokenTerms(model_, batch, config_.loss);
+  // Nothing below reads the raw logits and their graph node does not keep
+  // them (log_softmax saves its output; the fused node its log-probs), so
+  // dropping them frees one [B, L, V] tensor for the backward passes.
+  tokens.logits = torch::Tensor();
+  return tokens;
 }
 
 HybridStepReport HybridStep::Run(const TrainBatch& batch_in) {

@@ -223,7 +223,7 @@ StepStats PolicyOptimizer::FinishStep() {
     }
   } else {
     if (parallel) collectives_->SumInPlace({reward_grad_.flat});
-    host_values.push_back(reward_grad_.flat.to(torch::kFloat64).square().sum());
+    host_values.push_back(DotInFloat64(reward_grad_.flat, reward_grad_.flat));
   }
 
   // One device→host transfer for every number of the step.

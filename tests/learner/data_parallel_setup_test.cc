@@ -74,5 +74,20 @@ TEST(PromptShardsTest, RanksSplitEachEpochBetweenThem) {
   EXPECT_THROW(PromptSource(kSize, 7, 0, 3, 3), std::invalid_argument);
 }
 
+TEST(DataParallelSetupTest, EachRankTakesItsOwnGpuUnderPlainCuda) {
+  DataParallelSetup setup;
+  setup.world_size = 4;
+  for (int rank = 0; rank < 4; ++rank) {
+    setup.rank = rank;
+    EXPECT_EQ(RankCudaIndex("cuda", 0, setup, 4), rank);  // four ranks on a 4-GPU machine
+    EXPECT_EQ(RankCudaIndex("cuda", 0, setup, 2), rank % 2);
+    EXPECT_EQ(RankCudaIndex("cuda", 0, setup, 1), 0);      // a pod that sees one GPU
+    EXPECT_EQ(RankCudaIndex("cuda:3", 3, setup, 4), 3);    // pinned as asked
+  }
+  setup.world_size = 1;
+  setup.rank = 0;
+  EXPECT_EQ(RankCudaIndex("cuda", 0, setup, 8), 0);
+}
+
 }  // namespace
 }  // namespace kappa::learner
