@@ -183,10 +183,12 @@ int main(int argc, char** argv) {
     modes.push_back({"kappa_micro", 1, 0, 0, true});
   }
   if (exact_positions > 0) modes.push_back({"exact", 1, 1, 1});  // 0: skip the slow mode
-  if (!modes_flag.empty()) {  // a subset, e.g. --modes plain,kappa; plain is the ratios' base
+  // A subset, e.g. --modes plain,kappa; plain (the ratios' base) and the
+  // --micro-batch modes always run.
+  if (!modes_flag.empty()) {
     std::vector<Mode> chosen;
     for (const Mode& mode : modes) {
-      if (mode.name == std::string("plain") ||
+      if (mode.name == std::string("plain") || mode.micro ||
           ("," + modes_flag + ",").find("," + std::string(mode.name) + ",") != std::string::npos) {
         chosen.push_back(mode);
       }
