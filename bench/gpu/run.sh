@@ -65,6 +65,9 @@ for precision in bf16 fp32; do
     --precision "$precision" --modes plain,kappa,kappa_kdr,kappa4_kdr --exact-positions 0 \
     --peak-tflops 790 2>/dev/null | tee "$out/learner_step_gpt_${precision}.txt"
 done
+timeout 60 "$build"/bench/kappa_bench_learner_step --model gpt --device cuda --reps 10 \
+  --precision bf16 --ragged 1 --micro-batch 4 --modes plain --exact-positions 0 \
+  --peak-tflops 790 2>/dev/null | tee "$out/learner_step_gpt_bf16_ragged_micro4.txt"
 timeout 60 "$build"/bench/kappa_bench_learner_step --model large --device cuda --reps 20 \
   --exact-positions 8 --peak-tflops 790 2>/dev/null | tee "$out/learner_step_large_fp32.txt"
 
