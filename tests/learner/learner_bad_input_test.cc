@@ -160,6 +160,13 @@ void SetFloatAt(kappa::v1::Tensor* tensor, int index, float value) {
   std::memcpy(tensor->mutable_data()->data() + 4 * index, &value, 4);
 }
 
+struct BadGroup {
+  const char* name;
+  std::function<void(kappa::v1::ScoredGroup&)> mutate;
+  const char* code;     // absl status code name as the learner logs it
+  std::string message;  // must appear in the logged status message
+};
+
 class LearnerBadInputTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -240,6 +247,30 @@ class LearnerBadInputTest : public ::testing::Test {
     return stream->Write(message);
   }
 
+  // Sends row r of `table` as the group for items[r + 1] (a valid group
+  // mutated) and checks the learner logs its refusal with the row's code and
+  // message; the stream stays open throughout.
+  void ExpectEachRefused(
+      Stream* stream, const std::vector<BadGroup>& table,
+      const std::vector<kappa::v1::WorkItem>& items,
+      const std::function<kappa::v1::ScoredGroup(const kappa::v1::WorkItem&)>& valid) {
+    for (size_t row = 0; row < table.size(); ++row) {
+      const BadGroup& bad = table[row];
+      kappa::v1::ScoredGroup group = valid(items[row + 1]);
+      bad.mutate(group);
+      ASSERT_TRUE(Send(stream, group)) << bad.name << ": the stream ended";
+      const std::string prefix =
+          absl::StrCat(" group for lease ", group.lease_id(), ": ", bad.code, ": ");
+      std::optional<std::string> message;
+      if (!WaitFor([&] { return (message = log_->After(prefix)).has_value(); })) {
+        ADD_FAILURE() << bad.name << ": no '" << prefix << "' logged";
+        continue;
+      }
+      EXPECT_NE(message->find(bad.message), std::string::npos)
+          << bad.name << ": logged '" << *message << "'";
+    }
+  }
+
   bool WaitAccepted(int64_t count) {
     return WaitFor([&] { return coordinator_->counters().groups_accepted >= count; });
   }
@@ -253,13 +284,6 @@ class LearnerBadInputTest : public ::testing::Test {
   std::string address_;
   std::unique_ptr<kappa::v1::Learner::Stub> stub_;
   std::shared_ptr<LogLines> log_;
-};
-
-struct BadGroup {
-  const char* name;
-  std::function<void(kappa::v1::ScoredGroup&)> mutate;
-  const char* code;     // absl status code name as the learner logs it
-  std::string message;  // must appear in the logged status message
 };
 
 TEST_F(LearnerBadInputTest, EachMalformedGroupIsRefusedByNameAndNothingIsLost) {
@@ -342,22 +366,7 @@ TEST_F(LearnerBadInputTest, EachMalformedGroupIsRefusedByNameAndNothingIsLost) {
   ASSERT_TRUE(WaitAccepted(1));
   accepted_lease = items[0].lease_id();
 
-  for (size_t row = 0; row < table.size(); ++row) {
-    const BadGroup& bad = table[row];
-    const kappa::v1::WorkItem& item = items[row + 1];
-    kappa::v1::ScoredGroup group = ValidGroup(item);
-    bad.mutate(group);
-    ASSERT_TRUE(Send(stream.get(), group)) << bad.name << ": the stream ended";
-    const std::string prefix =
-        absl::StrCat(" group for lease ", group.lease_id(), ": ", bad.code, ": ");
-    std::optional<std::string> message;
-    if (!WaitFor([&] { return (message = log_->After(prefix)).has_value(); })) {
-      ADD_FAILURE() << bad.name << ": no '" << prefix << "' logged";
-      continue;
-    }
-    EXPECT_NE(message->find(bad.message), std::string::npos)
-        << bad.name << ": logged '" << *message << "'";
-  }
+  ExpectEachRefused(stream.get(), table, items, ValidGroup);
 
   ASSERT_TRUE(Send(stream.get(), ValidGroup(items.back())));
   ASSERT_TRUE(WaitAccepted(2));
@@ -437,21 +446,7 @@ TEST_F(LearnerBadTopkInputTest, TopkRowsAreCheckedAgainstTheWorkItem) {
   ASSERT_TRUE(Send(stream.get(), ValidTopkGroup(items[0])));
   ASSERT_TRUE(WaitAccepted(1));
 
-  for (size_t row = 0; row < table.size(); ++row) {
-    const BadGroup& bad = table[row];
-    kappa::v1::ScoredGroup group = ValidTopkGroup(items[row + 1]);
-    bad.mutate(group);
-    ASSERT_TRUE(Send(stream.get(), group)) << bad.name << ": the stream ended";
-    const std::string prefix =
-        absl::StrCat(" group for lease ", group.lease_id(), ": ", bad.code, ": ");
-    std::optional<std::string> message;
-    if (!WaitFor([&] { return (message = log_->After(prefix)).has_value(); })) {
-      ADD_FAILURE() << bad.name << ": no '" << prefix << "' logged";
-      continue;
-    }
-    EXPECT_NE(message->find(bad.message), std::string::npos)
-        << bad.name << ": logged '" << *message << "'";
-  }
+  ExpectEachRefused(stream.get(), table, items, ValidTopkGroup);
 
   ASSERT_TRUE(Send(stream.get(), ValidTopkGroup(items.back())));
   ASSERT_TRUE(WaitAccepted(2));
