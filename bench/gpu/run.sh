@@ -17,7 +17,8 @@
 #   5. runs the eager-PyTorch reference of the same step beside ours.
 # Results land in $OUT (default /tmp/kappa-gpu-out); bench/README.md keeps them.
 #
-#   bash bench/gpu/run.sh .gpu_deps/share/cmake/nlohmann_json   # on the GPU machine
+#   bash bench/gpu/prepare.sh                                   # here, once: .gpu_deps/
+#   bash bench/gpu/run.sh                                       # on the GPU machine (carry .gpu_deps)
 #   bash bench/gpu/run.sh --compile-check                       # here: nvcc compile check only
 #
 # The nlohmann_json CMake package is header-only; the GPU machine has none,
