@@ -4,6 +4,9 @@
 //   → cheap K_DR (logit, last_layer) from closed-form logit gradients
 //   → m3_mask weights → aggregate → exact K_DR on sampled positions (opt-in)
 //   → separate backward passes, m3_project / m3_norm / λ (m3_adapt) → AdamW.
+// With micro_batch_sequences the gate is decided over the whole batch first,
+// then each length-bucketed micro-batch runs forward → K_DR → m3_mask →
+// aggregate → backward, accumulating; the update is the whole batch's.
 // libtorch only: the service layer feeds it TrainBatches and logs the report.
 #pragma once
 
