@@ -19,12 +19,21 @@ torch::Tensor SquaredNorm(const GradientList& a, const torch::Device& device) {
   return sum;
 }
 
-torch::Tensor Dot(const GradientList& a, const GradientList& b, const torch::Device& device) {
-  torch::Tensor sum = torch::zeros({}, torch::TensorOptions(device).dtype(torch::kFloat64));
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (a[i].defined() && b[i].defined()) sum = sum + DotInFloat64(a[i], b[i]);
+// [‖a‖², ‖b‖², ⟨a, b⟩] over the lists, in float64: one pass where both
+// are defined, so each chunk of each gradient is converted once.
+torch::Tensor GramOf(const GradientList& a, const GradientList& b, const torch::Device& device) {
+  torch::Tensor sums = torch::zeros({3}, torch::TensorOptions(device).dtype(torch::kFloat64));
+  for (size_t i = 0; i < std::max(a.size(), b.size()); ++i) {
+    const bool has_a = i < a.size() && a[i].defined(), has_b = i < b.size() && b[i].defined();
+    if (has_a && has_b) {
+      sums += GramInFloat64(a[i], b[i]);
+    } else if (has_a) {
+      sums[0] += DotInFloat64(a[i], a[i]);
+    } else if (has_b) {
+      sums[1] += DotInFloat64(b[i], b[i]);
+    }
   }
-  return sum;
+  return sums;
 }
 
 // a += scale · b, per parameter (scale a device scalar, so no host sync;
@@ -54,6 +63,20 @@ torch::Tensor DotInFloat64(const torch::Tensor& a, const torch::Tensor& b) {
     sum += torch::dot(x64, same ? x64 : y.narrow(0, start, length).to(torch::kFloat64));
   }
   return sum;
+}
+
+torch::Tensor GramInFloat64(const torch::Tensor& a, const torch::Tensor& b) {
+  constexpr int64_t kChunk = int64_t{1} << 20;  // as DotInFloat64
+  const torch::Tensor x = a.reshape({-1}), y = b.reshape({-1});
+  if (x.numel() != y.numel()) throw std::invalid_argument("GramInFloat64: sizes differ");
+  torch::Tensor sums = torch::zeros({3}, x.options().dtype(torch::kFloat64));
+  for (int64_t start = 0; start < x.numel(); start += kChunk) {
+    const int64_t length = std::min(kChunk, x.numel() - start);
+    const torch::Tensor x64 = x.narrow(0, start, length).to(torch::kFloat64);
+    const torch::Tensor y64 = y.narrow(0, start, length).to(torch::kFloat64);
+    sums += torch::stack({torch::dot(x64, x64), torch::dot(y64, y64), torch::dot(x64, y64)});
+  }
+  return sums;
 }
 
 BalanceConfig ParseBalance(const std::vector<std::string>& methods) {
@@ -118,9 +141,10 @@ CombinedGradient CombineGradients(GradientList reward, GradientList distill, Gra
       if (g.defined()) g.mul_(plan.reward_weight);
     }
   }
-  out.reward_sq = SquaredNorm(reward, device);
-  out.distill_sq = SquaredNorm(distill, device);
-  out.dot = Dot(reward, distill, device);
+  const torch::Tensor gram = GramOf(reward, distill, device);
+  out.reward_sq = gram[0];
+  out.distill_sq = gram[1];
+  out.dot = gram[2];
 
   if (plan.project) {
     // min(⟨g_R,g_D⟩, 0) / ‖g_D‖²: zero when there is no conflict, so the

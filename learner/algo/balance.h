@@ -69,6 +69,8 @@ struct GradientPlan {
 // Σ a·b over all elements, accumulated in float64 (a 0-dim float64 tensor on
 // their device, no host sync); a and b may be the same tensor (‖a‖²).
 torch::Tensor DotInFloat64(const torch::Tensor& a, const torch::Tensor& b);
+// [‖a‖², ‖b‖², ⟨a, b⟩] in one pass, the same way: float64 [3] on their device.
+torch::Tensor GramInFloat64(const torch::Tensor& a, const torch::Tensor& b);
 
 // What CombineGradients did, as device scalars (one host sync for the step).
 struct CombinedGradient {
