@@ -11,6 +11,11 @@ namespace {
 // Guards ‖g_D‖ = 0 (no distillation signal in the batch) in m3_norm.
 constexpr double kNormEpsilon = 1e-12;
 
+// Float64 sums go over chunks of this many elements: float64 accuracy
+// without a float64 copy of a whole gradient (190 MB for 24M parameters,
+// which made κ's norms cost more than the backward pass they measure on a CPU).
+constexpr int64_t kFloat64Chunk = int64_t{1} << 20;
+
 torch::Tensor SquaredNorm(const GradientList& a, const torch::Device& device) {
   torch::Tensor sum = torch::zeros({}, torch::TensorOptions(device).dtype(torch::kFloat64));
   for (const torch::Tensor& g : a) {
@@ -49,16 +54,12 @@ void AddScaled(GradientList& a, const GradientList& b, const torch::Tensor& scal
 }  // namespace
 
 torch::Tensor DotInFloat64(const torch::Tensor& a, const torch::Tensor& b) {
-  // Chunks of 2^20 elements: float64 accuracy without a float64 copy of a
-  // whole gradient (190 MB for 24M parameters, which made κ's norms cost
-  // more than the backward pass they measure on a CPU).
-  constexpr int64_t kChunk = int64_t{1} << 20;
   const torch::Tensor x = a.reshape({-1}), y = b.reshape({-1});
   if (x.numel() != y.numel()) throw std::invalid_argument("DotInFloat64: sizes differ");
   const bool same = a.is_same(b);
   torch::Tensor sum = torch::zeros({}, x.options().dtype(torch::kFloat64));
-  for (int64_t start = 0; start < x.numel(); start += kChunk) {
-    const int64_t length = std::min(kChunk, x.numel() - start);
+  for (int64_t start = 0; start < x.numel(); start += kFloat64Chunk) {
+    const int64_t length = std::min(kFloat64Chunk, x.numel() - start);
     const torch::Tensor x64 = x.narrow(0, start, length).to(torch::kFloat64);
     sum += torch::dot(x64, same ? x64 : y.narrow(0, start, length).to(torch::kFloat64));
   }
@@ -66,12 +67,11 @@ torch::Tensor DotInFloat64(const torch::Tensor& a, const torch::Tensor& b) {
 }
 
 torch::Tensor GramInFloat64(const torch::Tensor& a, const torch::Tensor& b) {
-  constexpr int64_t kChunk = int64_t{1} << 20;  // as DotInFloat64
   const torch::Tensor x = a.reshape({-1}), y = b.reshape({-1});
   if (x.numel() != y.numel()) throw std::invalid_argument("GramInFloat64: sizes differ");
   torch::Tensor sums = torch::zeros({3}, x.options().dtype(torch::kFloat64));
-  for (int64_t start = 0; start < x.numel(); start += kChunk) {
-    const int64_t length = std::min(kChunk, x.numel() - start);
+  for (int64_t start = 0; start < x.numel(); start += kFloat64Chunk) {
+    const int64_t length = std::min(kFloat64Chunk, x.numel() - start);
     const torch::Tensor x64 = x.narrow(0, start, length).to(torch::kFloat64);
     const torch::Tensor y64 = y.narrow(0, start, length).to(torch::kFloat64);
     sums += torch::stack({torch::dot(x64, x64), torch::dot(y64, y64), torch::dot(x64, y64)});

@@ -173,5 +173,23 @@ TEST(BalanceParse, NamesAndCombinations) {
   EXPECT_THROW(ParseBalance({"m3_mask", "m3_mask"}), std::invalid_argument);
 }
 
+TEST(Float64Sums, ChunkedDotsEqualTheWholeFloat64Products) {
+  // 2.5 chunks of 2^20, so the chunk edges and the short last chunk count.
+  torch::manual_seed(3);
+  const torch::Tensor a = torch::randn({5, (int64_t{1} << 19) + 7});
+  const torch::Tensor b = torch::randn({5, (int64_t{1} << 19) + 7});
+  const double aa = a.to(torch::kFloat64).square().sum().item<double>();
+  const double bb = b.to(torch::kFloat64).square().sum().item<double>();
+  const double ab = (a.to(torch::kFloat64) * b.to(torch::kFloat64)).sum().item<double>();
+  EXPECT_NEAR(DotInFloat64(a, a).item<double>(), aa, 1e-12 * aa);
+  EXPECT_NEAR(DotInFloat64(a, b).item<double>(), ab, 1e-9 * std::sqrt(aa * bb));
+  const torch::Tensor gram = GramInFloat64(a, b);
+  ASSERT_EQ(gram.scalar_type(), torch::kFloat64);
+  EXPECT_NEAR(gram[0].item<double>(), aa, 1e-12 * aa);
+  EXPECT_NEAR(gram[1].item<double>(), bb, 1e-12 * bb);
+  EXPECT_NEAR(gram[2].item<double>(), ab, 1e-9 * std::sqrt(aa * bb));
+  EXPECT_THROW(DotInFloat64(a, b.narrow(0, 0, 4)), std::invalid_argument);
+}
+
 }  // namespace
 }  // namespace kappa::learner
