@@ -5,6 +5,9 @@
 #include <stdexcept>
 #include <string>
 
+#include "learner/algo/logit_gradients.h"
+#include "learner/algo/logprob_losses.h"
+
 #ifdef KAPPA_CUDA
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -48,43 +51,43 @@ Forward TorchForward(const torch::Tensor& logits, const torch::Tensor& targets,
     const int64_t n = std::min(chunk, rows - start);
     torch::Tensor z = logits.narrow(0, start, n).to(options.dtype());
     if (temperature != 1.0) z = z / temperature;
+    // The per-row formulas are the loss code's own, one chunk at a time.
     const torch::Tensor lp = torch::log_softmax(z, -1);
-    const torch::Tensor p = lp.exp();
     out.logprobs.narrow(0, start, n).copy_(lp);
     out.token_logprobs.narrow(0, start, n)
-        .copy_(lp.gather(-1, targets.narrow(0, start, n).unsqueeze(-1)).squeeze(-1));
+        .copy_(GatherTokenLogProbs(lp, targets.narrow(0, start, n)));
     out.reverse_kl.narrow(0, start, n)
-        .copy_((p * (lp - teacher.narrow(0, start, n))).sum(-1));
-    out.entropy.narrow(0, start, n).copy_(-(p * lp).sum(-1));
+        .copy_(ReverseKlFromLogProbs(lp, teacher.narrow(0, start, n).to(lp.scalar_type())));
+    out.entropy.narrow(0, start, n).copy_(EntropyFromLogProbs(lp));
   }
   return out;
 }
 
-// grad_token, grad_kl: [N] or undefined. Returns [N, V] in `dtype`.
+// grad_token, grad_kl: [N] or undefined. Returns [N, V] in `dtype`: the
+// closed-form logit gradients of logit_gradients.h (the ones K_DR uses),
+// weighted by the incoming gradients, one chunk at a time.
 torch::Tensor TorchBackward(const torch::Tensor& logprobs, const torch::Tensor& teacher,
-                            const torch::Tensor& targets, const torch::Tensor& reverse_kl,
-                            const torch::Tensor& grad_token, const torch::Tensor& grad_kl,
-                            double temperature, torch::ScalarType dtype) {
+                            const torch::Tensor& targets, const torch::Tensor& grad_token,
+                            const torch::Tensor& grad_kl, double temperature,
+                            torch::ScalarType dtype) {
   const int64_t rows = logprobs.size(0), vocab = logprobs.size(1);
   torch::Tensor grad = torch::empty({rows, vocab}, logprobs.options().dtype(dtype));
   const int64_t chunk = ChunkRows(vocab);
   for (int64_t start = 0; start < rows; start += chunk) {
     const int64_t n = std::min(chunk, rows - start);
     const torch::Tensor lp = logprobs.narrow(0, start, n);
-    const torch::Tensor p = lp.exp();
+    const torch::Tensor y = targets.narrow(0, start, n);
     torch::Tensor g;
     if (grad_kl.defined()) {
-      const torch::Tensor kl = reverse_kl.narrow(0, start, n).unsqueeze(-1);
-      g = p * (lp - teacher.narrow(0, start, n) - kl) *
+      g = DistillLogitGradient(lp, teacher.narrow(0, start, n).to(lp.scalar_type()), y,
+                               DistillLoss::kReverseKl, /*topk=*/0, temperature) *
           grad_kl.narrow(0, start, n).unsqueeze(-1).to(lp.scalar_type());
     }
     if (grad_token.defined()) {
-      const torch::Tensor c = grad_token.narrow(0, start, n).unsqueeze(-1).to(lp.scalar_type());
-      torch::Tensor t = -(p * c);
-      t.scatter_add_(-1, targets.narrow(0, start, n).unsqueeze(-1), c);
+      const torch::Tensor t = RewardLogitGradient(
+          lp, y, grad_token.narrow(0, start, n).to(lp.scalar_type()), temperature);
       g = g.defined() ? g + t : t;
     }
-    if (temperature != 1.0) g = g / temperature;
     grad.narrow(0, start, n).copy_(g);
   }
   return grad;
@@ -176,7 +179,6 @@ class FusedTokenTermsFunction : public torch::autograd::Function<FusedTokenTerms
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const variable_list saved = ctx->get_saved_variables();
     const torch::Tensor& logprobs = saved[0];
-    const torch::Tensor& reverse_kl = saved[1];
     const torch::Tensor& targets = saved[2];
     const torch::Tensor& teacher = saved[3];
     const double temperature = ctx->saved_data["temperature"].toDouble();
@@ -187,13 +189,14 @@ class FusedTokenTermsFunction : public torch::autograd::Function<FusedTokenTerms
     if (grad_token.defined() || grad_kl.defined()) {
 #ifdef KAPPA_CUDA
       if (ctx->saved_data["use_kernel"].toBool()) {
-        grad_logits = KernelBackward(logprobs, teacher, targets, reverse_kl, grad_token, grad_kl,
+        // saved[1]: the reverse KL per row, which the kernel's closed form reads.
+        grad_logits = KernelBackward(logprobs, teacher, targets, saved[1], grad_token, grad_kl,
                                      temperature, dtype);
       }
 #endif
       if (!grad_logits.defined()) {
-        grad_logits = TorchBackward(logprobs, teacher, targets, reverse_kl, grad_token, grad_kl,
-                                    temperature, dtype);
+        grad_logits =
+            TorchBackward(logprobs, teacher, targets, grad_token, grad_kl, temperature, dtype);
       }
     }
     return {grad_logits, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
