@@ -33,6 +33,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/demo_shape.h"
 #include "model/model_config.h"
 #include "model/sampling.h"
 #include "model/transformer.h"
@@ -179,13 +180,7 @@ int main(int argc, char** argv) {
   }
   const int64_t rows = static_cast<int64_t>(prompts.size());
 
-  model::ModelConfig config;  // configs/demo.yaml's student shape
-  config.vocab_size = 51;
-  config.hidden_size = 128;
-  config.intermediate_size = 352;
-  config.num_hidden_layers = 2;
-  config.num_attention_heads = 4;
-  config.num_key_value_heads = 2;
+  model::ModelConfig config = bench::DemoShape();  // configs/demo.yaml's student
   config.max_position_embeddings =
       max_prompt + *std::max_element(lengths.begin(), lengths.end());  // the demo has 16
   torch::manual_seed(1);

@@ -32,6 +32,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/demo_shape.h"
 #include "learner/algo/hybrid_step.h"
 #include "learner/algo/train_batch.h"
 #include "model/model_config.h"
@@ -82,12 +83,7 @@ Shape ShapeFor(const std::string& name) {
     s.prompt_len = 256;
     s.response_len = 768;
   } else if (name == "demo") {  // configs/demo.yaml: 2 layers, d=128; 8 groups × G=8
-    c.hidden_size = 128;
-    c.intermediate_size = 352;
-    c.num_hidden_layers = 2;
-    c.num_attention_heads = 4;
-    c.num_key_value_heads = 2;
-    c.max_position_embeddings = 16;
+    c = bench::DemoShape();
     s.groups = 8;
     s.group_size = 8;
     s.prompt_len = 7;

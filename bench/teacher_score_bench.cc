@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "bench/demo_shape.h"
 #include "kappa/v1/teacher.grpc.pb.h"
 #include "model/transformer.h"
 #include "services/grpc_util.h"
@@ -29,18 +30,6 @@
 namespace {
 
 constexpr int kGroupSize = 8, kPromptTokens = 6, kResponseTokens = 8;
-
-kappa::model::ModelConfig DemoTeacher() {  // configs/demo.yaml's teacher shape
-  kappa::model::ModelConfig config;
-  config.vocab_size = 51;
-  config.hidden_size = 128;
-  config.intermediate_size = 352;
-  config.num_hidden_layers = 2;
-  config.num_attention_heads = 4;
-  config.num_key_value_heads = 2;
-  config.max_position_embeddings = 16;
-  return config;
-}
 
 kappa::v1::ScoreRequest GroupRequest(int seed) {
   kappa::v1::ScoreRequest request;
@@ -98,7 +87,7 @@ int main(int argc, char** argv) {
   kappa::teacher::TeacherOptions options;
   options.batching.max_batch_sequences = 64;  // configs/demo.yaml
   options.batching.max_wait = absl::Milliseconds(5);
-  auto service = kappa::teacher::TeacherService::Create(kappa::model::Decoder(DemoTeacher()),
+  auto service = kappa::teacher::TeacherService::Create(kappa::model::Decoder(kappa::bench::DemoShape()),
                                                         options);
   if (!service.ok()) {
     std::fprintf(stderr, "%s\n", service.status().ToString().c_str());
