@@ -1,6 +1,10 @@
 // Generation throughput: the worker's sampling path (model::Sample, batched,
-// KV cache) against the same batched loop without a cache, which re-runs the
-// whole prefix through Decoder::Forward at every step.
+// KV cache) against
+//   nocache:    the same batched loop without a cache, which re-runs the
+//               whole prefix through Decoder::Forward at every step;
+//   per_prompt: model::Sample with the cache, but one prompt's G rows per
+//               call (a worker decoding one work item at a time), prompts
+//               one after another.
 //
 // Model: configs/demo.yaml's student shape (hidden 128, ffn 352, 2 layers,
 // 4 heads / 2 KV heads, vocab 51) with random weights (fixed seed) and
@@ -9,11 +13,12 @@
 // length. Batch: --group-size responses of each of --prompts prompts (prompt
 // lengths 7..9, left-padded). Decoding is greedy and eos_id = -1 (an id no
 // token has, as tests/model/sampling_test.cc does), so every row generates
-// exactly `length` tokens; the bench checks that, and that the no-cache
-// loop picks exactly the tokens Sample picks (exit 1 otherwise).
+// exactly `length` tokens; the bench checks that, and that every other
+// mode picks exactly the tokens the batched cache path picks (exit 1
+// otherwise).
 //
 // Each round runs every (length, mode) once; rounds are interleaved
-// round-robin. A warm-up round first runs both modes at 8 new tokens only
+// round-robin. A warm-up round first runs every mode at 8 new tokens only
 // (it initializes the thread pools and touches the weights; a no-cache run at
 // 512 takes minutes on the CPU and would teach it nothing more).
 // Reports medians. --threads sets torch's intra-op threads and, where libtorch
@@ -21,6 +26,7 @@
 // torch::set_num_threads does not reach.
 // Usage: kappa_bench_generation [--lengths 32,128,512] [--prompts 8]
 //        [--group-size 8] [--reps 3] [--threads T] [--device cpu|cuda]
+//        [--modes nocache,per_prompt]   (the batched cache path always runs)
 #include <dlfcn.h>
 #include <torch/torch.h>
 
@@ -125,20 +131,41 @@ std::vector<std::vector<int64_t>> GenerateNoCache(model::Decoder& model,
   return results;
 }
 
-std::vector<int64_t> ParseList(const std::string& text) {
-  std::vector<int64_t> out;
+std::vector<std::string> SplitList(const std::string& text) {
+  std::vector<std::string> out;
   std::stringstream ss(text);
   std::string item;
   while (std::getline(ss, item, ',')) {
-    if (!item.empty()) out.push_back(std::atoll(item.c_str()));
+    if (!item.empty()) out.push_back(item);
   }
   return out;
+}
+
+std::vector<int64_t> ParseList(const std::string& text) {
+  std::vector<int64_t> out;
+  for (const std::string& item : SplitList(text)) out.push_back(std::atoll(item.c_str()));
+  return out;
+}
+
+// One model::Sample call per prompt: rows [p·G, (p+1)·G) of `prompts`.
+std::vector<std::vector<int64_t>> SamplePerPrompt(model::Decoder& model,
+                                                  const std::vector<std::vector<int64_t>>& prompts,
+                                                  int64_t group_size,
+                                                  const model::SamplingParams& params) {
+  std::vector<std::vector<int64_t>> tokens;
+  for (size_t first = 0; first < prompts.size(); first += static_cast<size_t>(group_size)) {
+    const std::vector<std::vector<int64_t>> group(
+        prompts.begin() + static_cast<std::ptrdiff_t>(first),
+        prompts.begin() + static_cast<std::ptrdiff_t>(first + static_cast<size_t>(group_size)));
+    for (const auto& s : model::Sample(model, group, params)) tokens.push_back(s.tokens);
+  }
+  return tokens;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string device_name = "cpu", lengths_text = "32,128,512";
+  std::string device_name = "cpu", lengths_text = "32,128,512", modes_text = "nocache";
   int reps = 3, threads = 0;
   int64_t num_prompts = 8, group_size = 8;
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -149,6 +176,7 @@ int main(int argc, char** argv) {
     else if (flag == "--reps") reps = std::atoi(argv[i + 1]);
     else if (flag == "--threads") threads = std::atoi(argv[i + 1]);
     else if (flag == "--device") device_name = argv[i + 1];
+    else if (flag == "--modes") modes_text = argv[i + 1];
     else {
       std::fprintf(stderr, "unknown flag %s\n", flag.c_str());
       return 2;
@@ -158,6 +186,14 @@ int main(int argc, char** argv) {
   if (lengths.empty() || reps < 1 || num_prompts < 1 || group_size < 1) {
     std::fprintf(stderr, "need --lengths, --reps, --prompts, --group-size >= 1\n");
     return 2;
+  }
+  std::vector<std::string> modes = {"cache"};
+  for (const std::string& mode : SplitList(modes_text)) {
+    if (mode != "nocache" && mode != "per_prompt") {
+      std::fprintf(stderr, "--modes: unknown mode %s (nocache, per_prompt)\n", mode.c_str());
+      return 2;
+    }
+    if (std::find(modes.begin(), modes.end(), mode) == modes.end()) modes.push_back(mode);
   }
   if (threads > 0) {
     torch::set_num_threads(threads);
@@ -191,7 +227,6 @@ int main(int argc, char** argv) {
   auto sync = [&] {
     if (device.is_cuda()) torch::cuda::synchronize();
   };
-  const char* modes[] = {"cache", "nocache"};
   std::map<std::pair<int64_t, std::string>, std::vector<double>> seconds;
   bool agree = true, full_length = true;
   const std::vector<int64_t> warmup = {8};
@@ -202,34 +237,40 @@ int main(int argc, char** argv) {
       params.temperature = 0.0;  // greedy
       params.eos_id = -1;        // never stops early
       params.pad_id = 0;
-      std::vector<std::vector<int64_t>> cached, uncached;
-      for (const std::string mode : modes) {
+      std::vector<std::vector<int64_t>> cached;
+      for (const std::string& mode : modes) {
+        std::vector<std::vector<int64_t>> tokens;
         sync();
         const auto start = std::chrono::steady_clock::now();
         if (mode == "cache") {
-          const auto out = model::Sample(model, prompts, params);
-          sync();
-          cached.clear();
-          for (const auto& s : out) cached.push_back(s.tokens);
+          for (const auto& s : model::Sample(model, prompts, params)) tokens.push_back(s.tokens);
+        } else if (mode == "per_prompt") {
+          tokens = SamplePerPrompt(model, prompts, group_size, params);
         } else {
-          uncached = GenerateNoCache(model, prompts, params);
-          sync();
+          tokens = GenerateNoCache(model, prompts, params);
         }
+        sync();
         const double s =
             std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
         if (rep >= 0) seconds[{length, mode}].push_back(s);
-        std::fprintf(stderr, "round %d/%d length %lld %-8s %.3f s\n", rep + 1, reps,
+        std::fprintf(stderr, "round %d/%d length %lld %-10s %.3f s\n", rep + 1, reps,
                      static_cast<long long>(length), mode.c_str(), s);
-      }
-      for (int64_t r = 0; r < rows; ++r) {
-        const auto& c = cached[static_cast<size_t>(r)];
-        if (static_cast<int64_t>(c.size()) != length) full_length = false;
-        if (c != uncached[static_cast<size_t>(r)]) {
-          if (agree) {
-            std::fprintf(stderr, "length %lld row %lld: cache and no-cache tokens differ\n",
-                         static_cast<long long>(length), static_cast<long long>(r));
+        if (mode == "cache") {
+          cached = std::move(tokens);
+          for (const auto& c : cached) {
+            if (static_cast<int64_t>(c.size()) != length) full_length = false;
           }
-          agree = false;
+          continue;
+        }
+        for (int64_t r = 0; r < rows; ++r) {
+          if (cached[static_cast<size_t>(r)] != tokens[static_cast<size_t>(r)]) {
+            if (agree) {
+              std::fprintf(stderr, "length %lld row %lld: cache and %s tokens differ\n",
+                           static_cast<long long>(length), static_cast<long long>(r),
+                           mode.c_str());
+            }
+            agree = false;
+          }
         }
       }
     }
@@ -246,15 +287,18 @@ int main(int argc, char** argv) {
       static_cast<long long>(num_prompts), static_cast<long long>(group_size), 7LL,
       static_cast<long long>(max_prompt), reps,
       static_cast<long long>(config.max_position_embeddings));
-  std::printf("%7s %-8s %10s %12s %8s\n", "length", "mode", "median_s", "tokens/s", "speedup");
+  // cache_speedup: how many times faster the batched cache path (the
+  // worker's, all prompts in one decode) is than the row's mode.
+  std::printf("%7s %-10s %10s %12s %14s\n", "length", "mode", "median_s", "tokens/s",
+              "cache_speedup");
   for (int64_t length : lengths) {
     const double cache_s = median(seconds[{length, "cache"}]);
-    const double nocache_s = median(seconds[{length, "nocache"}]);
     const double generated = static_cast<double>(rows * length);
-    std::printf("%7lld %-8s %10.3f %12.0f %8s\n", static_cast<long long>(length), "nocache",
-                nocache_s, generated / nocache_s, "1.00");
-    std::printf("%7lld %-8s %10.3f %12.0f %8.2f\n", static_cast<long long>(length), "cache",
-                cache_s, generated / cache_s, nocache_s / cache_s);
+    for (const std::string& mode : modes) {
+      const double mode_s = median(seconds[{length, mode}]);
+      std::printf("%7lld %-10s %10.3f %12.0f %14.2f\n", static_cast<long long>(length),
+                  mode.c_str(), mode_s, generated / mode_s, mode_s / cache_s);
+    }
   }
   std::printf("every row generated exactly its length: %s\n", full_length ? "yes" : "no");
   std::printf("tokens agree: %s\n", agree ? "yes" : "no");

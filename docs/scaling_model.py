@@ -30,6 +30,8 @@ ETA_DECODE_F = 0.50    # MFU of a decode step once compute-bound
 T_OVH_EAGER = 5e-3     # s per decode step: libtorch eager, ~35 kernels x 28 layers x ~5 us launch/dispatch
 T_OVH_ENGINE = 0.5e-3  # s per decode step: CUDA-graph-class engine
 B_ENGINE_CAP = 512     # sequences decoded at once by a batched engine (a scheduling choice)
+WORKER_ITEMS = 16      # rollout.max_outstanding set for such a run (configs/ ship 2): kappa's worker
+                       # decodes the items it holds as one batch of WORKER_ITEMS x G rows
 
 # ---------------------------------------------------------------- measured (bench/README.md)
 KAPPA_EVERY_STEP = 1.53   # "Learner step", H200, large, kappa_kdr, ratio of means
@@ -92,6 +94,10 @@ def engine_batch(t):
     return min(B_ENGINE_CAP, kv_batch_limit(t))
 
 
+def worker_batch(g, t):
+    return min(WORKER_ITEMS * g, kv_batch_limit(t))
+
+
 def teacher_rate(t, m=TEACHER):
     """Response tokens/s one teacher GPU scores: one forward over prompt+response (compute),
     capped by the scorer's copy of the full [rows, V] fp32 log-probs to the host."""
@@ -131,10 +137,11 @@ def stage_rates():
         rows.append([t, kilo(learner_rate(t, 1.0)), kilo(learner_rate(t, KAPPA_EVERY_4)),
                      kilo(learner_rate(t, KAPPA_EVERY_STEP)),
                      f"{kilo(decode_rate(t, b, T_OVH_ENGINE))} (B={b})",
-                     " / ".join(kilo(decode_rate(t, g, T_OVH_EAGER)) for g in GS),
+                     " / ".join(kilo(decode_rate(t, worker_batch(g, t), T_OVH_EAGER)) for g in GS),
                      kilo(teacher_rate(t))])
     return table(["T", "learner, plain", "learner, κ every 4th", "learner, κ every step",
-                  "generation, batched engine", "generation, kappa worker B=G (4 / 8 / 16)",
+                  "generation, batched engine",
+                  f"generation, kappa worker B={WORKER_ITEMS}·G (G = 4 / 8 / 16)",
                   "teacher Score"], rows)
 
 
@@ -144,13 +151,13 @@ def answer_table(f_kappa):
         for t in TS:
             learn = learner_rate(t, f_kappa)
             gen_engine = learn / decode_rate(t, engine_batch(t), T_OVH_ENGINE)
-            gen_as_is = learn / decode_rate(t, g, T_OVH_EAGER)
+            gen_as_is = learn / decode_rate(t, worker_batch(g, t), T_OVH_EAGER)
             teach = learn / teacher_rate(t)
             step_s = SAMPLES_PER_STEP * t / learn
             rows.append([g, t, kilo(learn), fmt(gen_engine), fmt(gen_as_is), fmt(teach),
                          fmt(learn / t, 1), fmt(step_s, 1)])
     return table(["G", "T", "learner tok/s (1 GPU)", "generation GPUs (engine)",
-                  "generation GPUs (kappa worker, B=G)", "teacher GPUs", "rewards/s",
+                  f"generation GPUs (kappa worker, B={WORKER_ITEMS}·G)", "teacher GPUs", "rewards/s",
                   "step s (512 samples)"], rows)
 
 
@@ -236,9 +243,9 @@ def data_parallel_table(f_kappa):
 
 
 def learner_memory_table():
-    """Sequences one learner GPU can hold in one step as the code is written: fp32 weights and
-    activations, attention that materialises [heads, S, S], the whole local batch in one
-    forward/backward (no micro-batching, no activation checkpointing)."""
+    """Sequences one learner GPU can hold in one forward/backward as the code is written: fp32
+    weights and activations, attention that materialises [heads, S, S], no activation
+    checkpointing. trainer.micro_batch_sequences bounds a forward/backward, not the step."""
     m = STUDENT
     heads = m.d_attn // m.head_dim
     fixed = 20 * m.n  # fp32 weights 4N + two flat gradient buffers 8N + AdamW m, v 8N

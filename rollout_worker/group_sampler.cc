@@ -72,6 +72,68 @@ at::Generator MakeGenerator(const c10::Device& device, uint64_t seed) {
   return generator;
 }
 
+// Why `item` cannot be sampled with a model of `config`, or OK.
+absl::Status ValidateItem(const kappa::v1::WorkItem& item, const model::ModelConfig& config) {
+  if (item.group_size() <= 0 || item.group_size() > kMaxGroupSize) {
+    return absl::InvalidArgumentError(absl::StrCat("work item ", item.lease_id(),
+                                                   ": group_size ", item.group_size(),
+                                                   " outside [1, ", kMaxGroupSize, "]"));
+  }
+  if (item.prompt_tokens_size() == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("work item ", item.lease_id(), ": empty prompt_tokens"));
+  }
+  for (int32_t token : item.prompt_tokens()) {
+    if (token < 0 || token >= config.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat("work item ", item.lease_id(),
+                                                     ": prompt token ", token,
+                                                     " outside the vocabulary of ",
+                                                     config.vocab_size));
+    }
+  }
+  const int form = item.teacher_form();
+  if (form < 0 || form > kappa::v1::SCORE_FORM_SAMPLED ||
+      (form == kappa::v1::SCORE_FORM_TOPK && item.teacher_top_k() <= 0)) {
+    return absl::InvalidArgumentError(absl::StrCat("work item ", item.lease_id(),
+                                                   ": teacher_form ", form, " with top_k ",
+                                                   item.teacher_top_k()));
+  }
+  if (item.teacher_demonstrations() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("work item ", item.lease_id(),
+                                                   ": teacher_demonstrations ",
+                                                   item.teacher_demonstrations(), " < 0"));
+  }
+  return absl::OkStatus();
+}
+
+// The item's sampling settings, the worker's defaults where it leaves them
+// unset, with max_new_tokens cut to what the position table leaves.
+absl::StatusOr<model::SamplingParams> SamplingParamsFor(const kappa::v1::WorkItem& item,
+                                                        const model::ModelConfig& config,
+                                                        const GroupSamplerOptions& options) {
+  model::SamplingParams params;
+  params.max_new_tokens =
+      item.max_new_tokens() > 0 ? item.max_new_tokens() : options.default_max_new_tokens;
+  params.max_new_tokens = std::min(params.max_new_tokens,
+                                   config.max_position_embeddings - item.prompt_tokens_size());
+  if (params.max_new_tokens <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "work item ", item.lease_id(), ": prompt of ", item.prompt_tokens_size(),
+        " tokens leaves no room in max_position_embeddings ", config.max_position_embeddings));
+  }
+  params.temperature = item.temperature() > 0 ? item.temperature() : options.default_temperature;
+  params.top_p = item.top_p() > 0 && item.top_p() <= 1 ? item.top_p() : options.default_top_p;
+  params.eos_id = config.eos_token_id;
+  params.pad_id = config.pad_token_id;
+  return params;
+}
+
+// Rows of one model::Sample call must share these; eos and pad come from the model.
+bool SameSettings(const model::SamplingParams& a, const model::SamplingParams& b) {
+  return a.max_new_tokens == b.max_new_tokens && a.temperature == b.temperature &&
+         a.top_p == b.top_p;
+}
+
 }  // namespace
 
 struct GroupSampler::Rng {
@@ -99,117 +161,135 @@ void GroupSampler::Resume() {
   cancelled_ = false;
 }
 
-absl::StatusOr<kappa::v1::ScoredGroup> GroupSampler::Run(const kappa::v1::WorkItem& item,
-                                                         const Policy& policy,
-                                                         const std::function<bool()>& abandon) {
-  if (policy.model == nullptr) return absl::FailedPreconditionError("no policy loaded");
+std::vector<absl::StatusOr<kappa::v1::ScoredGroup>> GroupSampler::Sample(
+    const std::vector<kappa::v1::WorkItem>& items, const Policy& policy) {
+  std::vector<absl::StatusOr<kappa::v1::ScoredGroup>> results(
+      items.size(), absl::InternalError("not sampled"));
+  if (policy.model == nullptr) {
+    for (auto& result : results) result = absl::FailedPreconditionError("no policy loaded");
+    return results;
+  }
   model::Decoder& decoder = *policy.model;
   const model::ModelConfig& config = decoder->config();
-  const int64_t prompt_length = item.prompt_tokens_size();
-  if (item.group_size() <= 0 || item.group_size() > kMaxGroupSize) {
-    return absl::InvalidArgumentError(absl::StrCat("work item ", item.lease_id(),
-                                                   ": group_size ", item.group_size(),
-                                                   " outside [1, ", kMaxGroupSize, "]"));
-  }
-  if (prompt_length == 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("work item ", item.lease_id(), ": empty prompt_tokens"));
-  }
-  for (int32_t token : item.prompt_tokens()) {
-    if (token < 0 || token >= config.vocab_size) {
-      return absl::InvalidArgumentError(absl::StrCat("work item ", item.lease_id(),
-                                                     ": prompt token ", token,
-                                                     " outside the vocabulary of ",
-                                                     config.vocab_size));
+
+  // Items with the same settings decode together: (settings, item indices).
+  std::vector<std::pair<model::SamplingParams, std::vector<size_t>>> batches;
+  for (size_t i = 0; i < items.size(); ++i) {
+    const kappa::v1::WorkItem& item = items[i];
+    const absl::Status valid = ValidateItem(item, config);
+    absl::StatusOr<model::SamplingParams> params =
+        valid.ok() ? SamplingParamsFor(item, config, options_) : valid;
+    if (params.ok() && LeaseExpired(item)) {
+      params = absl::DeadlineExceededError(absl::StrCat("lease ", item.lease_id(), " expired"));
     }
-  }
-  const int form = item.teacher_form();
-  if (form < 0 || form > kappa::v1::SCORE_FORM_SAMPLED ||
-      (form == kappa::v1::SCORE_FORM_TOPK && item.teacher_top_k() <= 0)) {
-    return absl::InvalidArgumentError(absl::StrCat("work item ", item.lease_id(),
-                                                   ": teacher_form ", form, " with top_k ",
-                                                   item.teacher_top_k()));
-  }
-  if (item.teacher_demonstrations() < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("work item ", item.lease_id(),
-                                                   ": teacher_demonstrations ",
-                                                   item.teacher_demonstrations(), " < 0"));
-  }
-  if (LeaseExpired(item)) {
-    return absl::DeadlineExceededError(absl::StrCat("lease ", item.lease_id(), " expired"));
+    if (!params.ok()) {
+      results[i] = params.status();
+      continue;
+    }
+    auto batch = std::find_if(batches.begin(), batches.end(),
+                              [&](const auto& b) { return SameSettings(b.first, *params); });
+    if (batch == batches.end()) batch = batches.insert(batches.end(), {*params, {}});
+    batch->second.push_back(i);
   }
 
-  model::SamplingParams params;
-  params.max_new_tokens =
-      item.max_new_tokens() > 0 ? item.max_new_tokens() : options_.default_max_new_tokens;
-  params.max_new_tokens =
-      std::min(params.max_new_tokens, config.max_position_embeddings - prompt_length);
-  if (params.max_new_tokens <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "work item ", item.lease_id(), ": prompt of ", prompt_length,
-        " tokens leaves no room in max_position_embeddings ", config.max_position_embeddings));
+  for (const auto& [params, members] : batches) {
+    // G copies of each member's prompt, members in order.
+    std::vector<std::vector<int64_t>> prompts;
+    for (size_t i : members) {
+      const std::vector<int64_t> prompt(items[i].prompt_tokens().begin(),
+                                        items[i].prompt_tokens().end());
+      prompts.insert(prompts.end(), items[i].group_size(), prompt);
+    }
+    const absl::Time start = absl::Now();
+    std::vector<model::SampledSequence> sampled;
+    absl::Status status;
+    try {
+      // model::Sample runs on the policy's device (rollout.device, where the
+      // watcher loaded it); the generator follows it there once.
+      const c10::Device device = decoder->parameters().front().device();
+      if (rng_->generator.device() != device) {
+        rng_->generator = MakeGenerator(device, options_.seed);
+      }
+      sampled = model::Sample(decoder, prompts, params, rng_->generator);
+      if (sampled.size() != prompts.size()) {
+        status = absl::InternalError(absl::StrCat("sampling returned ", sampled.size(),
+                                                  " sequences for ", prompts.size(), " prompts"));
+      }
+    } catch (const std::exception& e) {
+      status = absl::InternalError(absl::StrCat("sampling failed: ", e.what()));
+    }
+    const double decode_seconds = absl::ToDoubleSeconds(absl::Now() - start);
+
+    size_t row = 0;
+    for (size_t i : members) {
+      const kappa::v1::WorkItem& item = items[i];
+      const size_t first_row = row;
+      row += static_cast<size_t>(item.group_size());
+      if (!status.ok()) {
+        results[i] = status;
+        continue;
+      }
+      kappa::v1::ScoredGroup group;
+      group.set_lease_id(item.lease_id());
+      group.set_prompt_id(item.prompt_id());
+      *group.mutable_prompt_tokens() = item.prompt_tokens();
+      group.set_policy_version(policy.version);
+      group.set_worker_id(options_.worker_id);
+      group.set_generation_seconds(decode_seconds);
+      absl::Status group_status;
+      for (size_t r = first_row; r < row; ++r) {
+        model::SampledSequence& sequence = sampled[r];
+        if (sequence.tokens.empty() || sequence.tokens.size() != sequence.logprobs.size()) {
+          group_status = absl::InternalError(
+              absl::StrCat("sampling returned ", sequence.tokens.size(), " tokens with ",
+                           sequence.logprobs.size(), " log-probs"));
+          break;
+        }
+        kappa::v1::ScoredSample* sample = group.add_samples();
+        for (int64_t token : sequence.tokens) {
+          sample->add_response_tokens(static_cast<int32_t>(token));
+        }
+        const torch::Tensor logprobs =
+            torch::from_blob(sequence.logprobs.data(),
+                             {static_cast<int64_t>(sequence.logprobs.size())}, torch::kFloat32);
+        services::EncodeTensor(logprobs, sample->mutable_behavior_logprobs(),
+                               kappa::v1::DTYPE_FLOAT32);
+        sample->set_response_text(ResponseText(sequence.tokens));
+      }
+      if (group_status.ok()) {
+        results[i] = std::move(group);
+      } else {
+        results[i] = group_status;
+      }
+    }
   }
-  params.temperature = item.temperature() > 0 ? item.temperature() : options_.default_temperature;
-  params.top_p = item.top_p() > 0 && item.top_p() <= 1 ? item.top_p() : options_.default_top_p;
-  params.eos_id = config.eos_token_id;
-  params.pad_id = config.pad_token_id;
+  return results;
+}
+
+absl::StatusOr<kappa::v1::ScoredGroup> GroupSampler::Complete(
+    const kappa::v1::WorkItem& item, kappa::v1::ScoredGroup group, const Policy& policy,
+    const std::function<bool()>& abandon) {
+  if (policy.model == nullptr) return absl::FailedPreconditionError("no policy loaded");
+  const model::ModelConfig& config = (*policy.model)->config();
+  absl::StatusOr<model::SamplingParams> params = SamplingParamsFor(item, config, options_);
+  if (!params.ok()) return params.status();
 
   const absl::Time start = absl::Now();
-  const std::vector<int64_t> prompt(item.prompt_tokens().begin(), item.prompt_tokens().end());
-  const std::vector<std::vector<int64_t>> prompts(item.group_size(), prompt);
-  std::vector<model::SampledSequence> sampled;
-  try {
-    // model::Sample runs on the policy's device (rollout.device, where the
-    // watcher loaded it); the generator follows it there once.
-    const c10::Device device = decoder->parameters().front().device();
-    if (rng_->generator.device() != device) {
-      rng_->generator = MakeGenerator(device, options_.seed);
-    }
-    sampled = model::Sample(decoder, prompts, params, rng_->generator);
-  } catch (const std::exception& e) {
-    return absl::InternalError(absl::StrCat("sampling failed: ", e.what()));
-  }
-  if (sampled.size() != prompts.size()) {
-    return absl::InternalError(absl::StrCat("sampling returned ", sampled.size(),
-                                            " sequences for ", prompts.size(), " prompts"));
-  }
-
-  kappa::v1::ScoredGroup group;
-  group.set_lease_id(item.lease_id());
-  group.set_prompt_id(item.prompt_id());
-  *group.mutable_prompt_tokens() = item.prompt_tokens();
-  group.set_policy_version(policy.version);
-  group.set_worker_id(options_.worker_id);
-  for (model::SampledSequence& sequence : sampled) {
-    if (sequence.tokens.empty() || sequence.tokens.size() != sequence.logprobs.size()) {
-      return absl::InternalError(absl::StrCat("sampling returned ", sequence.tokens.size(),
-                                              " tokens with ", sequence.logprobs.size(),
-                                              " log-probs"));
-    }
-    kappa::v1::ScoredSample* sample = group.add_samples();
-    for (int64_t token : sequence.tokens) sample->add_response_tokens(static_cast<int32_t>(token));
-    const torch::Tensor logprobs =
-        torch::from_blob(sequence.logprobs.data(),
-                         {static_cast<int64_t>(sequence.logprobs.size())}, torch::kFloat32);
-    services::EncodeTensor(logprobs, sample->mutable_behavior_logprobs(),
-                           kappa::v1::DTYPE_FLOAT32);
-    sample->set_response_text(ResponseText(sequence.tokens));
-  }
-
   if (absl::Status status = Verify(item, group, abandon); !status.ok()) return status;
-  if (form != 0) {
+  if (item.teacher_form() != 0) {
     if (absl::Status status = Score(item, config.vocab_size, group, abandon); !status.ok()) {
       return status;
     }
   }
   if (WantsDemonstrations(item, group)) {
-    if (absl::Status status = AddDemonstrations(item, params.max_new_tokens, config.vocab_size,
+    if (absl::Status status = AddDemonstrations(item, params->max_new_tokens, config.vocab_size,
                                                 group, abandon);
         !status.ok()) {
       return status;
     }
   }
-  group.set_generation_seconds(absl::ToDoubleSeconds(absl::Now() - start));
+  group.set_generation_seconds(group.generation_seconds() +
+                               absl::ToDoubleSeconds(absl::Now() - start));
   return group;
 }
 

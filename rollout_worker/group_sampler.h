@@ -1,8 +1,12 @@
-// Turns one WorkItem into one ScoredGroup: G samples from the policy in one
-// batch, rewards from the verifier, (when the learner asks for them) teacher
-// log-probs, and for negative zero-variance groups (when asked) verified
-// teacher demonstrations. RPCs are retried on transient errors; a group is
-// only returned complete, never with missing rewards or teacher log-probs.
+// Turns WorkItems into ScoredGroups in two steps. Sample() draws the G
+// responses of every item it is given in one batched decode (items with the
+// same sampling settings share one model::Sample call, G rows per item), so
+// a worker holding several items keeps the accelerator busy with
+// items × G rows instead of G. Complete() then adds one group's rewards
+// from the verifier, (when the learner asks for them) teacher log-probs,
+// and for negative zero-variance groups (when asked) verified teacher
+// demonstrations. RPCs are retried on transient errors; a group is only
+// completed whole, never with missing rewards or teacher log-probs.
 // Demonstrations are optional: if the teacher or verifier cannot provide
 // them, the group goes without.
 #pragma once
@@ -15,6 +19,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -50,13 +55,23 @@ class GroupSampler {
                GroupSamplerOptions options);
   ~GroupSampler();
 
-  // Samples, verifies and scores `item` with `policy` (version >= the item's).
-  // Errors: INVALID_ARGUMENT for an unusable item, CANCELLED once Cancel() was
+  // Samples every item's group with `policy` (version >= each item's), all
+  // in one batch per distinct (max_new_tokens, temperature, top_p). Result i
+  // belongs to items[i]: the group's samples with their behavior log-probs
+  // and generation_seconds = the batch's decode time, or INVALID_ARGUMENT
+  // for an unusable item, DEADLINE_EXCEEDED for an expired lease, INTERNAL
+  // when the decode failed. One bad item does not fail the others.
+  std::vector<absl::StatusOr<kappa::v1::ScoredGroup>> Sample(
+      const std::vector<kappa::v1::WorkItem>& items, const Policy& policy);
+
+  // Verifies and scores a group Sample() returned for `item` (adding the
+  // time it took to generation_seconds). Errors: CANCELLED once Cancel() was
   // called or `abandon()` returns true, DEADLINE_EXCEEDED once the lease has
   // expired, and a non-retryable RPC error as the server returned it.
-  absl::StatusOr<kappa::v1::ScoredGroup> Run(const kappa::v1::WorkItem& item,
-                                             const Policy& policy,
-                                             const std::function<bool()>& abandon);
+  absl::StatusOr<kappa::v1::ScoredGroup> Complete(const kappa::v1::WorkItem& item,
+                                                  kappa::v1::ScoredGroup group,
+                                                  const Policy& policy,
+                                                  const std::function<bool()>& abandon);
 
   // Cancels the RPC in flight and makes every later Run() return CANCELLED
   // until Resume(). Thread-safe.

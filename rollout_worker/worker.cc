@@ -6,6 +6,7 @@
 #include <chrono>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "rollout_worker/backoff.h"
@@ -152,7 +153,7 @@ grpc::Status RolloutWorker::ServeStream(bool* received_any) {
         item = std::move(connection.queue.front());
         connection.queue.pop_front();
       }
-      ProcessItem(&connection, item);
+      ProcessItems(&connection, std::move(item));
     }
   } else {
     connection.MarkBroken();
@@ -198,49 +199,84 @@ void RolloutWorker::ReadLoop(Connection* connection) {
   connection->MarkBroken();
 }
 
-void RolloutWorker::ProcessItem(Connection* connection, const kappa::v1::WorkItem& item) {
+void RolloutWorker::DropItem(const kappa::v1::WorkItem& item, const std::string& why,
+                             bool quiet) {
+  if (quiet) {
+    spdlog::info("work item lease {} (prompt {}) dropped: {}", item.lease_id(), item.prompt_id(),
+                 why);
+  } else {
+    spdlog::error("work item lease {} (prompt {}) dropped: {}", item.lease_id(),
+                  item.prompt_id(), why);
+  }
+  if (options_.metrics != nullptr) options_.metrics->RecordItemsDropped(1);
+  std::lock_guard<std::mutex> lock(mu_);
+  ++stats_.items_dropped;
+}
+
+void RolloutWorker::ProcessItems(Connection* connection, kappa::v1::WorkItem first) {
   auto abandon = [this, connection] { return stopping() || connection->Broken(); };
-  auto drop = [&](const std::string& why, bool quiet) {
-    if (quiet) {
-      spdlog::info("work item lease {} (prompt {}) dropped: {}", item.lease_id(),
-                   item.prompt_id(), why);
-    } else {
-      spdlog::error("work item lease {} (prompt {}) dropped: {}", item.lease_id(),
-                    item.prompt_id(), why);
-    }
-    if (options_.metrics != nullptr) options_.metrics->RecordItemsDropped(1);
-    std::lock_guard<std::mutex> lock(mu_);
-    ++stats_.items_dropped;
-  };
 
   // Wait for a policy at least as new as the learner asks for.
   const absl::Time policy_deadline =
-      item.lease_deadline_unix_ms() > 0
-          ? absl::FromUnixMillis(item.lease_deadline_unix_ms())
+      first.lease_deadline_unix_ms() > 0
+          ? absl::FromUnixMillis(first.lease_deadline_unix_ms())
           : absl::Now() + options_.max_policy_wait;
   Policy policy;
   while (true) {
     absl::StatusOr<Policy> waited = watcher_.WaitForVersion(
-        item.policy_version(), std::min(policy_deadline, absl::Now() + absl::Milliseconds(200)));
+        first.policy_version(), std::min(policy_deadline, absl::Now() + absl::Milliseconds(200)));
     if (waited.ok()) {
       policy = *std::move(waited);
       break;
     }
-    if (abandon()) return drop("worker stopping or stream broken", true);
+    if (abandon()) return DropItem(first, "worker stopping or stream broken", true);
     if (absl::Now() >= policy_deadline) {
-      return drop(absl::StrCat("no policy version >= ", item.policy_version(),
-                               " before the lease deadline (have ",
-                               watcher_.Current().version, ")"),
-                  false);
+      return DropItem(first,
+                      absl::StrCat("no policy version >= ", first.policy_version(),
+                                   " before the lease deadline (have ",
+                                   watcher_.Current().version, ")"),
+                      false);
     }
   }
 
-  absl::StatusOr<kappa::v1::ScoredGroup> group = sampler_.Run(item, policy, abandon);
-  if (!group.ok()) {
-    const bool quiet = absl::IsCancelled(group.status()) && abandon();
-    return drop(std::string(group.status().ToString()), quiet);
+  // The items queued behind `first` that this policy serves join its decode,
+  // in order: the first one that asks for a newer version ends the batch.
+  std::vector<kappa::v1::WorkItem> items;
+  items.push_back(std::move(first));
+  {
+    std::lock_guard<std::mutex> lock(connection->mu);
+    while (!connection->queue.empty() &&
+           static_cast<int32_t>(items.size()) < std::max(1, options_.max_outstanding) &&
+           connection->queue.front().policy_version() <= policy.version) {
+      items.push_back(std::move(connection->queue.front()));
+      connection->queue.pop_front();
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++stats_.decode_batches;
+  }
+  if (options_.metrics != nullptr) {
+    options_.metrics->RecordDecodeBatch(static_cast<int64_t>(items.size()));
   }
 
+  std::vector<absl::StatusOr<kappa::v1::ScoredGroup>> sampled = sampler_.Sample(items, policy);
+  for (size_t i = 0; i < items.size(); ++i) {
+    const kappa::v1::WorkItem& item = items[i];
+    absl::StatusOr<kappa::v1::ScoredGroup> group =
+        sampled[i].ok() ? sampler_.Complete(item, *std::move(sampled[i]), policy, abandon)
+                        : sampled[i].status();
+    if (!group.ok()) {
+      const bool quiet = absl::IsCancelled(group.status()) && abandon();
+      DropItem(item, std::string(group.status().ToString()), quiet);
+      continue;
+    }
+    SendGroup(connection, item, *std::move(group));
+  }
+}
+
+void RolloutWorker::SendGroup(Connection* connection, const kappa::v1::WorkItem& item,
+                              kappa::v1::ScoredGroup group) {
   {
     std::unique_lock<std::mutex> lock(connection->mu);
     while (connection->credits <= 0 && !connection->broken && !stopping()) {
@@ -248,29 +284,30 @@ void RolloutWorker::ProcessItem(Connection* connection, const kappa::v1::WorkIte
     }
     if (connection->broken || stopping()) {
       lock.unlock();
-      return drop("stream broke while waiting for credit", true);
+      return DropItem(item, "stream broke while waiting for credit", true);
     }
     if (LeaseExpired(item)) {
       lock.unlock();
-      return drop("lease expired while waiting for credit", false);
+      return DropItem(item, "lease expired while waiting for credit", false);
     }
     --connection->credits;
   }
 
   double reward_sum = 0;
   int64_t tokens = 0;
-  for (const kappa::v1::ScoredSample& sample : group->samples()) {
+  for (const kappa::v1::ScoredSample& sample : group.samples()) {
     reward_sum += sample.reward();
     tokens += sample.response_tokens_size();
   }
-  const int samples = group->samples_size();
-  const int demonstrations = group->demonstrations_size();
-  const double seconds = group->generation_seconds();
+  const int samples = group.samples_size();
+  const int demonstrations = group.demonstrations_size();
+  const double seconds = group.generation_seconds();
+  const int64_t version = group.policy_version();
   WorkerMessage message;
-  *message.mutable_group() = *std::move(group);
+  *message.mutable_group() = std::move(group);
   if (!connection->stream->Write(message)) {
     connection->MarkBroken();
-    return drop("stream write failed", true);
+    return DropItem(item, "stream write failed", true);
   }
   if (options_.metrics != nullptr) options_.metrics->RecordGroupSent(samples, tokens, seconds);
   {
@@ -279,7 +316,7 @@ void RolloutWorker::ProcessItem(Connection* connection, const kappa::v1::WorkIte
   }
   spdlog::info("group sent: prompt {} lease {} policy v{} (asked v{}) G={} mean_reward={:.3f} "
                "teacher_form={} demonstrations={} {:.2f}s",
-               item.prompt_id(), item.lease_id(), policy.version, item.policy_version(), samples,
+               item.prompt_id(), item.lease_id(), version, item.policy_version(), samples,
                samples > 0 ? reward_sum / samples : 0.0, item.teacher_form(), demonstrations,
                seconds);
 }

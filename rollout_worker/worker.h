@@ -1,7 +1,12 @@
 // The rollout worker's main loop: one Learner.Rollout stream at a time.
 // A reader thread queues WorkItems and accumulates Credits; the loop takes
-// items in order, waits for a policy at least as new as the item asks,
-// samples and scores the group, and sends it once it holds credit. When the
+// the oldest item, waits for a policy at least as new as it asks, adds the
+// queued items behind it that this policy also serves (in order, up to
+// max_outstanding in all), and samples all of them in one batched decode.
+// Then it verifies and scores each group and sends it, in order, once it
+// holds credit. max_outstanding is therefore both how many items the
+// learner leases the worker ahead and the largest decode batch
+// (max_outstanding × G rows). When the
 // stream breaks, queued items are dropped (their leases expire at the learner
 // and are handed out again) and the worker reconnects with backoff.
 #pragma once
@@ -45,6 +50,7 @@ struct WorkerStats {
   int64_t items_received = 0;
   int64_t items_dropped = 0;  // failed, expired, or lost with a broken stream
   int64_t connections = 0;    // Rollout streams opened (Hello sent)
+  int64_t decode_batches = 0; // batched decodes run (items_received counts their items)
 };
 
 class RolloutWorker {
@@ -69,7 +75,13 @@ class RolloutWorker {
   // whether the learner sent anything on it.
   grpc::Status ServeStream(bool* received_any);
   void ReadLoop(Connection* connection);
-  void ProcessItem(Connection* connection, const kappa::v1::WorkItem& item);
+  // Decodes `first` and the queued items its policy serves as one batch,
+  // then completes and sends each group.
+  void ProcessItems(Connection* connection, kappa::v1::WorkItem first);
+  // Waits for credit and writes the group; drops the item if that fails.
+  void SendGroup(Connection* connection, const kappa::v1::WorkItem& item,
+                 kappa::v1::ScoredGroup group);
+  void DropItem(const kappa::v1::WorkItem& item, const std::string& why, bool quiet);
   bool stopping() const { return stopping_.load(); }
 
   const WorkerOptions options_;

@@ -20,6 +20,8 @@ class WorkerMetrics {
   void RecordConnection();
   // One group handed to the learner.
   void RecordGroupSent(int64_t samples, int64_t tokens, double generation_seconds);
+  // One batched decode of `items` work items (items × G rows).
+  void RecordDecodeBatch(int64_t items);
   // A work item given up (failed, expired, or lost with a broken stream).
   void RecordItemsDropped(int64_t items);
   // A failed RPC to `peer`: "learner", "teacher" or "verifier". Each failed
@@ -36,6 +38,7 @@ class WorkerMetrics {
   services::metrics::Counter& items_dropped_;
   services::metrics::Counter& connections_;
   services::metrics::Histogram& generation_seconds_;
+  services::metrics::Histogram& decode_batch_items_;
   services::metrics::Gauge& policy_version_;
 };
 

@@ -13,7 +13,8 @@
 #      sequences of 1024 tokens, V=32000, bf16 autocast and fp32: tokens/s,
 #      model FLOP utilization against the 790 TFLOP/s dense bf16 rate
 #      measured on that machine, and the κ / K_DR monitors' overhead;
-#   4. runs the generation benchmark (KV cache vs recomputing the prefix) on CUDA;
+#   4. runs the generation benchmark on CUDA (KV cache vs recomputing the
+#      prefix, and all prompts in one decode vs one prompt per decode);
 #   5. runs the eager-PyTorch reference of the same step beside ours.
 # Results land in $OUT (default /tmp/kappa-gpu-out); bench/README.md keeps them.
 #
@@ -73,8 +74,8 @@ timeout 60 "$build"/bench/kappa_bench_learner_step --model large --device cuda -
   --exact-positions 8 --peak-tflops 790 2>/dev/null | tee "$out/learner_step_large_fp32.txt"
 
 stage "generation benchmark"
-timeout 90 "$build"/bench/kappa_bench_generation --device cuda --lengths 32,128,512 \
-  --prompts 8 --group-size 8 --reps 3 2>/dev/null | tee "$out/generation_cuda.txt"
+timeout 120 "$build"/bench/kappa_bench_generation --device cuda --lengths 32,128,512 \
+  --prompts 8 --group-size 8 --reps 3 --modes nocache,per_prompt 2>/dev/null | tee "$out/generation_cuda.txt"
 
 stage "eager PyTorch reference"
 # The machine's own PyTorch runs the eager step; rounds alternate who goes first.

@@ -73,8 +73,9 @@ class WorkerTest : public ::testing::Test {
     learner_server_.reset();
   }
 
-  void StartWorker() {
+  void StartWorker(WorkerMetrics* metrics = nullptr) {
     WorkerOptions options;
+    options.metrics = metrics;
     options.worker_id = "worker-under-test";
     options.max_outstanding = 3;
     options.initial_backoff = absl::Milliseconds(20);
@@ -88,13 +89,14 @@ class WorkerTest : public ::testing::Test {
     worker_thread_ = std::thread([this] { run_status_ = worker_->Run(); });
   }
 
-  kappa::v1::WorkItem Item(const std::string& lease, int64_t version, int form, int top_k = 0) {
+  kappa::v1::WorkItem Item(const std::string& lease, int64_t version, int form, int top_k = 0,
+                           const std::string& prompt = "12+7=") {
     static const model::CharTokenizer tokenizer;
     kappa::v1::WorkItem item;
     item.set_lease_id(lease);
     item.set_prompt_id("p-" + lease);
-    item.set_prompt_text("12+7=");
-    for (int64_t id : tokenizer.Encode("12+7=", /*add_bos=*/true)) item.add_prompt_tokens(id);
+    item.set_prompt_text(prompt);
+    for (int64_t id : tokenizer.Encode(prompt, /*add_bos=*/true)) item.add_prompt_tokens(id);
     item.set_reference_answer("19");
     item.set_task("arithmetic");
     item.set_policy_version(version);
@@ -251,6 +253,65 @@ TEST_F(WorkerTest, SamplesWithTheNewestWeightsScoresAndRespectsCredits) {
   EXPECT_EQ(stats.items_received, 5);
 }
 
+TEST_F(WorkerTest, DecodesTheItemsItHoldsAsOneBatch) {
+  services::metrics::Registry registry;
+  WorkerMetrics metrics(registry);
+  model::Decoder v0 = MakeDecoder(config_, 4);
+  StartWorker(&metrics);  // max_outstanding 3
+  ASSERT_TRUE(learner_->WaitForHellos(1, kWait));
+  // Three items with prompts of different lengths (so the batch is
+  // left-padded) and different teacher forms queue up while the worker
+  // has no policy yet.
+  const std::vector<kappa::v1::WorkItem> items = {
+      Item("batch-0", 0, kappa::v1::SCORE_FORM_FULL, 0, "12+7="),
+      Item("batch-1", 0, kappa::v1::SCORE_FORM_SAMPLED, 0, "3+4="),
+      Item("batch-2", 0, 0, 0, "100+23=")};
+  for (const auto& item : items) learner_->SendWork(item);
+  learner_->SendCredit(3);
+  EXPECT_FALSE(learner_->WaitForGroups(1, absl::Milliseconds(400)));
+  learner_->Publish(0, ChunkWeights(0, v0));
+  ASSERT_TRUE(learner_->WaitForGroups(3, kWait));
+  std::vector<kappa::v1::ScoredGroup> groups = learner_->groups();
+  for (size_t i = 0; i < items.size(); ++i) {
+    // In order, and each row's log-probs are those of its own unpadded
+    // prompt: padding and masking kept the items apart.
+    EXPECT_LT(CheckGroup(groups[i], items[i], v0), 1e-3) << i;
+  }
+  EXPECT_EQ(worker_->stats().decode_batches, 1);
+
+  // An item that asks for a newer version than the worker has ends a batch:
+  // `now` goes out with version 0 while `later` waits for version 1 (pulled
+  // into the same decode, it would have been sampled with version 0).
+  model::Decoder v1 = MakeDecoder(config_, 5);
+  const kappa::v1::WorkItem now = Item("batch-3", 0, 0);
+  const kappa::v1::WorkItem later = Item("batch-4", 1, 0);
+  learner_->SendWork(now);
+  learner_->SendWork(later);
+  learner_->SendCredit(2);
+  ASSERT_TRUE(learner_->WaitForGroups(4, kWait));
+  EXPECT_FALSE(learner_->WaitForGroups(5, absl::Milliseconds(300)));
+  learner_->Publish(1, ChunkWeights(1, v1));
+  ASSERT_TRUE(learner_->WaitForGroups(5, kWait));
+  groups = learner_->groups();
+  EXPECT_EQ(groups[3].policy_version(), 0);
+  EXPECT_LT(CheckGroup(groups[3], now, v0), 1e-3);
+  EXPECT_EQ(groups[4].policy_version(), 1);
+  EXPECT_LT(CheckGroup(groups[4], later, v1), 1e-3);
+  worker_->Stop();
+  worker_thread_.join();
+  const WorkerStats stats = worker_->stats();
+  worker_.reset();  // it points at `metrics`
+  EXPECT_EQ(stats.groups_sent, 5);
+  EXPECT_EQ(stats.decode_batches, 3);
+
+  const std::string text = registry.Serialize();
+  using kappa::testing::SampleValue;
+  EXPECT_EQ(SampleValue(text, "kappa_worker_decode_batch_items_count"), 3) << text;
+  EXPECT_EQ(SampleValue(text, "kappa_worker_decode_batch_items_sum"), 5) << text;
+  EXPECT_EQ(SampleValue(text, "kappa_worker_decode_batch_items_bucket{le=\"2\"}"), 2) << text;
+  EXPECT_EQ(kappa::testing::PromtoolCheckMetrics(text).second, "");
+}
+
 TEST_F(WorkerTest, ReconnectsAfterTheLearnerRestartsOnTheSamePort) {
   model::Decoder v0 = MakeDecoder(config_, 3);
   model::Decoder v1 = MakeDecoder(config_, 4);
@@ -342,6 +403,7 @@ TEST_F(WorkerTest, UnavailableVerifierIsRetriedUntilItComesBack) {
   for (const auto& sample : group.samples()) tokens += sample.response_tokens_size();
   EXPECT_EQ(SampleValue(text, "kappa_worker_tokens_total"), tokens) << text;
   EXPECT_EQ(SampleValue(text, "kappa_worker_generation_seconds_count"), 1) << text;
+  EXPECT_EQ(SampleValue(text, "kappa_worker_decode_batch_items_sum"), 1) << text;
   EXPECT_EQ(kappa::testing::PromtoolCheckMetrics(text).second, "");
 }
 
