@@ -57,6 +57,7 @@ kappa::v1::WorkItem LearnerService::MakeWorkItem(const Lease& lease) const {
   item.set_top_p(work_.top_p);
   item.set_teacher_form(work_.teacher_form);
   item.set_teacher_top_k(work_.teacher_top_k);
+  item.set_teacher_value_dtype(static_cast<kappa::v1::DType>(work_.teacher_value_dtype));
   item.set_teacher_demonstrations(work_.teacher_demonstrations);
   item.set_teacher_temperature(work_.teacher_temperature);
   item.set_lease_deadline_unix_ms(absl::ToUnixMillis(lease.deadline));

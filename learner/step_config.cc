@@ -42,6 +42,11 @@ absl::StatusOr<HybridStepConfig> MakeHybridStepConfig(const services::Config& co
   if (trainer.distill_topk <= 0) {
     return absl::InvalidArgumentError("config key 'trainer.distill_topk' must be > 0");
   }
+  if (trainer.teacher_values != "fp32" && trainer.teacher_values != "bf16") {
+    return absl::InvalidArgumentError(absl::StrCat("config key 'trainer.teacher_values': '",
+                                                   trainer.teacher_values,
+                                                   "' is neither fp32 nor bf16"));
+  }
   if (!(trainer.lambda >= 0) || !(trainer.reward_weight >= 0)) {
     return absl::InvalidArgumentError(
         "config keys 'trainer.lambda' and 'trainer.reward_weight' must be >= 0");

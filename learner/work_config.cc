@@ -66,6 +66,9 @@ WorkTemplate WorkTemplateFor(const services::Config& config) {
   work.teacher_top_k = TeacherTopKFor(config);
   work.teacher_demonstrations = TeacherDemonstrationsFor(config);
   work.teacher_temperature = static_cast<float>(config.rstg.teacher_temperature);
+  // MakeHybridStepConfig refuses anything but fp32 and bf16.
+  work.teacher_value_dtype = config.trainer.teacher_values == "bf16" ? kappa::v1::DTYPE_BFLOAT16
+                                                                      : kappa::v1::DTYPE_FLOAT32;
   return work;
 }
 

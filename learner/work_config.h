@@ -22,6 +22,8 @@ struct WorkTemplate {
   // RSTG teacher SFT: K teacher responses for negative zero-variance groups; 0 = never.
   int32_t teacher_demonstrations = 0;
   float teacher_temperature = 1.0f;
+  // kappa.v1.DType of the teacher values (trainer.teacher_values): FLOAT32 or BFLOAT16.
+  int32_t teacher_value_dtype = 1;
   int32_t max_outstanding_limit = 16;  // cap on a worker's Hello.max_outstanding
 };
 

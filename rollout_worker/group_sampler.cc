@@ -98,6 +98,13 @@ absl::Status ValidateItem(const kappa::v1::WorkItem& item, const model::ModelCon
                                                    ": teacher_form ", form, " with top_k ",
                                                    item.teacher_top_k()));
   }
+  const kappa::v1::DType values = item.teacher_value_dtype();
+  if (values != kappa::v1::DTYPE_UNSPECIFIED && values != kappa::v1::DTYPE_FLOAT32 &&
+      values != kappa::v1::DTYPE_BFLOAT16) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "work item ", item.lease_id(), ": teacher_value_dtype ",
+        std::string(services::DTypeName(values)), " (use float32 or bfloat16)"));
+  }
   if (item.teacher_demonstrations() < 0) {
     return absl::InvalidArgumentError(absl::StrCat("work item ", item.lease_id(),
                                                    ": teacher_demonstrations ",
@@ -132,6 +139,38 @@ absl::StatusOr<model::SamplingParams> SamplingParamsFor(const kappa::v1::WorkIte
 bool SameSettings(const model::SamplingParams& a, const model::SamplingParams& b) {
   return a.max_new_tokens == b.max_new_tokens && a.temperature == b.temperature &&
          a.top_p == b.top_p;
+}
+
+// The unscored group of `item` from its `count` sampled sequences.
+absl::StatusOr<kappa::v1::ScoredGroup> GroupOf(const kappa::v1::WorkItem& item,
+                                               int64_t policy_version,
+                                               const std::string& worker_id,
+                                               model::SampledSequence* sequences, size_t count,
+                                               double decode_seconds) {
+  kappa::v1::ScoredGroup group;
+  group.set_lease_id(item.lease_id());
+  group.set_prompt_id(item.prompt_id());
+  *group.mutable_prompt_tokens() = item.prompt_tokens();
+  group.set_policy_version(policy_version);
+  group.set_worker_id(worker_id);
+  group.set_generation_seconds(decode_seconds);
+  for (size_t r = 0; r < count; ++r) {
+    model::SampledSequence& sequence = sequences[r];
+    if (sequence.tokens.empty() || sequence.tokens.size() != sequence.logprobs.size()) {
+      return absl::InternalError(absl::StrCat("sampling returned ", sequence.tokens.size(),
+                                              " tokens with ", sequence.logprobs.size(),
+                                              " log-probs"));
+    }
+    kappa::v1::ScoredSample* sample = group.add_samples();
+    for (int64_t token : sequence.tokens) sample->add_response_tokens(static_cast<int32_t>(token));
+    const torch::Tensor logprobs =
+        torch::from_blob(sequence.logprobs.data(),
+                         {static_cast<int64_t>(sequence.logprobs.size())}, torch::kFloat32);
+    services::EncodeTensor(logprobs, sample->mutable_behavior_logprobs(),
+                           kappa::v1::DTYPE_FLOAT32);
+    sample->set_response_text(ResponseText(sequence.tokens));
+  }
+  return group;
 }
 
 }  // namespace
@@ -222,45 +261,11 @@ std::vector<absl::StatusOr<kappa::v1::ScoredGroup>> GroupSampler::Sample(
 
     size_t row = 0;
     for (size_t i : members) {
-      const kappa::v1::WorkItem& item = items[i];
-      const size_t first_row = row;
-      row += static_cast<size_t>(item.group_size());
-      if (!status.ok()) {
-        results[i] = status;
-        continue;
-      }
-      kappa::v1::ScoredGroup group;
-      group.set_lease_id(item.lease_id());
-      group.set_prompt_id(item.prompt_id());
-      *group.mutable_prompt_tokens() = item.prompt_tokens();
-      group.set_policy_version(policy.version);
-      group.set_worker_id(options_.worker_id);
-      group.set_generation_seconds(decode_seconds);
-      absl::Status group_status;
-      for (size_t r = first_row; r < row; ++r) {
-        model::SampledSequence& sequence = sampled[r];
-        if (sequence.tokens.empty() || sequence.tokens.size() != sequence.logprobs.size()) {
-          group_status = absl::InternalError(
-              absl::StrCat("sampling returned ", sequence.tokens.size(), " tokens with ",
-                           sequence.logprobs.size(), " log-probs"));
-          break;
-        }
-        kappa::v1::ScoredSample* sample = group.add_samples();
-        for (int64_t token : sequence.tokens) {
-          sample->add_response_tokens(static_cast<int32_t>(token));
-        }
-        const torch::Tensor logprobs =
-            torch::from_blob(sequence.logprobs.data(),
-                             {static_cast<int64_t>(sequence.logprobs.size())}, torch::kFloat32);
-        services::EncodeTensor(logprobs, sample->mutable_behavior_logprobs(),
-                               kappa::v1::DTYPE_FLOAT32);
-        sample->set_response_text(ResponseText(sequence.tokens));
-      }
-      if (group_status.ok()) {
-        results[i] = std::move(group);
-      } else {
-        results[i] = group_status;
-      }
+      const size_t count = static_cast<size_t>(items[i].group_size());
+      results[i] = status.ok() ? GroupOf(items[i], policy.version, options_.worker_id,
+                                         &sampled[row], count, decode_seconds)
+                               : absl::StatusOr<kappa::v1::ScoredGroup>(status);
+      row += count;
     }
   }
   return results;
@@ -383,7 +388,9 @@ absl::Status GroupSampler::Score(const kappa::v1::WorkItem& item, int64_t vocab_
   request.set_top_k(form == kappa::v1::SCORE_FORM_TOPK
                         ? static_cast<int32_t>(std::min<int64_t>(item.teacher_top_k(), vocab_size))
                         : item.teacher_top_k());
-  request.set_value_dtype(kappa::v1::DTYPE_FLOAT32);
+  request.set_value_dtype(item.teacher_value_dtype() == kappa::v1::DTYPE_BFLOAT16
+                              ? kappa::v1::DTYPE_BFLOAT16
+                              : kappa::v1::DTYPE_FLOAT32);
   request.set_vocab_size(static_cast<int32_t>(vocab_size));
   for (const kappa::v1::ScoredSample& sample : group.samples()) {
     kappa::v1::ScoreSequence* sequence = request.add_sequences();

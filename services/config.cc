@@ -137,6 +137,7 @@ const std::vector<Field>& Fields() {
       KAPPA_CONFIG_FIELD(trainer.eval_examples),
       KAPPA_CONFIG_FIELD(trainer.checkpoint_every),
       KAPPA_CONFIG_FIELD(trainer.distill_topk),
+      KAPPA_CONFIG_FIELD(trainer.teacher_values),
       KAPPA_CONFIG_FIELD(trainer.seed),
       KAPPA_CONFIG_FIELD(trainer.distill_gate),
       KAPPA_CONFIG_FIELD(trainer.balance),

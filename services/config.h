@@ -136,6 +136,10 @@ struct Config {
     int64_t eval_examples = 200;       // held-out examples per evaluation
     int64_t checkpoint_every = 20;     // steps; 0: only at the end
     int64_t distill_topk = 8;          // k of distill_loss=topk_reverse_kl
+    // fp32 | bf16: the teacher log-probs' precision on the wire. bf16 halves
+    // the values' bytes (top-64 over V = 152k: 384 instead of 512 B/token)
+    // at about 3 significant digits per log-prob; the learner computes in fp32.
+    std::string teacher_values = "fp32";
     // fp32 | bf16: bf16 runs the learner's forward passes under autocast
     // (matmuls in bfloat16; weights, gradients, optimizer state and loss
     // reductions in float32). For CUDA; on a CPU it is correct but slow.

@@ -21,6 +21,14 @@
 #   bash bench/gpu/prepare.sh                                   # here, once: .gpu_deps/
 #   bash bench/gpu/run.sh                                       # on the GPU machine (carry .gpu_deps)
 #   bash bench/gpu/run.sh --compile-check                       # here: nvcc compile check only
+#   bash bench/gpu/run.sh --cpu-rehearsal                       # here: every stage on the CPU
+#
+# --cpu-rehearsal runs the same stages with the development machine's CPU
+# libtorch (KAPPA_CUDA off, --device cpu, the demo model for gpt, two
+# rounds, short generations, /usr/bin/python3 for the eager reference): it
+# proves the libtorch-only build, the test list and every benchmark flag
+# here, so the one GPU run is not spent on a typo. Numbers from it mean
+# nothing.
 #
 # The nlohmann_json CMake package is header-only; the GPU machine has none,
 # so it travels with the tree (run's `carry: [".gpu_deps"]`).
@@ -33,6 +41,11 @@ if [[ "${1:-}" == "--compile-check" ]]; then
   exec bash scripts/cuda_compile_check.sh
 fi
 
+rehearsal=0
+if [[ "${1:-}" == "--cpu-rehearsal" ]]; then
+  rehearsal=1
+  shift
+fi
 out=${OUT:-/tmp/kappa-gpu-out}
 build=${KAPPA_GPU_BUILD:-/tmp/kappa-gpu}
 mkdir -p "$out"
@@ -40,12 +53,24 @@ json_dir=${1:-$PWD/.gpu_deps/share/cmake/nlohmann_json}
 start=$(date +%s)
 stage() { echo "== $1 ($(( $(date +%s) - start )) s)"; }
 
+# What differs between the GPU run and the CPU rehearsal; the stages below
+# are the same commands.
+if (( rehearsal )); then
+  device=cpu gpt=demo large=demo reps=2 gen_lengths=8,16 python=/usr/bin/python3
+  build=${KAPPA_GPU_BUILD:-/tmp/kappa-gpu-rehearsal}
+  configure_flags=(-DKAPPA_CUDA=OFF)
+  [[ -x /usr/bin/ccache ]] && configure_flags+=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+else
+  device=cuda gpt=gpt large=large reps=10 gen_lengths=32,128,512 python=python3
+  torch_prefix=$(python3 -c 'import torch;print(torch.utils.cmake_prefix_path)')
+  export CUDACXX=${CUDACXX:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
+  configure_flags=(-DKAPPA_CUDA=ON -DCMAKE_PREFIX_PATH="$torch_prefix"
+                   -Dnlohmann_json_DIR="$json_dir")
+fi
+
 stage "configure"
-torch_prefix=$(python3 -c 'import torch;print(torch.utils.cmake_prefix_path)')
-export CUDACXX=${CUDACXX:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKAPPA_BUILD_SERVICES=OFF \
-  -DKAPPA_CUDA=ON -DKAPPA_WERROR=OFF -DCMAKE_PREFIX_PATH="$torch_prefix" \
-  -Dnlohmann_json_DIR="$json_dir" > "$out/cmake.log" 2>&1 \
+  -DKAPPA_WERROR=OFF "${configure_flags[@]}" > "$out/cmake.log" 2>&1 \
   || { tail -30 "$out/cmake.log"; exit 1; }
 
 stage "build"
@@ -59,33 +84,42 @@ grep -E "tests passed|tests failed|Failed|SEGFAULT|\*\*\*" "$out/ctest.log" | he
 for t in "$build"/tests/algo/algo_*test; do
   "$t" --gtest_filter='*Cuda*:*CUDA*' 2>&1 | grep -E "^\[  (PASSED|FAILED|SKIPPED) " | sed "s|^|$(basename "$t"): |"
 done | tee "$out/cuda_tests.txt"
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
+if command -v nvidia-smi > /dev/null; then
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
+fi
 
 stage "learner-step benchmark"
 for precision in bf16 fp32; do
-  timeout 100 "$build"/bench/kappa_bench_learner_step --model gpt --device cuda --reps 10 \
-    --precision "$precision" --modes plain,kappa,kappa_kdr,kappa4_kdr --exact-positions 0 \
-    --peak-tflops 790 2>/dev/null | tee "$out/learner_step_gpt_${precision}.txt"
+  timeout 100 "$build"/bench/kappa_bench_learner_step --model "$gpt" --device "$device" \
+    --reps "$reps" --precision "$precision" --modes plain,kappa,kappa_kdr,kappa4_kdr \
+    --exact-positions 0 --peak-tflops 790 2>/dev/null \
+    | tee "$out/learner_step_${gpt}_${precision}.txt"
 done
-timeout 60 "$build"/bench/kappa_bench_learner_step --model gpt --device cuda --reps 10 \
-  --precision bf16 --ragged 1 --micro-batch 4 --modes plain --exact-positions 0 \
-  --peak-tflops 790 2>/dev/null | tee "$out/learner_step_gpt_bf16_ragged_micro4.txt"
-timeout 60 "$build"/bench/kappa_bench_learner_step --model large --device cuda --reps 20 \
-  --exact-positions 8 --peak-tflops 790 2>/dev/null | tee "$out/learner_step_large_fp32.txt"
+timeout 60 "$build"/bench/kappa_bench_learner_step --model "$gpt" --device "$device" \
+  --reps "$reps" --precision bf16 --ragged 1 --micro-batch 4 --modes plain --exact-positions 0 \
+  --peak-tflops 790 2>/dev/null | tee "$out/learner_step_${gpt}_bf16_ragged_micro4.txt"
+timeout 60 "$build"/bench/kappa_bench_learner_step --model "$large" --device "$device" \
+  --reps $(( 2 * reps )) --exact-positions 8 --peak-tflops 790 2>/dev/null \
+  | tee "$out/learner_step_${large}_fp32.txt"
 
 stage "generation benchmark"
-timeout 120 "$build"/bench/kappa_bench_generation --device cuda --lengths 32,128,512 \
-  --prompts 8 --group-size 8 --reps 3 --modes nocache,per_prompt 2>/dev/null | tee "$out/generation_cuda.txt"
+timeout 120 "$build"/bench/kappa_bench_generation --device "$device" --lengths "$gen_lengths" \
+  --prompts 8 --group-size 8 --reps 3 --modes nocache,per_prompt 2>/dev/null \
+  | tee "$out/generation_${device}.txt"
 
 stage "eager PyTorch reference"
 # The machine's own PyTorch runs the eager step; rounds alternate who goes first.
+eager() {
+  timeout 60 "$python" bench/eager_reference/hybrid_step.py --model "$gpt" --device "$device" \
+    --modes plain,kappa --reps "$reps" 2>/dev/null | tee -a "$out/eager_${gpt}_fp32.txt"
+}
+ours() {
+  timeout 60 "$build"/bench/kappa_bench_learner_step --model "$gpt" --device "$device" \
+    --reps "$reps" --modes plain,kappa --exact-positions 0 --peak-tflops 790 2>/dev/null \
+    | tee -a "$out/kappa_${gpt}_fp32_vs_eager.txt"
+}
 if [[ -f bench/eager_reference/hybrid_step.py ]]; then
-  for round in 1 2; do
-    timeout 60 python3 bench/eager_reference/hybrid_step.py --model gpt --device cuda \
-      --modes plain,kappa --reps 10 2>/dev/null | tee -a "$out/eager_gpt_fp32.txt"
-    timeout 60 "$build"/bench/kappa_bench_learner_step --model gpt --device cuda --reps 10 \
-      --modes plain,kappa --exact-positions 0 --peak-tflops 790 2>/dev/null \
-      | tee -a "$out/kappa_gpt_fp32_vs_eager.txt"
-  done
+  eager; ours
+  ours; eager
 fi
 stage "done"

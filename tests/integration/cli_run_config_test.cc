@@ -71,6 +71,15 @@ TEST_F(RunConfigTest, ZeroWorkersIsRejected) {
   EXPECT_FALSE(std::filesystem::exists(dir_ + "/runs"));
 }
 
+TEST_F(RunConfigTest, UnknownTeacherValuePrecisionIsRejected) {
+  const std::string path = Config("ok.yaml", "name: t\n");
+  auto result = RunKappa({"run", path, "trainer.teacher_values=fp16", "runs_dir=" + dir_ + "/runs"});
+  EXPECT_NE(result.exit_code, 0);
+  EXPECT_NE(result.output.find("trainer.teacher_values"), std::string::npos) << result.output;
+  EXPECT_NE(result.output.find("fp16"), std::string::npos) << result.output;
+  EXPECT_FALSE(std::filesystem::exists(dir_ + "/runs"));
+}
+
 TEST_F(RunConfigTest, UsageErrorsExitWithTwo) {
   auto no_config = RunKappa({"run"});
   EXPECT_EQ(no_config.exit_code, 2);

@@ -207,6 +207,35 @@ TEST(GroupDecoderTopk, RowsAreDensifiedWithTheFillOutsideTheTopk) {
   }
 }
 
+TEST(GroupDecoderTopk, BfloatValuesDecodeToTheirFloat32Values) {
+  // trainer.teacher_values: bf16 — the same rows on a bfloat16 wire.
+  kappa::v1::ScoredGroup group = TopkGroup(kIds, kLogProbs);
+  std::vector<torch::Tensor> sent;
+  for (int s = 0; s < group.samples_size(); ++s) {
+    kappa::v1::Tensor* values = group.mutable_samples(s)->mutable_teacher_logprobs();
+    const absl::StatusOr<torch::Tensor> fp32 = services::DecodeTensor(*values, "values");
+    ASSERT_TRUE(fp32.ok()) << fp32.status();
+    services::EncodeTensor(*fp32, values, kappa::v1::DTYPE_BFLOAT16);
+    ASSERT_EQ(values->dtype(), kappa::v1::DTYPE_BFLOAT16);
+    sent.push_back(fp32->to(torch::kBFloat16).to(torch::kFloat32));
+  }
+  const absl::StatusOr<ScoredGroup> decoded = DecodeScoredGroup(group, ExpectTopk(3));
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  for (int s = 0; s < 2; ++s) {
+    const torch::Tensor& dense = decoded->samples[s].teacher_logprobs;
+    ASSERT_EQ(dense.scalar_type(), torch::kFloat32);
+    for (int64_t t = 0; t < 2; ++t) {
+      const torch::Tensor ids = torch::tensor(kIds[t]);
+      EXPECT_TRUE(torch::equal(dense[t].index_select(0, ids), sent[s][t])) << s << " " << t;
+      // Rounded, not garbled: within bfloat16's 2^-8 relative step.
+      for (int64_t j = 0; j < 3; ++j) {
+        const float exact = kLogProbs[t][j] - 0.1f * static_cast<float>(s);
+        EXPECT_NEAR(sent[s][t][j].item<float>(), exact, std::abs(exact) / 256);
+      }
+    }
+  }
+}
+
 TEST(GroupDecoderTopk, KPastTheVocabularyMeansTheWholeRow) {
   // A work item's k above V: the worker asks for min(k, V), every id once.
   std::vector<std::vector<int64_t>> ids(2);

@@ -90,6 +90,15 @@ TEST(WorkConfig, TopkReverseKlAsksForTheTopkFormWithTheLossK) {
   EXPECT_EQ(work.teacher_top_k, 0);
 }
 
+TEST(WorkConfig, TeacherValuesAskForTheirWireDtype) {
+  services::Config config = Base();
+  EXPECT_EQ(WorkTemplateFor(config).teacher_value_dtype, kappa::v1::DTYPE_FLOAT32);
+  config.trainer.teacher_values = "bf16";
+  EXPECT_EQ(WorkTemplateFor(config).teacher_value_dtype, kappa::v1::DTYPE_BFLOAT16);
+  config.trainer.teacher_values = "fp32";
+  EXPECT_EQ(WorkTemplateFor(config).teacher_value_dtype, kappa::v1::DTYPE_FLOAT32);
+}
+
 TEST(WorkConfig, TeacherDemonstrationsOnlyForRstgWithSftWeight) {
   services::Config config = Base();
   config.rstg.teacher_samples = 5;

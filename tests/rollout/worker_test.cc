@@ -143,8 +143,12 @@ class WorkerTest : public ::testing::Test {
       for (size_t t = 0; t < behavior.size() && t < reference.size(); ++t) {
         max_gap = std::max(max_gap, static_cast<double>(std::abs(behavior[t] - reference[t])));
       }
-      // Teacher data in the requested form.
+      // Teacher data in the requested form and precision.
       const kappa::v1::Tensor& teacher = sample.teacher_logprobs();
+      const bool bf16 = item.teacher_value_dtype() == kappa::v1::DTYPE_BFLOAT16;
+      if (item.teacher_form() != 0) {
+        EXPECT_EQ(teacher.dtype(), bf16 ? kappa::v1::DTYPE_BFLOAT16 : kappa::v1::DTYPE_FLOAT32);
+      }
       switch (item.teacher_form()) {
         case 0:
           EXPECT_EQ(teacher.data().size(), 0u);
@@ -155,9 +159,10 @@ class WorkerTest : public ::testing::Test {
                     (std::vector<int64_t>{length, config_.vocab_size}));
           auto decoded = services::DecodeTensor(teacher, "teacher_logprobs");
           EXPECT_TRUE(decoded.ok()) << decoded.status();
-          if (decoded.ok()) {  // each row a distribution
-            EXPECT_TRUE(torch::allclose(decoded->exp().sum(-1), torch::ones({length}), 1e-4,
-                                        1e-4));
+          if (decoded.ok()) {  // each row a distribution (bfloat16: to its rounding)
+            const double tolerance = bf16 ? 2e-2 : 1e-4;
+            EXPECT_TRUE(torch::allclose(decoded->to(torch::kFloat32).exp().sum(-1),
+                                        torch::ones({length}), tolerance, tolerance));
           }
           break;
         }
@@ -260,12 +265,15 @@ TEST_F(WorkerTest, DecodesTheItemsItHoldsAsOneBatch) {
   StartWorker(&metrics);  // max_outstanding 3
   ASSERT_TRUE(learner_->WaitForHellos(1, kWait));
   // Three items with prompts of different lengths (so the batch is
-  // left-padded) and different teacher forms queue up while the worker
-  // has no policy yet.
-  const std::vector<kappa::v1::WorkItem> items = {
+  // left-padded), different teacher forms and precisions queue up while the
+  // worker has no policy yet.
+  std::vector<kappa::v1::WorkItem> items = {
       Item("batch-0", 0, kappa::v1::SCORE_FORM_FULL, 0, "12+7="),
       Item("batch-1", 0, kappa::v1::SCORE_FORM_SAMPLED, 0, "3+4="),
       Item("batch-2", 0, 0, 0, "100+23=")};
+  // trainer.teacher_values: bf16 on two of them; CheckGroup checks the dtype.
+  items[0].set_teacher_value_dtype(kappa::v1::DTYPE_BFLOAT16);
+  items[1].set_teacher_value_dtype(kappa::v1::DTYPE_BFLOAT16);
   for (const auto& item : items) learner_->SendWork(item);
   learner_->SendCredit(3);
   EXPECT_FALSE(learner_->WaitForGroups(1, absl::Milliseconds(400)));
