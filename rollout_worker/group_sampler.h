@@ -73,7 +73,7 @@ class GroupSampler {
                                                   const Policy& policy,
                                                   const std::function<bool()>& abandon);
 
-  // Cancels the RPC in flight and makes every later Run() return CANCELLED
+  // Cancels the RPC in flight and makes every later Complete() return CANCELLED
   // until Resume(). Thread-safe.
   void Cancel();
   void Resume();

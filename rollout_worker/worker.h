@@ -50,7 +50,7 @@ struct WorkerStats {
   int64_t items_received = 0;
   int64_t items_dropped = 0;  // failed, expired, or lost with a broken stream
   int64_t connections = 0;    // Rollout streams opened (Hello sent)
-  int64_t decode_batches = 0; // batched decodes run (items_received counts their items)
+  int64_t decode_batches = 0;  // batched decodes run (items_received counts their items)
 };
 
 class RolloutWorker {
