@@ -192,7 +192,7 @@ GroupSampler::~GroupSampler() = default;
 void GroupSampler::Cancel() {
   std::lock_guard<std::mutex> lock(mu_);
   cancelled_ = true;
-  if (active_context_ != nullptr) active_context_->TryCancel();
+  for (grpc::ClientContext* context : active_contexts_) context->TryCancel();
 }
 
 void GroupSampler::Resume() {
@@ -318,12 +318,12 @@ absl::Status GroupSampler::CallWithRetry(
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (cancelled_) return absl::CancelledError(absl::StrCat(what, ": cancelled"));
-      active_context_ = &context;
+      active_contexts_.insert(&context);
     }
     const grpc::Status status = call(&context);
     {
       std::lock_guard<std::mutex> lock(mu_);
-      active_context_ = nullptr;
+      active_contexts_.erase(&context);
     }
     if (status.ok()) return absl::OkStatus();
     if (options_.metrics != nullptr && !should_stop()) {

@@ -18,6 +18,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -65,7 +66,9 @@ class GroupSampler {
       const std::vector<kappa::v1::WorkItem>& items, const Policy& policy);
 
   // Verifies and scores a group Sample() returned for `item` (adding the
-  // time it took to generation_seconds). Errors: CANCELLED once Cancel() was
+  // time it took to generation_seconds). Thread-safe: the worker completes
+  // a batch's groups concurrently, so their Verify and Score requests reach
+  // the verifier and the teacher together (the teacher batches them). Errors: CANCELLED once Cancel() was
   // called or `abandon()` returns true, DEADLINE_EXCEEDED once the lease has
   // expired, and a non-retryable RPC error as the server returned it.
   absl::StatusOr<kappa::v1::ScoredGroup> Complete(const kappa::v1::WorkItem& item,
@@ -73,7 +76,7 @@ class GroupSampler {
                                                   const Policy& policy,
                                                   const std::function<bool()>& abandon);
 
-  // Cancels the RPC in flight and makes every later Complete() return CANCELLED
+  // Cancels the RPCs in flight and makes every later Complete() return CANCELLED
   // until Resume(). Thread-safe.
   void Cancel();
   void Resume();
@@ -103,8 +106,9 @@ class GroupSampler {
   std::unique_ptr<Rng> rng_;
 
   std::mutex mu_;
-  bool cancelled_ = false;
-  grpc::ClientContext* active_context_ = nullptr;  // guarded by mu_
+  bool cancelled_ = false;                              // guarded by mu_
+  // The RPCs in flight: Complete() runs concurrently for a batch's groups.
+  std::set<grpc::ClientContext*> active_contexts_;  // guarded by mu_
 };
 
 }  // namespace kappa::rollout

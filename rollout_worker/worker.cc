@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <future>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -260,12 +261,21 @@ void RolloutWorker::ProcessItems(Connection* connection, kappa::v1::WorkItem fir
     options_.metrics->RecordDecodeBatch(static_cast<int64_t>(items.size()));
   }
 
+  // Every group's Verify/Score/demonstration RPCs run at once, so the
+  // teacher's dynamic batcher sees the whole batch rather than one group at
+  // a time; groups still go out in order, each as soon as it and those
+  // before it are complete.
   std::vector<absl::StatusOr<kappa::v1::ScoredGroup>> sampled = sampler_.Sample(items, policy);
+  std::vector<std::future<absl::StatusOr<kappa::v1::ScoredGroup>>> completing;
+  for (size_t i = 0; i < items.size(); ++i) {
+    completing.push_back(std::async(std::launch::async, [&, i] {
+      return sampled[i].ok() ? sampler_.Complete(items[i], *std::move(sampled[i]), policy, abandon)
+                             : absl::StatusOr<kappa::v1::ScoredGroup>(sampled[i].status());
+    }));
+  }
   for (size_t i = 0; i < items.size(); ++i) {
     const kappa::v1::WorkItem& item = items[i];
-    absl::StatusOr<kappa::v1::ScoredGroup> group =
-        sampled[i].ok() ? sampler_.Complete(item, *std::move(sampled[i]), policy, abandon)
-                        : sampled[i].status();
+    absl::StatusOr<kappa::v1::ScoredGroup> group = completing[i].get();
     if (!group.ok()) {
       const bool quiet = absl::IsCancelled(group.status()) && abandon();
       DropItem(item, std::string(group.status().ToString()), quiet);

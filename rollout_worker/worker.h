@@ -3,7 +3,8 @@
 // the oldest item, waits for a policy at least as new as it asks, adds the
 // queued items behind it that this policy also serves (in order, up to
 // max_outstanding in all), and samples all of them in one batched decode.
-// Then it verifies and scores each group and sends it, in order, once it
+// Then it verifies and scores all of them at once (concurrent RPCs, so the
+// teacher batches them) and sends each group, in order, once it
 // holds credit. max_outstanding is therefore both how many items the
 // learner leases the worker ahead and the largest decode batch
 // (max_outstanding × G rows). When the

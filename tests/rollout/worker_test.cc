@@ -3,6 +3,7 @@
 // teacher services.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cmath>
 #include <memory>
 #include <thread>
@@ -31,6 +32,33 @@ using testing::TinyConfig;
 
 constexpr int kGroupSize = 4;
 const absl::Duration kWait = absl::Seconds(20);
+
+// A verifier that holds each call for `delay` before answering as `inner`
+// does, and records how many calls were in flight at once.
+class SlowVerifier final : public kappa::v1::Verifier::Service {
+ public:
+  SlowVerifier(verifier::VerifierService* inner, absl::Duration delay)
+      : inner_(inner), delay_(delay) {}
+
+  grpc::Status Verify(grpc::ServerContext* context, const kappa::v1::VerifyRequest* request,
+                      kappa::v1::VerifyResponse* response) override {
+    const int now = ++in_flight_;
+    int seen = max_in_flight_.load();
+    while (now > seen && !max_in_flight_.compare_exchange_weak(seen, now)) {
+    }
+    absl::SleepFor(delay_);
+    --in_flight_;
+    return inner_->Verify(context, request, response);
+  }
+
+  int max_in_flight() const { return max_in_flight_.load(); }
+
+ private:
+  verifier::VerifierService* const inner_;
+  const absl::Duration delay_;
+  std::atomic<int> in_flight_{0};
+  std::atomic<int> max_in_flight_{0};
+};
 
 std::vector<int64_t> Tokens(const google::protobuf::RepeatedField<int32_t>& ids) {
   return std::vector<int64_t>(ids.begin(), ids.end());
@@ -73,7 +101,8 @@ class WorkerTest : public ::testing::Test {
     learner_server_.reset();
   }
 
-  void StartWorker(WorkerMetrics* metrics = nullptr) {
+  // `verifier_port` 0: the fixture's scorers serve the verifier too.
+  void StartWorker(WorkerMetrics* metrics = nullptr, int verifier_port = 0) {
     WorkerOptions options;
     options.metrics = metrics;
     options.worker_id = "worker-under-test";
@@ -83,9 +112,11 @@ class WorkerTest : public ::testing::Test {
     options.sampler.rpc_deadline = absl::Seconds(5);
     options.sampler.seed = 1234;
     const std::string scorers = "127.0.0.1:" + std::to_string(scorers_->port());
+    const std::string verifier =
+        "127.0.0.1:" + std::to_string(verifier_port > 0 ? verifier_port : scorers_->port());
     worker_ = std::make_unique<RolloutWorker>(
         services::MakeChannel("127.0.0.1:" + std::to_string(learner_port_)),
-        services::MakeChannel(scorers), services::MakeChannel(scorers), options);
+        services::MakeChannel(verifier), services::MakeChannel(scorers), options);
     worker_thread_ = std::thread([this] { run_status_ = worker_->Run(); });
   }
 
@@ -318,6 +349,35 @@ TEST_F(WorkerTest, DecodesTheItemsItHoldsAsOneBatch) {
   EXPECT_EQ(SampleValue(text, "kappa_worker_decode_batch_items_sum"), 5) << text;
   EXPECT_EQ(SampleValue(text, "kappa_worker_decode_batch_items_bucket{le=\"2\"}"), 2) << text;
   EXPECT_EQ(kappa::testing::PromtoolCheckMetrics(text).second, "");
+}
+
+TEST_F(WorkerTest, CompletesTheGroupsOfABatchConcurrently) {
+  // Each Verify takes 500 ms. The three groups of one decode batch are
+  // verified at once, not one after another (which would keep at most one
+  // call in flight and the teacher's batcher fed one group at a time).
+  SlowVerifier slow(verifier_.get(), absl::Milliseconds(500));
+  auto slow_server = services::GrpcServer::Start("127.0.0.1:0", {&slow});
+  ASSERT_TRUE(slow_server.ok()) << slow_server.status();
+  model::Decoder v0 = MakeDecoder(config_, 6);
+  StartWorker(nullptr, (*slow_server)->port());
+  ASSERT_TRUE(learner_->WaitForHellos(1, kWait));
+  const std::vector<kappa::v1::WorkItem> items = {
+      Item("slow-0", 0, kappa::v1::SCORE_FORM_FULL), Item("slow-1", 0, 0),
+      Item("slow-2", 0, kappa::v1::SCORE_FORM_SAMPLED)};
+  for (const auto& item : items) learner_->SendWork(item);
+  learner_->SendCredit(3);
+  EXPECT_FALSE(learner_->WaitForGroups(1, absl::Milliseconds(300)));
+  learner_->Publish(0, ChunkWeights(0, v0));
+  ASSERT_TRUE(learner_->WaitForGroups(3, kWait));
+  const std::vector<kappa::v1::ScoredGroup> groups = learner_->groups();
+  for (size_t i = 0; i < items.size(); ++i) {
+    EXPECT_LT(CheckGroup(groups[i], items[i], v0), 1e-3) << i;  // complete, in order
+  }
+  EXPECT_EQ(worker_->stats().decode_batches, 1);
+  EXPECT_EQ(slow.max_in_flight(), 3);
+  worker_->Stop();
+  worker_thread_.join();
+  (*slow_server)->Shutdown(absl::Milliseconds(100));
 }
 
 TEST_F(WorkerTest, ReconnectsAfterTheLearnerRestartsOnTheSamePort) {
