@@ -104,6 +104,14 @@ absl::Status RolloutWorker::Run() {
     const grpc::Status status = ServeStream(&received_any);
     if (stopping()) break;
     if (options_.metrics != nullptr && !status.ok()) options_.metrics->RecordRpcError("learner");
+    if (!received_any && status.error_code() == grpc::StatusCode::INVALID_ARGUMENT) {
+      // The learner refused the Hello itself (e.g. rollout.max_outstanding
+      // above its cap): a configuration error no retry can fix, so stop
+      // with it rather than reconnect forever.
+      watcher_.Stop();
+      return absl::InvalidArgumentError(
+          absl::StrCat("the learner refused this worker: ", status.error_message()));
+    }
     if (received_any) backoff.Reset();  // the learner was up: retry soon
     const absl::Duration delay = backoff.Next();
     spdlog::warn("Rollout stream to the learner ended ({}: {}); reconnecting in {:.0f} ms",

@@ -61,7 +61,8 @@ class RolloutWorker {
                 std::shared_ptr<grpc::ChannelInterface> teacher_channel, WorkerOptions options);
   ~RolloutWorker();
 
-  // Runs until Stop(); returns OK after a clean stop.
+  // Runs until Stop(); returns OK after a clean stop, INVALID_ARGUMENT if
+  // the learner refuses the worker's Hello (its configuration is wrong).
   absl::Status Run();
   // Thread-safe, idempotent; Run() returns promptly (cancels in-flight RPCs).
   void Stop();

@@ -37,6 +37,11 @@ void FakeLearner::SendWork(const kappa::v1::WorkItem& item) {
   Send(message);
 }
 
+void FakeLearner::RefuseHellos(grpc::Status status) {
+  std::lock_guard<std::mutex> lock(mu_);
+  hello_refusal_ = std::move(status);
+}
+
 bool FakeLearner::WaitFor(const std::function<bool()>& done, absl::Duration timeout) {
   std::unique_lock<std::mutex> lock(mu_);
   return cv_.wait_for(lock, absl::ToChronoNanoseconds(timeout), done);
@@ -86,11 +91,14 @@ grpc::Status FakeLearner::Rollout(
     ++protocol_errors_;
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "first message must be a Hello");
   }
+  std::optional<grpc::Status> refusal;
   {
     std::lock_guard<std::mutex> lock(mu_);
     hellos_.push_back(first.hello());
+    refusal = hello_refusal_;
   }
   cv_.notify_all();
+  if (refusal) return *refusal;
 
   std::thread reader([&] {
     kappa::v1::WorkerMessage message;

@@ -10,6 +10,7 @@
 #include <deque>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 #include "absl/time/time.h"
@@ -26,6 +27,9 @@ class FakeLearner final : public kappa::v1::Learner::Service {
   void Send(const kappa::v1::LearnerMessage& message);
   void SendCredit(int32_t groups);
   void SendWork(const kappa::v1::WorkItem& item);
+  // Every later Rollout stream ends with `status` right after its Hello, as
+  // the learner ends one whose Hello it refuses.
+  void RefuseHellos(grpc::Status status);
 
   // Wait until the predicate over the recorded state holds, or timeout.
   bool WaitForGroups(size_t count, absl::Duration timeout);
@@ -60,6 +64,7 @@ class FakeLearner final : public kappa::v1::Learner::Service {
   std::vector<kappa::v1::Hello> hellos_;
   std::vector<int64_t> watch_known_versions_;
   int64_t protocol_errors_ = 0;
+  std::optional<grpc::Status> hello_refusal_;
 };
 
 }  // namespace kappa::rollout::testing

@@ -380,6 +380,23 @@ TEST_F(WorkerTest, CompletesTheGroupsOfABatchConcurrently) {
   (*slow_server)->Shutdown(absl::Milliseconds(100));
 }
 
+TEST_F(WorkerTest, StopsWhenTheLearnerRefusesItsHello) {
+  // What the learner answers a max_outstanding above its cap: retrying the
+  // same Hello cannot help, so Run() returns the refusal instead of
+  // reconnecting forever (the binary exits 1 with it).
+  learner_->RefuseHellos(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                      "hello.max_outstanding: 3 outside [1, 2]"));
+  const absl::Time start = absl::Now();
+  StartWorker();
+  worker_thread_.join();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  EXPECT_TRUE(absl::IsInvalidArgument(run_status_)) << run_status_;
+  EXPECT_NE(run_status_.message().find("hello.max_outstanding: 3 outside [1, 2]"),
+            std::string::npos)
+      << run_status_;
+  EXPECT_EQ(learner_->hellos().size(), 1u);
+}
+
 TEST_F(WorkerTest, ReconnectsAfterTheLearnerRestartsOnTheSamePort) {
   model::Decoder v0 = MakeDecoder(config_, 3);
   model::Decoder v1 = MakeDecoder(config_, 4);
