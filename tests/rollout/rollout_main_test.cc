@@ -10,17 +10,21 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "tests/services/subprocess.h"
 
 #ifndef KAPPA_ROLLOUT_WORKER_BINARY
 #error "KAPPA_ROLLOUT_WORKER_BINARY must name the kappa-rollout-worker executable"
 #endif
 
 namespace {
+
+using kappa::testing::ReadFile;
+using kappa::testing::Spawn;
+using kappa::testing::WaitExit;
 
 // Nothing listens there: the worker only ever retries its connection.
 constexpr const char* kNoLearner = "--learner=127.0.0.1:1";
@@ -42,13 +46,6 @@ Outcome RunToExit(const std::string& arguments) {
   const int status = pclose(pipe);
   outcome.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   return outcome;
-}
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
 }
 
 TEST(RolloutMainTest, CudaWithoutAGpuIsRefusedAtStartUpNamingTheKey) {
@@ -84,16 +81,8 @@ TEST(RolloutMainTest, CpuStartsAndStopsOnSigterm) {
        ("kappa_rollout_main_" + std::to_string(getpid()) + ".log"))
           .string();
   std::filesystem::remove(log);
-  const std::vector<std::string> args = {KAPPA_ROLLOUT_WORKER_BINARY, kNoLearner,
-                                         "--log-file", log, "rollout.device=cpu"};
-  std::vector<char*> argv;
-  for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  const pid_t pid = fork();
-  if (pid == 0) {
-    execv(argv[0], argv.data());
-    _exit(127);
-  }
+  const pid_t pid =
+      Spawn({KAPPA_ROLLOUT_WORKER_BINARY, kNoLearner, "--log-file", log, "rollout.device=cpu"});
   ASSERT_GT(pid, 0);
   bool started = false;
   const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(20);
@@ -101,18 +90,16 @@ TEST(RolloutMainTest, CpuStartsAndStopsOnSigterm) {
     started = ReadFile(log).find("policy on cpu") != std::string::npos;
     if (!started) std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  int status = 0;
   if (!started) {
     kill(pid, SIGKILL);
-    waitpid(pid, &status, 0);
+    WaitExit(pid, std::chrono::seconds(10));
     FAIL() << "no start-up line; log:\n" << ReadFile(log);
   }
   // Still running (it waits for its learner), then stops cleanly.
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  EXPECT_EQ(waitpid(pid, &status, WNOHANG), 0) << "exited early; log:\n" << ReadFile(log);
+  EXPECT_EQ(WaitExit(pid, std::chrono::milliseconds(200)), -1)
+      << "exited early; log:\n" << ReadFile(log);
   ASSERT_EQ(kill(pid, SIGTERM), 0);
-  ASSERT_EQ(waitpid(pid, &status, 0), pid);
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status << "\n" << ReadFile(log);
+  EXPECT_EQ(WaitExit(pid, std::chrono::seconds(20)), 0) << ReadFile(log);
   std::filesystem::remove(log);
 }
 

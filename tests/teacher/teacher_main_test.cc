@@ -20,12 +20,16 @@
 #include "kappa/v1/teacher.grpc.pb.h"
 #include "model/checkpoint.h"
 #include "services/server.h"
+#include "tests/services/subprocess.h"
 
 #ifndef KAPPA_TEACHER_BINARY
 #error "KAPPA_TEACHER_BINARY must name the kappa-teacher executable"
 #endif
 
 namespace {
+
+using kappa::testing::Spawn;
+using kappa::testing::WaitExit;
 
 // A port nothing listens on right now (the kernel's pick for port 0).
 int FreePort() {
@@ -39,33 +43,6 @@ int FreePort() {
   getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
   close(fd);
   return ntohs(addr.sin_port);
-}
-
-pid_t Spawn(const std::vector<std::string>& args) {
-  // argv is built before fork: the child of a multithreaded process may only
-  // call async-signal-safe functions (no malloc) before exec.
-  std::vector<char*> argv;
-  for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  const pid_t pid = fork();
-  if (pid == 0) {
-    execv(argv[0], argv.data());
-    _exit(127);
-  }
-  return pid;
-}
-
-// Waits up to `timeout` for `pid`; returns its exit code, or -1 on timeout.
-int WaitExit(pid_t pid, std::chrono::milliseconds timeout) {
-  const auto give_up = std::chrono::steady_clock::now() + timeout;
-  while (std::chrono::steady_clock::now() < give_up) {
-    int status = 0;
-    if (waitpid(pid, &status, WNOHANG) == pid) {
-      return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return -1;
 }
 
 TEST(TeacherMainTest, ServesUntilSigtermThenExitsWithinTwoSeconds) {
