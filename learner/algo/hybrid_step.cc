@@ -12,6 +12,12 @@ namespace {
 
 bool Due(int64_t every, int64_t step) { return every > 0 && step % every == 0; }
 
+// The cheap K_DR estimate an option names, of the two computed together.
+const torch::Tensor& KernelOf(KdrEstimator estimator, const torch::Tensor& logit,
+                              const torch::Tensor& last_layer) {
+  return estimator == KdrEstimator::kLogit ? logit : last_layer;
+}
+
 }  // namespace
 
 HybridStep::HybridStep(model::Decoder model, std::unique_ptr<PolicyOptimizer> optimizer,
@@ -156,7 +162,7 @@ HybridStepReport HybridStep::Run(const TrainBatch& batch_in) {
       part.Scatter(last_layer_part.to(mask.scalar_type()), last_layer_kernel);
       if (mask_due) {
         const torch::Tensor& kernel =
-            balance.mask_estimator == KdrEstimator::kLogit ? logit_part : last_layer_part;
+            KernelOf(balance.mask_estimator, logit_part, last_layer_part);
         const torch::Tensor w = ConflictMaskWeights(kernel, balance.mask_temperature);
         report.masked_positions += ((kernel < 0) & (sub.response_mask > 0)).sum().item<int64_t>();
         if (balance.mask_target == BalanceConfig::MaskTarget::kReward) {
@@ -181,11 +187,9 @@ HybridStepReport HybridStep::Run(const TrainBatch& batch_in) {
   }
   report.demonstrations = batch.num_demonstrations;
 
-  auto kernel_of = [&](KdrEstimator e) {
-    return e == KdrEstimator::kLogit ? logit_kernel : last_layer_kernel;
-  };
   if (kdr_due) {
-    const torch::Tensor& kernel = kernel_of(monitor.kdr_estimator);
+    const torch::Tensor& kernel =
+        KernelOf(monitor.kdr_estimator, logit_kernel, last_layer_kernel);
     report.kdr = SummarizeKdr(kernel, mask);
     const torch::Tensor values =
         kernel.masked_select(mask > 0).to(torch::kCPU, torch::kFloat32).contiguous();
