@@ -24,14 +24,11 @@ std::vector<torch::Tensor> TrainableParameters(model::Decoder& model) {
   return params;
 }
 
-// A term's mean L = s / max(c, 1) over its c tokens (or sequences). The
-// whole step's mean, over every micro-batch and every rank, is Σ s / max(C, 1)
-// with C = Σ c. Scaling each piece's L by c / max(C, 1) before its backward
-// makes the summed gradient the gradient of that mean, whatever the split,
-// instead of a mean of means. (c = 0 means L = 0: nothing to weigh.)
-torch::Tensor CountOrZero(const torch::Tensor& count, const torch::Device& device) {
-  return count.defined() ? count.detach().to(device, torch::kFloat64).reshape({})
-                         : torch::zeros({}, torch::TensorOptions(device).dtype(torch::kFloat64));
+// `t` as a detached 0-dim float64 tensor on `device`, for the step's sums and
+// its one host transfer; an undefined `t` (an absent count) is 0.
+torch::Tensor Float64Scalar(const torch::Tensor& t, const torch::Device& device) {
+  return t.defined() ? t.detach().to(device, torch::kFloat64).reshape({})
+                     : torch::zeros({}, torch::TensorOptions(device).dtype(torch::kFloat64));
 }
 
 }  // namespace
@@ -106,9 +103,9 @@ void PolicyOptimizer::BeginStep(const GradientPlan& plan, bool separate,
   pending_.open = true;
   pending_.plan = plan;
   pending_.measured = separate || plan.project || plan.normalize;
-  pending_.totals = torch::stack({CountOrZero(reward_count, device),
-                                  CountOrZero(distill_count, device),
-                                  CountOrZero(sft_count, device)});
+  pending_.totals = torch::stack({Float64Scalar(reward_count, device),
+                                  Float64Scalar(distill_count, device),
+                                  Float64Scalar(sft_count, device)});
   // Data parallel: the means are over every rank's batch.
   if (collectives_ != nullptr && collectives_->size() > 1) {
     collectives_->SumInPlace({pending_.totals});
@@ -123,9 +120,15 @@ void PolicyOptimizer::AccumulateStep(const LossTerms& terms) {
   const bool has_distill = has_graph(terms.distill_loss);
   const bool has_sft = has_graph(terms.sft_loss) && plan.sft_weight != 0.0;
   const torch::Device device = params_.front().device();
-  const torch::Tensor counts = torch::stack({CountOrZero(terms.reward_count, device),
-                                             CountOrZero(terms.distill_count, device),
-                                             CountOrZero(terms.sft_count, device)});
+  const torch::Tensor counts = torch::stack({Float64Scalar(terms.reward_count, device),
+                                             Float64Scalar(terms.distill_count, device),
+                                             Float64Scalar(terms.sft_count, device)});
+  // A term's mean L = s / max(c, 1) over its c tokens (or sequences). The
+  // whole step's mean, over every micro-batch and every rank, is
+  // Σ s / max(C, 1) with C = Σ c. Scaling each piece's L by c / max(C, 1)
+  // before its backward makes the summed gradient the gradient of that mean,
+  // whatever the split, instead of a mean of means. (c = 0 means L = 0:
+  // nothing to weigh.)
   const torch::Tensor shares = counts / pending_.totals.clamp_min(1.0);
   auto scaled = [&](const torch::Tensor& loss, int64_t i) {
     return loss * shares[i].to(loss.scalar_type());
@@ -133,11 +136,9 @@ void PolicyOptimizer::AccumulateStep(const LossTerms& terms) {
   {
     torch::NoGradGuard no_grad;
     // Absent terms are graph-less zeros (LossTerms).
-    auto value = [&](const torch::Tensor& t) {
-      return t.detach().to(device, torch::kFloat64).reshape({});
-    };
-    pending_.loss_sums += torch::stack({value(terms.reward_loss), value(terms.distill_loss),
-                                        value(terms.sft_loss)}) *
+    pending_.loss_sums += torch::stack({Float64Scalar(terms.reward_loss, device),
+                                        Float64Scalar(terms.distill_loss, device),
+                                        Float64Scalar(terms.sft_loss, device)}) *
                           counts;
   }
   pending_.any_distill |= has_distill;
@@ -174,9 +175,6 @@ StepStats PolicyOptimizer::FinishStep() {
   pending_.open = false;
   const GradientPlan& plan = pending_.plan;
   const torch::Device device = params_.front().device();
-  auto scalar = [&](const torch::Tensor& t) {
-    return t.detach().to(device, torch::kFloat64).reshape({});
-  };
   torch::NoGradGuard no_grad;
   if (!pending_.reward_started) AttachGradients(reward_grad_, /*zero=*/true);
   // Data parallel: a rank without some term still sums a zero gradient for
@@ -219,7 +217,7 @@ StepStats PolicyOptimizer::FinishStep() {
     for (const torch::Tensor& t : {combined.total_sq, combined.reward_sq, combined.distill_sq,
                                    combined.dot, combined.balanced_reward_sq,
                                    combined.distill_scale}) {
-      host_values.push_back(scalar(t));
+      host_values.push_back(Float64Scalar(t, device));
     }
   } else {
     if (parallel) collectives_->SumInPlace({reward_grad_.flat});
