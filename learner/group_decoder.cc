@@ -3,7 +3,9 @@
 #include <google/protobuf/stubs/common.h>
 
 #include <algorithm>
+#include <optional>
 #include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "kappa/v1/teacher.pb.h"
@@ -68,6 +70,14 @@ absl::StatusOr<torch::Tensor> DecodeLogProbs(const kappa::v1::Tensor& wire,
 // implementation (or a bfloat16 wire) that rounds up by a few ulps.
 constexpr float kMaxLogProb = 1e-3f;
 
+// Row and column of the first true entry of a 2-D bool tensor, if any: each
+// TOPK check is one vectorised pass, and the first offending entry is named.
+std::optional<std::pair<int64_t, int64_t>> FirstTrue(const torch::Tensor& mask) {
+  if (!mask.any().item<bool>()) return std::nullopt;
+  const torch::Tensor at = mask.nonzero()[0];
+  return std::make_pair(at[0].item<int64_t>(), at[1].item<int64_t>());
+}
+
 // SCORE_FORM_TOPK: teacher_logprobs [T, k] and teacher_topk_ids [T, k] with
 // k = min(top_k, V), distinct ids in [0, V) per row, log-probs in
 // (kTopkFill, 0]. The wire stays compact (k ids + k values per token instead
@@ -109,31 +119,23 @@ absl::StatusOr<torch::Tensor> DecodeTopkTeacher(const kappa::v1::ScoredSample& i
                      expected_shape, " (top_k ", k, ")"));
   }
   const torch::Tensor id64 = ids->to(torch::kInt64);
-  // Each check is one vectorised pass; the first offending entry is named.
-  const torch::Tensor out_of_range = (id64 < 0).logical_or(id64 >= vocab);
-  if (out_of_range.any().item<bool>()) {
-    const torch::Tensor at = out_of_range.nonzero()[0];
-    const int64_t t = at[0].item<int64_t>(), j = at[1].item<int64_t>();
+  if (const auto at = FirstTrue((id64 < 0).logical_or(id64 >= vocab))) {
+    const auto [t, j] = *at;
     return absl::InvalidArgumentError(
         absl::StrCat(ids_field, "[", t, ", ", j, "]: token id ", id64[t][j].item<int64_t>(),
                      " outside [0, ", vocab, ")"));
   }
   if (k > 1) {
     const torch::Tensor sorted = std::get<0>(id64.sort(1));
-    const torch::Tensor repeated = sorted.narrow(1, 1, k - 1) == sorted.narrow(1, 0, k - 1);
-    if (repeated.any().item<bool>()) {
-      const torch::Tensor at = repeated.nonzero()[0];
-      const int64_t t = at[0].item<int64_t>();
-      return absl::InvalidArgumentError(
-          absl::StrCat(ids_field, "[", t, "]: token id ",
-                       sorted[t][at[1].item<int64_t>()].item<int64_t>(), " appears twice"));
+    if (const auto at = FirstTrue(sorted.narrow(1, 1, k - 1) == sorted.narrow(1, 0, k - 1))) {
+      const auto [t, j] = *at;
+      return absl::InvalidArgumentError(absl::StrCat(
+          ids_field, "[", t, "]: token id ", sorted[t][j].item<int64_t>(), " appears twice"));
     }
   }
   const torch::Tensor logprobs = values->to(torch::kFloat32);
-  const torch::Tensor bad = (logprobs > kMaxLogProb).logical_or(logprobs <= kTopkFill);
-  if (bad.any().item<bool>()) {
-    const torch::Tensor at = bad.nonzero()[0];
-    const int64_t t = at[0].item<int64_t>(), j = at[1].item<int64_t>();
+  if (const auto at = FirstTrue((logprobs > kMaxLogProb).logical_or(logprobs <= kTopkFill))) {
+    const auto [t, j] = *at;
     return absl::InvalidArgumentError(
         absl::StrCat(field, ".teacher_logprobs[", t, ", ", j, "]: ",
                      logprobs[t][j].item<float>(), " is not a log-probability (want (",
