@@ -3,11 +3,14 @@
 //   kappa run CONFIG [key=value ...] [--resume] [--no-progress]
 //   kappa experiment ABLATION.yaml [key=value ...] [--quick] [--out DIR]
 //   kappa report RUN_DIR [--out FILE]
+//   kappa logits MODEL_DIR --ids 1,5,9
+//   kappa generate MODEL_DIR --prompt-ids 1,5,9 [--max-new-tokens N ...]
 #include <iostream>
 #include <string>
 #include <vector>
 
 #include "cli/experiment_command.h"
+#include "cli/model_commands.h"
 #include "cli/report_command.h"
 #include "cli/run_command.h"
 #include "cli/sft_command.h"
@@ -41,6 +44,8 @@ int main(int argc, char** argv) {
   if (command == "sft") return kappa::cli::SftCommand(args);
   if (command == "experiment") return kappa::cli::ExperimentCommand(args);
   if (command == "report") return kappa::cli::ReportCommand(args);
+  if (command == "logits") return kappa::cli::LogitsCommand(args);
+  if (command == "generate") return kappa::cli::GenerateCommand(args);
   if (command == "help" || command == "--help" || command == "-h") {
     std::cout << kUsage;
     return 0;

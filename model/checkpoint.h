@@ -1,32 +1,56 @@
-// Checkpoints as a directory holding `model.safetensors` (weights) and
-// `config.json` (ModelConfig, Hugging Face Llama style).
+// Model checkpoints as Hugging Face model directories: `config.json`, the
+// weights as `model.safetensors` or shards + `model.safetensors.index.json`,
+// and the source model's tokenizer files and generation_config.json. What
+// kappa writes loads in transformers' AutoModelForCausalLM.from_pretrained
+// and vLLM as it is; what they write (Llama, Qwen2, Qwen3) loads here.
 #pragma once
 
 #include <torch/torch.h>
 
 #include <map>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "model/model_config.h"
+#include "model/safetensors.h"
 #include "model/transformer.h"
 
 namespace kappa::model {
 
-// safetensors: 8-byte little-endian header length, JSON header
-// {name: {dtype, shape, data_offsets}, "__metadata__": {...}}, raw bytes.
-// Supports F32, BF16, F16, I32, I64. Throws std::runtime_error naming the file
-// on any malformed input (bad header, offsets out of range, unknown dtype).
-void WriteSafetensors(const std::string& path,
-                      const std::map<std::string, torch::Tensor>& tensors);
-std::map<std::string, torch::Tensor> ReadSafetensors(const std::string& path);
+struct LoadOptions {
+  torch::Device device = torch::kCPU;
+  torch::ScalarType dtype = torch::kFloat32;  // of the parameters, whatever is on disk
+};
+
+struct SaveOptions {
+  // Weights are written in the parameters' dtype unless this is set
+  // (config.json's torch_dtype says which).
+  std::optional<torch::ScalarType> dtype;
+  uint64_t max_shard_bytes = kDefaultMaxShardBytes;
+};
 
 // Writes atomically: files go to `<dir>.tmp-<pid>` first, are fsynced, then
-// the directory is renamed over `dir`.
-void SaveCheckpoint(const std::string& dir, Decoder& model);
-// Builds a Decoder from config.json and loads its weights; every parameter
-// must be present with the right shape (std::runtime_error otherwise).
-Decoder LoadCheckpoint(const std::string& dir);
+// the directory is renamed over `dir`. Copies the companion files
+// (CompanionFiles()) of model->config().source_dir when it is set.
+void SaveCheckpoint(const std::string& dir, Decoder& model, const SaveOptions& options = {});
+// Builds a Decoder from config.json and copies every tensor once from the
+// memory-mapped safetensors into its parameter (converted to options.dtype on
+// options.device); config().source_dir is `dir`. Errors (std::runtime_error)
+// name the file and, for weights, the tensor and both shapes: missing,
+// unexpected or mis-shaped tensors, a shard the index names but that is
+// absent, unimplemented config fields.
+Decoder LoadCheckpoint(const std::string& dir, const LoadOptions& options = {});
+// config.json plus model.safetensors or model.safetensors.index.json.
 bool CheckpointExists(const std::string& dir);
+// The config alone (std::runtime_error naming the file).
+ModelConfig ReadModelConfig(const std::string& dir);
+
+// Files of a HF model directory that travel with its weights, when present:
+// tokenizer.json, tokenizer_config.json, special_tokens_map.json, vocab.json,
+// merges.txt, tokenizer.model, added_tokens.json, chat_template.jinja,
+// generation_config.json.
+const std::vector<std::string>& CompanionFiles();
 
 // Named parameters as Hugging Face names (the live parameter tensors, not
 // copies; with tied embeddings there is no "lm_head.weight", as in HF), and

@@ -17,28 +17,38 @@ namespace {
 
 }  // namespace
 
-void WriteFileDurably(const std::string& path, std::string_view data) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) Fail("cannot create", path);
+DurableFileWriter::DurableFileWriter(const std::string& path) : path_(path) {
+  fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd_ < 0) Fail("cannot create", path);
+}
+
+DurableFileWriter::~DurableFileWriter() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void DurableFileWriter::Append(std::string_view data) {
   size_t done = 0;
   while (done < data.size()) {
-    const ssize_t n = ::write(fd, data.data() + done, data.size() - done);
+    const ssize_t n = ::write(fd_, data.data() + done, data.size() - done);
     if (n < 0) {
       if (errno == EINTR) continue;
-      const int saved = errno;
-      ::close(fd);
-      errno = saved;
-      Fail("cannot write", path);
+      Fail("cannot write", path_);
     }
     done += static_cast<size_t>(n);
   }
-  if (::fsync(fd) != 0) {
-    const int saved = errno;
-    ::close(fd);
-    errno = saved;
-    Fail("cannot fsync", path);
-  }
-  if (::close(fd) != 0) Fail("cannot close", path);
+}
+
+void DurableFileWriter::Finish() {
+  if (::fsync(fd_) != 0) Fail("cannot fsync", path_);
+  const int fd = fd_;
+  fd_ = -1;
+  if (::close(fd) != 0) Fail("cannot close", path_);
+}
+
+void WriteFileDurably(const std::string& path, std::string_view data) {
+  DurableFileWriter writer(path);
+  writer.Append(data);
+  writer.Finish();
 }
 
 std::string ReadFile(const std::string& path) {

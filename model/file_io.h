@@ -9,6 +9,24 @@ namespace kappa::model::internal {
 // Writes `data` to `path` (truncating) and fsyncs it before returning, so a
 // later rename publishes complete bytes. Throws std::runtime_error naming the file.
 void WriteFileDurably(const std::string& path, std::string_view data);
+// A file written in pieces and made durable at Finish(): Append() writes
+// through (no buffering beyond the kernel's); Finish() fsyncs and closes. A
+// writer destroyed before Finish() closes the file, leaving it incomplete.
+// Throws std::runtime_error naming the file.
+class DurableFileWriter {
+ public:
+  explicit DurableFileWriter(const std::string& path);
+  ~DurableFileWriter();
+  DurableFileWriter(const DurableFileWriter&) = delete;
+  DurableFileWriter& operator=(const DurableFileWriter&) = delete;
+  void Append(std::string_view data);
+  void Finish();
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+};
+
 // Whole file contents; throws std::runtime_error naming the file.
 std::string ReadFile(const std::string& path);
 // fsync of a directory, making renames/creations inside it durable.

@@ -1,15 +1,23 @@
-// safetensors reading and writing (https://github.com/huggingface/safetensors):
-// u64 little-endian header size N, N bytes of JSON, then the raw tensor bytes.
+// safetensors reading (memory-mapped) and writing (streamed), single files
+// and Hugging Face shard sets.
+#include "model/safetensors.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <limits>
 #include <stdexcept>
 #include <utility>
-#include <vector>
 
-#include "model/checkpoint.h"
 #include "model/file_io.h"
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
@@ -18,6 +26,7 @@ static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
 namespace kappa::model {
 namespace {
 
+namespace fs = std::filesystem;
 using Json = nlohmann::json;
 
 // Far above any real header, low enough to refuse garbage before allocating.
@@ -58,11 +67,54 @@ uint64_t NonNegativeInt(const Json& v, const std::string& path, const std::strin
   return v.get<uint64_t>();
 }
 
-}  // namespace
+// One header entry, checked against the data section's size.
+SafetensorsFile::Entry ParseEntry(const std::string& path, const std::string& name,
+                                  const Json& entry, uint64_t data_size) {
+  const std::string where = "tensor \"" + name + "\"";
+  if (!entry.is_object()) Fail(path, where + " entry is not an object");
+  auto dtype_it = entry.find("dtype");
+  auto shape_it = entry.find("shape");
+  auto offsets_it = entry.find("data_offsets");
+  if (dtype_it == entry.end() || shape_it == entry.end() || offsets_it == entry.end()) {
+    Fail(path, where + " needs dtype, shape and data_offsets");
+  }
+  if (!dtype_it->is_string()) Fail(path, where + " dtype is not a string");
+  const DtypeInfo* dtype = FindDtype(dtype_it->get<std::string>());
+  if (dtype == nullptr) {
+    Fail(path, where + " has unsupported dtype \"" + dtype_it->get<std::string>() +
+                   "\" (supported: F32, BF16, F16, I32, I64)");
+  }
+  if (!shape_it->is_array()) Fail(path, where + " shape is not an array");
+  SafetensorsFile::Entry e;
+  e.dtype = dtype->type;
+  uint64_t numel = 1;
+  for (const auto& d : *shape_it) {
+    const uint64_t dim = NonNegativeInt(d, path, where + " shape entry");
+    if (dim > 0 && numel > std::numeric_limits<uint64_t>::max() / 16 / dim) {
+      Fail(path, where + " shape is too large");
+    }
+    numel *= dim;
+    e.shape.push_back(static_cast<int64_t>(dim));
+  }
+  if (!offsets_it->is_array() || offsets_it->size() != 2) {
+    Fail(path, where + " data_offsets must be [begin, end]");
+  }
+  e.begin = NonNegativeInt((*offsets_it)[0], path, where + " data_offsets[0]");
+  e.end = NonNegativeInt((*offsets_it)[1], path, where + " data_offsets[1]");
+  if (e.begin > e.end || e.end > data_size) {
+    Fail(path, where + " data_offsets [" + std::to_string(e.begin) + ", " + std::to_string(e.end) +
+                   "] fall outside the " + std::to_string(data_size) +
+                   "-byte data section (truncated file?)");
+  }
+  if (e.end - e.begin != numel * dtype->bytes) {
+    Fail(path, where + " has " + std::to_string(e.end - e.begin) +
+                   " bytes but its shape and dtype need " + std::to_string(numel * dtype->bytes));
+  }
+  return e;
+}
 
-void WriteSafetensors(const std::string& path, const std::map<std::string, torch::Tensor>& tensors) {
+std::string HeaderText(const std::map<std::string, torch::Tensor>& tensors, const std::string& path) {
   Json header = Json::object();
-  std::vector<torch::Tensor> blobs;
   uint64_t offset = 0;
   for (const auto& [name, tensor] : tensors) {
     if (name.empty() || name == "__metadata__") Fail(path, "invalid tensor name \"" + name + "\"");
@@ -72,102 +124,220 @@ void WriteSafetensors(const std::string& path, const std::map<std::string, torch
       Fail(path, "tensor \"" + name + "\" has unsupported dtype " +
                      std::string(c10::toString(tensor.scalar_type())));
     }
-    auto blob = tensor.detach().to(torch::kCPU).contiguous();
-    const uint64_t bytes = static_cast<uint64_t>(blob.numel()) * dtype->bytes;
+    const uint64_t bytes = static_cast<uint64_t>(tensor.numel()) * dtype->bytes;
     header[name] = {{"dtype", dtype->name},
-                    {"shape", blob.sizes().vec()},
+                    {"shape", tensor.sizes().vec()},
                     {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
-    blobs.push_back(std::move(blob));
   }
   header["__metadata__"] = {{"format", "pt"}};
-  std::string header_text = header.dump();
+  std::string text = header.dump();
   // Pad so the data section starts 8-byte aligned, as the reference writer does.
-  header_text.append((8 - (8 + header_text.size()) % 8) % 8, ' ');
-
-  std::string file;
-  file.reserve(8 + header_text.size() + offset);
-  const uint64_t n = header_text.size();
-  file.append(reinterpret_cast<const char*>(&n), 8);
-  file += header_text;
-  for (const auto& blob : blobs) {
-    file.append(static_cast<const char*>(blob.data_ptr()), blob.numel() * blob.element_size());
-  }
-  internal::WriteFileDurably(path, file);
+  text.append((8 - (8 + text.size()) % 8) % 8, ' ');
+  return text;
 }
 
-std::map<std::string, torch::Tensor> ReadSafetensors(const std::string& path) {
-  const std::string file = internal::ReadFile(path);
-  if (file.size() < 8) Fail(path, "file is " + std::to_string(file.size()) + " bytes, too short for a header");
+uint64_t ByteSize(const torch::Tensor& t) {
+  return static_cast<uint64_t>(t.numel()) * static_cast<uint64_t>(t.element_size());
+}
+
+}  // namespace
+
+SafetensorsFile::SafetensorsFile(std::string path, const char* map, size_t size)
+    : path_(std::move(path)), map_(map), size_(size) {}
+
+SafetensorsFile::~SafetensorsFile() {
+  if (map_ != nullptr) ::munmap(const_cast<char*>(map_), size_);
+}
+
+std::unique_ptr<SafetensorsFile> SafetensorsFile::Open(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) Fail(path, std::string("cannot open: ") + std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    const int saved = errno;
+    ::close(fd);
+    Fail(path, std::string("cannot stat: ") + std::strerror(saved));
+  }
+  const size_t size = static_cast<size_t>(st.st_size);
+  if (size < 8) {
+    ::close(fd);
+    Fail(path, "file is " + std::to_string(size) + " bytes, too short for a header");
+  }
+  void* map = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+  const int saved = errno;
+  ::close(fd);  // the mapping keeps the file
+  if (map == MAP_FAILED) Fail(path, std::string("cannot mmap: ") + std::strerror(saved));
+  std::unique_ptr<SafetensorsFile> file(
+      new SafetensorsFile(path, static_cast<const char*>(map), size));
+
   uint64_t n = 0;
-  std::memcpy(&n, file.data(), 8);
+  std::memcpy(&n, file->map_, 8);
   if (n > kMaxHeaderBytes) Fail(path, "header length " + std::to_string(n) + " is implausibly large");
-  if (n > file.size() - 8) {
-    Fail(path, "header length " + std::to_string(n) + " exceeds the file size " +
-                   std::to_string(file.size()));
+  if (n > size - 8) {
+    Fail(path, "header length " + std::to_string(n) + " exceeds the file size " + std::to_string(size));
   }
   Json header;
   try {
-    header = Json::parse(file.begin() + 8, file.begin() + 8 + static_cast<std::ptrdiff_t>(n));
+    header = Json::parse(file->map_ + 8, file->map_ + 8 + n);
   } catch (const Json::parse_error& e) {
     Fail(path, std::string("header is not valid JSON: ") + e.what());
   }
   if (!header.is_object()) Fail(path, "header is not a JSON object");
-
-  const char* data = file.data() + 8 + n;
-  const uint64_t data_size = file.size() - 8 - n;
-  std::map<std::string, torch::Tensor> tensors;
+  file->data_ = file->map_ + 8 + n;
+  const uint64_t data_size = size - 8 - n;
   std::vector<std::pair<uint64_t, uint64_t>> ranges;
   for (const auto& [name, entry] : header.items()) {
     if (name == "__metadata__") continue;
-    const std::string where = "tensor \"" + name + "\"";
-    if (!entry.is_object()) Fail(path, where + " entry is not an object");
-    auto dtype_it = entry.find("dtype");
-    auto shape_it = entry.find("shape");
-    auto offsets_it = entry.find("data_offsets");
-    if (dtype_it == entry.end() || shape_it == entry.end() || offsets_it == entry.end()) {
-      Fail(path, where + " needs dtype, shape and data_offsets");
-    }
-    if (!dtype_it->is_string()) Fail(path, where + " dtype is not a string");
-    const DtypeInfo* dtype = FindDtype(dtype_it->get<std::string>());
-    if (dtype == nullptr) {
-      Fail(path, where + " has unsupported dtype \"" + dtype_it->get<std::string>() +
-                     "\" (supported: F32, BF16, F16, I32, I64)");
-    }
-    if (!shape_it->is_array()) Fail(path, where + " shape is not an array");
-    std::vector<int64_t> shape;
-    uint64_t numel = 1;
-    for (const auto& d : *shape_it) {
-      const uint64_t dim = NonNegativeInt(d, path, where + " shape entry");
-      if (dim > 0 && numel > std::numeric_limits<uint64_t>::max() / 16 / dim) {
-        Fail(path, where + " shape is too large");
-      }
-      numel *= dim;
-      shape.push_back(static_cast<int64_t>(dim));
-    }
-    if (!offsets_it->is_array() || offsets_it->size() != 2) {
-      Fail(path, where + " data_offsets must be [begin, end]");
-    }
-    const uint64_t begin = NonNegativeInt((*offsets_it)[0], path, where + " data_offsets[0]");
-    const uint64_t end = NonNegativeInt((*offsets_it)[1], path, where + " data_offsets[1]");
-    if (begin > end || end > data_size) {
-      Fail(path, where + " data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) +
-                     "] fall outside the " + std::to_string(data_size) + "-byte data section");
-    }
-    if (end - begin != numel * dtype->bytes) {
-      Fail(path, where + " has " + std::to_string(end - begin) + " bytes but its shape and dtype need " +
-                     std::to_string(numel * dtype->bytes));
-    }
-    ranges.emplace_back(begin, end);
-    auto tensor = torch::empty(shape, torch::TensorOptions().dtype(dtype->type));
-    if (end > begin) std::memcpy(tensor.data_ptr(), data + begin, end - begin);
-    tensors.emplace(name, std::move(tensor));
+    Entry e = ParseEntry(path, name, entry, data_size);
+    ranges.emplace_back(e.begin, e.end);
+    file->entries_.emplace(name, std::move(e));
   }
   std::sort(ranges.begin(), ranges.end());
   for (size_t i = 1; i < ranges.size(); ++i) {
     if (ranges[i].first < ranges[i - 1].second) Fail(path, "tensor data ranges overlap");
   }
+  return file;
+}
+
+torch::Tensor SafetensorsFile::View(const std::string& name) const {
+  const Entry& e = entries_.at(name);
+  // from_blob wants a mutable pointer; the tensor is only ever read.
+  void* bytes = const_cast<char*>(data_ + e.begin);
+  if (e.end == e.begin) return torch::empty(e.shape, torch::TensorOptions().dtype(e.dtype));
+  // Unaligned data (a writer that did not pad its header) is copied: views
+  // of misaligned memory are not safe for vectorized kernels.
+  const auto options = torch::TensorOptions().dtype(e.dtype);
+  if (reinterpret_cast<uintptr_t>(bytes) % c10::elementSize(e.dtype) != 0) {
+    auto copy = torch::empty(e.shape, options);
+    std::memcpy(copy.data_ptr(), bytes, e.end - e.begin);
+    return copy;
+  }
+  return torch::from_blob(bytes, e.shape, options);
+}
+
+void SafetensorsFile::Release(const std::string& name) const {
+  const Entry& e = entries_.at(name);
+  const long page = ::sysconf(_SC_PAGESIZE);
+  const uintptr_t base = reinterpret_cast<uintptr_t>(map_);
+  uintptr_t begin = reinterpret_cast<uintptr_t>(data_ + e.begin);
+  uintptr_t end = reinterpret_cast<uintptr_t>(data_ + e.end);
+  begin = base + (begin - base) / static_cast<uintptr_t>(page) * static_cast<uintptr_t>(page);
+  if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
+}
+
+void WriteSafetensors(const std::string& path, const std::map<std::string, torch::Tensor>& tensors) {
+  const std::string header = HeaderText(tensors, path);
+  internal::DurableFileWriter writer(path);
+  const uint64_t n = header.size();
+  writer.Append(std::string_view(reinterpret_cast<const char*>(&n), 8));
+  writer.Append(header);
+  for (const auto& [name, tensor] : tensors) {
+    auto blob = tensor.detach().to(torch::kCPU).contiguous();
+    writer.Append(std::string_view(static_cast<const char*>(blob.data_ptr()), ByteSize(blob)));
+  }
+  writer.Finish();
+}
+
+std::map<std::string, torch::Tensor> ReadSafetensors(const std::string& path) {
+  auto file = SafetensorsFile::Open(path);
+  std::map<std::string, torch::Tensor> tensors;
+  for (const auto& [name, entry] : file->entries()) tensors.emplace(name, file->View(name).clone());
   return tensors;
+}
+
+CheckpointWeights CheckpointWeights::Open(const std::string& dir) {
+  CheckpointWeights weights;
+  const fs::path index_path = fs::path(dir) / kSafetensorsIndexFile;
+  std::error_code ec;
+  if (!fs::is_regular_file(index_path, ec)) {
+    const std::string path = (fs::path(dir) / kSafetensorsFile).string();
+    weights.files_.push_back(SafetensorsFile::Open(path));
+    weights.description_ = path;
+    for (const auto& [name, entry] : weights.files_[0]->entries()) {
+      weights.tensors_.emplace(name, Located{weights.files_[0].get(), &entry});
+    }
+    return weights;
+  }
+  const std::string index = index_path.string();
+  weights.description_ = index;
+  Json j;
+  try {
+    j = Json::parse(internal::ReadFile(index));
+  } catch (const Json::exception& e) {
+    throw std::runtime_error(index + ": not valid JSON: " + e.what());
+  }
+  auto map_it = j.find("weight_map");
+  if (!j.is_object() || map_it == j.end() || !map_it->is_object()) {
+    throw std::runtime_error(index + ": needs an object \"weight_map\": {tensor: shard file}");
+  }
+  std::map<std::string, std::shared_ptr<SafetensorsFile>> shards;
+  for (const auto& [name, file] : map_it->items()) {
+    if (!file.is_string()) throw std::runtime_error(index + ": weight_map[\"" + name + "\"] is not a file name");
+    const std::string shard = file.get<std::string>();
+    if (shard.empty() || shard.find('/') != std::string::npos) {
+      throw std::runtime_error(index + ": weight_map[\"" + name + "\"] = \"" + shard +
+                               "\" is not a file name in the directory");
+    }
+    auto& open = shards[shard];
+    if (!open) {
+      const fs::path shard_path = fs::path(dir) / shard;
+      if (!fs::is_regular_file(shard_path, ec)) {
+        throw std::runtime_error(index + ": tensor \"" + name + "\" is in shard " + shard +
+                                 ", which does not exist (" + shard_path.string() + ")");
+      }
+      open = SafetensorsFile::Open(shard_path.string());
+      weights.files_.push_back(open);
+    }
+    auto entry = open->entries().find(name);
+    if (entry == open->entries().end()) {
+      throw std::runtime_error(index + ": tensor \"" + name + "\" is mapped to " + open->path() +
+                               ", which does not hold it");
+    }
+    weights.tensors_.emplace(name, Located{open.get(), &entry->second});
+  }
+  for (const auto& [shard, file] : shards) {
+    for (const auto& [name, entry] : file->entries()) {
+      auto it = weights.tensors_.find(name);
+      if (it == weights.tensors_.end() || it->second.file != file.get()) {
+        throw std::runtime_error(index + ": " + file->path() + " holds tensor \"" + name +
+                                 "\", which the index does not map to it");
+      }
+    }
+  }
+  return weights;
+}
+
+void WriteSafetensorsShards(const std::string& dir,
+                            const std::map<std::string, torch::Tensor>& tensors,
+                            uint64_t max_shard_bytes) {
+  // transformers' shard_checkpoint: fill shards in order, start a new one
+  // when the next tensor would overflow the current one.
+  std::vector<std::map<std::string, torch::Tensor>> shards(1);
+  uint64_t current = 0, total = 0;
+  for (const auto& [name, tensor] : tensors) {
+    const uint64_t bytes = ByteSize(tensor);
+    if (current > 0 && current + bytes > max_shard_bytes) {
+      shards.emplace_back();
+      current = 0;
+    }
+    shards.back().emplace(name, tensor);
+    current += bytes;
+    total += bytes;
+  }
+  if (shards.size() == 1) {
+    WriteSafetensors((fs::path(dir) / kSafetensorsFile).string(), shards[0]);
+    return;
+  }
+  Json weight_map = Json::object();
+  for (size_t i = 0; i < shards.size(); ++i) {
+    char name[64];
+    std::snprintf(name, sizeof(name), "model-%05zu-of-%05zu.safetensors", i + 1, shards.size());
+    WriteSafetensors((fs::path(dir) / name).string(), shards[i]);
+    for (const auto& entry : shards[i]) weight_map[entry.first] = name;
+  }
+  const Json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
+  internal::WriteFileDurably((fs::path(dir) / kSafetensorsIndexFile).string(), index.dump(2) + "\n");
 }
 
 }  // namespace kappa::model

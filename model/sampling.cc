@@ -1,6 +1,9 @@
 #include "model/sampling.h"
 
+#include <ATen/CPUGeneratorImpl.h>
+
 #include <algorithm>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 
@@ -28,6 +31,18 @@ torch::Tensor SampleTopP(const torch::Tensor& scaled_logits, double top_p,
 }
 
 }  // namespace
+
+at::Generator MakeGenerator(const c10::Device& device, uint64_t seed) {
+  if (device.is_cpu()) return at::make_generator<at::CPUGeneratorImpl>(seed);
+  at::Generator base = at::globalContext().defaultGenerator(device);
+  at::Generator generator;
+  {
+    std::lock_guard<std::mutex> lock(base.mutex());
+    generator = base.clone();
+  }
+  generator.set_current_seed(seed);
+  return generator;
+}
 
 std::vector<SampledSequence> Sample(Decoder& model,
                                     const std::vector<std::vector<int64_t>>& prompts,

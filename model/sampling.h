@@ -25,6 +25,12 @@ struct SampledSequence {
                                  // (the untruncated distribution; greedy: temperature 1)
 };
 
+// A generator seeded with `seed` on `device`: torch::multinomial needs one on
+// the device of the probabilities it draws from. CPU keeps the
+// CPUGeneratorImpl every CPU run has used (same stream); CUDA clones that
+// device's default generator (no CUDA headers needed) and reseeds the copy.
+at::Generator MakeGenerator(const c10::Device& device, uint64_t seed);
+
 // Samples one response per prompt, all prompts in one batch (prompts of
 // different lengths are left-padded and masked). To sample G responses of a
 // prompt, pass it G times. Runs under NoGradGuard. `generator` may be

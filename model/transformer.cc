@@ -1,8 +1,21 @@
 #include "model/transformer.h"
 
+#include <torch/version.h>
+
+#include <atomic>
 #include <cmath>
 #include <stdexcept>
 #include <string>
+
+#include "model/rope.h"
+
+// at::scaled_dot_product_attention (flash / memory-efficient kernels on CUDA)
+// exists from libtorch 2.0; Debian's 1.13 uses the explicit softmax path.
+#if TORCH_VERSION_MAJOR >= 2
+#define KAPPA_HAVE_SDPA 1
+#else
+#define KAPPA_HAVE_SDPA 0
+#endif
 
 namespace kappa::model {
 namespace {
@@ -17,6 +30,10 @@ constexpr double kMaskedScore = -1e9;
 
 torch::nn::Linear NoBiasLinear(int64_t in, int64_t out) {
   return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(false));
+}
+
+torch::nn::Linear Projection(int64_t in, int64_t out, bool bias) {
+  return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(bias));
 }
 
 // Llama RMSNorm; the statistic is computed in fp32 whatever the weight dtype.
@@ -54,10 +71,15 @@ class AttentionImpl : public torch::nn::Module {
         kv_heads_(c.num_key_value_heads),
         head_dim_(c.head_dim()),
         scale_(1.0 / std::sqrt(static_cast<double>(c.head_dim()))) {
-    q_proj = register_module("q_proj", NoBiasLinear(c.hidden_size, heads_ * head_dim_));
-    k_proj = register_module("k_proj", NoBiasLinear(c.hidden_size, kv_heads_ * head_dim_));
-    v_proj = register_module("v_proj", NoBiasLinear(c.hidden_size, kv_heads_ * head_dim_));
-    o_proj = register_module("o_proj", NoBiasLinear(heads_ * head_dim_, c.hidden_size));
+    const bool qkv_bias = c.qkv_bias();
+    q_proj = register_module("q_proj", Projection(c.hidden_size, heads_ * head_dim_, qkv_bias));
+    k_proj = register_module("k_proj", Projection(c.hidden_size, kv_heads_ * head_dim_, qkv_bias));
+    v_proj = register_module("v_proj", Projection(c.hidden_size, kv_heads_ * head_dim_, qkv_bias));
+    o_proj = register_module("o_proj", Projection(heads_ * head_dim_, c.hidden_size, c.o_proj_bias()));
+    if (c.qk_norm()) {  // Qwen3Attention: RMSNorm over each head's head_dim
+      q_norm = register_module("q_norm", RMSNorm(head_dim_, c.rms_norm_eps));
+      k_norm = register_module("k_norm", RMSNorm(head_dim_, c.rms_norm_eps));
+    }
   }
 
   // x: [B, T, D]; allowed: [B, 1, 1, T, S] bool. With a cache, this layer's
@@ -67,8 +89,14 @@ class AttentionImpl : public torch::nn::Module {
                         const torch::Tensor& allowed, torch::Tensor* cache_k,
                         torch::Tensor* cache_v, int64_t start) {
     const int64_t B = x.size(0), T = x.size(1);
-    auto q = q_proj(x).view({B, T, heads_, head_dim_}).transpose(1, 2);
-    auto k = k_proj(x).view({B, T, kv_heads_, head_dim_}).transpose(1, 2);
+    auto q = q_proj(x).view({B, T, heads_, head_dim_});
+    auto k = k_proj(x).view({B, T, kv_heads_, head_dim_});
+    if (q_norm) {  // before RoPE, per head
+      q = q_norm(q);
+      k = k_norm(k);
+    }
+    q = q.transpose(1, 2);
+    k = k.transpose(1, 2);
     auto v = v_proj(x).view({B, T, kv_heads_, head_dim_}).transpose(1, 2);
     q = ApplyRope(q, cos, sin);
     k = ApplyRope(k, cos, sin);
@@ -78,7 +106,19 @@ class AttentionImpl : public torch::nn::Module {
       k = cache_k->narrow(2, 0, start + T);
       v = cache_v->narrow(2, 0, start + T);
     }
-    const int64_t S = k.size(2);
+    auto out = UseSdpa(q) ? SdpaAttention(q, k, v, allowed) : ExplicitAttention(q, k, v, allowed);
+    return o_proj(out.transpose(1, 2).reshape({B, T, heads_ * head_dim_}));
+  }
+
+  torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+  RMSNorm q_norm{nullptr}, k_norm{nullptr};  // Qwen3 only
+
+ private:
+  // q: [B, H, T, hd]; k, v: [B, kv, S, hd]; allowed [B|1, 1, 1, T, S].
+  // Returns [B, H, T, hd].
+  torch::Tensor ExplicitAttention(const torch::Tensor& q, const torch::Tensor& k,
+                                  const torch::Tensor& v, const torch::Tensor& allowed) {
+    const int64_t B = q.size(0), T = q.size(2), S = k.size(2);
     const int64_t group = heads_ / kv_heads_;
     // Grouped KV without materializing repeated keys: query head h uses KV
     // head h / group (HF repeat_kv order), so fold the group into the query
@@ -89,16 +129,31 @@ class AttentionImpl : public torch::nn::Module {
                  .to(torch::kFloat32)
                  .masked_fill(allowed.logical_not(), kMaskedScore);
     auto probs = torch::softmax(scores, -1).to(v.scalar_type()).view({B, kv_heads_, group * T, S});
-    auto out = torch::matmul(probs, v)  // [B, kv, group*T, hd]
-                   .view({B, heads_, T, head_dim_})
-                   .transpose(1, 2)
-                   .reshape({B, T, heads_ * head_dim_});
-    return o_proj(out);
+    return torch::matmul(probs, v).view({B, heads_, T, head_dim_});  // [B, kv, group*T, hd]
   }
 
-  torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+  bool UseSdpa(const torch::Tensor& q) const {
+    return KAPPA_HAVE_SDPA && AttentionBackend() == AttentionKind::kSdpa && q.defined();
+  }
 
- private:
+  // The fused kernel; GQA by repeating each KV head `group` times (HF
+  // repeat_kv order). The mask is additive with the same finite masked score
+  // as the explicit path, so a pad query with no visible key stays finite.
+  torch::Tensor SdpaAttention(const torch::Tensor& q, const torch::Tensor& k,
+                              const torch::Tensor& v, const torch::Tensor& allowed) {
+#if KAPPA_HAVE_SDPA
+    const int64_t group = heads_ / kv_heads_;
+    auto kr = group == 1 ? k : k.repeat_interleave(group, 1);
+    auto vr = group == 1 ? v : v.repeat_interleave(group, 1);
+    auto mask = allowed.squeeze(1).to(q.scalar_type());  // [B|1, 1, T, S]
+    mask = (1 - mask) * kMaskedScore;
+    return at::scaled_dot_product_attention(q, kr, vr, mask);
+#else
+    (void)k, (void)v, (void)allowed;
+    return q;  // unreachable: UseSdpa() is false without the kernel
+#endif
+  }
+
   int64_t heads_, kv_heads_, head_dim_;
   double scale_;
 };
@@ -107,9 +162,9 @@ TORCH_MODULE(Attention);
 class MlpImpl : public torch::nn::Module {
  public:
   explicit MlpImpl(const ModelConfig& c) {
-    gate_proj = register_module("gate_proj", NoBiasLinear(c.hidden_size, c.intermediate_size));
-    up_proj = register_module("up_proj", NoBiasLinear(c.hidden_size, c.intermediate_size));
-    down_proj = register_module("down_proj", NoBiasLinear(c.intermediate_size, c.hidden_size));
+    gate_proj = register_module("gate_proj", Projection(c.hidden_size, c.intermediate_size, c.mlp_bias));
+    up_proj = register_module("up_proj", Projection(c.hidden_size, c.intermediate_size, c.mlp_bias));
+    down_proj = register_module("down_proj", Projection(c.intermediate_size, c.hidden_size, c.mlp_bias));
   }
   torch::Tensor forward(const torch::Tensor& x) {
     return down_proj(F::silu(gate_proj(x)) * up_proj(x));
@@ -144,7 +199,20 @@ std::string Shape(const torch::Tensor& t) {
   return s + "]";
 }
 
+std::atomic<AttentionKind> attention_backend{KAPPA_HAVE_SDPA ? AttentionKind::kSdpa
+                                                            : AttentionKind::kExplicit};
+
 }  // namespace
+
+bool SdpaAvailable() { return KAPPA_HAVE_SDPA; }
+AttentionKind AttentionBackend() { return attention_backend.load(std::memory_order_relaxed); }
+void SetAttentionBackend(AttentionKind kind) {
+  if (kind == AttentionKind::kSdpa && !KAPPA_HAVE_SDPA) {
+    throw std::invalid_argument("Decoder: scaled_dot_product_attention needs libtorch >= 2.0, this is " +
+                                std::string(TORCH_VERSION));
+  }
+  attention_backend.store(kind, std::memory_order_relaxed);
+}
 
 class LlamaModelImpl : public torch::nn::Module {
  public:
@@ -164,7 +232,7 @@ class LlamaModelImpl : public torch::nn::Module {
   RMSNorm norm{nullptr};
 };
 
-DecoderImpl::DecoderImpl(const ModelConfig& config) : config_(config) {
+DecoderImpl::DecoderImpl(const ModelConfig& config, bool random_init) : config_(config) {
   config_.Validate();
   model_ = register_module("model", std::make_shared<LlamaModelImpl>(config_));
   if (config_.tie_word_embeddings) {
@@ -175,26 +243,23 @@ DecoderImpl::DecoderImpl(const ModelConfig& config) : config_(config) {
   }
 
   // HF LlamaPreTrainedModel._init_weights: N(0, 0.02) for linear and
-  // embedding weights; RMSNorm weights stay 1.
-  {
+  // embedding weights, zero biases; RMSNorm weights stay 1.
+  if (random_init) {
     torch::NoGradGuard no_grad;
     for (auto& p : named_parameters()) {
-      if (p.key().find("layernorm") == std::string::npos &&
-          p.key().find("norm.weight") == std::string::npos) {
+      const std::string& name = p.key();
+      if (name.find("norm.weight") != std::string::npos) continue;  // *layernorm, norm, q/k_norm
+      if (name.size() > 5 && name.compare(name.size() - 5, 5, ".bias") == 0) {
+        p.value().zero_();
+      } else {
         p.value().normal_(0.0, 0.02);
       }
     }
   }
 
-  const int64_t hd = config_.head_dim();
-  auto inv_freq =
-      1.0 / torch::pow(config_.rope_theta,
-                       torch::arange(0, hd, 2, torch::kFloat64) / static_cast<double>(hd));
-  auto pos = torch::arange(config_.max_position_embeddings, torch::kFloat64);
-  auto freqs = torch::outer(pos, inv_freq);
-  auto emb = torch::cat({freqs, freqs}, -1);
-  rope_cos_ = register_buffer("rope_cos", emb.cos().to(torch::kFloat32));
-  rope_sin_ = register_buffer("rope_sin", emb.sin().to(torch::kFloat32));
+  auto [cos, sin] = RopeTables(config_);
+  rope_cos_ = register_buffer("rope_cos", cos);
+  rope_sin_ = register_buffer("rope_sin", sin);
 }
 
 KVCache DecoderImpl::NewCache(int64_t batch, int64_t capacity) const {

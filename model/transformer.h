@@ -1,8 +1,10 @@
-// Llama-style decoder-only transformer: token embedding, pre-norm blocks of
-// RMSNorm -> causal multi-head attention with RoPE (grouped KV heads
-// optional) -> RMSNorm -> SwiGLU MLP, final RMSNorm, output projection.
-// Parameter names follow Hugging Face Llama ("model.layers.0.self_attn.q_proj.weight",
-// "lm_head.weight", ...) so checkpoints interchange.
+// Decoder-only transformer of Hugging Face's Llama, Qwen2 and Qwen3: token
+// embedding, pre-norm blocks of RMSNorm -> causal multi-head attention with
+// RoPE (grouped KV heads optional; Qwen2's q/k/v biases, Qwen3's per-head
+// q_norm/k_norm before RoPE) -> RMSNorm -> SwiGLU MLP, final RMSNorm, output
+// projection (tied to the embedding or not). Parameter names are HF's
+// ("model.layers.0.self_attn.q_proj.weight", "lm_head.weight", ...) so
+// checkpoints interchange; ModelConfig says which parameters exist.
 #pragma once
 
 #include <torch/torch.h>
@@ -15,6 +17,16 @@
 namespace kappa::model {
 
 class LlamaModelImpl;  // embedding, blocks and final norm ("model.*" names)
+
+// How attention is computed. kSdpa is at::scaled_dot_product_attention
+// (flash / memory-efficient kernels on CUDA), available with libtorch >= 2.0
+// and the default there; kExplicit (matmul, fp32 softmax, matmul) is the
+// only one on Debian's libtorch 1.13. Both give the same logits. Process-wide;
+// SetAttentionBackend(kSdpa) throws std::invalid_argument where it is absent.
+enum class AttentionKind { kExplicit, kSdpa };
+bool SdpaAvailable();
+AttentionKind AttentionBackend();
+void SetAttentionBackend(AttentionKind kind);
 
 // Per-layer key/value cache for incremental decoding. Keys/values are stored
 // as [B, n_kv_heads, capacity, head_dim]; `length` positions are filled.
@@ -33,7 +45,10 @@ struct ForwardOutput {
 
 class DecoderImpl : public torch::nn::Module {
  public:
-  explicit DecoderImpl(const ModelConfig& config);
+  // Parameters in float32 on the CPU. With random_init, initialized as HF
+  // does (N(0, 0.02), zero biases, unit norms); without, left as the modules
+  // construct them, for a caller that overwrites every one (LoadCheckpoint).
+  explicit DecoderImpl(const ModelConfig& config, bool random_init = true);
 
   // tokens: [B, T] int64. attention_mask: optional [B, T] bool/int (1 = real
   // token, 0 = padding); padding keys are never attended. positions: optional

@@ -56,22 +56,6 @@ absl::Status CheckShape(const kappa::v1::Tensor& tensor, const std::string& fiel
   return absl::OkStatus();
 }
 
-// A generator seeded with `seed` on `device`: torch::multinomial needs one on
-// the device of the probabilities it draws from. CPU keeps the
-// CPUGeneratorImpl every CPU run has used (same stream); CUDA clones that
-// device's default generator (no CUDA headers needed) and reseeds the copy.
-at::Generator MakeGenerator(const c10::Device& device, uint64_t seed) {
-  if (device.is_cpu()) return at::make_generator<at::CPUGeneratorImpl>(seed);
-  at::Generator base = at::globalContext().defaultGenerator(device);
-  at::Generator generator;
-  {
-    std::lock_guard<std::mutex> lock(base.mutex());
-    generator = base.clone();
-  }
-  generator.set_current_seed(seed);
-  return generator;
-}
-
 // Why `item` cannot be sampled with a model of `config`, or OK.
 absl::Status ValidateItem(const kappa::v1::WorkItem& item, const model::ModelConfig& config) {
   if (item.group_size() <= 0 || item.group_size() > kMaxGroupSize) {
@@ -185,7 +169,7 @@ GroupSampler::GroupSampler(std::shared_ptr<grpc::ChannelInterface> verifier_chan
     : verifier_(kappa::v1::Verifier::NewStub(std::move(verifier_channel))),
       teacher_(kappa::v1::Teacher::NewStub(std::move(teacher_channel))),
       options_(std::move(options)),
-      rng_(std::make_unique<Rng>(Rng{MakeGenerator(c10::Device(c10::kCPU), options_.seed)})) {}
+      rng_(std::make_unique<Rng>(Rng{model::MakeGenerator(c10::Device(c10::kCPU), options_.seed)})) {}
 
 GroupSampler::~GroupSampler() = default;
 
@@ -247,7 +231,7 @@ std::vector<absl::StatusOr<kappa::v1::ScoredGroup>> GroupSampler::Sample(
       // watcher loaded it); the generator follows it there once.
       const c10::Device device = decoder->parameters().front().device();
       if (rng_->generator.device() != device) {
-        rng_->generator = MakeGenerator(device, options_.seed);
+        rng_->generator = model::MakeGenerator(device, options_.seed);
       }
       sampled = model::Sample(decoder, prompts, params, rng_->generator);
       if (sampled.size() != prompts.size()) {

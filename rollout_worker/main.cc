@@ -85,6 +85,13 @@ int main(int argc, char** argv) {
   kappa::rollout::WorkerOptions options;
   options.worker_id = flag_or("worker-id", DefaultWorkerId());
   options.device = *device;
+  absl::StatusOr<torch::ScalarType> dtype =
+      kappa::services::ResolveModelDtype(config->student.dtype, "student.dtype", *device);
+  if (!dtype.ok()) {
+    spdlog::error("configuration: {}", dtype.status().ToString());
+    return 2;
+  }
+  options.dtype = *dtype;
   options.max_outstanding = static_cast<int32_t>(config->rollout.max_outstanding);
   options.sampler.rpc_deadline = absl::Milliseconds(config->rollout.rpc_deadline_ms);
   options.sampler.default_max_new_tokens = config->rollout.max_new_tokens;

@@ -15,14 +15,16 @@ namespace kappa::rollout {
 namespace {
 
 // The assembled weights are CPU tensors; the decoder is loaded there and then
-// moved to `device` whole (weights and buffers), so samplers see it only there.
+// moved to `device` whole (weights and buffers, in `dtype`), so samplers see
+// it only there.
 absl::StatusOr<std::shared_ptr<model::Decoder>> BuildDecoder(const AssembledPolicy& policy,
-                                                             const c10::Device& device) {
+                                                             const c10::Device& device,
+                                                             c10::ScalarType dtype) {
   try {
     const model::ModelConfig config = model::ModelConfig::FromJson(policy.model_config_json);
     auto decoder = std::make_shared<model::Decoder>(config);
     model::LoadWeights(*decoder, policy.weights);
-    (*decoder)->to(device);
+    (*decoder)->to(device, dtype);
     (*decoder)->eval();
     for (auto& parameter : (*decoder)->parameters()) parameter.set_requires_grad(false);
     return decoder;
@@ -136,7 +138,7 @@ grpc::Status PolicyWatcher::WatchOnce() {
     const AssembledPolicy& assembled = **added;
     const absl::Time start = absl::Now();
     absl::StatusOr<std::shared_ptr<model::Decoder>> decoder =
-        BuildDecoder(assembled, options_.device);
+        BuildDecoder(assembled, options_.device, options_.dtype);
     if (!decoder.ok()) {
       rejected_versions_.fetch_add(1);
       spdlog::error("policy version {} discarded: cannot load weights: {}", assembled.version,

@@ -39,6 +39,8 @@ struct PolicyWatcherOptions {
   // Where every version's weights are loaded and its model runs
   // (rollout.device, checked by services::ResolveDevice at start-up).
   c10::Device device{c10::kCPU};
+  // The parameters' dtype there (student.dtype, resolved at start-up).
+  c10::ScalarType dtype = c10::kFloat;
 };
 
 class PolicyWatcher {

@@ -68,7 +68,8 @@ RolloutWorker::RolloutWorker(std::shared_ptr<grpc::ChannelInterface> learner_cha
       learner_(kappa::v1::Learner::NewStub(learner_channel)),
       watcher_(learner_channel,
                PolicyWatcherOptions{options_.worker_id, options_.initial_backoff,
-                                    options_.max_backoff, options_.device}),
+                                    options_.max_backoff, options_.device,
+                                    options_.dtype}),
       sampler_(std::move(verifier_channel), std::move(teacher_channel),
                SamplerOptions(options_)) {}
 

@@ -36,6 +36,7 @@ struct WorkerOptions {
   // rollout.device: the policy watcher loads every version there, and the
   // sampler samples there (its generator follows the model's device).
   c10::Device device{c10::kCPU};
+  c10::ScalarType dtype = c10::kFloat;  // student.dtype, resolved for `device`
   int32_t max_outstanding = 2;
   absl::Duration initial_backoff = absl::Milliseconds(100);
   absl::Duration max_backoff = absl::Seconds(5);

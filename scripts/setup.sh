@@ -17,11 +17,13 @@ PACKAGES=(
 )
 # The real tools the tests drive: Prometheus (promtool and the server),
 # headless Chromium for the report, docker-compose/python for the deploy
-# checks, openssl for certificates.
+# checks, openssl for certificates, PyTorch for the independent Hugging Face
+# reference forward (tests/model/reference, run with /usr/bin/python3).
 TEST_PACKAGES=(
   prometheus
   curl openssl
   python3 python3-yaml jq docker-compose
+  python3-torch python3-numpy
   chromium fonts-dejavu-core
 )
 

@@ -54,6 +54,7 @@ const std::vector<Field>& Fields() {
       KAPPA_CONFIG_FIELD(task.heldout_path),
 
       KAPPA_CONFIG_FIELD(student.checkpoint),
+      KAPPA_CONFIG_FIELD(student.dtype),
       KAPPA_CONFIG_FIELD(student.shape.hidden_size),
       KAPPA_CONFIG_FIELD(student.shape.intermediate_size),
       KAPPA_CONFIG_FIELD(student.shape.num_hidden_layers),
@@ -69,6 +70,7 @@ const std::vector<Field>& Fields() {
       KAPPA_CONFIG_FIELD(student.bootstrap.seed),
 
       KAPPA_CONFIG_FIELD(teacher.checkpoint),
+      KAPPA_CONFIG_FIELD(teacher.dtype),
       KAPPA_CONFIG_FIELD(teacher.shape.hidden_size),
       KAPPA_CONFIG_FIELD(teacher.shape.intermediate_size),
       KAPPA_CONFIG_FIELD(teacher.shape.num_hidden_layers),

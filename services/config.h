@@ -57,11 +57,15 @@ struct Config {
   // --- models
   struct Student {
     std::string checkpoint;            // empty: bootstrap into data_dir/student
+    // Parameters of the rollout workers' copies: auto (bf16 on CUDA, fp32 on
+    // the CPU) | bfloat16 | float32. The learner keeps fp32 master weights.
+    std::string dtype = "auto";
     ModelShape shape;
     SftConfig bootstrap;               // weak warm start
   } student;
   struct Teacher {
     std::string checkpoint;            // empty: bootstrap into data_dir/teacher
+    std::string dtype = "auto";        // auto (bf16 on CUDA, fp32 on the CPU) | bfloat16 | float32
     ModelShape shape;
     SftConfig bootstrap;               // strong teacher
     std::string address = "127.0.0.1:50052";

@@ -20,4 +20,10 @@ void ConfigureTorchThreads(int64_t intra_op_threads);
 // and this libtorch has no CUDA device (a CPU build, or no GPU visible).
 absl::StatusOr<torch::Device> ResolveDevice(const std::string& name, const std::string& key);
 
+// The parameter dtype a config key names for a model that runs on `device`:
+// "bfloat16", "float32", or "auto" (bfloat16 on CUDA, float32 on the CPU,
+// where bf16 matmuls are slow). INVALID_ARGUMENT naming `key` otherwise.
+absl::StatusOr<torch::ScalarType> ResolveModelDtype(const std::string& name, const std::string& key,
+                                                    const torch::Device& device);
+
 }  // namespace kappa::services

@@ -59,11 +59,17 @@ int Serve(const kappa::services::CommonFlags& flags) {
       spdlog::error("teacher: {}", device.status().ToString());
       return 2;
     }
-    kappa::model::Decoder model = kappa::model::LoadCheckpoint(checkpoint);
-    model->to(*device);
+    absl::StatusOr<torch::ScalarType> dtype =
+        kappa::services::ResolveModelDtype(config->teacher.dtype, "teacher.dtype", *device);
+    if (!dtype.ok()) {
+      spdlog::error("teacher: {}", dtype.status().ToString());
+      return 2;
+    }
+    kappa::model::Decoder model = kappa::model::LoadCheckpoint(checkpoint, {*device, *dtype});
     options.model_name = model->config().name.empty() ? checkpoint : model->config().name;
-    spdlog::info("loaded teacher '{}' from {} on {}: vocab {}, {} layers, hidden {}",
-                 options.model_name, checkpoint, device->str(), model->config().vocab_size,
+    spdlog::info("loaded teacher '{}' from {} on {} in {}: vocab {}, {} layers, hidden {}",
+                 options.model_name, checkpoint, device->str(), c10::toString(*dtype),
+                 model->config().vocab_size,
                  model->config().num_hidden_layers, model->config().hidden_size);
     absl::StatusOr<std::unique_ptr<kappa::teacher::TeacherService>> created =
         kappa::teacher::TeacherService::Create(model, options, &metrics);

@@ -1,0 +1,198 @@
+#include "cli/model_commands.h"
+
+#include <cstdio>
+#include <iostream>
+#include <stdexcept>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "cli/args.h"
+#include "model/checkpoint.h"
+#include "model/sampling.h"
+#include "services/torch_runtime.h"
+
+namespace kappa::cli {
+namespace {
+
+constexpr const char* kLogitsUsage =
+    "usage: kappa logits MODEL_DIR --ids 1,5,9 [--device cpu|cuda[:N]] [--dtype float32|bfloat16]\n";
+constexpr const char* kGenerateUsage =
+    "usage: kappa generate MODEL_DIR --prompt-ids 1,5,9 [--max-new-tokens N] [--temperature T]\n"
+    "       [--top-p P] [--seed S] [--device cpu|cuda[:N]] [--dtype float32|bfloat16]\n";
+
+// A comma-separated list of token ids, each in [0, vocab).
+absl::StatusOr<std::vector<int64_t>> ParseIds(const std::string& flag, const std::string& text) {
+  std::vector<int64_t> ids;
+  for (absl::string_view piece : absl::StrSplit(text, ',')) {
+    int64_t id = 0;
+    if (!absl::SimpleAtoi(piece, &id) || id < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(flag, ": '", piece, "' is not a token id (comma-separated integers >= 0)"));
+    }
+    ids.push_back(id);
+  }
+  return ids;
+}
+
+absl::Status CheckIdsFit(const std::string& flag, const std::vector<int64_t>& ids,
+                         const model::ModelConfig& config, int64_t extra_positions) {
+  for (int64_t id : ids) {
+    if (id >= config.vocab_size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(flag, ": token id ", id, " is outside the vocabulary [0, ", config.vocab_size, ")"));
+    }
+  }
+  if (static_cast<int64_t>(ids.size()) + extra_positions > config.max_position_embeddings) {
+    return absl::InvalidArgumentError(absl::StrCat(flag, ": ", ids.size(), " ids + ", extra_positions,
+                                                   " new tokens exceed max_position_embeddings ",
+                                                   config.max_position_embeddings));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<model::LoadOptions> ParseLoadOptions(const CommandLine& line) {
+  model::LoadOptions options;
+  absl::StatusOr<torch::Device> device = services::ResolveDevice(line.Get("--device", "cpu"), "--device");
+  if (!device.ok()) return device.status();
+  options.device = *device;
+  const std::string dtype = line.Get("--dtype", "float32");
+  if (dtype == "float32") {
+    options.dtype = torch::kFloat32;
+  } else if (dtype == "bfloat16") {
+    options.dtype = torch::kBFloat16;
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat("--dtype: '", dtype, "' is not float32 or bfloat16"));
+  }
+  return options;
+}
+
+template <typename T>
+absl::StatusOr<T> NumberFlag(const CommandLine& line, const std::string& flag, T fallback) {
+  if (!line.Has(flag)) return fallback;
+  T value{};
+  bool ok = false;
+  if constexpr (std::is_floating_point_v<T>) {
+    ok = absl::SimpleAtod(line.Get(flag), &value);
+  } else {
+    ok = absl::SimpleAtoi(line.Get(flag), &value);
+  }
+  if (!ok) return absl::InvalidArgumentError(absl::StrCat(flag, ": '", line.Get(flag), "' is not a number"));
+  return value;
+}
+
+std::string JsonList(const std::vector<int64_t>& ids) {
+  std::string s = "[";
+  for (size_t i = 0; i < ids.size(); ++i) absl::StrAppend(&s, i ? "," : "", ids[i]);
+  return s + "]";
+}
+
+// Floats with 9 significant digits: enough to round-trip a float32.
+template <typename Floats>
+std::string JsonFloats(const Floats& values, size_t n) {
+  std::string s = "[";
+  char buffer[32];
+  for (size_t i = 0; i < n; ++i) {
+    std::snprintf(buffer, sizeof(buffer), "%s%.9g", i ? "," : "", static_cast<double>(values[i]));
+    s += buffer;
+  }
+  return s + "]";
+}
+
+int UsageError(const char* command, const absl::Status& status, const char* usage) {
+  std::cerr << "kappa " << command << ": " << status.message() << "\n" << usage;
+  return 2;
+}
+
+}  // namespace
+
+int LogitsCommand(const std::vector<std::string>& args) {
+  absl::StatusOr<CommandLine> line = ParseCommandLine(args, {"--ids", "--device", "--dtype"}, {});
+  if (!line.ok()) return UsageError("logits", line.status(), kLogitsUsage);
+  if (!line->overrides.empty() || !line->Has("--ids")) {
+    return UsageError("logits", absl::InvalidArgumentError("MODEL_DIR and --ids are required"), kLogitsUsage);
+  }
+  absl::StatusOr<std::vector<int64_t>> ids = ParseIds("--ids", line->Get("--ids"));
+  if (!ids.ok()) return UsageError("logits", ids.status(), kLogitsUsage);
+  absl::StatusOr<model::LoadOptions> options = ParseLoadOptions(*line);
+  if (!options.ok()) return UsageError("logits", options.status(), kLogitsUsage);
+  try {
+    model::Decoder decoder = model::LoadCheckpoint(line->config_path, *options);
+    if (absl::Status fit = CheckIdsFit("--ids", *ids, decoder->config(), 0); !fit.ok()) {
+      return UsageError("logits", fit, kLogitsUsage);
+    }
+    torch::NoGradGuard no_grad;
+    decoder->eval();
+    auto tokens = torch::tensor(*ids, torch::kInt64).unsqueeze(0);
+    auto logits = decoder->Forward(tokens).logits[0].to(torch::kCPU, torch::kFloat32).contiguous();
+    const int64_t V = logits.size(1);
+    std::string out = "{\"ids\":" + JsonList(*ids) + ",\"logits\":[";
+    for (int64_t t = 0; t < logits.size(0); ++t) {
+      out += (t ? "," : "") + JsonFloats(logits[t].data_ptr<float>(), static_cast<size_t>(V));
+    }
+    std::cout << out << "]}\n";
+  } catch (const std::exception& e) {
+    std::cerr << "kappa logits: " << e.what() << "\n";
+    return 1;
+  }
+  return 0;
+}
+
+int GenerateCommand(const std::vector<std::string>& args) {
+  absl::StatusOr<CommandLine> line = ParseCommandLine(
+      args, {"--prompt-ids", "--prompt", "--max-new-tokens", "--temperature", "--top-p", "--seed", "--device", "--dtype"},
+      {});
+  if (!line.ok()) return UsageError("generate", line.status(), kGenerateUsage);
+  if (line->Has("--prompt")) {
+    // Text prompts need the tokenizer.json reader (issue "Real models, part 2").
+    return UsageError("generate",
+                      absl::UnimplementedError("--prompt TEXT needs a tokenizer, which kappa does not read yet; "
+                                               "pass the prompt's ids with --prompt-ids"),
+                      kGenerateUsage);
+  }
+  if (!line->overrides.empty() || !line->Has("--prompt-ids")) {
+    return UsageError("generate", absl::InvalidArgumentError("MODEL_DIR and --prompt-ids are required"),
+                      kGenerateUsage);
+  }
+  absl::StatusOr<std::vector<int64_t>> prompt = ParseIds("--prompt-ids", line->Get("--prompt-ids"));
+  absl::StatusOr<int64_t> max_new = NumberFlag<int64_t>(*line, "--max-new-tokens", 32);
+  absl::StatusOr<double> temperature = NumberFlag<double>(*line, "--temperature", 1.0);
+  absl::StatusOr<double> top_p = NumberFlag<double>(*line, "--top-p", 1.0);
+  absl::StatusOr<int64_t> seed = NumberFlag<int64_t>(*line, "--seed", 0);
+  absl::StatusOr<model::LoadOptions> options = ParseLoadOptions(*line);
+  for (const absl::Status& s : {prompt.status(), max_new.status(), temperature.status(), top_p.status(),
+                                seed.status(), options.status()}) {
+    if (!s.ok()) return UsageError("generate", s, kGenerateUsage);
+  }
+  if (*max_new < 1 || *temperature < 0 || !(*top_p > 0 && *top_p <= 1)) {
+    return UsageError("generate",
+                      absl::InvalidArgumentError("need --max-new-tokens >= 1, --temperature >= 0, 0 < --top-p <= 1"),
+                      kGenerateUsage);
+  }
+  try {
+    model::Decoder decoder = model::LoadCheckpoint(line->config_path, *options);
+    const model::ModelConfig& config = decoder->config();
+    if (absl::Status fit = CheckIdsFit("--prompt-ids", *prompt, config, *max_new); !fit.ok()) {
+      return UsageError("generate", fit, kGenerateUsage);
+    }
+    decoder->eval();
+    model::SamplingParams params;
+    params.max_new_tokens = *max_new;
+    params.temperature = *temperature;
+    params.top_p = *top_p;
+    params.eos_id = config.eos_token_id;
+    params.pad_id = config.pad_token_id;
+    at::Generator generator = model::MakeGenerator(options->device, static_cast<uint64_t>(*seed));
+    const model::SampledSequence sample = model::Sample(decoder, {*prompt}, params, generator).at(0);
+    const bool finished = !sample.tokens.empty() && sample.tokens.back() == config.eos_token_id;
+    std::cout << "{\"prompt_ids\":" << JsonList(*prompt) << ",\"ids\":" << JsonList(sample.tokens)
+              << ",\"logprobs\":" << JsonFloats(sample.logprobs, sample.logprobs.size())
+              << ",\"finished\":" << (finished ? "true" : "false") << "}\n";
+  } catch (const std::exception& e) {
+    std::cerr << "kappa generate: " << e.what() << "\n";
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace kappa::cli

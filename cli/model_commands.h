@@ -1,0 +1,22 @@
+// Looking inside a checkpoint before spending GPU hours on it:
+//   kappa logits MODEL_DIR --ids 1,5,9 [--device D] [--dtype float32|bfloat16]
+//       one JSON object {"ids": [...], "logits": [[V floats] per position]}:
+//       fp32 full rows of a plain forward of those ids (no sampling).
+//   kappa generate MODEL_DIR --prompt-ids 1,5,9 [--max-new-tokens N]
+//       [--temperature T] [--top-p P] [--seed S] [--device D] [--dtype ...]
+//       one JSON object {"prompt_ids", "ids", "logprobs", "finished"}: a
+//       sample with the KV cache, ending at the config's eos_token_id or N.
+// MODEL_DIR is a Hugging Face model directory (or a kappa checkpoint).
+// Exit status: 0 done, 1 the model could not be loaded or run (the message
+// names the file and field or tensor), 2 bad arguments (naming the flag).
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace kappa::cli {
+
+int LogitsCommand(const std::vector<std::string>& args);
+int GenerateCommand(const std::vector<std::string>& args);
+
+}  // namespace kappa::cli
