@@ -1,5 +1,5 @@
 // Loading a real-size Hugging Face checkpoint: kappa_bench_checkpoint_load
-// MODEL_DIR [--dtype float32|bfloat16] [--tokens N] [--threads N]
+// MODEL_DIR [--dtype float32|bfloat16] [--device cpu|cuda] [--tokens N] [--threads N]
 //
 // Prints one JSON line: the bytes of the weight files, the time to read them
 // once (as `cat FILE > /dev/null` does: the page-cache baseline, measured in
@@ -71,16 +71,21 @@ std::vector<fs::path> WeightFiles(const std::string& dir) {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: %s MODEL_DIR [--dtype float32|bfloat16] [--tokens N] [--threads N]\n", argv[0]);
+    std::fprintf(stderr,
+                 "usage: %s MODEL_DIR [--dtype float32|bfloat16] [--device cpu|cuda] [--tokens N] "
+                 "[--threads N]\n",
+                 argv[0]);
     return 2;
   }
   const std::string dir = argv[1];
   torch::ScalarType dtype = torch::kFloat32;
   int64_t tokens = 512;
+  torch::Device device = torch::kCPU;
   for (int i = 2; i + 1 < argc; i += 2) {
     const std::string flag = argv[i], value = argv[i + 1];
     if (flag == "--dtype") dtype = value == "bfloat16" ? torch::kBFloat16 : torch::kFloat32;
     if (flag == "--tokens") tokens = std::atoll(value.c_str());
+    if (flag == "--device") device = torch::Device(value);
     if (flag == "--threads") torch::set_num_threads(std::atoi(value.c_str()));
   }
   const double rss_start = CurrentRssMiB();
@@ -90,7 +95,7 @@ int main(int argc, char** argv) {
   const double read_s = Seconds(t0);
 
   t0 = Clock::now();
-  kappa::model::Decoder model = kappa::model::LoadCheckpoint(dir, {torch::kCPU, dtype});
+  kappa::model::Decoder model = kappa::model::LoadCheckpoint(dir, {device, dtype});
   const double load_s = Seconds(t0);
   const double rss_loaded = CurrentRssMiB();
   const double rss_peak = PeakRssMiB();
@@ -103,18 +108,20 @@ int main(int argc, char** argv) {
   auto ids = torch::randint(0, model->config().vocab_size, {1, tokens}, torch::kInt64);
   t0 = Clock::now();
   auto logits = model->Forward(ids).logits;
+  const bool finite = torch::isfinite(logits).all().item<bool>();  // waits for the device
   const double forward_s = Seconds(t0);
 
   std::printf(
       "{\"dir\": \"%s\", \"weight_bytes\": %llu, \"parameters\": %lld, \"dtype\": \"%s\", "
       "\"read_through_s\": %.3f, \"load_s\": %.3f, \"load_over_read\": %.2f, "
       "\"rss_start_mib\": %.0f, \"rss_after_load_mib\": %.0f, \"rss_peak_during_load_mib\": %.0f, "
-      "\"parameter_mib\": %.0f, \"forward_tokens\": %lld, \"forward_s\": %.3f, \"threads\": %d, "
+      "\"parameter_mib\": %.0f, \"device\": \"%s\", \"forward_tokens\": %lld, \"forward_s\": %.3f, "
+      "\"threads\": %d, "
       "\"logits_finite\": %s}\n",
       dir.c_str(), static_cast<unsigned long long>(bytes), static_cast<long long>(params),
       c10::toString(dtype), read_s, load_s, load_s / read_s, rss_start, rss_loaded, rss_peak,
       static_cast<double>(params) * static_cast<double>(c10::elementSize(dtype)) / (1 << 20),
-      static_cast<long long>(tokens), forward_s, torch::get_num_threads(),
-      torch::isfinite(logits).all().item<bool>() ? "true" : "false");
+      device.str().c_str(), static_cast<long long>(tokens), forward_s, torch::get_num_threads(),
+      finite ? "true" : "false");
   return 0;
 }

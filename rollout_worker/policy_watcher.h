@@ -7,6 +7,7 @@
 #pragma once
 
 #include <c10/core/Device.h>
+#include <c10/core/ScalarType.h>
 #include <grpcpp/grpcpp.h>
 
 #include <atomic>

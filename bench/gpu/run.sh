@@ -15,7 +15,11 @@
 #      measured on that machine, and the κ / K_DR monitors' overhead;
 #   4. runs the generation benchmark on CUDA (KV cache vs recomputing the
 #      prefix, and all prompts in one decode vs one prompt per decode);
-#   5. runs the eager-PyTorch reference of the same step beside ours.
+#   5. runs the eager-PyTorch reference of the same step beside ours;
+#   6. loads a Qwen2.5-0.5B-shaped random HF checkpoint (bf16, ~1 GB) onto the
+#      device in bf16 and runs one 512-token forward (load time against
+#      reading the file, memory). The tests of stage 2 include the HF logit
+#      parity test, which there also compares SDPA with the explicit path.
 # Results land in $OUT (default /tmp/kappa-gpu-out); bench/README.md keeps them.
 #
 #   bash bench/gpu/prepare.sh                                   # here, once: .gpu_deps/
@@ -70,7 +74,7 @@ fi
 
 stage "configure"
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKAPPA_BUILD_SERVICES=OFF \
-  -DKAPPA_WERROR=OFF "${configure_flags[@]}" > "$out/cmake.log" 2>&1 \
+  -DKAPPA_WERROR=OFF -DKAPPA_REFERENCE_PYTHON="$(command -v "$python")" "${configure_flags[@]}" > "$out/cmake.log" 2>&1 \
   || { tail -30 "$out/cmake.log"; exit 1; }
 
 stage "build"
@@ -122,4 +126,10 @@ if [[ -f bench/eager_reference/hybrid_step.py ]]; then
   eager; ours
   ours; eager
 fi
+stage "HF checkpoint load"
+if [[ ! -d "$build/qwen2.5-0.5b-random" ]]; then
+  "$python" tests/model/reference/make_checkpoints.py "$build" --shape qwen2.5-0.5b > /dev/null
+fi
+timeout 120 "$build"/bench/kappa_bench_checkpoint_load "$build/qwen2.5-0.5b-random" --device "$device" \
+  --dtype bfloat16 --tokens 512 2>/dev/null | tee "$out/checkpoint_load_${device}_bf16.txt"
 stage "done"
