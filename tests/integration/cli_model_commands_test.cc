@@ -29,7 +29,7 @@ TEST(CliModelCommands, LogitsAreTheModelsForward) {
 
   model::Decoder decoder = model::LoadCheckpoint(kModel);
   torch::NoGradGuard no_grad;
-  const auto expected = decoder->Forward(torch::tensor({int64_t{3}, 17, 42, 5}).unsqueeze(0)).logits[0];
+  const auto expected = decoder->Forward(torch::tensor(std::vector<int64_t>{3, 17, 42, 5}).unsqueeze(0)).logits[0];
   ASSERT_EQ(printed["logits"].size(), 4u);
   for (int64_t t = 0; t < 4; ++t) {
     const auto row = torch::tensor(printed["logits"][t].get<std::vector<float>>());
