@@ -39,6 +39,18 @@ double CurrentRssMiB() {
   if (f != nullptr) std::fclose(f);
   return static_cast<double>(pages_resident) * static_cast<double>(::sysconf(_SC_PAGESIZE)) / (1 << 20);
 }
+// One "Rss...:  N kB" line of /proc/self/status (RssAnon, RssFile), in MiB.
+double StatusMiB(const char* key) {
+  FILE* f = std::fopen("/proc/self/status", "r");
+  if (f == nullptr) return -1;
+  char line[256];
+  double kib = -1;
+  while (std::fgets(line, sizeof(line), f) != nullptr) {
+    if (std::strncmp(line, key, std::strlen(key)) == 0) kib = std::atof(line + std::strlen(key));
+  }
+  std::fclose(f);
+  return kib / 1024.0;
+}
 double PeakRssMiB() {
   rusage usage{};
   ::getrusage(RUSAGE_SELF, &usage);
@@ -99,6 +111,8 @@ int main(int argc, char** argv) {
   const double load_s = Seconds(t0);
   const double rss_loaded = CurrentRssMiB();
   const double rss_peak = PeakRssMiB();
+  const double anon_loaded = StatusMiB("RssAnon:");
+  const double file_loaded = StatusMiB("RssFile:");
   int64_t params = 0;
   for (const auto& p : model->parameters()) params += p.numel();
 
@@ -114,12 +128,14 @@ int main(int argc, char** argv) {
   std::printf(
       "{\"dir\": \"%s\", \"weight_bytes\": %llu, \"parameters\": %lld, \"dtype\": \"%s\", "
       "\"read_through_s\": %.3f, \"load_s\": %.3f, \"load_over_read\": %.2f, "
-      "\"rss_start_mib\": %.0f, \"rss_after_load_mib\": %.0f, \"rss_peak_during_load_mib\": %.0f, "
+      "\"rss_start_mib\": %.0f, \"rss_after_load_mib\": %.0f, \"rss_anon_mib\": %.0f, \"rss_file_mib\": %.0f, "
+      "\"rss_peak_during_load_mib\": %.0f, "
       "\"parameter_mib\": %.0f, \"device\": \"%s\", \"forward_tokens\": %lld, \"forward_s\": %.3f, "
       "\"threads\": %d, "
       "\"logits_finite\": %s}\n",
       dir.c_str(), static_cast<unsigned long long>(bytes), static_cast<long long>(params),
-      c10::toString(dtype), read_s, load_s, load_s / read_s, rss_start, rss_loaded, rss_peak,
+      c10::toString(dtype), read_s, load_s, load_s / read_s, rss_start, rss_loaded, anon_loaded,
+      file_loaded, rss_peak,
       static_cast<double>(params) * static_cast<double>(c10::elementSize(dtype)) / (1 << 20),
       device.str().c_str(), static_cast<long long>(tokens), forward_s, torch::get_num_threads(),
       finite ? "true" : "false");

@@ -236,7 +236,10 @@ DecoderImpl::DecoderImpl(const ModelConfig& config, bool random_init) : config_(
   config_.Validate();
   model_ = register_module("model", std::make_shared<LlamaModelImpl>(config_));
   if (config_.tie_word_embeddings) {
-    lm_head_ = NoBiasLinear(config_.hidden_size, config_.vocab_size);
+    // A 1x1 holder whose `weight` member is then pointed at the embedding: a
+    // full [V, D] Linear would keep its own registered weight alive (519 MB
+    // at Qwen2.5-0.5B's vocabulary) although nothing reads it.
+    lm_head_ = NoBiasLinear(1, 1);
     lm_head_->weight = model_->embed_tokens->weight;
   } else {
     lm_head_ = register_module("lm_head", NoBiasLinear(config_.hidden_size, config_.vocab_size));
