@@ -106,7 +106,7 @@ class AttentionImpl : public torch::nn::Module {
       k = cache_k->narrow(2, 0, start + T);
       v = cache_v->narrow(2, 0, start + T);
     }
-    auto out = UseSdpa(q) ? SdpaAttention(q, k, v, allowed) : ExplicitAttention(q, k, v, allowed);
+    auto out = UseSdpa() ? SdpaAttention(q, k, v, allowed) : ExplicitAttention(q, k, v, allowed);
     return o_proj(out.transpose(1, 2).reshape({B, T, heads_ * head_dim_}));
   }
 
@@ -129,12 +129,11 @@ class AttentionImpl : public torch::nn::Module {
                  .to(torch::kFloat32)
                  .masked_fill(allowed.logical_not(), kMaskedScore);
     auto probs = torch::softmax(scores, -1).to(v.scalar_type()).view({B, kv_heads_, group * T, S});
-    return torch::matmul(probs, v).view({B, heads_, T, head_dim_});  // [B, kv, group*T, hd]
+    // [B, kv, group*T, hd] is [B, H, T, hd] in HF's head order.
+    return torch::matmul(probs, v).view({B, heads_, T, head_dim_});
   }
 
-  bool UseSdpa(const torch::Tensor& q) const {
-    return KAPPA_HAVE_SDPA && AttentionBackend() == AttentionKind::kSdpa && q.defined();
-  }
+  static bool UseSdpa() { return KAPPA_HAVE_SDPA && AttentionBackend() == AttentionKind::kSdpa; }
 
   // The fused kernel; GQA by repeating each KV head `group` times (HF
   // repeat_kv order). The mask is additive with the same finite masked score
