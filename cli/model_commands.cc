@@ -16,10 +16,10 @@ namespace kappa::cli {
 namespace {
 
 constexpr const char* kLogitsUsage =
-    "usage: kappa logits MODEL_DIR --ids 1,5,9 [--device cpu|cuda[:N]] [--dtype float32|bfloat16]\n";
+    "usage: kappa logits MODEL_DIR --ids 1,5,9 [--device cpu|cuda[:N]] [--dtype float32|bfloat16|auto]\n";
 constexpr const char* kGenerateUsage =
     "usage: kappa generate MODEL_DIR --prompt-ids 1,5,9 [--max-new-tokens N] [--temperature T]\n"
-    "       [--top-p P] [--seed S] [--device cpu|cuda[:N]] [--dtype float32|bfloat16]\n";
+    "       [--top-p P] [--seed S] [--device cpu|cuda[:N]] [--dtype float32|bfloat16|auto]\n";
 
 // A comma-separated list of token ids, each in [0, vocab).
 absl::StatusOr<std::vector<int64_t>> ParseIds(const std::string& flag, const std::string& text) {
@@ -56,14 +56,10 @@ absl::StatusOr<model::LoadOptions> ParseLoadOptions(const CommandLine& line) {
   absl::StatusOr<torch::Device> device = services::ResolveDevice(line.Get("--device", "cpu"), "--device");
   if (!device.ok()) return device.status();
   options.device = *device;
-  const std::string dtype = line.Get("--dtype", "float32");
-  if (dtype == "float32") {
-    options.dtype = torch::kFloat32;
-  } else if (dtype == "bfloat16") {
-    options.dtype = torch::kBFloat16;
-  } else {
-    return absl::InvalidArgumentError(absl::StrCat("--dtype: '", dtype, "' is not float32 or bfloat16"));
-  }
+  absl::StatusOr<torch::ScalarType> dtype =
+      services::ResolveModelDtype(line.Get("--dtype", "float32"), "--dtype", *device);
+  if (!dtype.ok()) return dtype.status();
+  options.dtype = *dtype;
   return options;
 }
 

@@ -1,5 +1,5 @@
 // Looking inside a checkpoint before spending GPU hours on it:
-//   kappa logits MODEL_DIR --ids 1,5,9 [--device D] [--dtype float32|bfloat16]
+//   kappa logits MODEL_DIR --ids 1,5,9 [--device D] [--dtype float32|bfloat16|auto]
 //       one JSON object {"ids": [...], "logits": [[V floats] per position]}:
 //       fp32 full rows of a plain forward of those ids (no sampling).
 //   kappa generate MODEL_DIR --prompt-ids 1,5,9 [--max-new-tokens N]
