@@ -14,16 +14,19 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libyaml-cpp-dev
   nlohmann-json3-dev
+  libpcre2-dev libutf8proc-dev
 )
 # The real tools the tests drive: Prometheus (promtool and the server),
 # headless Chromium for the report, docker-compose/python for the deploy
 # checks, openssl for certificates, PyTorch for the independent Hugging Face
-# reference forward (tests/model/reference, run with /usr/bin/python3).
+# reference forward (tests/model/reference, run with /usr/bin/python3),
+# jinja2 for the chat-template reference, Node.js/npm for transformers.js,
+# the tokenizer reference (tests/model/tokenizer_reference).
 TEST_PACKAGES=(
   prometheus
   curl openssl
   python3 python3-yaml jq docker-compose
-  python3-torch python3-numpy
+  python3-torch python3-numpy python3-jinja2
   chromium fonts-dejavu-core
 )
 
@@ -40,6 +43,13 @@ for pkg in "${ALL_PACKAGES[@]}"; do
     missing+=("$pkg")
   fi
 done
+
+# Node.js and npm: a machine may already have them from elsewhere (NodeSource's
+# nodejs bundles npm and conflicts with Debian's npm), so only a machine
+# without them gets Debian's.
+if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+  missing+=(nodejs npm)
+fi
 
 if ((${#missing[@]} == 0)); then
   echo "setup: all ${#ALL_PACKAGES[@]} packages present"
