@@ -22,7 +22,7 @@ cd "$(dirname "$0")/.."
 BUILD_DIR=${KAPPA_FUZZ_BUILD_DIR:-build-fuzz}
 SECONDS_EACH=${KAPPA_FUZZ_SECONDS:-30}
 PARALLEL=${KAPPA_FUZZ_JOBS:-2}
-ALL_TARGETS=(tensor_codec_fuzzer tokenizer_fuzzer model_config_fuzzer answer_fuzzer config_fuzzer)
+ALL_TARGETS=(tensor_codec_fuzzer tokenizer_fuzzer hf_tokenizer_fuzzer model_config_fuzzer answer_fuzzer config_fuzzer)
 if (($# > 0)); then TARGETS=("$@"); else TARGETS=("${ALL_TARGETS[@]}"); fi
 
 # Same ccache settings as scripts/build.sh, so CI reuses the objects.

@@ -33,7 +33,7 @@ std::string ReadFile(const std::filesystem::path& path) {
 nlohmann::json ParseJson(const std::string& text, const std::string& source) {
   try {
     return nlohmann::json::parse(text);
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {  // parse_error, out_of_range (huge numbers)
     throw std::runtime_error(source + ": not valid JSON: " + e.what());
   }
 }
@@ -153,6 +153,9 @@ HfTokenizer HfTokenizer::FromJson(const std::string& tokenizer_json,
     }
   } catch (const std::invalid_argument& e) {
     throw std::runtime_error(e.what());
+  } catch (const nlohmann::json::exception& e) {
+    // A field of an unexpected JSON type that no check above caught.
+    throw std::runtime_error(source + ": " + e.what());
   }
 
   impl->vocab_size = impl->model->id_limit();
