@@ -5,6 +5,8 @@
 //   kappa report RUN_DIR [--out FILE]
 //   kappa logits MODEL_DIR --ids 1,5,9
 //   kappa generate MODEL_DIR --prompt-ids 1,5,9 [--max-new-tokens N ...]
+//   kappa tokenize MODEL_DIR [--add-special-tokens] < strings.jsonl
+//   kappa detokenize MODEL_DIR [--skip-special-tokens] < ids.jsonl
 #include <iostream>
 #include <string>
 #include <vector>
@@ -14,6 +16,7 @@
 #include "cli/report_command.h"
 #include "cli/run_command.h"
 #include "cli/sft_command.h"
+#include "cli/tokenizer_commands.h"
 
 namespace {
 
@@ -29,7 +32,15 @@ constexpr const char* kUsage =
     "      results.md (per arm: mean ± std over seeds) and report.html (curves per arm) in DIR\n"
     "  kappa report RUN_DIR [--out FILE]\n"
     "      a self-contained HTML page of a run (curves, alarms, K_DR heatmap, summary,\n"
-    "      config) from RUN_DIR/metrics.jsonl; default RUN_DIR/report.html\n";
+    "      config) from RUN_DIR/metrics.jsonl; default RUN_DIR/report.html\n"
+    "  kappa logits MODEL_DIR --ids 1,5,9 [--device D] [--dtype T]\n"
+    "      one forward of a Hugging Face model directory: the logits of each position\n"
+    "  kappa generate MODEL_DIR --prompt-ids 1,5,9 [--max-new-tokens N] [--temperature T] ...\n"
+    "      a sample from the model, ending at its stop ids or N tokens\n"
+    "  kappa tokenize MODEL_DIR [--add-special-tokens] < strings.jsonl\n"
+    "      the model's tokenizer.json: one JSON array of ids per JSON string on stdin\n"
+    "  kappa detokenize MODEL_DIR [--skip-special-tokens] < ids.jsonl\n"
+    "      the reverse: one JSON string per JSON array of ids on stdin\n";
 
 }  // namespace
 
@@ -46,6 +57,8 @@ int main(int argc, char** argv) {
   if (command == "report") return kappa::cli::ReportCommand(args);
   if (command == "logits") return kappa::cli::LogitsCommand(args);
   if (command == "generate") return kappa::cli::GenerateCommand(args);
+  if (command == "tokenize") return kappa::cli::TokenizeCommand(args, std::cin, std::cout);
+  if (command == "detokenize") return kappa::cli::DetokenizeCommand(args, std::cin, std::cout);
   if (command == "help" || command == "--help" || command == "-h") {
     std::cout << kUsage;
     return 0;

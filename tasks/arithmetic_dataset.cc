@@ -149,7 +149,7 @@ absl::StatusOr<std::unique_ptr<Dataset>> MakeArithmeticDataset(const ArithmeticS
       if (!seen.insert(problem.prompt).second) continue;
       if (current == split) {
         examples.push_back(Example{absl::StrCat(prefix, i), std::move(problem.prompt),
-                                   std::move(problem.answer), "arithmetic"});
+                                   std::move(problem.answer), "arithmetic", /*system=*/""});
       }
       ++i;
     }

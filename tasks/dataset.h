@@ -16,6 +16,9 @@ struct Example {
   std::string prompt;  // e.g. "12+34="
   std::string answer;  // Reference answer, e.g. "46"
   std::string task = "arithmetic";  // Verifier task family.
+  // The system message of this example's chat prompt (task.prompt_template:
+  // chat); empty: task.system_prompt, if any.
+  std::string system;
 };
 
 class Dataset {
@@ -45,7 +48,7 @@ absl::StatusOr<std::unique_ptr<Dataset>> MakeArithmeticDataset(const ArithmeticS
                                                                Split split);
 
 // One JSON object per line: {"prompt": "...", "answer": "..."} (optional
-// "id", "task"). Blank lines are skipped. Errors name the file and line.
+// "id", "task", "system"). Blank lines are skipped. Errors name the file and line.
 absl::StatusOr<std::unique_ptr<Dataset>> LoadJsonlDataset(const std::string& path);
 
 }  // namespace kappa::tasks

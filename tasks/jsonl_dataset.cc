@@ -1,4 +1,4 @@
-// JSONL datasets: one {"prompt", "answer"[, "id", "task"]} object per line.
+// JSONL datasets: one {"prompt", "answer"[, "id", "task", "system"]} object per line.
 #include <fstream>
 #include <string>
 #include <unordered_set>
@@ -47,7 +47,8 @@ absl::Status ParseExample(const std::string& line, size_t index, Example* exampl
   for (absl::Status status : {ReadString(object, "prompt", true, &example->prompt),
                               ReadString(object, "answer", true, &example->answer),
                               ReadString(object, "id", false, &example->id),
-                              ReadString(object, "task", false, &example->task)}) {
+                              ReadString(object, "task", false, &example->task),
+                              ReadString(object, "system", false, &example->system)}) {
     if (!status.ok()) return status;
   }
   if (example->task.empty()) example->task = "arithmetic";
