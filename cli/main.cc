@@ -7,12 +7,14 @@
 //   kappa generate MODEL_DIR --prompt-ids 1,5,9 [--max-new-tokens N ...]
 //   kappa tokenize MODEL_DIR [--add-special-tokens] < strings.jsonl
 //   kappa detokenize MODEL_DIR [--skip-special-tokens] < ids.jsonl
+//   kappa render-prompt MODEL_DIR [--no-generation-prompt] [--context JSON] < messages.jsonl
 #include <iostream>
 #include <string>
 #include <vector>
 
 #include "cli/experiment_command.h"
 #include "cli/model_commands.h"
+#include "cli/prompt_commands.h"
 #include "cli/report_command.h"
 #include "cli/run_command.h"
 #include "cli/sft_command.h"
@@ -40,7 +42,9 @@ constexpr const char* kUsage =
     "  kappa tokenize MODEL_DIR [--add-special-tokens] < strings.jsonl\n"
     "      the model's tokenizer.json: one JSON array of ids per JSON string on stdin\n"
     "  kappa detokenize MODEL_DIR [--skip-special-tokens] < ids.jsonl\n"
-    "      the reverse: one JSON string per JSON array of ids on stdin\n";
+    "      the reverse: one JSON string per JSON array of ids on stdin\n"
+    "  kappa render-prompt MODEL_DIR [--no-generation-prompt] [--context JSON] < messages.jsonl\n"
+    "      the model's chat template: one rendered prompt per JSON list of messages on stdin\n";
 
 }  // namespace
 
@@ -59,6 +63,7 @@ int main(int argc, char** argv) {
   if (command == "generate") return kappa::cli::GenerateCommand(args);
   if (command == "tokenize") return kappa::cli::TokenizeCommand(args, std::cin, std::cout);
   if (command == "detokenize") return kappa::cli::DetokenizeCommand(args, std::cin, std::cout);
+  if (command == "render-prompt") return kappa::cli::RenderPromptCommand(args, std::cin, std::cout);
   if (command == "help" || command == "--help" || command == "-h") {
     std::cout << kUsage;
     return 0;
