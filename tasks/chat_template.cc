@@ -52,26 +52,23 @@ void AddSpecialTokens(const ChatSpecialTokens& tokens, Dict* variables) {
 
 absl::Status AddExtraContext(const std::string& json_text, Dict* variables) {
   if (json_text.empty()) return absl::OkStatus();
-  const OrderedJson extra = OrderedJson::parse(json_text, nullptr, /*allow_exceptions=*/false);
-  if (extra.is_discarded() || !extra.is_object()) {
-    return absl::InvalidArgumentError("extra_context_json must be a JSON object");
-  }
   if (!jinja::IsValidUtf8(json_text)) {
     return absl::InvalidArgumentError("extra_context_json is not valid UTF-8");
   }
-  for (const auto& [key, value] : extra.items()) {
-    if (key == "messages" || key == "add_generation_prompt") {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "extra_context_json may not set \"", key, "\" (apply_chat_template's own argument)"));
-    }
+  absl::StatusOr<Value> extra = jinja::ValueFromJsonText(json_text);
+  if (!extra.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("extra_context_json: ", extra.status().message()));
   }
-  for (const auto& [key, value] : extra.items()) {
-    absl::StatusOr<Value> converted = jinja::ValueFromJson(value);
-    if (!converted.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("extra_context_json \"", key, "\": ", converted.status().message()));
+  if (extra->kind() != jinja::Kind::kDict) {
+    return absl::InvalidArgumentError("extra_context_json must be a JSON object");
+  }
+  for (const auto& [key, value] : extra->as_dict().entries()) {
+    const std::string& name = key.as_string();
+    if (name == "messages" || name == "add_generation_prompt") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "extra_context_json may not set \"", name, "\" (apply_chat_template's own argument)"));
     }
-    variables->Set(Value::String(key), *std::move(converted));
+    variables->Set(key, value);
   }
   return absl::OkStatus();
 }

@@ -151,7 +151,41 @@ class Encoder {
   std::string item_separator_;
 };
 
+// Finds integer literals too large for int64/uint64: nlohmann reports them
+// as floats, with their raw text.
+class IntegerOverflowFinder : public nlohmann::json_sax<nlohmann::ordered_json> {
+ public:
+  bool null() override { return true; }
+  bool boolean(bool) override { return true; }
+  bool number_integer(number_integer_t) override { return true; }
+  bool number_unsigned(number_unsigned_t) override { return true; }
+  bool number_float(number_float_t, const string_t& raw) override {
+    if (raw.find_first_of(".eE") == string_t::npos) overflowing = raw;
+    return true;
+  }
+  bool string(string_t&) override { return true; }
+  bool binary(binary_t&) override { return true; }
+  bool start_object(std::size_t) override { return true; }
+  bool key(string_t&) override { return true; }
+  bool end_object() override { return true; }
+  bool start_array(std::size_t) override { return true; }
+  bool end_array() override { return true; }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override {
+    return false;
+  }
+  std::string overflowing;
+};
+
 }  // namespace
+
+Value ParseJson(std::string_view text) {
+  IntegerOverflowFinder finder;
+  if (!nlohmann::ordered_json::sax_parse(text, &finder)) ThrowValueError("not valid JSON");
+  if (!finder.overflowing.empty()) {
+    ThrowUnsupported("integer " + finder.overflowing + " does not fit in 64 bits");
+  }
+  return FromJson(nlohmann::ordered_json::parse(text));
+}
 
 Value FromJson(const nlohmann::ordered_json& json) {
   switch (json.type()) {

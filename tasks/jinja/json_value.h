@@ -5,6 +5,7 @@
 
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include <nlohmann/json.hpp>
 
@@ -15,6 +16,11 @@ namespace kappa::tasks::jinja {
 // null -> None, true -> True, 12 -> int, 1.5 / 1e3 -> float, arrays -> list,
 // objects -> dict in document order. Integers beyond int64 are refused.
 Value FromJson(const nlohmann::ordered_json& json);
+
+// json.loads(text): FromJson of the parsed text. ValueError for text that is
+// not JSON; Unsupported for an integer literal beyond int64 (which the JSON
+// library would silently turn into a float).
+Value ParseJson(std::string_view text);
 
 struct JsonDumpOptions {
   bool ensure_ascii = false;

@@ -22,6 +22,14 @@ absl::StatusOr<Value> ValueFromJson(const nlohmann::ordered_json& json) {
   }
 }
 
+absl::StatusOr<Value> ValueFromJsonText(std::string_view text) {
+  try {
+    return ParseJson(text);
+  } catch (const RenderError& error) {
+    return absl::InvalidArgumentError(error.what());
+  }
+}
+
 absl::StatusOr<Template> Template::Parse(std::string_view source, const LexerOptions& options) {
   if (!IsValidUtf8(source)) return absl::InvalidArgumentError("template is not valid UTF-8");
   try {

@@ -24,6 +24,8 @@ struct Program;
 // FromJson (json_value.h) at the module boundary: InvalidArgumentError for
 // what the interpreter cannot hold (an integer beyond int64).
 absl::StatusOr<Value> ValueFromJson(const nlohmann::ordered_json& json);
+// ParseJson (json_value.h) at the module boundary, likewise.
+absl::StatusOr<Value> ValueFromJsonText(std::string_view text);
 
 class Template {
  public:
