@@ -33,7 +33,7 @@ BoundArguments::BoundArguments(const CallArgs& args, std::string_view function,
   }
 }
 
-const Value& BoundArguments::get(size_t index, const Value& fallback) const {
+Value BoundArguments::get(size_t index, const Value& fallback) const {
   return values_[index] ? *values_[index] : fallback;
 }
 

@@ -20,8 +20,9 @@ class BoundArguments {
                  std::initializer_list<std::string_view> parameters, size_t required = 0);
 
   bool has(size_t index) const { return values_[index].has_value(); }
-  // The argument, or `fallback` when it was not passed.
-  const Value& get(size_t index, const Value& fallback) const;
+  // The argument, or `fallback` when it was not passed (a copy: the fallback
+  // is often a temporary).
+  Value get(size_t index, const Value& fallback) const;
   const Value& get(size_t index) const { return *values_[index]; }
 
   // The argument as a str / int / bool, with a TypeError naming the

@@ -45,7 +45,7 @@ Value ToJson(const Value& input, const CallArgs& args) {
   JsonDumpOptions options;
   options.ensure_ascii = bound.GetTruthy(0, false);
   options.sort_keys = bound.GetTruthy(3, false);
-  const Value& indent = bound.get(1, Value::None());
+  const Value indent = bound.get(1, Value::None());
   if (indent.is_string()) {
     options.indent = indent.as_string();
   } else if (indent.is_integer()) {
@@ -53,7 +53,7 @@ Value ToJson(const Value& input, const CallArgs& args) {
   } else if (!indent.is_none()) {
     ThrowTypeError("can't multiply sequence by non-int of type '" + TypeName(indent) + "'");
   }
-  const Value& separators = bound.get(2, Value::None());
+  const Value separators = bound.get(2, Value::None());
   if (!separators.is_none()) {
     const std::vector<Value> parts = Iterate(separators);
     if (parts.size() != 2 || !parts[0].is_string() || !parts[1].is_string()) {

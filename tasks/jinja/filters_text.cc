@@ -61,7 +61,7 @@ Value Trim(const Value& input, const CallArgs& args) {
 // do_replace(s, old, new, count=None): str(s).replace(str(old), str(new), count).
 Value Replace(const Value& input, const CallArgs& args) {
   BoundArguments bound(args, "do_replace", {"old", "new", "count"}, 2);
-  const Value& count = bound.get(2, Value::None());
+  const Value count = bound.get(2, Value::None());
   int64_t limit = -1;
   if (!count.is_none()) limit = bound.GetInt(2, -1);
   return Value::String(
@@ -94,7 +94,7 @@ Value Indent(const Value& input, const CallArgs& args) {
   if (!input.is_string()) {
     ThrowTypeError("unsupported operand type(s) for +=: '" + TypeName(input) + "' and 'str'");
   }
-  const Value& width = bound.get(0, Value::Int(4));
+  const Value width = bound.get(0, Value::Int(4));
   const std::string indention =
       width.is_string() ? width.as_string()
                         : std::string(static_cast<size_t>(std::max<int64_t>(bound.GetInt(0, 4), 0)), ' ');
