@@ -1,5 +1,6 @@
 // The interpreter's two internal exceptions. They never leave tasks/jinja:
-// template.cc turns them into absl::Status (the one place that catches them).
+// template.cc is the one place that turns them into absl::Status (the
+// evaluator only catches a RenderError to record its line, and rethrows).
 #pragma once
 
 #include <stdexcept>

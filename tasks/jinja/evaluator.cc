@@ -40,6 +40,17 @@ class Macro : public Callable {
   Interpreter* interpreter_;
 };
 
+class DepthGuard {
+ public:
+  explicit DepthGuard(int* depth) : depth_(depth) { ++*depth_; }
+  ~DepthGuard() { --*depth_; }
+  DepthGuard(const DepthGuard&) = delete;
+  DepthGuard& operator=(const DepthGuard&) = delete;
+
+ private:
+  int* depth_;
+};
+
 class Interpreter {
  public:
   // Scopes can end up in cycles (a macro closes over the scope that holds
@@ -88,15 +99,9 @@ class Interpreter {
         scope->Set(parameter, Value::Undefined("parameter '" + parameter + "' was not provided"));
       }
     }
-    ++macro_depth_;
+    DepthGuard depth(&macro_depth_);
     std::string out;
-    try {
-      ExecBody(macro.body, scope, &out);
-    } catch (...) {
-      --macro_depth_;
-      throw;
-    }
-    --macro_depth_;
+    ExecBody(macro.body, scope, &out);
     return Value::String(std::move(out));
   }
 

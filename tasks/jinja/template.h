@@ -3,8 +3,8 @@
 // ImmutableSandboxedEnvironment (default Undefined, autoescape off).
 //
 // This is the module boundary: the interpreter's internal exceptions
-// (errors.h) are caught here, in Parse() and Render() only, and become
-// absl::InvalidArgumentError.
+// (errors.h) are converted here, in template.cc's four functions below, and
+// nowhere else, into absl::InvalidArgumentError.
 #pragma once
 
 #include <memory>

@@ -55,12 +55,16 @@ void Dict::Set(Value key, Value value) {
   entries_.emplace_back(std::move(key), std::move(value));
 }
 
+// Default-constructed values (placeholders about to be assigned) share one
+// Undefined instead of allocating their own.
 Value::Value() : kind_(Kind::kUndefined) {
-  undefined_ = std::make_shared<UndefinedInfo>(UndefinedInfo{"undefined value", "UndefinedError"});
+  static const auto* const kPlaceholder = new std::shared_ptr<const UndefinedInfo>(
+      std::make_shared<UndefinedInfo>(UndefinedInfo{"undefined value", "UndefinedError"}));
+  undefined_ = *kPlaceholder;
 }
 
 Value Value::Undefined(std::string message, std::string error_type) {
-  Value v;
+  Value v(Kind::kUndefined);
   v.undefined_ = std::make_shared<UndefinedInfo>(
       UndefinedInfo{std::move(message), std::move(error_type)});
   return v;
@@ -79,38 +83,29 @@ Value Value::UndefinedElement(const Value& object, const Value& key) {
   return Undefined(ObjectTypeRepr(object) + " has no element " + Repr(key));
 }
 
-Value Value::None() {
-  Value v;
-  v.kind_ = Kind::kNone;
-  v.undefined_.reset();
-  return v;
-}
+Value Value::None() { return Value(Kind::kNone); }
 
 Value Value::Bool(bool value) {
-  Value v = None();
-  v.kind_ = Kind::kBool;
+  Value v(Kind::kBool);
   v.bool_ = value;
   v.int_ = value ? 1 : 0;
   return v;
 }
 
 Value Value::Int(int64_t value) {
-  Value v = None();
-  v.kind_ = Kind::kInt;
+  Value v(Kind::kInt);
   v.int_ = value;
   return v;
 }
 
 Value Value::Float(double value) {
-  Value v = None();
-  v.kind_ = Kind::kFloat;
+  Value v(Kind::kFloat);
   v.float_ = value;
   return v;
 }
 
 Value Value::String(std::string value) {
-  Value v = None();
-  v.kind_ = Kind::kString;
+  Value v(Kind::kString);
   v.string_ = std::make_shared<const std::string>(std::move(value));
   return v;
 }
@@ -128,43 +123,37 @@ Value Value::Tuple(std::vector<Value> items) {
 }
 
 Value Value::FromSequence(Sequence sequence, Kind kind) {
-  Value v = None();
-  v.kind_ = kind;
+  Value v(kind);
   v.sequence_ = std::make_shared<const Sequence>(std::move(sequence));
   return v;
 }
 
 Value Value::MakeDict(Dict dict) {
-  Value v = None();
-  v.kind_ = Kind::kDict;
+  Value v(Kind::kDict);
   v.dict_ = std::make_shared<const Dict>(std::move(dict));
   return v;
 }
 
 Value Value::MakeNamespace(std::shared_ptr<Namespace> ns) {
-  Value v = None();
-  v.kind_ = Kind::kNamespace;
+  Value v(Kind::kNamespace);
   v.namespace_ = std::move(ns);
   return v;
 }
 
 Value Value::Loop(std::shared_ptr<LoopState> loop) {
-  Value v = None();
-  v.kind_ = Kind::kLoop;
+  Value v(Kind::kLoop);
   v.loop_ = std::move(loop);
   return v;
 }
 
 Value Value::MakeIterator(std::shared_ptr<Iterator> iterator) {
-  Value v = None();
-  v.kind_ = Kind::kIterator;
+  Value v(Kind::kIterator);
   v.iterator_ = std::move(iterator);
   return v;
 }
 
 Value Value::MakeCallable(std::shared_ptr<const Callable> callable) {
-  Value v = None();
-  v.kind_ = Kind::kCallable;
+  Value v(Kind::kCallable);
   v.callable_ = std::move(callable);
   return v;
 }

@@ -152,6 +152,8 @@ class Value {
   [[noreturn]] void ThrowUndefined() const;
 
  private:
+  explicit Value(Kind kind) : kind_(kind) {}
+
   Kind kind_;
   bool bool_ = false;
   int64_t int_ = 0;
