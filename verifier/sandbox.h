@@ -13,6 +13,9 @@
 // namespace, so no descendant outlives the run (setsid() does not escape it).
 // On timeout the verifier closes a pipe the supervisor watches; the
 // supervisor, which has not reaped the program, kills it (no pid-reuse race).
+// The verifier's side is in sandbox.cc, the children's (fork() to execve(),
+// async-signal-safe only) in sandbox_child.{h,cc}: one function per step,
+// each named for what it guarantees.
 #pragma once
 
 #include <sys/types.h>
@@ -33,16 +36,16 @@ struct SandboxOptions {
   // Must be traversable by `uid` (the work dir itself is chowned to it).
   std::string work_root;
   absl::Duration wall_timeout = absl::Seconds(10);
-  int cpu_seconds = 5;                           // RLIMIT_CPU (SIGKILL at the limit)
+  int cpu_seconds = 5;                             // RLIMIT_CPU (SIGKILL at the limit)
   int64_t address_space_bytes = int64_t{1} << 30;  // RLIMIT_AS
   // RLIMIT_FSIZE: the largest file it may write (a write past it fails with
   // EFBIG; SIGXFSZ kills only outside a pid namespace). With a mount
   // namespace the work dir is a tmpfs of 4x this size.
   int64_t file_size_bytes = int64_t{16} << 20;
-  int max_processes = 32;  // RLIMIT_NPROC: counts every process of `uid` (see security.md)
-  int max_open_files = 64;                       // RLIMIT_NOFILE
-  size_t output_limit_bytes = 64 * 1024;         // tail of stdout and of stderr kept for logs
-  uid_t uid = 65534;                             // the unprivileged identity (nobody/nogroup)
+  int max_processes = 32;   // RLIMIT_NPROC: counts every process of `uid` (see security.md)
+  int max_open_files = 64;  // RLIMIT_NOFILE
+  size_t output_limit_bytes = 64 * 1024;  // tail of stdout and of stderr kept for logs
+  uid_t uid = 65534;                      // the unprivileged identity (nobody/nogroup)
   gid_t gid = 65534;
 };
 
