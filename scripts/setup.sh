@@ -31,9 +31,10 @@ TEST_PACKAGES=(
 )
 
 # The sanitizer and fuzz builds (scripts/sanitize.sh, scripts/fuzz.sh): clang,
-# its sanitizer/libFuzzer runtimes, and llvm-symbolizer for readable stacks.
+# its sanitizer/libFuzzer runtimes, and llvm-symbolizer for readable stacks;
+# clang-format (and git clang-format) for scripts/check_format.sh.
 FUZZ_PACKAGES=(
-  clang libclang-rt-14-dev llvm
+  clang libclang-rt-14-dev llvm clang-format
 )
 ALL_PACKAGES=("${PACKAGES[@]}" "${TEST_PACKAGES[@]}" "${FUZZ_PACKAGES[@]}")
 
