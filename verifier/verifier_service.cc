@@ -1,18 +1,18 @@
 #include "verifier/verifier_service.h"
 
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 #include <atomic>
 #include <exception>
 #include <string>
 #include <thread>
 
-#include <spdlog/spdlog.h>
-
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "model/utf8.h"
 #include "services/grpc_util.h"
 #include "tasks/answer.h"
-#include "verifier/utf8.h"
 
 namespace kappa::verifier {
 namespace {
@@ -31,13 +31,13 @@ absl::Status ValidateCodeItem(const kappa::v1::VerifyItem& item, int index,
     return absl::FailedPreconditionError(
         absl::StrCat("items[", index, "].task: ", code->available().message()));
   }
-  if (!IsValidUtf8(item.reference_answer())) {
+  if (!model::IsValidUtf8(item.reference_answer())) {
     return FieldError(index, "reference_answer", "not valid UTF-8");
   }
   if (absl::Status status = code->ValidateTests(item.reference_answer()); !status.ok()) {
     return FieldError(index, "reference_answer", status.message());
   }
-  if (!IsValidUtf8(item.response_text())) {
+  if (!model::IsValidUtf8(item.response_text())) {
     return FieldError(index, "response_text", "not valid UTF-8");
   }
   if (absl::Status status = code->ValidateResponse(item.response_text()); !status.ok()) {
@@ -49,19 +49,19 @@ absl::Status ValidateCodeItem(const kappa::v1::VerifyItem& item, int index,
 absl::Status ValidateItem(const kappa::v1::VerifyItem& item, int index, const CodeRewarder* code) {
   // The text fields are bytes on the wire (verifier.proto): UTF-8 is checked
   // here, so the caller learns which field of which item is wrong.
-  if (!IsValidUtf8(item.task())) return FieldError(index, "task", "not valid UTF-8");
+  if (!model::IsValidUtf8(item.task())) return FieldError(index, "task", "not valid UTF-8");
   if (tasks::IsCodeTask(item.task())) return ValidateCodeItem(item, index, code);
   if (absl::Status status = tasks::ValidateTask(item.task()); !status.ok()) {
     return FieldError(index, "task", status.message());
   }
-  if (!IsValidUtf8(item.reference_answer())) {
+  if (!model::IsValidUtf8(item.reference_answer())) {
     return FieldError(index, "reference_answer", "not valid UTF-8");
   }
   if (absl::Status status = tasks::ValidateReference(item.task(), item.reference_answer());
       !status.ok()) {
     return FieldError(index, "reference_answer", status.message());
   }
-  if (!IsValidUtf8(item.response_text())) {
+  if (!model::IsValidUtf8(item.response_text())) {
     return FieldError(index, "response_text", "not valid UTF-8");
   }
   return absl::OkStatus();

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "model/hf_tokenizer/utf8.h"
+#include "model/utf8.h"
 
 namespace kappa::model::hf {
 namespace {

@@ -1,7 +1,7 @@
 #include "model/hf_tokenizer/decoder.h"
 
 #include "model/hf_tokenizer/regex.h"
-#include "model/hf_tokenizer/utf8.h"
+#include "model/utf8.h"
 
 namespace kappa::model::hf {
 namespace {

@@ -1,10 +1,9 @@
 #include "model/hf_tokenizer/hf_tokenizer.h"
 
-#include <nlohmann/json.hpp>
-
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <stdexcept>
 
@@ -15,7 +14,7 @@
 #include "model/hf_tokenizer/normalizer.h"
 #include "model/hf_tokenizer/post_processor.h"
 #include "model/hf_tokenizer/pre_tokenizer.h"
-#include "model/hf_tokenizer/utf8.h"
+#include "model/utf8.h"
 
 namespace kappa::model {
 namespace {
@@ -188,7 +187,7 @@ HfTokenizer HfTokenizer::FromJson(const std::string& tokenizer_json,
 }
 
 std::vector<int64_t> HfTokenizer::Encode(std::string_view text, bool add_special_tokens) const {
-  const size_t invalid = hf::FirstInvalidUtf8(text);
+  const size_t invalid = FirstInvalidUtf8(text);
   if (invalid != std::string_view::npos) {
     throw std::invalid_argument("tokenizer: the text is not valid UTF-8 at byte " +
                                 std::to_string(invalid));

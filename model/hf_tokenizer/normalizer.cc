@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "model/hf_tokenizer/regex.h"
-#include "model/hf_tokenizer/utf8.h"
+#include "model/utf8.h"
 
 namespace kappa::model::hf {
 namespace {

@@ -5,7 +5,7 @@
 
 #include <stdexcept>
 
-#include "model/hf_tokenizer/utf8.h"
+#include "model/utf8.h"
 
 namespace kappa::model::hf {
 namespace {

@@ -1,4 +1,4 @@
-// UTF-8 and the few Unicode character classes Python's str methods use.
+// The few Unicode character classes Python's str methods use, over UTF-8.
 // Strings inside the interpreter are UTF-8; Python indexes them by code
 // point, so slicing, len() and padding decode first.
 #pragma once
@@ -7,21 +7,18 @@
 #include <string>
 #include <string_view>
 
+#include "model/utf8.h"
+
 namespace kappa::tasks::jinja {
 
-// True when `text` is well-formed UTF-8 (no overlongs, no surrogates, at most
-// U+10FFFF) — what a Python str can hold.
-bool IsValidUtf8(std::string_view text);
-
-// Decodes well-formed UTF-8 (checked by the caller at the module boundary).
-std::u32string DecodeUtf8(std::string_view text);
-std::string EncodeUtf8(std::u32string_view code_points);
-void AppendUtf8(char32_t code_point, std::string* out);
-
-// The code point starting at text[*pos]; advances *pos past it.
-char32_t NextCodePoint(std::string_view text, size_t* pos);
-
-size_t CodePointCount(std::string_view text);
+// UTF-8 itself is model/utf8.h's (the project's one implementation); Python
+// strings are well-formed UTF-8 (checked at the module boundary).
+using model::AppendUtf8;
+using model::CodePointCount;
+using model::DecodeUtf8;
+using model::EncodeUtf8;
+using model::IsValidUtf8;
+using model::NextCodePoint;
 
 // str.isspace() for one code point (also what Python's re \s matches).
 bool IsPythonSpace(char32_t c);

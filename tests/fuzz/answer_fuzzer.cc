@@ -1,7 +1,7 @@
 // Fuzzes what the verifier does with untrusted text before any sandbox runs:
 // the exact-answer reward (tasks/answer.h: ParseFinalAnswer, ValidateReference,
 // ExactAnswerReward), the code-block extraction (ExtractPythonCode) and the
-// UTF-8 check (verifier/utf8.h). The input is "<reference>\0<response>" (no
+// UTF-8 check (model/utf8.h). The input is "<reference>\0<response>" (no
 // NUL: all of it is both). Crashes and broken invariants are findings.
 #include <cstddef>
 #include <cstdint>
@@ -11,8 +11,8 @@
 #include <string_view>
 
 #include "absl/status/statusor.h"
+#include "model/utf8.h"
 #include "tasks/answer.h"
-#include "verifier/utf8.h"
 
 namespace {
 
@@ -48,13 +48,13 @@ void CheckPythonCode(std::string_view response) {
 }
 
 void CheckUtf8(std::string_view text) {
-  const bool valid = kappa::verifier::IsValidUtf8(text);
+  const bool valid = kappa::model::IsValidUtf8(text);
   // Valid UTF-8 stays valid split at any character boundary.
   if (valid && !text.empty()) {
     size_t cut = text.size() / 2;
     while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;
-    Check(kappa::verifier::IsValidUtf8(text.substr(0, cut)));
-    Check(kappa::verifier::IsValidUtf8(text.substr(cut)));
+    Check(kappa::model::IsValidUtf8(text.substr(0, cut)));
+    Check(kappa::model::IsValidUtf8(text.substr(cut)));
   }
 }
 

@@ -1,10 +1,10 @@
-#include "verifier/utf8.h"
+#include "model/utf8.h"
 
 #include <gtest/gtest.h>
 
 #include <string>
 
-namespace kappa::verifier {
+namespace kappa::model {
 namespace {
 
 TEST(Utf8Test, AcceptsWellFormedText) {
@@ -13,6 +13,19 @@ TEST(Utf8Test, AcceptsWellFormedText) {
     EXPECT_TRUE(IsValidUtf8(text)) << text;
   }
   EXPECT_TRUE(IsValidUtf8(std::string("nul\0inside", 10)));
+}
+
+TEST(Utf8Test, LossyDecodingReplacesEachMaximalInvalidSubpart) {
+  // Unicode's "maximal subpart" rule, as TextDecoder and from_utf8_lossy.
+  EXPECT_EQ(LossyUtf8("a\xe4\xb8"), "a\uFFFD");                // truncated 3-byte: one
+  EXPECT_EQ(LossyUtf8("\xe0\x80\x80"), "\uFFFD\uFFFD\uFFFD");  // overlong: one per byte
+  EXPECT_EQ(LossyUtf8("\xed\xa0\x80"), "\uFFFD\uFFFD\uFFFD");  // surrogate
+  EXPECT_EQ(LossyUtf8("\xf4\x90\x80\x80"), "\uFFFD\uFFFD\uFFFD\uFFFD");
+  EXPECT_EQ(LossyUtf8("\xe4\xb8\xad\xff!"), "\u4E2D\uFFFD!");
+  EXPECT_EQ(FirstInvalidUtf8("ok\xc3("), 2u);
+  EXPECT_EQ(DecodeUtf8("a\u00e9\U0001F600"), (std::u32string{U'a', 0xE9, 0x1F600}));
+  EXPECT_EQ(EncodeUtf8(DecodeUtf8("a\u00e9\U0001F600")), "a\u00e9\U0001F600");
+  EXPECT_EQ(CodePointCount("a\u00e9\U0001F600"), 3u);
 }
 
 TEST(Utf8Test, RejectsMalformedText) {
@@ -32,4 +45,4 @@ TEST(Utf8Test, RejectsMalformedText) {
 }
 
 }  // namespace
-}  // namespace kappa::verifier
+}  // namespace kappa::model

@@ -1,6 +1,6 @@
-#include "model/hf_tokenizer/utf8.h"
+#include "model/utf8.h"
 
-namespace kappa::model::hf {
+namespace kappa::model {
 namespace {
 
 constexpr char kReplacement[] = "\xEF\xBF\xBD";  // U+FFFD
@@ -60,7 +60,8 @@ char32_t NextCodePoint(std::string_view text, size_t* offset) {
   }
   const size_t n = b0 >= 0xF0 ? 4 : b0 >= 0xE0 ? 3 : 2;
   char32_t c = b0 & (0x7F >> n);
-  for (size_t k = 1; k < n; ++k) c = (c << 6) | (static_cast<unsigned char>(text[*offset + k]) & 0x3F);
+  for (size_t k = 1; k < n; ++k)
+    c = (c << 6) | (static_cast<unsigned char>(text[*offset + k]) & 0x3F);
   *offset += n;
   return c;
 }
@@ -83,6 +84,29 @@ void AppendUtf8(char32_t c, std::string* out) {
   }
 }
 
+std::u32string DecodeUtf8(std::string_view text) {
+  std::u32string out;
+  out.reserve(text.size());
+  size_t offset = 0;
+  while (offset < text.size()) out.push_back(NextCodePoint(text, &offset));
+  return out;
+}
+
+std::string EncodeUtf8(std::u32string_view code_points) {
+  std::string out;
+  out.reserve(code_points.size());
+  for (char32_t c : code_points) AppendUtf8(c, &out);
+  return out;
+}
+
+size_t CodePointCount(std::string_view text) {
+  size_t count = 0;
+  for (char c : text) {
+    if ((static_cast<unsigned char>(c) & 0xC0) != 0x80) ++count;
+  }
+  return count;
+}
+
 std::string LossyUtf8(std::string_view bytes) {
   std::string out;
   out.reserve(bytes.size());
@@ -103,8 +127,8 @@ std::string LossyUtf8(std::string_view bytes) {
 
 bool IsUnicodeWhitespace(char32_t c) {
   return (c >= 0x09 && c <= 0x0D) || c == 0x20 || c == 0x85 || c == 0xA0 || c == 0x1680 ||
-         (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F ||
-         c == 0x205F || c == 0x3000;
+         (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F ||
+         c == 0x3000;
 }
 
-}  // namespace kappa::model::hf
+}  // namespace kappa::model
