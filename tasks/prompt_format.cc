@@ -12,6 +12,17 @@ absl::StatusOr<PromptFormat> PromptFormat::Make(const std::string& prompt_templa
   PromptFormat format;
   format.system_prompt_ = system_prompt;
   format.extra_context_json_ = extra_context_json;
+  if (prompt_template == "auto") {
+    absl::StatusOr<ChatTemplate> chat_template = LoadChatTemplate(model_dir);
+    if (absl::IsNotFound(chat_template.status())) return format;  // raw
+    if (!chat_template.ok()) {
+      return absl::Status(
+          chat_template.status().code(),
+          absl::StrCat("task.prompt_template: auto: ", chat_template.status().message()));
+    }
+    format.chat_template_ = *std::move(chat_template);
+    return format;
+  }
   if (prompt_template == "chat") {
     absl::StatusOr<ChatTemplate> chat_template = LoadChatTemplate(model_dir);
     if (!chat_template.ok()) {
@@ -27,7 +38,7 @@ absl::StatusOr<PromptFormat> PromptFormat::Make(const std::string& prompt_templa
   if (prompt_template.find("{prompt}") == std::string::npos) {
     return absl::InvalidArgumentError(
         absl::StrCat("task.prompt_template: \"", prompt_template,
-                     "\" is neither chat, raw nor a custom text containing {prompt}"));
+                     "\" is neither auto, chat, raw nor a custom text containing {prompt}"));
   }
   format.custom_ = prompt_template;
   return format;

@@ -1,5 +1,8 @@
 // How a task example's prompt becomes the text the model is given
 // (config key task.prompt_template):
+//   auto  chat when the model directory has a chat template, else raw (the
+//         default: instruct models get their chat format, base models and
+//         kappa's toy models their raw prompt).
 //   chat  the model's own chat template (tokenizer_config.json), rendered
 //         with [{system}?, {user: prompt}] and add_generation_prompt, exactly
 //         as transformers' apply_chat_template(..., tokenize=False,

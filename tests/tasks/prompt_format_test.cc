@@ -57,6 +57,22 @@ TEST(PromptFormatTest, RawAndCustomText) {
   EXPECT_EQ(*custom->Render(MakeExample("1+1")), "Question: 1+1\nAnswer (1+1):");
 }
 
+TEST(PromptFormatTest, AutoIsChatWhenTheModelHasATemplateElseRaw) {
+  auto instruct = PromptFormat::Make("auto", "", Model("qwen2_5"));
+  ASSERT_TRUE(instruct.ok()) << instruct.status();
+  EXPECT_FALSE(instruct->add_special_tokens());
+  EXPECT_NE(instruct->Render(MakeExample("2+3?"))->find("<|im_start|>user\n2+3?"),
+            std::string::npos);
+  auto base = PromptFormat::Make("auto", "", Model("llama2"));
+  ASSERT_TRUE(base.ok()) << base.status();
+  EXPECT_TRUE(base->add_special_tokens());
+  EXPECT_EQ(*base->Render(MakeExample("2+3?")), "2+3?");
+  // kappa's toy models: no tokenizer files at all.
+  auto toy = PromptFormat::Make("auto", "", "/nonexistent/toy");
+  ASSERT_TRUE(toy.ok()) << toy.status();
+  EXPECT_EQ(*toy->Render(MakeExample("12+34=")), "12+34=");
+}
+
 TEST(PromptFormatTest, ErrorsNameTheKey) {
   const auto no_placeholder = PromptFormat::Make("Question:", "", "");
   ASSERT_FALSE(no_placeholder.ok());
