@@ -11,8 +11,8 @@
 // max_position_embeddings raised from the demo's 16 to the longest prompt
 // plus the longest response length, so every row can generate the full
 // length. Batch: --group-size responses of each of --prompts prompts (prompt
-// lengths 7..9, left-padded). Decoding is greedy and eos_id = -1 (an id no
-// token has, as tests/model/sampling_test.cc does), so every row generates
+// lengths 7..9, left-padded). Decoding is greedy with no stop ids (as
+// tests/model/sampling_test.cc does), so every row generates
 // exactly `length` tokens; the bench checks that, and that every other
 // mode picks exactly the tokens the batched cache path picks (exit 1
 // otherwise).
@@ -112,7 +112,8 @@ std::vector<std::vector<int64_t>> GenerateNoCache(model::Decoder& model,
     (void)lp;
     step_tokens.push_back(next);
     step_active.push_back(finished.logical_not());
-    finished = finished.logical_or(next.eq(params.eos_id)).logical_or(budgets_t.le(k + 1));
+    for (int64_t id : params.stop_token_ids) finished = finished.logical_or(next.eq(id));
+    finished = finished.logical_or(budgets_t.le(k + 1));
     if (k + 1 == steps || finished.all().item<bool>()) break;
     tokens.select(1, width_now).copy_(torch::where(finished, torch::full_like(next, params.pad_id), next));
     mask.select(1, width_now).copy_(finished.logical_not());
@@ -235,7 +236,7 @@ int main(int argc, char** argv) {
       model::SamplingParams params;
       params.max_new_tokens = length;
       params.temperature = 0.0;  // greedy
-      params.eos_id = -1;        // never stops early
+      params.stop_token_ids = {};  // never stops early
       params.pad_id = 0;
       std::vector<std::vector<int64_t>> cached;
       for (const std::string& mode : modes) {
@@ -282,7 +283,7 @@ int main(int argc, char** argv) {
   std::printf(
       "device=%s threads=%d rows=%lld (%lld prompts x G=%lld, prompt %lld..%lld tokens) reps=%d\n"
       "model: demo student shape, max_position_embeddings raised to %lld (demo: 16), greedy, "
-      "eos_id=-1\n",
+      "no stop ids\n",
       device_name.c_str(), torch::get_num_threads(), static_cast<long long>(rows),
       static_cast<long long>(num_prompts), static_cast<long long>(group_size), 7LL,
       static_cast<long long>(max_prompt), reps,

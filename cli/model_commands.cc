@@ -9,6 +9,7 @@
 #include "absl/strings/str_split.h"
 #include "cli/args.h"
 #include "model/checkpoint.h"
+#include "model/generation_config.h"
 #include "model/sampling.h"
 #include "services/torch_runtime.h"
 
@@ -176,11 +177,11 @@ int GenerateCommand(const std::vector<std::string>& args) {
     params.max_new_tokens = *max_new;
     params.temperature = *temperature;
     params.top_p = *top_p;
-    params.eos_id = config.eos_token_id;
+    params.stop_token_ids = model::StopTokenIds(config);
     params.pad_id = config.pad_token_id;
     at::Generator generator = model::MakeGenerator(options->device, static_cast<uint64_t>(*seed));
     const model::SampledSequence sample = model::Sample(decoder, {*prompt}, params, generator).at(0);
-    const bool finished = !sample.tokens.empty() && sample.tokens.back() == config.eos_token_id;
+    const bool finished = !sample.truncated;
     std::cout << "{\"prompt_ids\":" << JsonList(*prompt) << ",\"ids\":" << JsonList(sample.tokens)
               << ",\"logprobs\":" << JsonFloats(sample.logprobs, sample.logprobs.size())
               << ",\"finished\":" << (finished ? "true" : "false") << "}\n";

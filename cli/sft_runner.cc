@@ -36,7 +36,7 @@ model::ModelConfig DecoderConfig(const services::ModelShape& shape, Role role,
   config.num_key_value_heads = shape.num_key_value_heads;
   config.max_position_embeddings = shape.max_position_embeddings;
   config.bos_token_id = model::CharTokenizer::kBos;
-  config.eos_token_id = model::CharTokenizer::kEos;
+  config.eos_token_ids = {model::CharTokenizer::kEos};
   config.pad_token_id = model::CharTokenizer::kPad;
   return config;
 }

@@ -9,7 +9,8 @@
 namespace kappa::learner {
 
 double DatasetAccuracy(model::Decoder& policy, const model::CharTokenizer& tokenizer,
-                       const tasks::Dataset& dataset, size_t count, int64_t max_new_tokens) {
+                       const tasks::Dataset& dataset, size_t count, int64_t max_new_tokens,
+                       int64_t vocab_limit) {
   count = std::min(count, dataset.size());
   std::vector<std::vector<int64_t>> prompts;
   prompts.reserve(count);
@@ -22,7 +23,8 @@ double DatasetAccuracy(model::Decoder& policy, const model::CharTokenizer& token
         absl::StatusOr<float> reward =
             tasks::ExactAnswerReward(example.task, example.answer, tokenizer.Decode(response));
         return reward.ok() && *reward > 0.5f;
-      });
+      },
+      /*batch_size=*/256, vocab_limit);
 }
 
 }  // namespace kappa::learner

@@ -12,8 +12,11 @@
 
 namespace kappa::learner {
 
-// Over the first `count` examples (clamped to the dataset size).
+// Over the first `count` examples (clamped to the dataset size), decoding
+// as GreedyAccuracy does (the policy's stop ids; ids below `vocab_limit`,
+// 0: every row).
 double DatasetAccuracy(model::Decoder& policy, const model::CharTokenizer& tokenizer,
-                       const tasks::Dataset& dataset, size_t count, int64_t max_new_tokens);
+                       const tasks::Dataset& dataset, size_t count, int64_t max_new_tokens,
+                       int64_t vocab_limit = 0);
 
 }  // namespace kappa::learner

@@ -233,6 +233,7 @@ absl::StatusOr<ScoredGroup> DecodeScoredGroup(const kappa::v1::ScoredGroup& mess
     sample.behavior_logprobs.assign(behavior_f32.data_ptr<float>(),
                                     behavior_f32.data_ptr<float>() + length);
     sample.reward = in.reward();
+    sample.truncated = in.truncated();
     if (expect.teacher_form == kappa::v1::SCORE_FORM_TOPK) {
       auto dense = DecodeTopkTeacher(in, length, field, expect);
       if (!dense.ok()) return dense.status();

@@ -22,6 +22,9 @@ inline constexpr float kTopkFill = -1e30f;
 
 struct GroupExpectations {
   int64_t group_size = 0;
+  // The vocabulary limit (model::VocabLimit: the tokenizer's size): every
+  // token id lies below it, and FULL / densified TOPK teacher rows are this
+  // wide (padded embedding rows above it are in no distribution).
   int64_t vocab_size = 0;
   int64_t max_new_tokens = 0;
   int teacher_form = 0;  // kappa.v1.ScoreForm value the loss needs; 0 = none

@@ -76,6 +76,9 @@ void LearnerMetrics::RecordStep(const StepObservationForMetrics& step,
   r.GetGauge("kappa_learner_loss", loss_help, {{"term", "sft"}}).Set(s.sft_loss);
   r.GetGauge("kappa_learner_reward_mean", "Mean verifier reward of the last batch.")
       .Set(step.reward_mean);
+  r.GetGauge("kappa_learner_truncated_ratio",
+             "Share of the last batch's responses that hit their token budget without a stop.")
+      .Set(step.truncated_fraction);
   r.GetGauge("kappa_learner_entropy", "Mean student entropy over response tokens (nats).")
       .Set(report.entropy);
   r.GetGauge("kappa_learner_lambda", "Distillation weight lambda in force.").Set(report.lambda);

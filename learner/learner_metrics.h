@@ -18,6 +18,7 @@ struct StepObservationForMetrics {
   int64_t step = 0;
   int64_t policy_version = 0;
   double reward_mean = 0.0;
+  double truncated_fraction = 0.0;  // responses that hit their token budget
   int64_t tokens = 0;
   double step_seconds = 0.0;
   std::vector<int64_t> staleness;  // per consumed group, in policy versions

@@ -61,6 +61,9 @@ kappa::v1::WorkItem LearnerService::MakeWorkItem(const Lease& lease) const {
   item.set_teacher_demonstrations(work_.teacher_demonstrations);
   item.set_teacher_temperature(work_.teacher_temperature);
   item.set_lease_deadline_unix_ms(absl::ToUnixMillis(lease.deadline));
+  for (int32_t id : work_.stop_token_ids) item.add_stop_token_ids(id);
+  item.set_vocab_limit(work_.vocab_limit);
+  for (const std::string& stop : work_.stop_strings) item.add_stop_strings(stop);
   return item;
 }
 

@@ -15,6 +15,7 @@
 #include <memory>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "learner/algo/collectives.h"
 #include "learner/algo/optimizer_step.h"
 #include "learner/coordinator.h"
@@ -26,6 +27,7 @@
 #include "learner/trainer_loop.h"
 #include "learner/work_config.h"
 #include "model/checkpoint.h"
+#include "model/generation_config.h"
 #include "model/tokenizer.h"
 #include "services/cli_flags.h"
 #include "services/metrics.h"
@@ -173,9 +175,16 @@ int Main(int argc, char** argv) {
   start->student->to(*device);
   spdlog::info("learner computes on {}", device->str());
   model::CharTokenizer tokenizer;
-  if (start->student->config().vocab_size != tokenizer.vocab_size()) {
-    spdlog::error("student vocab_size {} does not match the tokenizer's {}",
-                  start->student->config().vocab_size, tokenizer.vocab_size());
+  // The ids every distribution is over: the tokenizer's (padded embedding
+  // rows above them are never sampled or scored). The stop ids come from the
+  // student checkpoint (generation_config.json, else config.json).
+  int64_t vocab_limit = 0;
+  std::vector<int64_t> stop_token_ids;
+  try {
+    vocab_limit = model::VocabLimit(start->student->config(), tokenizer.vocab_size());
+    stop_token_ids = model::StopTokenIds(start->student->config());
+  } catch (const std::exception& e) {
+    spdlog::error("student: {}", e.what());
     return 2;
   }
 
@@ -237,11 +246,15 @@ int Main(int argc, char** argv) {
                                           start->state.pending_prompts.end()));
   PolicyPublisher publisher;
 
-  const WorkTemplate work = WorkTemplateFor(*config);
-  const GroupExpectations expect = GroupExpectationsFor(work, tokenizer.vocab_size());
-  spdlog::info("work items: G={} max_new_tokens={} teacher_form={} teacher_demonstrations={}",
+  WorkTemplate work = WorkTemplateFor(*config);
+  work.vocab_limit = static_cast<int32_t>(vocab_limit);
+  work.stop_token_ids.assign(stop_token_ids.begin(), stop_token_ids.end());
+  const GroupExpectations expect = GroupExpectationsFor(work, vocab_limit);
+  spdlog::info("work items: G={} max_new_tokens={} teacher_form={} teacher_demonstrations={} "
+               "vocab_limit={} stop ids [{}] stop strings {}",
                work.group_size, work.max_new_tokens, work.teacher_form,
-               work.teacher_demonstrations);
+               work.teacher_demonstrations, work.vocab_limit,
+               absl::StrJoin(work.stop_token_ids, ", "), work.stop_strings.size());
   LearnerService service(
       **train,
       [&tokenizer](const std::string& prompt) {
@@ -266,7 +279,7 @@ int Main(int argc, char** argv) {
                services::DescribeTransport(server_options->security), run_dir);
 
   TrainerLoop trainer(*config, run_dir, start->student, std::move(optimizer), start->state,
-                      &coordinator, &publisher, **heldout, tokenizer, *rank);
+                      &coordinator, &publisher, **heldout, tokenizer, vocab_limit, *rank);
   // One registry for the process; /metrics only when asked for.
   services::metrics::Registry registry;
   LearnerMetrics learner_metrics(registry);

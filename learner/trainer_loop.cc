@@ -41,7 +41,8 @@ TrainerLoop::TrainerLoop(const services::Config& config, std::string run_dir,
                          model::Decoder student, std::unique_ptr<PolicyOptimizer> optimizer,
                          const TrainerState& start, Coordinator* coordinator,
                          PolicyPublisher* publisher, const tasks::Dataset& heldout,
-                         const model::CharTokenizer& tokenizer, DataParallelSetup rank)
+                         const model::CharTokenizer& tokenizer, int64_t vocab_limit,
+                         DataParallelSetup rank)
     : config_(config),
       run_dir_(std::move(run_dir)),
       student_(std::move(student)),
@@ -51,6 +52,7 @@ TrainerLoop::TrainerLoop(const services::Config& config, std::string run_dir,
       publisher_(publisher),
       heldout_(heldout),
       tokenizer_(tokenizer),
+      vocab_limit_(vocab_limit),
       rank_(std::move(rank)),
       metrics_(rank_.primary() ? std::make_unique<MetricsLog>(run_dir_ + "/metrics.jsonl")
                                : nullptr) {}
@@ -70,7 +72,7 @@ void TrainerLoop::PublishPolicy() {
 double TrainerLoop::EvaluateHeldOut() {
   return DatasetAccuracy(student_, tokenizer_, heldout_,
                          static_cast<size_t>(config_.trainer.eval_examples),
-                         config_.rollout.max_new_tokens);
+                         config_.rollout.max_new_tokens, vocab_limit_);
 }
 
 absl::Status TrainerLoop::SaveCheckpoint(int64_t step) {
@@ -91,6 +93,7 @@ absl::Status TrainerLoop::SaveCheckpoint(int64_t step) {
 absl::Status TrainerLoop::Run(const std::function<bool()>& stop_requested) {
   absl::StatusOr<HybridStepConfig> step_config = MakeHybridStepConfig(config_);
   if (!step_config.ok()) return step_config.status();
+  step_config->loss.vocab_limit = vocab_limit_;
   try {
     step_ = std::make_unique<HybridStep>(student_, std::move(optimizer_), *std::move(step_config));
     alarms_ = std::make_unique<AlarmMonitor>(MakeAlarmConfig(config_));
@@ -141,8 +144,8 @@ absl::Status TrainerLoop::Run(const std::function<bool()>& stop_requested) {
         tokens += static_cast<int64_t>(sample.response_tokens.size());
       }
     }
-    TrainBatch batch =
-        BuildTrainBatch(groups, config_.trainer.norm_std, model::CharTokenizer::kPad);
+    TrainBatch batch = BuildTrainBatch(groups, config_.trainer.norm_std,
+                                       model::CharTokenizer::kPad, step_->config().truncated);
     HybridStepReport report;
     try {
       report = step_->Run(batch);
@@ -160,10 +163,15 @@ absl::Status TrainerLoop::Run(const std::function<bool()>& stop_requested) {
     const int64_t samples = batch.num_groups * batch.group_size;
     const CoordinatorCounters counters = coordinator_->counters();
     const double reward_mean = batch.rewards.mean().item<double>();
+    // Share of this step's responses that hit their token budget (before
+    // trainer.truncated acted on them).
+    const double truncated_fraction =
+        static_cast<double>(batch.num_truncated) / static_cast<double>(samples);
     nlohmann::json record = {
         {"step", state_.step},
         {"policy_version", state_.policy_version},
         {"reward_mean", reward_mean},
+        {"truncated_fraction", truncated_fraction},
         {"samples", samples},
         {"tokens", tokens},
         {"samples_per_second", interval > 0 ? samples / interval : 0.0},
@@ -201,6 +209,7 @@ absl::Status TrainerLoop::Run(const std::function<bool()>& stop_requested) {
       observed.step = state_.step;
       observed.policy_version = state_.policy_version;
       observed.reward_mean = reward_mean;
+      observed.truncated_fraction = truncated_fraction;
       observed.tokens = tokens;
       observed.step_seconds = record["step_seconds"].get<double>();
       observed.staleness = std::move(staleness);

@@ -4,6 +4,7 @@
 // log one metrics.jsonl line per step.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -30,12 +31,14 @@ class TrainerLoop {
   // Data parallel (`rank`): every rank trains on its local share of each
   // step's groups (the optimizer holds the collectives) and checkpoints into
   // its own `run_dir`; only the primary rank evaluates and writes
-  // metrics.jsonl.
+  // metrics.jsonl. `vocab_limit`: the ids the student's distributions are
+  // over in the losses and the evaluation (model::VocabLimit of the
+  // tokenizer's size; 0: every row); the work items carry the same.
   TrainerLoop(const services::Config& config, std::string run_dir, model::Decoder student,
               std::unique_ptr<PolicyOptimizer> optimizer, const TrainerState& start,
               Coordinator* coordinator, PolicyPublisher* publisher,
               const tasks::Dataset& heldout, const model::CharTokenizer& tokenizer,
-              DataParallelSetup rank = {});
+              int64_t vocab_limit, DataParallelSetup rank = {});
 
   // Runs until trainer.steps are done or `stop_requested` returns true.
   // INVALID_ARGUMENT naming the key on a bad balancing/gating/alarm setting.
@@ -62,6 +65,7 @@ class TrainerLoop {
   PolicyPublisher* const publisher_;
   const tasks::Dataset& heldout_;
   const model::CharTokenizer& tokenizer_;
+  const int64_t vocab_limit_;
   const DataParallelSetup rank_;
   std::unique_ptr<MetricsLog> metrics_;  // the primary rank's
   LearnerMetrics* metrics_exporter_ = nullptr;

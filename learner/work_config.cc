@@ -69,6 +69,7 @@ WorkTemplate WorkTemplateFor(const services::Config& config) {
   // MakeHybridStepConfig refuses anything but fp32 and bf16.
   work.teacher_value_dtype = config.trainer.teacher_values == "bf16" ? kappa::v1::DTYPE_BFLOAT16
                                                                       : kappa::v1::DTYPE_FLOAT32;
+  work.stop_strings = config.rollout.stop_strings;
   return work;
 }
 

@@ -5,6 +5,8 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "learner/group_decoder.h"
 #include "services/config.h"
@@ -25,6 +27,13 @@ struct WorkTemplate {
   // kappa.v1.DType of the teacher values (trainer.teacher_values): FLOAT32 or BFLOAT16.
   int32_t teacher_value_dtype = 1;
   int32_t max_outstanding_limit = 16;  // cap on a worker's Hello.max_outstanding
+  // The student's stop ids (model::StopTokenIds); empty: the worker uses the
+  // policy's config.json eos_token_id. Not from the run configuration:
+  // main sets it from the checkpoint.
+  std::vector<int32_t> stop_token_ids;
+  // model::VocabLimit of the tokenizer's size; 0: every row. Set by main.
+  int32_t vocab_limit = 0;
+  std::vector<std::string> stop_strings;  // rollout.stop_strings
 };
 
 // The kappa.v1.ScoreForm of teacher log-probs the loss will read; 0 when it
@@ -43,7 +52,8 @@ int32_t TeacherDemonstrationsFor(const services::Config& config);
 
 WorkTemplate WorkTemplateFor(const services::Config& config);
 
-// The checks DecodeScoredGroup applies to groups answering `work`.
+// The checks DecodeScoredGroup applies to groups answering `work`; vocab_size
+// is the vocabulary limit (the one work.vocab_limit carries to the workers).
 GroupExpectations GroupExpectationsFor(const WorkTemplate& work, int64_t vocab_size);
 
 }  // namespace kappa::learner

@@ -5,6 +5,8 @@
 #include <stdexcept>
 #include <string>
 #include <type_traits>
+#include <utility>
+#include <vector>
 
 namespace kappa::model {
 namespace {
@@ -39,7 +41,7 @@ void Optional(const Json& j, const std::string& key, T* out) {
   }
 }
 
-// HF allows a list of EOS ids; the first one is the one we emit.
+// bos/pad: HF allows a list there too; its first id is the one we use.
 void OptionalTokenId(const Json& j, const char* key, int64_t* out) {
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) return;
@@ -50,6 +52,27 @@ void OptionalTokenId(const Json& j, const char* key, int64_t* out) {
   }
   if (!it->is_number_integer()) Fail(std::string("key \"") + key + "\" must be an integer");
   *out = it->get<int64_t>();
+}
+
+// "eos_token_id": an integer or a non-empty list of integers (HF allows both).
+void OptionalTokenIds(const Json& j, const char* key, std::vector<int64_t>* out) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return;
+  if (it->is_number_integer()) {
+    *out = {it->get<int64_t>()};
+    return;
+  }
+  if (!it->is_array() || it->empty()) {
+    Fail(std::string("key \"") + key + "\" must be an integer or a non-empty list of integers");
+  }
+  std::vector<int64_t> ids;
+  for (const Json& id : *it) {
+    if (!id.is_number_integer()) {
+      Fail(std::string("key \"") + key + "\" has a non-integer entry " + id.dump());
+    }
+    ids.push_back(id.get<int64_t>());
+  }
+  *out = std::move(ids);
 }
 
 struct ArchitectureEntry {
@@ -224,7 +247,8 @@ Json GeneratedJson(const ModelConfig& c) {
   j["rms_norm_eps"] = c.rms_norm_eps;
   j["tie_word_embeddings"] = c.tie_word_embeddings;
   j["bos_token_id"] = c.bos_token_id;
-  j["eos_token_id"] = c.eos_token_id;
+  // One id as HF writes one, a list as a list.
+  j["eos_token_id"] = c.eos_token_ids.size() == 1 ? Json(c.eos_token_ids[0]) : Json(c.eos_token_ids);
   j["pad_token_id"] = c.pad_token_id;
   // Fixed properties of this implementation, written so HF tooling agrees.
   j["hidden_act"] = "silu";
@@ -259,7 +283,7 @@ bool SameNetwork(const ModelConfig& a, const ModelConfig& b) {
          a.rms_norm_eps == b.rms_norm_eps && a.tie_word_embeddings == b.tie_word_embeddings &&
          a.qkv_bias() == b.qkv_bias() && a.o_proj_bias() == b.o_proj_bias() &&
          a.mlp_bias == b.mlp_bias && a.bos_token_id == b.bos_token_id &&
-         a.eos_token_id == b.eos_token_id && a.pad_token_id == b.pad_token_id;
+         a.eos_token_ids == b.eos_token_ids && a.pad_token_id == b.pad_token_id;
 }
 
 void ModelConfig::Validate() const {
@@ -303,7 +327,8 @@ void ModelConfig::Validate() const {
     }
   };
   token(bos_token_id, "bos_token_id");
-  token(eos_token_id, "eos_token_id");
+  if (eos_token_ids.empty()) Fail("eos_token_id must name at least one id");
+  for (int64_t id : eos_token_ids) token(id, "eos_token_id");
   token(pad_token_id, "pad_token_id");
 }
 
@@ -364,7 +389,7 @@ ModelConfig ModelConfig::FromJson(const std::string& json_text) {
     Fail(std::string("mlp_bias=true is not part of ") + ArchitectureName(c.architecture));
   }
   OptionalTokenId(j, "bos_token_id", &c.bos_token_id);
-  OptionalTokenId(j, "eos_token_id", &c.eos_token_id);
+  OptionalTokenIds(j, "eos_token_id", &c.eos_token_ids);
   OptionalTokenId(j, "pad_token_id", &c.pad_token_id);
   Optional(j, "dtype", &c.torch_dtype);
   Optional(j, "torch_dtype", &c.torch_dtype);

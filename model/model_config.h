@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace kappa::model {
 
@@ -51,10 +52,13 @@ struct ModelConfig {
   bool tie_word_embeddings = false;
   bool attention_bias = false;  // Llama, Qwen3: q/k/v/o_proj.bias (Qwen2 ignores it)
   bool mlp_bias = false;        // Llama: gate/up/down_proj.bias
-  // Token ids the tokenizer uses; stored in config.json like HF does. A list
-  // of EOS ids keeps its first one here (the whole list stays in the file).
+  // Token ids the tokenizer uses; stored in config.json like HF does.
   int64_t bos_token_id = 1;
-  int64_t eos_token_id = 2;
+  // config.json "eos_token_id": one id or a list (Qwen2.5-Instruct, Llama 3.1),
+  // kept whole, in the file's order; never empty. Generation stops at the
+  // ids model::StopTokenIds gives (generation_config.json's when the model
+  // directory has one, else these).
+  std::vector<int64_t> eos_token_ids = {2};
   int64_t pad_token_id = 0;
   // config.json "torch_dtype": the dtype of the weights in the directory.
   std::string torch_dtype = "float32";

@@ -53,10 +53,25 @@ std::vector<SampledSequence> Sample(Decoder& model,
     throw std::invalid_argument("Sample: top_p must be in (0, 1]");
   }
   if (params.max_new_tokens < 0) throw std::invalid_argument("Sample: max_new_tokens must be >= 0");
-  if (params.pad_id < 0 || params.pad_id >= model->config().vocab_size) {
+  const int64_t vocab_size = model->config().vocab_size;
+  if (params.pad_id < 0 || params.pad_id >= vocab_size) {
     throw std::invalid_argument("Sample: pad_id " + std::to_string(params.pad_id) +
                                 " is outside the vocabulary");
   }
+  for (int64_t id : params.stop_token_ids) {
+    if (id < 0 || id >= vocab_size) {
+      throw std::invalid_argument("Sample: stop id " + std::to_string(id) +
+                                  " is outside the vocabulary [0, " + std::to_string(vocab_size) +
+                                  ")");
+    }
+  }
+  if (params.sampleable_vocab_size < 0 || params.sampleable_vocab_size > vocab_size) {
+    throw std::invalid_argument("Sample: sampleable_vocab_size " +
+                                std::to_string(params.sampleable_vocab_size) + " is outside [0, " +
+                                std::to_string(vocab_size) + "]");
+  }
+  const int64_t sampleable =
+      params.sampleable_vocab_size > 0 ? params.sampleable_vocab_size : vocab_size;
   const int64_t B = static_cast<int64_t>(prompts.size());
   std::vector<SampledSequence> results(prompts.size());
   if (B == 0) return results;
@@ -89,6 +104,7 @@ std::vector<SampledSequence> Sample(Decoder& model,
   for (size_t i = 0; i < prompts.size(); ++i) {
     budgets[i] = std::min(params.max_new_tokens, max_pos - lengths[i]);
     steps = std::max(steps, budgets[i]);
+    results[i].truncated = budgets[i] == 0;  // no room: at its budget before any token
   }
   if (steps == 0) return results;
 
@@ -126,16 +142,23 @@ std::vector<SampledSequence> Sample(Decoder& model,
   const bool greedy = params.temperature == 0;
   const double temperature = greedy ? 1.0 : params.temperature;
   auto finished = budgets_t.le(0);
+  auto stopped = torch::zeros_like(finished);  // rows that sampled a stop id
   std::vector<torch::Tensor> step_tokens, step_logprobs, step_active;
   for (int64_t k = 0; k < steps; ++k) {
-    auto scaled = logits.to(torch::kFloat32) / temperature;
+    // Padded rows (ids >= sampleable) get no probability: dropping them is
+    // -inf logits without the [B, V] fill.
+    auto real = sampleable < vocab_size ? logits.narrow(-1, 0, sampleable) : logits;
+    auto scaled = real.to(torch::kFloat32) / temperature;
     auto logp = torch::log_softmax(scaled, -1);
     auto next = greedy ? scaled.argmax(-1) : SampleTopP(scaled, params.top_p, gen);
     auto active = finished.logical_not();
     step_tokens.push_back(next);
     step_logprobs.push_back(logp.gather(-1, next.unsqueeze(-1)).squeeze(-1));
     step_active.push_back(active);
-    finished = finished.logical_or(next.eq(params.eos_id)).logical_or(budgets_t.le(k + 1));
+    auto is_stop = torch::zeros_like(finished);
+    for (int64_t id : params.stop_token_ids) is_stop = is_stop.logical_or(next.eq(id));
+    stopped = stopped.logical_or(active.logical_and(is_stop));
+    finished = finished.logical_or(is_stop).logical_or(budgets_t.le(k + 1));
     if (k + 1 == steps || finished.all().item<bool>()) break;
     // Finished rows keep riding along as masked padding.
     auto feed = torch::where(finished, torch::full_like(next, params.pad_id), next);
@@ -148,11 +171,15 @@ std::vector<SampledSequence> Sample(Decoder& model,
   auto all_tokens = torch::stack(step_tokens, 1).cpu();
   auto all_logprobs = torch::stack(step_logprobs, 1).cpu();
   auto all_active = torch::stack(step_active, 1).cpu();
+  auto all_stopped = stopped.cpu();
   auto tok_a = all_tokens.accessor<int64_t, 2>();
   auto lp_a = all_logprobs.accessor<float, 2>();
   auto act_a = all_active.accessor<bool, 2>();
+  auto stop_a = all_stopped.accessor<bool, 1>();
   for (int64_t b = 0; b < B; ++b) {
     auto& seq = results[static_cast<size_t>(b)];
+    // Every row ended at a stop id or at its budget (steps covers the largest).
+    seq.truncated = !stop_a[b];
     for (int64_t k = 0; k < all_tokens.size(1) && act_a[b][k]; ++k) {
       seq.tokens.push_back(tok_a[b][k]);
       seq.logprobs.push_back(lp_a[b][k]);

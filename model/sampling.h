@@ -15,14 +15,28 @@ struct SamplingParams {
   int64_t max_new_tokens = 16;
   double temperature = 1.0;  // 0 = greedy (argmax)
   double top_p = 1.0;        // nucleus sampling; 1 = full distribution
-  int64_t eos_id = 2;
+  // A row ends at the first of these it samples (kept as its last token):
+  // model::StopTokenIds of the model (generation_config.json's eos_token_id,
+  // else config.json's). Empty: rows end only at their budget. Each in
+  // [0, vocab_size).
+  std::vector<int64_t> stop_token_ids;
   int64_t pad_id = 0;
+  // Ids >= this are never sampled: their logits are dropped before the
+  // temperature and top-p (the same as setting them to -inf), so the
+  // log-probs are over [0, sampleable_vocab_size) alone. Padded embedding
+  // rows have no token; model::VocabLimit gives the value from the
+  // tokenizer's size. 0: every row; else in [1, vocab_size].
+  int64_t sampleable_vocab_size = 0;
 };
 
 struct SampledSequence {
-  std::vector<int64_t> tokens;   // response tokens, ending with EOS unless truncated
+  std::vector<int64_t> tokens;   // response tokens, ending with a stop id unless truncated
   std::vector<float> logprobs;   // log p(token) under softmax(logits / temperature)
                                  // (the untruncated distribution; greedy: temperature 1)
+  // True when the row ended because it reached its token budget
+  // (max_new_tokens, or what the position table left after its prompt)
+  // without sampling a stop id; false when its last token is a stop id.
+  bool truncated = false;
 };
 
 // A generator seeded with `seed` on `device`: torch::multinomial needs one on
@@ -33,8 +47,12 @@ at::Generator MakeGenerator(const c10::Device& device, uint64_t seed);
 
 // Samples one response per prompt, all prompts in one batch (prompts of
 // different lengths are left-padded and masked). To sample G responses of a
-// prompt, pass it G times. Runs under NoGradGuard. `generator` may be
-// undefined (global RNG).
+// prompt, pass it G times. A row ends at its first stop id or at its budget;
+// the batch ends when every row has. Runs under NoGradGuard. `generator` may
+// be undefined (global RNG). Throws std::invalid_argument on bad params (a
+// stop or pad id outside the vocabulary, sampleable_vocab_size outside
+// [0, vocab_size], ...) or prompts (empty, ids outside the vocabulary,
+// longer than the position table).
 std::vector<SampledSequence> Sample(Decoder& model,
                                     const std::vector<std::vector<int64_t>>& prompts,
                                     const SamplingParams& params,

@@ -94,7 +94,26 @@ absl::Status ValidateItem(const kappa::v1::WorkItem& item, const model::ModelCon
                                                    ": teacher_demonstrations ",
                                                    item.teacher_demonstrations(), " < 0"));
   }
+  if (item.vocab_limit() < 0 || item.vocab_limit() > config.vocab_size) {
+    return absl::InvalidArgumentError(absl::StrCat("work item ", item.lease_id(),
+                                                   ": vocab_limit ", item.vocab_limit(),
+                                                   " outside [0, ", config.vocab_size,
+                                                   "] (the policy's vocabulary rows)"));
+  }
+  for (int32_t id : item.stop_token_ids()) {
+    if (id < 0 || id >= config.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat("work item ", item.lease_id(),
+                                                     ": stop_token_ids entry ", id,
+                                                     " outside the vocabulary of ",
+                                                     config.vocab_size));
+    }
+  }
   return absl::OkStatus();
+}
+
+// The width of the item's distributions: its vocabulary limit, or every row.
+int64_t VocabLimitOf(const kappa::v1::WorkItem& item, const model::ModelConfig& config) {
+  return item.vocab_limit() > 0 ? item.vocab_limit() : config.vocab_size;
 }
 
 // The item's sampling settings, the worker's defaults where it leaves them
@@ -114,23 +133,36 @@ absl::StatusOr<model::SamplingParams> SamplingParamsFor(const kappa::v1::WorkIte
   }
   params.temperature = item.temperature() > 0 ? item.temperature() : options.default_temperature;
   params.top_p = item.top_p() > 0 && item.top_p() <= 1 ? item.top_p() : options.default_top_p;
-  params.eos_id = config.eos_token_id;
+  // The policy that arrives over WatchPolicy is a config.json alone (no
+  // directory, no generation_config.json): the learner sends the student's
+  // stop ids with every item.
+  if (item.stop_token_ids().empty()) {
+    params.stop_token_ids = config.eos_token_ids;
+  } else {
+    params.stop_token_ids.assign(item.stop_token_ids().begin(), item.stop_token_ids().end());
+  }
   params.pad_id = config.pad_token_id;
+  params.sampleable_vocab_size = VocabLimitOf(item, config);
   return params;
 }
 
-// Rows of one model::Sample call must share these; eos and pad come from the model.
+// Rows of one model::Sample call must share these; pad comes from the model.
 bool SameSettings(const model::SamplingParams& a, const model::SamplingParams& b) {
   return a.max_new_tokens == b.max_new_tokens && a.temperature == b.temperature &&
-         a.top_p == b.top_p;
+         a.top_p == b.top_p && a.stop_token_ids == b.stop_token_ids &&
+         a.sampleable_vocab_size == b.sampleable_vocab_size;
 }
 
-// The unscored group of `item` from its `count` sampled sequences.
+// The unscored group of `item` from its `count` sampled sequences, each cut
+// at the item's first stop string.
 absl::StatusOr<kappa::v1::ScoredGroup> GroupOf(const kappa::v1::WorkItem& item,
                                                int64_t policy_version,
                                                const std::string& worker_id,
+                                               const TokenDecoder& decode,
                                                model::SampledSequence* sequences, size_t count,
                                                double decode_seconds) {
+  const std::vector<std::string> stop_strings(item.stop_strings().begin(),
+                                              item.stop_strings().end());
   kappa::v1::ScoredGroup group;
   group.set_lease_id(item.lease_id());
   group.set_prompt_id(item.prompt_id());
@@ -140,6 +172,7 @@ absl::StatusOr<kappa::v1::ScoredGroup> GroupOf(const kappa::v1::WorkItem& item,
   group.set_generation_seconds(decode_seconds);
   for (size_t r = 0; r < count; ++r) {
     model::SampledSequence& sequence = sequences[r];
+    CutAtStopString(sequence, stop_strings, decode);
     if (sequence.tokens.empty() || sequence.tokens.size() != sequence.logprobs.size()) {
       return absl::InternalError(absl::StrCat("sampling returned ", sequence.tokens.size(),
                                               " tokens with ", sequence.logprobs.size(),
@@ -152,9 +185,15 @@ absl::StatusOr<kappa::v1::ScoredGroup> GroupOf(const kappa::v1::WorkItem& item,
                          {static_cast<int64_t>(sequence.logprobs.size())}, torch::kFloat32);
     services::EncodeTensor(logprobs, sample->mutable_behavior_logprobs(),
                            kappa::v1::DTYPE_FLOAT32);
-    sample->set_response_text(ResponseText(sequence.tokens));
+    sample->set_response_text(decode(sequence.tokens));
+    sample->set_truncated(sequence.truncated);
   }
   return group;
+}
+
+GroupSamplerOptions WithDefaultDecode(GroupSamplerOptions options) {
+  if (!options.decode) options.decode = ResponseText;
+  return options;
 }
 
 }  // namespace
@@ -168,7 +207,7 @@ GroupSampler::GroupSampler(std::shared_ptr<grpc::ChannelInterface> verifier_chan
                            GroupSamplerOptions options)
     : verifier_(kappa::v1::Verifier::NewStub(std::move(verifier_channel))),
       teacher_(kappa::v1::Teacher::NewStub(std::move(teacher_channel))),
-      options_(std::move(options)),
+      options_(WithDefaultDecode(std::move(options))),
       rng_(std::make_unique<Rng>(Rng{model::MakeGenerator(c10::Device(c10::kCPU), options_.seed)})) {}
 
 GroupSampler::~GroupSampler() = default;
@@ -247,7 +286,7 @@ std::vector<absl::StatusOr<kappa::v1::ScoredGroup>> GroupSampler::Sample(
     for (size_t i : members) {
       const size_t count = static_cast<size_t>(items[i].group_size());
       results[i] = status.ok() ? GroupOf(items[i], policy.version, options_.worker_id,
-                                         &sampled[row], count, decode_seconds)
+                                         options_.decode, &sampled[row], count, decode_seconds)
                                : absl::StatusOr<kappa::v1::ScoredGroup>(status);
       row += count;
     }
@@ -264,14 +303,15 @@ absl::StatusOr<kappa::v1::ScoredGroup> GroupSampler::Complete(
   if (!params.ok()) return params.status();
 
   const absl::Time start = absl::Now();
+  const int64_t vocab_limit = VocabLimitOf(item, config);
   if (absl::Status status = Verify(item, group, abandon); !status.ok()) return status;
   if (item.teacher_form() != 0) {
-    if (absl::Status status = Score(item, config.vocab_size, group, abandon); !status.ok()) {
+    if (absl::Status status = Score(item, vocab_limit, group, abandon); !status.ok()) {
       return status;
     }
   }
   if (WantsDemonstrations(item, group)) {
-    if (absl::Status status = AddDemonstrations(item, params->max_new_tokens, config.vocab_size,
+    if (absl::Status status = AddDemonstrations(item, params->max_new_tokens, vocab_limit,
                                                 group, abandon);
         !status.ok()) {
       return status;
@@ -436,6 +476,7 @@ absl::Status GroupSampler::AddDemonstrations(const kappa::v1::WorkItem& item,
   params.vocab_size = vocab_size;
   params.temperature = item.teacher_temperature();
   params.seed = DemonstrationSeed(options_.seed, item.lease_id());
+  params.decode = options_.decode;
   const RpcRunner run = [&](const char* what,
                             const std::function<grpc::Status(grpc::ClientContext*)>& call) {
     return CallWithRetry(what, item, abandon, call, options_.demonstration_attempts);

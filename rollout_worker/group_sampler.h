@@ -28,6 +28,7 @@
 #include "kappa/v1/teacher.grpc.pb.h"
 #include "kappa/v1/verifier.grpc.pb.h"
 #include "rollout_worker/policy_watcher.h"
+#include "rollout_worker/stop_strings.h"
 #include "rollout_worker/worker_metrics.h"
 
 namespace kappa::rollout {
@@ -47,6 +48,12 @@ struct GroupSamplerOptions {
   int demonstration_attempts = 3;
   // Not owned; null: nothing recorded. Counts every failed RPC attempt.
   WorkerMetrics* metrics = nullptr;
+  // The text of a response: ScoredSample.response_text and the teacher
+  // demonstrations' text (what the verifier reads), and the text the item's
+  // stop strings are looked for in. Empty: ResponseText (the character
+  // tokenizer). Called from Sample() and Complete(), possibly on several
+  // threads at once.
+  TokenDecoder decode;
 };
 
 class GroupSampler {
@@ -57,11 +64,15 @@ class GroupSampler {
   ~GroupSampler();
 
   // Samples every item's group with `policy` (version >= each item's), all
-  // in one batch per distinct (max_new_tokens, temperature, top_p). Result i
-  // belongs to items[i]: the group's samples with their behavior log-probs
-  // and generation_seconds = the batch's decode time, or INVALID_ARGUMENT
-  // for an unusable item, DEADLINE_EXCEEDED for an expired lease, INTERNAL
-  // when the decode failed. One bad item does not fail the others.
+  // in one batch per distinct (max_new_tokens, temperature, top_p, stop ids,
+  // vocab_limit). Each response ends at the item's stop ids (the policy's
+  // config.json eos_token_id when it names none) or its budget, is cut at
+  // the item's first stop string (post hoc, see stop_strings.h), and carries
+  // `truncated` when it hit its budget. Result i belongs to items[i]: the
+  // group's samples with their behavior log-probs and generation_seconds =
+  // the batch's decode time, or INVALID_ARGUMENT for an unusable item,
+  // DEADLINE_EXCEEDED for an expired lease, INTERNAL when the decode failed.
+  // One bad item does not fail the others.
   std::vector<absl::StatusOr<kappa::v1::ScoredGroup>> Sample(
       const std::vector<kappa::v1::WorkItem>& items, const Policy& policy);
 
@@ -92,6 +103,7 @@ class GroupSampler {
                              int max_attempts = 0);
   absl::Status Verify(const kappa::v1::WorkItem& item, kappa::v1::ScoredGroup& group,
                       const std::function<bool()>& abandon);
+  // vocab_size: the width of the distributions (the item's vocabulary limit).
   absl::Status Score(const kappa::v1::WorkItem& item, int64_t vocab_size,
                      kappa::v1::ScoredGroup& group, const std::function<bool()>& abandon);
   // Attaches demonstrations to a group that wants them; CANCELLED when the

@@ -74,7 +74,8 @@ absl::StatusOr<std::vector<kappa::v1::TeacherDemonstration>> FetchDemonstrations
     }
     kappa::v1::TeacherDemonstration& candidate = candidates.emplace_back();
     *candidate.mutable_response_tokens() = tokens;
-    candidate.set_response_text(ResponseText(std::vector<int64_t>(tokens.begin(), tokens.end())));
+    const std::vector<int64_t> ids(tokens.begin(), tokens.end());
+    candidate.set_response_text(params.decode ? params.decode(ids) : ResponseText(ids));
   }
   if (candidates.empty()) return candidates;
 

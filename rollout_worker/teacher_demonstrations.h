@@ -17,6 +17,7 @@
 #include "kappa/v1/learner.pb.h"
 #include "kappa/v1/teacher.grpc.pb.h"
 #include "kappa/v1/verifier.grpc.pb.h"
+#include "rollout_worker/stop_strings.h"
 
 namespace kappa::rollout {
 
@@ -31,6 +32,7 @@ struct DemonstrationParams {
   int64_t vocab_size = 0;      // the student's: the learner rejects ids outside it
   float temperature = 1.0f;    // as GenerateRequest: 0 means 1.0
   uint64_t seed = 0;           // 0: the teacher picks one
+  TokenDecoder decode;         // the responses' text; empty: ResponseText
 };
 
 // True when the work item asks for demonstrations and the group is negative

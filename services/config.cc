@@ -118,6 +118,7 @@ const std::vector<Field>& Fields() {
       KAPPA_CONFIG_FIELD(rollout.threads),
       KAPPA_CONFIG_FIELD(rollout.rpc_deadline_ms),
       KAPPA_CONFIG_FIELD(rollout.device),
+      KAPPA_CONFIG_FIELD(rollout.stop_strings),
 
       KAPPA_CONFIG_FIELD(trainer.steps),
       KAPPA_CONFIG_FIELD(trainer.groups_per_step),
@@ -130,6 +131,7 @@ const std::vector<Field>& Fields() {
       KAPPA_CONFIG_FIELD(trainer.aggregation),
       KAPPA_CONFIG_FIELD(trainer.distill_loss),
       KAPPA_CONFIG_FIELD(trainer.norm_std),
+      KAPPA_CONFIG_FIELD(trainer.truncated),
       KAPPA_CONFIG_FIELD(trainer.precision),
       KAPPA_CONFIG_FIELD(trainer.micro_batch_sequences),
       KAPPA_CONFIG_FIELD(trainer.clip_low),

@@ -118,6 +118,11 @@ struct Config {
     int64_t threads = 1;
     int64_t rpc_deadline_ms = 10000;
     std::string device = "cpu";        // cpu | cuda | cuda:N: where the worker's policy samples
+    // Generation also ends at the first occurrence of any of these in the
+    // decoded response, cut right after the token that completes it (vLLM's
+    // `stop`; such a response is stopped, not truncated). Strings with a
+    // comma or surrounding spaces need the YAML list form, not key=value.
+    std::vector<std::string> stop_strings;
   } rollout;
 
   // --- training
@@ -133,6 +138,11 @@ struct Config {
     std::string aggregation = "token-mean";
     std::string distill_loss = "reverse_kl";  // reverse_kl | forward_kl | sampled_reverse_kl | topk_reverse_kl
     bool norm_std = true;
+    // Responses that hit their token budget without a stop id or string:
+    // keep (train on them as they are; verl's default) | mask (their tokens
+    // leave L_R and L_D, their reward still counts in the group's mean/std:
+    // DAPO's overlong filtering) | zero_reward (reward 0 before advantages).
+    std::string truncated = "keep";
     double clip_low = 0.2;
     double clip_high = 0.28;
     double dual_clip = 3.0;

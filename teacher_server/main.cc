@@ -67,6 +67,9 @@ int Serve(const kappa::services::CommonFlags& flags) {
     }
     kappa::model::Decoder model = kappa::model::LoadCheckpoint(checkpoint, {*device, *dtype});
     options.model_name = model->config().name.empty() ? checkpoint : model->config().name;
+    // options.vocab_limit stays 0 (every embedding row) until the teacher
+    // reads its tokenizer: model::VocabLimit(config, tokenizer.vocab_size())
+    // then drops padded rows from Score and Generate (docs/algorithms.md).
     spdlog::info("loaded teacher '{}' from {} on {} in {}: vocab {}, {} layers, hidden {}",
                  options.model_name, checkpoint, device->str(), c10::toString(*dtype),
                  model->config().vocab_size,

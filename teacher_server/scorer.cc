@@ -7,9 +7,15 @@
 namespace kappa::teacher {
 
 std::vector<torch::Tensor> ResponseLogProbs(model::Decoder& model,
-                                            const std::vector<const TokenSequence*>& sequences) {
+                                            const std::vector<const TokenSequence*>& sequences,
+                                            int64_t vocab_limit) {
   if (sequences.empty()) return {};
   const model::ModelConfig& config = model->config();
+  if (vocab_limit < 0 || vocab_limit > config.vocab_size) {
+    throw std::invalid_argument("vocab_limit " + std::to_string(vocab_limit) + " outside [0, " +
+                                std::to_string(config.vocab_size) + "]");
+  }
+  const int64_t width = vocab_limit > 0 ? vocab_limit : config.vocab_size;
   const int64_t batch = static_cast<int64_t>(sequences.size());
 
   // The last response token predicts nothing we return, so each row feeds
@@ -74,7 +80,10 @@ std::vector<torch::Tensor> ResponseLogProbs(model::Decoder& model,
   const torch::Device device = model->lm_head()->weight.device();
   torch::Tensor logits = model->Forward(tokens.to(device), mask.to(device)).logits;
   const int64_t vocab = logits.size(-1);
-  torch::Tensor gathered = logits.reshape({batch * max_len, vocab}).index_select(0, rows.to(device));
+  // Padded rows dropped: the same as -inf logits, without the fill.
+  torch::Tensor gathered = logits.reshape({batch * max_len, vocab})
+                               .index_select(0, rows.to(device))
+                               .narrow(-1, 0, width);
   torch::Tensor logprobs = torch::log_softmax(gathered.to(torch::kFloat32), -1).to(torch::kCPU);
   return logprobs.split_with_sizes(row_counts, 0);
 }
@@ -104,6 +113,12 @@ ScoredTensors SelectForm(const torch::Tensor& full_logprobs,
       break;
     }
     case ScoreForm::kSampled: {
+      for (int64_t id : response_tokens) {
+        if (id < 0 || id >= vocab) {
+          throw std::invalid_argument("response token " + std::to_string(id) + " not in [0, " +
+                                      std::to_string(vocab) + ")");
+        }
+      }
       torch::Tensor ids = torch::tensor(response_tokens, torch::kLong).unsqueeze(1);
       out.logprobs = full_logprobs.gather(1, ids).squeeze(1).contiguous();
       break;
@@ -114,8 +129,8 @@ ScoredTensors SelectForm(const torch::Tensor& full_logprobs,
 
 std::vector<ScoredTensors> ScoreSequences(model::Decoder& model,
                                           const std::vector<const TokenSequence*>& sequences,
-                                          ScoreForm form, int64_t top_k) {
-  std::vector<torch::Tensor> full = ResponseLogProbs(model, sequences);
+                                          ScoreForm form, int64_t top_k, int64_t vocab_limit) {
+  std::vector<torch::Tensor> full = ResponseLogProbs(model, sequences, vocab_limit);
   std::vector<ScoredTensors> out;
   out.reserve(full.size());
   for (size_t i = 0; i < full.size(); ++i) {

@@ -32,17 +32,24 @@ struct ScoredTensors {
   torch::Tensor topk_ids;  // int32, CPU; kTopK only (undefined otherwise)
 };
 
-// Full-vocabulary log-probs [T_i, V] (float32, CPU) at the response positions
-// of each sequence. Sequences are right-padded with the model's pad id and
-// masked; the forward runs under NoGradGuard and log_softmax runs once over
-// all gathered rows. The caller validates inputs (non-empty, ids in range,
-// total length within max_position_embeddings); violations throw
-// std::invalid_argument. The returned tensors may be views of one buffer.
+// Log-probs [T_i, V] (float32, CPU) at the response positions of each
+// sequence, over the first V = vocab_limit ids (0: every row of the model):
+// the logits of padded embedding rows above it are dropped before the
+// log_softmax, so the distribution puts no mass there and is the one a
+// student with the same tokenizer compares against (model::VocabLimit).
+// Sequences are right-padded with the model's pad id and masked; the forward
+// runs under NoGradGuard and log_softmax runs once over all gathered rows.
+// The caller validates inputs (non-empty, ids in range, total length within
+// max_position_embeddings); violations, and a vocab_limit outside
+// [0, vocab_size], throw std::invalid_argument. The returned tensors may be
+// views of one buffer.
 std::vector<torch::Tensor> ResponseLogProbs(model::Decoder& model,
-                                            const std::vector<const TokenSequence*>& sequences);
+                                            const std::vector<const TokenSequence*>& sequences,
+                                            int64_t vocab_limit = 0);
 
 // Reduces one sequence's [T, V] log-probs to `form`. `top_k` must be in
-// [1, V] for kTopK (std::invalid_argument otherwise); ignored else.
+// [1, V] for kTopK (std::invalid_argument otherwise); ignored else. kSampled
+// needs every response token below V.
 ScoredTensors SelectForm(const torch::Tensor& full_logprobs,
                          const std::vector<int64_t>& response_tokens, ScoreForm form,
                          int64_t top_k);
@@ -50,6 +57,7 @@ ScoredTensors SelectForm(const torch::Tensor& full_logprobs,
 // ResponseLogProbs followed by SelectForm for every sequence.
 std::vector<ScoredTensors> ScoreSequences(model::Decoder& model,
                                           const std::vector<const TokenSequence*>& sequences,
-                                          ScoreForm form, int64_t top_k = 0);
+                                          ScoreForm form, int64_t top_k = 0,
+                                          int64_t vocab_limit = 0);
 
 }  // namespace kappa::teacher

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "model/generation_config.h"
 #include "model/sampling.h"
 #include "services/grpc_util.h"
 #include "services/tensor_codec.h"
@@ -103,8 +104,19 @@ absl::StatusOr<std::unique_ptr<TeacherService>> TeacherService::Create(
   if (options.default_deadline <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("default_deadline: must be > 0");
   }
+  if (options.vocab_limit < 0 || options.vocab_limit > model->config().vocab_size) {
+    return absl::InvalidArgumentError(absl::StrCat("vocab_limit: ", options.vocab_limit,
+                                                   " outside [0, ", model->config().vocab_size,
+                                                   "] (the model's vocabulary rows)"));
+  }
+  std::vector<int64_t> stop_token_ids;
+  try {
+    stop_token_ids = model::StopTokenIds(model->config());
+  } catch (const std::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("stop ids: ", e.what()));
+  }
   std::unique_ptr<TeacherService> service(
-      new TeacherService(std::move(model), options, metrics));
+      new TeacherService(std::move(model), options, metrics, std::move(stop_token_ids)));
   absl::StatusOr<std::unique_ptr<DynamicBatcher>> batcher = DynamicBatcher::Create(
       options.batching,
       [raw = service.get()](const std::vector<BatchUnit*>& units) { return raw->RunScoreBatch(units); });
@@ -114,11 +126,13 @@ absl::StatusOr<std::unique_ptr<TeacherService>> TeacherService::Create(
 }
 
 TeacherService::TeacherService(model::Decoder model, const TeacherOptions& options,
-                               TeacherMetrics* metrics)
+                               TeacherMetrics* metrics, std::vector<int64_t> stop_token_ids)
     : options_(options),
       metrics_(metrics),
       vocab_size_(model->config().vocab_size),
+      vocab_limit_(options.vocab_limit > 0 ? options.vocab_limit : model->config().vocab_size),
       max_positions_(model->config().max_position_embeddings),
+      stop_token_ids_(std::move(stop_token_ids)),
       max_new_tokens_(options.max_new_tokens > 0
                           ? std::min(options.max_new_tokens, model->config().max_position_embeddings)
                           : model->config().max_position_embeddings),
@@ -143,18 +157,18 @@ absl::Time TeacherService::DeadlineOf(const grpc::ServerContext* context) const 
 // ---------------------------------------------------------------- Score
 
 absl::Status TeacherService::ValidateScoreRequest(const kappa::v1::ScoreRequest& request) const {
-  if (request.vocab_size() != vocab_size_) {
+  if (request.vocab_size() != vocab_limit_) {
     if (request.vocab_size() == 0) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "vocab_size: required (the student's vocabulary size); teacher has ", vocab_size_));
+          "vocab_size: required (the student's vocabulary size); teacher has ", vocab_limit_));
     }
     return absl::InvalidArgumentError(absl::StrCat("vocab_size: student has ", request.vocab_size(),
-                                                   ", teacher has ", vocab_size_));
+                                                   ", teacher has ", vocab_limit_));
   }
   absl::StatusOr<ScoreForm> form = ToScoreForm(request.form());
   if (!form.ok()) return form.status();
-  if (*form == ScoreForm::kTopK && (request.top_k() <= 0 || request.top_k() > vocab_size_)) {
-    return absl::InvalidArgumentError(absl::StrCat("top_k: must be in [1, ", vocab_size_,
+  if (*form == ScoreForm::kTopK && (request.top_k() <= 0 || request.top_k() > vocab_limit_)) {
+    return absl::InvalidArgumentError(absl::StrCat("top_k: must be in [1, ", vocab_limit_,
                                                    "] for SCORE_FORM_TOPK, got ", request.top_k()));
   }
   const DType dtype = request.value_dtype();
@@ -178,8 +192,10 @@ absl::Status TeacherService::ValidateScoreRequest(const kappa::v1::ScoreRequest&
         !st.ok()) {
       return st;
     }
+    // A response id names a token, so it lies below the limit; a prompt
+    // may hold any row.
     if (absl::Status st =
-            ValidateTokenIds(s.response_tokens(), field + ".response_tokens", vocab_size_);
+            ValidateTokenIds(s.response_tokens(), field + ".response_tokens", vocab_limit_);
         !st.ok()) {
       return st;
     }
@@ -219,7 +235,7 @@ absl::Status TeacherService::ScoreImpl(const kappa::v1::ScoreRequest& request, a
   const DType wire_dtype = ValueDType(request.value_dtype());
   const int64_t unit_size = batcher_->options().max_batch_sequences;
 
-  response->set_vocab_size(static_cast<int32_t>(vocab_size_));
+  response->set_vocab_size(static_cast<int32_t>(vocab_limit_));
   for (int begin = 0; begin < request.sequences_size(); begin += unit_size) {
     const int end = static_cast<int>(std::min<int64_t>(request.sequences_size(), begin + unit_size));
     auto unit = std::make_shared<ScoreUnit>();
@@ -256,7 +272,7 @@ absl::Status TeacherService::RunScoreBatch(const std::vector<BatchUnit*>& units)
   const absl::Time start = absl::Now();
   {
     absl::MutexLock lock(&model_mu_);
-    logprobs = ResponseLogProbs(model_, sequences);
+    logprobs = ResponseLogProbs(model_, sequences, vocab_limit_);
   }
   if (metrics_ != nullptr) {
     metrics_->RecordBatch(static_cast<int64_t>(sequences.size()),
@@ -326,6 +342,8 @@ absl::Status TeacherService::GenerateImpl(const kappa::v1::GenerateRequest& requ
   params.max_new_tokens = request.max_new_tokens();
   params.temperature = request.temperature() == 0 ? 1.0 : request.temperature();
   params.top_p = request.top_p() == 0 ? 1.0 : request.top_p();
+  params.stop_token_ids = stop_token_ids_;
+  params.sampleable_vocab_size = vocab_limit_;
 
   uint64_t seed = request.seed();
   if (seed == 0) seed = (static_cast<uint64_t>(std::random_device{}()) << 32) | std::random_device{}();
@@ -333,7 +351,6 @@ absl::Status TeacherService::GenerateImpl(const kappa::v1::GenerateRequest& requ
   std::vector<model::SampledSequence> samples;
   {
     absl::MutexLock lock(&model_mu_);
-    params.eos_id = model_->config().eos_token_id;
     params.pad_id = model_->config().pad_token_id;
     std::optional<at::Generator> generator;
     // A CPU generator only drives CPU sampling; on an accelerator the global
@@ -362,7 +379,7 @@ grpc::Status TeacherService::Info(grpc::ServerContext* /*context*/,
                                   const kappa::v1::InfoRequest* /*request*/,
                                   kappa::v1::InfoResponse* response) {
   return Guarded("Info", [&] {
-    response->set_vocab_size(static_cast<int32_t>(vocab_size_));
+    response->set_vocab_size(static_cast<int32_t>(vocab_limit_));
     response->set_max_sequence_length(static_cast<int32_t>(max_positions_));
     if (!options_.model_name.empty()) {
       response->set_model_name(options_.model_name);

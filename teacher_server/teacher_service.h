@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <grpcpp/grpcpp.h>
 
@@ -33,13 +34,21 @@ struct TeacherOptions {
   int64_t max_new_tokens = 0;
   // Used when a client sets no deadline, so no handler waits forever.
   absl::Duration default_deadline = absl::Seconds(60);
+  // The ids Score's distributions are over and Generate samples from:
+  // model::VocabLimit of the tokenizer's size (HfTokenizer::vocab_size()),
+  // so the padded embedding rows above it get no probability. Score
+  // requests must carry the same vocab_size (the student's limit). 0: every
+  // row of the model.
+  int64_t vocab_limit = 0;
 };
 
 class TeacherService final : public kappa::v1::Teacher::Service {
  public:
   // Takes the model (switched to eval mode); starts the batching thread.
-  // INVALID_ARGUMENT for bad options. `metrics` (not owned, may be null:
-  // nothing recorded) must outlive the service.
+  // Generate ends responses at the model's stop ids (model::StopTokenIds,
+  // read here once). INVALID_ARGUMENT for bad options or a malformed
+  // generation_config.json. `metrics` (not owned, may be null: nothing
+  // recorded) must outlive the service.
   static absl::StatusOr<std::unique_ptr<TeacherService>> Create(
       model::Decoder model, const TeacherOptions& options, TeacherMetrics* metrics = nullptr);
   ~TeacherService() override;
@@ -62,7 +71,8 @@ class TeacherService final : public kappa::v1::Teacher::Service {
   DynamicBatcherStats batcher_stats() const { return batcher_->stats(); }
 
  private:
-  TeacherService(model::Decoder model, const TeacherOptions& options, TeacherMetrics* metrics);
+  TeacherService(model::Decoder model, const TeacherOptions& options, TeacherMetrics* metrics,
+                 std::vector<int64_t> stop_token_ids);
   void Record(const char* method, absl::Time start, const grpc::Status& status,
               int64_t positions) const;
 
@@ -76,8 +86,10 @@ class TeacherService final : public kappa::v1::Teacher::Service {
 
   const TeacherOptions options_;
   TeacherMetrics* const metrics_;
-  const int64_t vocab_size_;
+  const int64_t vocab_size_;   // the model's embedding rows: what a prompt id may be
+  const int64_t vocab_limit_;  // the ids distributions are over: response ids, Score's V
   const int64_t max_positions_;
+  const std::vector<int64_t> stop_token_ids_;
   const int64_t max_new_tokens_;
   // Modules are not documented as safe for concurrent forwards (a KV cache or
   // lazily built tables may be mutated), so the batching thread and Generate

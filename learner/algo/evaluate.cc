@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <stdexcept>
 
+#include "model/generation_config.h"
 #include "model/sampling.h"
 
 namespace kappa::learner {
@@ -12,14 +13,15 @@ double GreedyAccuracy(
     int64_t max_new_tokens,
     const std::function<bool(size_t index, const std::vector<int64_t>& response_tokens)>&
         is_correct,
-    int64_t batch_size) {
+    int64_t batch_size, int64_t vocab_limit) {
   if (prompts.empty()) throw std::invalid_argument("GreedyAccuracy: no prompts");
   if (batch_size <= 0) throw std::invalid_argument("GreedyAccuracy: batch_size must be > 0");
   model::SamplingParams params;
   params.max_new_tokens = max_new_tokens;
   params.temperature = 0.0;
-  params.eos_id = model->config().eos_token_id;
+  params.stop_token_ids = model::StopTokenIds(model->config());
   params.pad_id = model->config().pad_token_id;
+  params.sampleable_vocab_size = vocab_limit;
 
   const bool was_training = model->is_training();
   model->eval();

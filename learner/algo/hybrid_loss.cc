@@ -71,7 +71,7 @@ TokenTerms ComputeTokenTerms(model::Decoder& model, const TrainBatch& batch,
   }
   TokenTerms terms;
   const model::ForwardOutput out = model->Forward(batch.input_tokens, batch.attention_mask);
-  terms.logits = out.logits;
+  terms.logits = VocabLogits(out.logits, config.vocab_limit);
   terms.hidden = out.hidden;
   const torch::Tensor& teacher = batch.teacher_logprobs;
   if (teacher.defined() && teacher.dim() == 3 && config.distill == DistillLoss::kReverseKl) {
@@ -95,8 +95,9 @@ TokenTerms ComputeTokenTerms(model::Decoder& model, const TrainBatch& batch,
     UnfusedTerms(batch, config, &terms);
   }
   if (batch.sft_input_tokens.defined()) {
-    const torch::Tensor sft_logits =
-        model->Forward(batch.sft_input_tokens, batch.sft_attention_mask).logits;
+    const torch::Tensor sft_logits = VocabLogits(
+        model->Forward(batch.sft_input_tokens, batch.sft_attention_mask).logits,
+        config.vocab_limit);
     terms.sft_nll =
         SftNll(sft_logits, batch.sft_target_tokens, batch.sft_mask, &terms.sft_count);
   }

@@ -25,11 +25,17 @@ struct LossConfig {
   // Student log-probs are taken under softmax(logits / temperature), the
   // distribution the rollout sampled from (so the PPO ratio is 1 on-policy).
   double temperature = 1.0;
+  // The ids p_n is a distribution over (model::VocabLimit: the tokenizer's
+  // size). The logits of padded embedding rows above it are dropped before
+  // every softmax, so they get no mass in L_R, L_D, the entropy or L_SFT,
+  // and full teacher rows are this wide. 0: every row of the model.
+  int64_t vocab_limit = 0;
 };
 
 // Per-position terms, aligned with batch.target_tokens; with graph unless noted.
+// V below is the vocabulary limit (LossConfig::vocab_limit), not the rows.
 struct TokenTerms {
-  torch::Tensor logits;          // [B, L, V] raw model logits
+  torch::Tensor logits;          // [B, L, V] raw model logits of the first V ids
   torch::Tensor hidden;          // [B, L, D] input of the output projection
   torch::Tensor logprobs;        // [B, L, V] log_softmax(logits / τ)
   torch::Tensor token_logprobs;  // [B, L] log π_θ(y_n)

@@ -51,6 +51,9 @@ struct HybridStepConfig {
   // sequences, bucketed by length; the step's update is the same as the
   // whole batch's (up to rounding). 0: one forward over the whole batch.
   int64_t micro_batch_sequences = 0;
+  // trainer.truncated. Not read by Run(): the caller builds the TrainBatch
+  // with it (BuildTrainBatch), so it is decided with the rest of the step.
+  TruncatedResponses truncated = TruncatedResponses::kKeep;
 };
 
 struct HybridStepReport {

@@ -57,6 +57,14 @@ torch::Tensor ForwardKlTokenLoss(const torch::Tensor& student_logits,
 torch::Tensor SampledReverseKlTokenLoss(const torch::Tensor& student_token_logprobs,
                                         const torch::Tensor& teacher_token_logprobs);
 
+// The logits of the ids the distributions compare, [..., vocab_limit]: a
+// view of the first vocab_limit columns of logits [..., rows]. The rows above
+// are padded embedding rows no token has; dropping them is giving them -inf
+// logits, so every softmax over the result puts no mass there (and autograd
+// gives them no gradient). vocab_limit 0 or the row count: `logits` itself.
+// Throws std::invalid_argument for a limit outside [0, rows].
+torch::Tensor VocabLogits(const torch::Tensor& logits, int64_t vocab_limit);
+
 // Log-probs of `targets` [B, T] under logits [B, T, V] (log_softmax + gather).
 torch::Tensor TokenLogProbs(const torch::Tensor& logits, const torch::Tensor& targets);
 // Entropy H(p_n) per position, [B, T].

@@ -214,8 +214,15 @@ void AddSftRows(const std::vector<ScoredGroup>& groups, int64_t pad_id, TrainBat
 
 }  // namespace
 
+TruncatedResponses ParseTruncatedResponses(const std::string& name) {
+  if (name == "keep") return TruncatedResponses::kKeep;
+  if (name == "mask") return TruncatedResponses::kMask;
+  if (name == "zero_reward") return TruncatedResponses::kZeroReward;
+  throw std::invalid_argument("unknown value '" + name + "' (allowed: keep, mask, zero_reward)");
+}
+
 TrainBatch BuildTrainBatch(const std::vector<ScoredGroup>& groups, bool norm_std,
-                           int64_t pad_id) {
+                           int64_t pad_id, TruncatedResponses truncated) {
   const auto [form, vocab] = Validate(groups);
   const int64_t num_groups = static_cast<int64_t>(groups.size());
   const int64_t group_size = static_cast<int64_t>(groups[0].samples.size());
@@ -236,7 +243,12 @@ TrainBatch BuildTrainBatch(const std::vector<ScoredGroup>& groups, bool norm_std
   out.rewards = torch::empty({num_groups, group_size}, torch::kFloat32);
   auto rewards = out.rewards.accessor<float, 2>();
   for (int64_t g = 0; g < num_groups; ++g) {
-    for (int64_t i = 0; i < group_size; ++i) rewards[g][i] = groups[g].samples[i].reward;
+    for (int64_t i = 0; i < group_size; ++i) {
+      const ScoredSample& s = groups[g].samples[i];
+      out.num_truncated += s.truncated ? 1 : 0;
+      rewards[g][i] =
+          s.truncated && truncated == TruncatedResponses::kZeroReward ? 0.0f : s.reward;
+    }
   }
   const torch::Tensor group_adv = GrpoAdvantages(out.rewards, norm_std).contiguous();
   auto adv_of = group_adv.accessor<float, 2>();
@@ -274,10 +286,12 @@ TrainBatch BuildTrainBatch(const std::vector<ScoredGroup>& groups, bool norm_std
         attend[b][t] = true;
       }
       // Response token k is sequence[prompt_len + k], predicted at position
-      // prompt_len - 1 + k.
+      // prompt_len - 1 + k. A masked truncated response keeps its data but
+      // no position of it counts.
       const int64_t first = prompt_len - 1;
+      const float counts = s.truncated && truncated == TruncatedResponses::kMask ? 0.0f : 1.0f;
       for (int64_t k = 0; k < resp_len; ++k) {
-        response[b][first + k] = 1.0f;
+        response[b][first + k] = counts;
         old_lp[b][first + k] = s.behavior_logprobs[k];
         adv[b][first + k] = adv_of[g][i];
       }

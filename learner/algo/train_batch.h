@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace kappa::learner {
@@ -16,6 +17,8 @@ struct ScoredSample {
   // Teacher log-probs per response position: [T, V] full vocabulary, [T] of
   // the sampled tokens only, or undefined (no distillation).
   torch::Tensor teacher_logprobs;
+  // The response hit its token budget without a stop id (see TruncatedResponses).
+  bool truncated = false;
 };
 
 struct ScoredGroup {
@@ -38,9 +41,10 @@ struct TrainBatch {
   torch::Tensor old_logprobs;      // [B, L] float32
   torch::Tensor advantages;        // [B, L] float32, the group advantage of the row
   torch::Tensor teacher_logprobs;  // [B, L, V] or [B, L] float32, or undefined
-  torch::Tensor rewards;           // [num_groups, G] float32
+  torch::Tensor rewards;           // [num_groups, G] float32, as the advantages saw them
   int64_t num_groups = 0;
   int64_t group_size = 0;
+  int64_t num_truncated = 0;       // samples that hit their token budget (ScoredSample.truncated)
 
   // RSTG teacher SFT rows: prompt + verified teacher response, laid out like
   // the rows above; undefined when no group carries demonstrations.
@@ -78,11 +82,27 @@ struct MicroBatch {
 // >= the batch's rows: one micro-batch, the batch itself.
 std::vector<MicroBatch> SplitMicroBatches(const TrainBatch& batch, int64_t max_sequences);
 
+// trainer.truncated: how a truncated response (one that hit its token budget
+// without a stop id or string) trains.
+enum class TruncatedResponses {
+  kKeep,        // as any other response (verl's default)
+  kMask,        // none of its positions is in response_mask, so it adds nothing
+                // to L_R, L_D or their token counts; its reward still enters
+                // the group's mean and std (DAPO's overlong filtering masks the
+                // loss only)
+  kZeroReward,  // its reward is 0 before the group advantages (and in `rewards`)
+};
+
+// "keep" | "mask" | "zero_reward"; throws std::invalid_argument listing them.
+TruncatedResponses ParseTruncatedResponses(const std::string& name);
+
 // Throws std::invalid_argument naming the group and sample on inconsistent
 // input: no groups, unequal group sizes, empty prompts or responses,
 // behavior log-prob count != response length, negative token ids, teacher
 // log-probs of the wrong shape, teacher log-probs present on some samples
-// but not others, or empty demonstrations.
-TrainBatch BuildTrainBatch(const std::vector<ScoredGroup>& groups, bool norm_std, int64_t pad_id);
+// but not others, or empty demonstrations. `truncated` applies to samples
+// with ScoredSample.truncated (kKeep: the batch is as if none were).
+TrainBatch BuildTrainBatch(const std::vector<ScoredGroup>& groups, bool norm_std, int64_t pad_id,
+                           TruncatedResponses truncated = TruncatedResponses::kKeep);
 
 }  // namespace kappa::learner

@@ -31,7 +31,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   // Accepted means valid: the special ids index the vocabulary.
   Check(config.bos_token_id >= 0 && config.bos_token_id < config.vocab_size);
-  Check(config.eos_token_id >= 0 && config.eos_token_id < config.vocab_size);
+  Check(!config.eos_token_ids.empty());
+  for (int64_t id : config.eos_token_ids) Check(id >= 0 && id < config.vocab_size);
   Check(config.pad_token_id >= 0 && config.pad_token_id < config.vocab_size);
 
   // The shape the decoder builds from it is consistent.

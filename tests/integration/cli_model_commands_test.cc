@@ -7,10 +7,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
 #include "model/checkpoint.h"
+#include "model/generation_config.h"
 #include "tests/integration/cli_test_util.h"
 
 namespace kappa::cli {
@@ -56,7 +58,10 @@ TEST(CliModelCommands, GreedyGenerationFollowsTheArgmax) {
     EXPECT_EQ(logits.argmax().item<int64_t>(), id);
     sequence.push_back(id);
   }
-  EXPECT_EQ(printed["finished"].get<bool>(), ids.back() == decoder->config().eos_token_id);
+  // Finished: ended at a stop id of the model, not at --max-new-tokens.
+  const std::vector<int64_t> stops = model::StopTokenIds(decoder->config());
+  EXPECT_EQ(printed["finished"].get<bool>(),
+            std::find(stops.begin(), stops.end(), ids.back()) != stops.end());
 }
 
 TEST(CliModelCommands, RefusesBadArgumentsNamingThem) {

@@ -38,7 +38,7 @@ inline model::ModelConfig TinyModelConfig() {
   config.num_key_value_heads = 1;
   config.max_position_embeddings = 12;
   config.bos_token_id = model::CharTokenizer::kBos;
-  config.eos_token_id = model::CharTokenizer::kEos;
+  config.eos_token_ids = {model::CharTokenizer::kEos};
   config.pad_token_id = model::CharTokenizer::kPad;
   return config;
 }

@@ -34,6 +34,7 @@ TEST(LearnerMetrics, ExportsAStepForPrometheus) {
   observed.step = 1;
   observed.policy_version = 1;
   observed.reward_mean = 0.5;
+  observed.truncated_fraction = 0.25;
   observed.tokens = 30;
   observed.step_seconds = 0.02;
   observed.staleness = {0, 1};
@@ -56,6 +57,7 @@ TEST(LearnerMetrics, ExportsAStepForPrometheus) {
         "kappa_learner_grad_cosine ", "kappa_learner_kdr_bucket{le=\"0\"} ",
         "kappa_learner_kdr_negative_ratio ", "kappa_learner_kdr_negative_weighted_ratio ",
         "kappa_learner_loss{term=\"sft\"} 0\n", "kappa_learner_reward_mean 0.5\n",
+        "kappa_learner_truncated_ratio 0.25\n",
         "kappa_learner_eval_accuracy_ratio 0.25\n", "kappa_learner_entropy ",
         "kappa_learner_alarm{kind=\"collapse\"} 0\n",
         "kappa_learner_alarms_total{kind=\"magnitude_drowning\"} 0\n",

@@ -20,7 +20,7 @@ SamplingParams Greedy(int64_t max_new_tokens, int64_t eos_id = -1) {
   SamplingParams p;
   p.max_new_tokens = max_new_tokens;
   p.temperature = 0.0;
-  p.eos_id = eos_id;  // -1: never stop early
+  if (eos_id >= 0) p.stop_token_ids = {eos_id};  // -1: never stop early
   return p;
 }
 
@@ -74,7 +74,6 @@ TEST(SampleTest, LogprobsMatchFullForward) {
     SamplingParams p;
     p.max_new_tokens = 9;
     p.temperature = temperature;
-    p.eos_id = -1;
     auto gen = at::detail::createCPUGenerator(123);
     const auto out = Sample(model, prompts, p, gen);
     for (size_t i = 0; i < prompts.size(); ++i) {
@@ -93,7 +92,6 @@ TEST(SampleTest, SameSeedSameSamples) {
   Decoder model = TinyDecoder(4, false, 7, /*scale=*/2.0);  // flatter: real randomness
   SamplingParams p;
   p.max_new_tokens = 12;
-  p.eos_id = -1;
   const auto a = Sample(model, Prompts(), p, at::detail::createCPUGenerator(5));
   const auto b = Sample(model, Prompts(), p, at::detail::createCPUGenerator(5));
   const auto c = Sample(model, Prompts(), p, at::detail::createCPUGenerator(6));
@@ -134,7 +132,6 @@ TEST(SampleTest, TinyTopPIsGreedy) {
   p.max_new_tokens = 10;
   p.temperature = 1.0;
   p.top_p = 1e-6;
-  p.eos_id = -1;
   const auto nucleus = Sample(model, prompts, p, at::detail::createCPUGenerator(3));
   for (size_t i = 0; i < prompts.size(); ++i) {
     EXPECT_EQ(nucleus[i].tokens, greedy[i].tokens) << "row " << i;

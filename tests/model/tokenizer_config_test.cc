@@ -72,7 +72,7 @@ TEST(ModelConfigTest, JsonRoundTrip) {
   c.rope_theta = 500000.0;
   c.rms_norm_eps = 1e-5;
   c.tie_word_embeddings = true;
-  c.eos_token_id = 2;
+  c.eos_token_ids = {2};
   const std::string json = c.ToJson();
   EXPECT_NE(json.find("\"LlamaForCausalLM\""), std::string::npos);
   EXPECT_NE(json.find("\"model_type\": \"llama\""), std::string::npos);
@@ -99,7 +99,7 @@ TEST(ModelConfigTest, AcceptsHuggingFaceExtras) {
     "eos_token_id": [5, 6], "pad_token_id": null, "transformers_version": "4.44.0",
     "use_cache": true, "pretraining_tp": 1})");
   EXPECT_EQ(c.num_key_value_heads, 4);  // HF default: MHA
-  EXPECT_EQ(c.eos_token_id, 5);
+  EXPECT_EQ(c.eos_token_ids, (std::vector<int64_t>{5, 6}));  // the whole list
   EXPECT_EQ(c.pad_token_id, 0);
 }
 
@@ -120,7 +120,7 @@ TEST(ModelConfigTest, RejectsBadConfigs) {
   c.num_key_value_heads = 3;  // 4 % 3 != 0
   EXPECT_THROW(c.Validate(), std::invalid_argument);
   c = ModelConfig();
-  c.eos_token_id = c.vocab_size;
+  c.eos_token_ids = {2, c.vocab_size};
   EXPECT_THROW(c.ToJson(), std::invalid_argument);
   EXPECT_THROW(ModelConfig::FromJson(R"({"model_type": "gpt2", "hidden_size": 64,
       "intermediate_size": 1, "num_hidden_layers": 1, "num_attention_heads": 4,

@@ -380,6 +380,76 @@ TEST_F(WorkerTest, CompletesTheGroupsOfABatchConcurrently) {
   (*slow_server)->Shutdown(absl::Milliseconds(100));
 }
 
+TEST_F(WorkerTest, GroupsCarryTruncationStopIdsVocabLimitAndStopStrings) {
+  model::Decoder v0 = MakeDecoder(config_, 8);
+  learner_->Publish(0, ChunkWeights(0, v0));
+  StartWorker();
+  ASSERT_TRUE(learner_->WaitForHellos(1, kWait));
+  const int64_t vocab = config_.vocab_size;
+  const model::CharTokenizer tokenizer;
+  // Every id a stop id: each response is its first token, stopped.
+  kappa::v1::WorkItem all_stop = Item("all-stop", 0, kappa::v1::SCORE_FORM_FULL);
+  for (int64_t id = 0; id < vocab; ++id) all_stop.add_stop_token_ids(static_cast<int32_t>(id));
+  // The only stop id is the one padded row: never sampled, so every
+  // response runs to its budget and is truncated.
+  kappa::v1::WorkItem padded = Item("padded", 0, 0);
+  padded.set_vocab_limit(static_cast<int32_t>(vocab - 1));
+  padded.add_stop_token_ids(static_cast<int32_t>(vocab - 1));
+  // Stop strings: any digit or letter of a-m ends a response right after it
+  // (23 of the 51 ids: most responses are cut, some are not).
+  kappa::v1::WorkItem strings = Item("strings", 0, kappa::v1::SCORE_FORM_FULL);
+  const std::string stops = "0123456789abcdefghijklm";
+  for (char c : stops) strings.add_stop_strings(std::string(1, c));
+  for (const auto& item : {all_stop, padded, strings}) learner_->SendWork(item);
+  learner_->SendCredit(3);
+  ASSERT_TRUE(learner_->WaitForGroups(3, kWait));
+  const std::vector<kappa::v1::ScoredGroup> groups = learner_->groups();
+
+  for (const kappa::v1::ScoredSample& sample : groups[0].samples()) {
+    EXPECT_EQ(sample.response_tokens_size(), 1);
+    EXPECT_FALSE(sample.truncated());
+  }
+  for (const kappa::v1::ScoredSample& sample : groups[1].samples()) {
+    EXPECT_EQ(sample.response_tokens_size(), padded.max_new_tokens());
+    EXPECT_TRUE(sample.truncated());
+    for (int32_t id : sample.response_tokens()) EXPECT_LT(id, vocab - 1);
+    // Behaviour log-probs over the vocab - 1 ids only.
+    torch::NoGradGuard no_grad;
+    std::vector<int64_t> seq = Tokens(padded.prompt_tokens());
+    const std::vector<int64_t> response = Tokens(sample.response_tokens());
+    seq.insert(seq.end(), response.begin(), response.end());
+    const torch::Tensor logp = torch::log_softmax(
+        v0->forward(torch::tensor(seq).unsqueeze(0))[0].narrow(-1, 0, vocab - 1), -1);
+    const std::vector<float> behavior = services::GetFloat32(sample.behavior_logprobs());
+    for (size_t t = 0; t < response.size(); ++t) {
+      const int64_t row = padded.prompt_tokens_size() + static_cast<int64_t>(t) - 1;
+      EXPECT_NEAR(behavior[t], logp[row][response[t]].item<float>(), 1e-4);
+    }
+  }
+  int cut = 0;
+  for (const kappa::v1::ScoredSample& sample : groups[2].samples()) {
+    const std::vector<int64_t> tokens = Tokens(sample.response_tokens());
+    const std::string text = tokenizer.Decode(tokens);
+    EXPECT_EQ(sample.response_text(), text);
+    const bool has_stop = text.find_first_of(stops) != std::string::npos;
+    const bool at_eos = tokens.back() == model::CharTokenizer::kEos;
+    if (has_stop) {
+      ++cut;  // ends at its first stop string: the text without its last token has none
+      const std::vector<int64_t> before(tokens.begin(), tokens.end() - 1);
+      EXPECT_EQ(tokenizer.Decode(before).find_first_of(stops), std::string::npos) << text;
+    }
+    EXPECT_EQ(sample.truncated(), !has_stop && !at_eos) << text;
+    if (sample.truncated()) {
+      EXPECT_EQ(sample.response_tokens_size(), strings.max_new_tokens());
+    }
+    // The teacher scored the cut response.
+    EXPECT_EQ(sample.teacher_logprobs().shape(0), sample.response_tokens_size());
+  }
+  EXPECT_GE(cut, 1);
+  worker_->Stop();
+  worker_thread_.join();
+}
+
 TEST_F(WorkerTest, StopsWhenTheLearnerRefusesItsHello) {
   // What the learner answers a max_outstanding above its cap: retrying the
   // same Hello cannot help, so Run() returns the refusal instead of

@@ -160,6 +160,9 @@ TEST(ConfigTest, YamlRoundTrip) {
   config.trainer.norm_std = false;
   config.trainer.steps = -5;
   config.rollout.top_p = 0.95;
+  // Stop strings keep commas, spaces, newlines and quotes through the YAML.
+  config.rollout.stop_strings = {"</answer>", "a, b", "\n\n", " 'q' "};
+  config.trainer.truncated = "mask";
   const std::string yaml = ConfigToYaml(config);
   absl::StatusOr<Config> parsed = ParseConfig(yaml, "dump.yaml");
   ASSERT_TRUE(parsed.ok()) << parsed.status() << "\n" << yaml;
@@ -175,6 +178,25 @@ TEST(ConfigTest, YamlRoundTrip) {
   EXPECT_FALSE(parsed->trainer.norm_std);
   EXPECT_EQ(parsed->trainer.steps, -5);
   EXPECT_EQ(parsed->rollout.top_p, 0.95);
+  EXPECT_EQ(parsed->rollout.stop_strings, config.rollout.stop_strings);
+  EXPECT_EQ(parsed->trainer.truncated, "mask");
+}
+
+TEST(ConfigTest, StopStringsAndTruncatedKeys) {
+  EXPECT_TRUE(Config().rollout.stop_strings.empty());
+  EXPECT_EQ(Config().trainer.truncated, "keep");
+  absl::StatusOr<Config> config =
+      ParseConfig("rollout:\n  stop_strings: [\"</answer>\", \"User:\"]\n"
+                  "trainer:\n  truncated: zero_reward\n",
+                  "run.yaml", {"rollout.max_new_tokens=64"});
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->rollout.stop_strings, (std::vector<std::string>{"</answer>", "User:"}));
+  EXPECT_EQ(config->trainer.truncated, "zero_reward");
+  config = ParseConfig("", "run.yaml", {"rollout.stop_strings=[\"\\n\\n\", \"END\"]"});
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->rollout.stop_strings, (std::vector<std::string>{"\n\n", "END"}));
+  EXPECT_EQ(Error(ParseConfig("rollout:\n  stop_strings: {a: 1}\n", "run.yaml")),
+            "run.yaml:2: key 'rollout.stop_strings' expects a list of names, got a mapping");
 }
 
 TEST(ConfigTest, YamlListsEveryKey) {

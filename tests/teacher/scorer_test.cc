@@ -126,6 +126,49 @@ TEST_F(ScorerTest, TopKAndSampledAgreeWithFull) {
   }
 }
 
+TEST(ScorerVocabLimit, PaddedRowsGetNoMassWhateverTheirLogits) {
+  // 40 embedding rows, a 32-id tokenizer: the distributions are over the 32
+  // ids, equal to log_softmax of the first 32 logits, and do not move when
+  // the padded rows' logits are made arbitrary (here: huge).
+  constexpr int64_t kRows = 40, kIds = 32;
+  model::ModelConfig config = SmallConfig();
+  config.vocab_size = kRows;
+  torch::manual_seed(9);
+  model::Decoder model(config);
+  model->eval();
+  const std::vector<TokenSequence> sequences = {{{1, 5, 6}, {7, 31, 2}}, {{1, 30}, {9, 10}}};
+  const std::vector<const TokenSequence*> batch = {&sequences[0], &sequences[1]};
+  const std::vector<torch::Tensor> before = ResponseLogProbs(model, batch, kIds);
+  {
+    torch::NoGradGuard no_grad;
+    model->lm_head()->weight.narrow(0, kIds, kRows - kIds).normal_(0.0, 50.0);
+  }
+  const std::vector<torch::Tensor> after = ResponseLogProbs(model, batch, kIds);
+  const std::vector<ScoredTensors> topk =
+      ScoreSequences(model, batch, ScoreForm::kTopK, kIds, kIds);
+  for (size_t i = 0; i < sequences.size(); ++i) {
+    const int64_t t = static_cast<int64_t>(sequences[i].response_tokens.size());
+    ASSERT_EQ(after[i].sizes(), (std::vector<int64_t>{t, kIds}));
+    EXPECT_TRUE(torch::allclose(after[i].exp().sum(-1), torch::ones({t}), 0, 1e-5));
+    EXPECT_TRUE(torch::allclose(before[i], after[i], 0, 1e-6)) << "sequence " << i;
+    // The unpadded computation on the first 32 rows of a plain forward.
+    torch::NoGradGuard no_grad;
+    std::vector<int64_t> ids = sequences[i].prompt_tokens;
+    ids.insert(ids.end(), sequences[i].response_tokens.begin(), sequences[i].response_tokens.end());
+    const int64_t p = static_cast<int64_t>(sequences[i].prompt_tokens.size());
+    const torch::Tensor logits = model->forward(torch::tensor(ids).unsqueeze(0))[0];
+    const torch::Tensor want =
+        torch::log_softmax(logits.slice(0, p - 1, p - 1 + t).narrow(-1, 0, kIds), -1);
+    EXPECT_TRUE(torch::allclose(after[i], want, 0, 1e-5));
+    // Every id of the full top-k lies below the limit.
+    EXPECT_LT(topk[i].topk_ids.max().item<int32_t>(), kIds);
+  }
+  // Without the limit the padded rows, now huge, take nearly all the mass.
+  const torch::Tensor unlimited = ResponseLogProbs(model, batch)[0];
+  EXPECT_LT(unlimited.narrow(-1, 0, kIds).exp().sum(-1).max().item<float>(), 0.5f);
+  EXPECT_THROW(ResponseLogProbs(model, batch, kRows + 1), std::invalid_argument);
+}
+
 TEST_F(ScorerTest, RejectsBadInputWithExceptions) {
   TokenSequence empty_response{{1, 2}, {}};
   std::vector<const TokenSequence*> batch = {&empty_response};

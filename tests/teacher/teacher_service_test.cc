@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <string>
 #include <thread>
@@ -458,6 +459,79 @@ TEST_F(TeacherServiceTest, MalformedGenerateRequestsAreInvalidArgument) {
     EXPECT_NE(status.error_message().find(bad.field), std::string::npos)
         << bad.what << ": " << status.error_message();
   }
+}
+
+// A Qwen-style teacher: more embedding rows (40) than tokenizer ids (32),
+// and a generation_config.json with two stop ids. Driven without a server.
+TEST(TeacherVocabLimit, StaysBelowTheLimitAndStopsAtTheGenerationConfigIds) {
+  constexpr int64_t kRows = 40, kIds = 32;
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
+                                    ("kappa_teacher_limit_" + std::to_string(getpid()));
+  model::ModelConfig config = SmallConfig();
+  config.vocab_size = kRows;
+  torch::manual_seed(4);
+  model::Decoder saved(config);
+  model::SaveCheckpoint(dir.string(), saved);
+  std::ofstream(dir / "generation_config.json") << R"({"eos_token_id": [5, 6], "do_sample": true})";
+  TeacherOptions options;
+  options.max_new_tokens = 8;
+  options.vocab_limit = kIds;
+  auto created = TeacherService::Create(model::LoadCheckpoint(dir.string()), options);
+  ASSERT_TRUE(created.ok()) << created.status();
+  TeacherService& service = **created;
+
+  grpc::ServerContext context;
+  kappa::v1::GenerateRequest generate;
+  for (int32_t t : {1, 4, 9}) generate.add_prompt_tokens(t);
+  generate.set_num_samples(16);
+  generate.set_max_new_tokens(8);
+  generate.set_seed(77);
+  kappa::v1::GenerateResponse generated;
+  ASSERT_TRUE(service.Generate(&context, &generate, &generated).ok());
+  int stopped = 0;
+  for (const auto& sample : generated.samples()) {
+    const std::vector<int32_t> tokens(sample.tokens().begin(), sample.tokens().end());
+    for (int32_t t : tokens) EXPECT_LT(t, kIds);  // no padded row
+    for (size_t i = 0; i + 1 < tokens.size(); ++i) EXPECT_TRUE(tokens[i] != 5 && tokens[i] != 6);
+    const bool at_stop = tokens.back() == 5 || tokens.back() == 6;
+    EXPECT_TRUE(at_stop || tokens.size() == 8u);
+    stopped += at_stop ? 1 : 0;
+  }
+  EXPECT_GT(stopped, 0);
+
+  // Score: distributions over the 32 ids, and only a student with the same
+  // limit is served.
+  kappa::v1::ScoreRequest score;
+  score.set_vocab_size(kIds);
+  score.set_form(kappa::v1::SCORE_FORM_FULL);
+  kappa::v1::ScoreSequence* sequence = score.add_sequences();
+  for (int32_t t : {1, 4}) sequence->add_prompt_tokens(t);
+  for (int32_t t : {7, 31}) sequence->add_response_tokens(t);
+  kappa::v1::ScoreResponse scored;
+  ASSERT_TRUE(service.Score(&context, &score, &scored).ok());
+  EXPECT_EQ(scored.vocab_size(), kIds);
+  EXPECT_EQ(Shape(scored.sequences(0).logprobs()), (std::vector<int64_t>{2, kIds}));
+  score.set_vocab_size(kRows);
+  EXPECT_NE(service.ValidateScoreRequest(score).message().find("teacher has 32"),
+            std::string::npos);
+  score.set_vocab_size(kIds);
+  score.mutable_sequences(0)->set_response_tokens(1, 35);
+  EXPECT_NE(service.ValidateScoreRequest(score).message().find("response_tokens[1]"),
+            std::string::npos);
+  kappa::v1::InfoResponse info;
+  ASSERT_TRUE(service.Info(&context, nullptr, &info).ok());
+  EXPECT_EQ(info.vocab_size(), kIds);
+  service.Shutdown();
+
+  // A malformed generation_config.json is refused at start, naming it and the key.
+  std::ofstream(dir / "generation_config.json") << R"({"eos_token_id": ["<|im_end|>"]})";
+  auto refused = TeacherService::Create(model::LoadCheckpoint(dir.string()), options);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("generation_config.json"), std::string::npos);
+  EXPECT_NE(refused.status().message().find("eos_token_id"), std::string::npos);
+  options.vocab_limit = kRows + 1;
+  EXPECT_FALSE(TeacherService::Create(model::LoadCheckpoint(dir.string()), options).ok());
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
