@@ -2,6 +2,8 @@
 
 #include <cstdio>
 #include <iostream>
+#include <nlohmann/json.hpp>
+#include <optional>
 #include <stdexcept>
 
 #include "absl/strings/numbers.h"
@@ -10,6 +12,7 @@
 #include "cli/args.h"
 #include "model/checkpoint.h"
 #include "model/generation_config.h"
+#include "model/hf_tokenizer/hf_tokenizer.h"
 #include "model/sampling.h"
 #include "services/torch_runtime.h"
 
@@ -19,7 +22,8 @@ namespace {
 constexpr const char* kLogitsUsage =
     "usage: kappa logits MODEL_DIR --ids 1,5,9 [--device cpu|cuda[:N]] [--dtype float32|bfloat16|auto]\n";
 constexpr const char* kGenerateUsage =
-    "usage: kappa generate MODEL_DIR --prompt-ids 1,5,9 [--max-new-tokens N] [--temperature T]\n"
+    "usage: kappa generate MODEL_DIR (--prompt-ids 1,5,9 | --prompt TEXT) [--max-new-tokens N] "
+    "[--temperature T]\n"
     "       [--top-p P] [--seed S] [--device cpu|cuda[:N]] [--dtype float32|bfloat16|auto]\n";
 
 // A comma-separated list of token ids, each in [0, vocab).
@@ -96,6 +100,36 @@ std::string JsonFloats(const Floats& values, size_t n) {
   return s + "]";
 }
 
+// The prompt of `kappa generate`: --prompt-ids as given, or --prompt TEXT
+// encoded with MODEL_DIR's tokenizer.json (with its special tokens, as a raw
+// prompt; render a chat prompt first with `kappa render-prompt`).
+struct GeneratePrompt {
+  std::string flag;  // which one was given, for messages
+  std::vector<int64_t> ids;
+  std::optional<model::HfTokenizer> tokenizer;  // with --prompt: to decode the response too
+};
+
+absl::StatusOr<GeneratePrompt> ReadGeneratePrompt(const CommandLine& line) {
+  GeneratePrompt prompt;
+  if (line.Has("--prompt-ids")) {
+    prompt.flag = "--prompt-ids";
+    absl::StatusOr<std::vector<int64_t>> ids = ParseIds("--prompt-ids", line.Get("--prompt-ids"));
+    if (!ids.ok()) return ids.status();
+    prompt.ids = *std::move(ids);
+    return prompt;
+  }
+  prompt.flag = "--prompt";
+  try {
+    prompt.tokenizer = model::HfTokenizer::Load(line.config_path);
+    prompt.ids = prompt.tokenizer->Encode(line.Get("--prompt"), /*add_special_tokens=*/true);
+  } catch (const std::exception& e) {  // the tokenizer's errors name the file
+    return absl::InvalidArgumentError(absl::StrCat("--prompt: ", e.what()));
+  }
+  if (prompt.ids.empty())
+    return absl::InvalidArgumentError("--prompt: the text encodes to no tokens");
+  return prompt;
+}
+
 int UsageError(const char* command, const absl::Status& status, const char* usage) {
   std::cerr << "kappa " << command << ": " << status.message() << "\n" << usage;
   return 2;
@@ -140,18 +174,13 @@ int GenerateCommand(const std::vector<std::string>& args) {
       args, {"--prompt-ids", "--prompt", "--max-new-tokens", "--temperature", "--top-p", "--seed", "--device", "--dtype"},
       {});
   if (!line.ok()) return UsageError("generate", line.status(), kGenerateUsage);
-  if (line->Has("--prompt")) {
-    // Text prompts need the tokenizer.json reader (issue "Real models, part 2").
-    return UsageError("generate",
-                      absl::UnimplementedError("--prompt TEXT needs a tokenizer, which kappa does not read yet; "
-                                               "pass the prompt's ids with --prompt-ids"),
-                      kGenerateUsage);
+  if (!line->overrides.empty() || line->Has("--prompt-ids") == line->Has("--prompt")) {
+    return UsageError(
+        "generate",
+        absl::InvalidArgumentError("MODEL_DIR and one of --prompt-ids or --prompt are required"),
+        kGenerateUsage);
   }
-  if (!line->overrides.empty() || !line->Has("--prompt-ids")) {
-    return UsageError("generate", absl::InvalidArgumentError("MODEL_DIR and --prompt-ids are required"),
-                      kGenerateUsage);
-  }
-  absl::StatusOr<std::vector<int64_t>> prompt = ParseIds("--prompt-ids", line->Get("--prompt-ids"));
+  absl::StatusOr<GeneratePrompt> prompt = ReadGeneratePrompt(*line);
   absl::StatusOr<int64_t> max_new = NumberFlag<int64_t>(*line, "--max-new-tokens", 32);
   absl::StatusOr<double> temperature = NumberFlag<double>(*line, "--temperature", 1.0);
   absl::StatusOr<double> top_p = NumberFlag<double>(*line, "--top-p", 1.0);
@@ -169,7 +198,7 @@ int GenerateCommand(const std::vector<std::string>& args) {
   try {
     model::Decoder decoder = model::LoadCheckpoint(line->config_path, *options);
     const model::ModelConfig& config = decoder->config();
-    if (absl::Status fit = CheckIdsFit("--prompt-ids", *prompt, config, *max_new); !fit.ok()) {
+    if (absl::Status fit = CheckIdsFit(prompt->flag, prompt->ids, config, *max_new); !fit.ok()) {
       return UsageError("generate", fit, kGenerateUsage);
     }
     decoder->eval();
@@ -179,12 +208,25 @@ int GenerateCommand(const std::vector<std::string>& args) {
     params.top_p = *top_p;
     params.stop_token_ids = model::StopTokenIds(config);
     params.pad_id = config.pad_token_id;
+    // With a tokenizer, padded embedding rows are never sampled.
+    if (prompt->tokenizer) {
+      params.sampleable_vocab_size = model::VocabLimit(config, prompt->tokenizer->vocab_size());
+    }
     at::Generator generator = model::MakeGenerator(options->device, static_cast<uint64_t>(*seed));
-    const model::SampledSequence sample = model::Sample(decoder, {*prompt}, params, generator).at(0);
+    const model::SampledSequence sample =
+        model::Sample(decoder, {prompt->ids}, params, generator).at(0);
     const bool finished = !sample.truncated;
-    std::cout << "{\"prompt_ids\":" << JsonList(*prompt) << ",\"ids\":" << JsonList(sample.tokens)
+    std::cout << "{\"prompt_ids\":" << JsonList(prompt->ids)
+              << ",\"ids\":" << JsonList(sample.tokens)
               << ",\"logprobs\":" << JsonFloats(sample.logprobs, sample.logprobs.size())
-              << ",\"finished\":" << (finished ? "true" : "false") << "}\n";
+              << ",\"finished\":" << (finished ? "true" : "false");
+    if (prompt->tokenizer) {
+      std::cout << ",\"text\":"
+                << nlohmann::json(
+                       prompt->tokenizer->Decode(sample.tokens, /*skip_special_tokens=*/true))
+                       .dump();
+    }
+    std::cout << "}\n";
   } catch (const std::exception& e) {
     std::cerr << "kappa generate: " << e.what() << "\n";
     return 1;

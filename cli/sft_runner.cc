@@ -74,7 +74,10 @@ absl::StatusOr<SftResult> RunSftOrThrow(const services::Config& config, Role rol
       tasks::MakeDataset(config, tasks::Split::kHeldOut);
   if (!heldout.ok()) return heldout.status();
 
+  // kappa sft trains kappa's toy models from scratch: the character
+  // tokenizer and raw prompts (the same encoding the learner uses for them).
   model::CharTokenizer tokenizer;
+  const learner::PromptEncoder prompts = learner::PromptEncoder::Character();
   size_t train_count = (*train)->size();
   if (sft.train_examples > 0) {
     train_count = std::min(train_count, static_cast<size_t>(sft.train_examples));
@@ -98,8 +101,8 @@ absl::StatusOr<SftResult> RunSftOrThrow(const services::Config& config, Role rol
   result.eval_examples = static_cast<int64_t>(eval_count);
   result.steps = sft.steps;
   if (eval_count > 0) {
-    result.accuracy_before = learner::DatasetAccuracy(decoder, tokenizer, **heldout, eval_count,
-                                             config.rollout.max_new_tokens);
+    result.accuracy_before = learner::DatasetAccuracy(decoder, prompts, **heldout, eval_count,
+                                                      config.rollout.max_new_tokens);
   }
   log << absl::StrFormat("[%s sft] %d train examples, %d steps, batch %d, lr %g; held-out "
                          "accuracy before: %.3f (%d examples)\n",
@@ -127,13 +130,13 @@ absl::StatusOr<SftResult> RunSftOrThrow(const services::Config& config, Role rol
   result.loss = sft.steps > 0 ? learner::SftTrain(decoder, examples, options) : 0.0;
 
   if (eval_count > 0) {
-    result.accuracy = learner::DatasetAccuracy(decoder, tokenizer, **heldout, eval_count,
-                                      config.rollout.max_new_tokens);
+    result.accuracy = learner::DatasetAccuracy(decoder, prompts, **heldout, eval_count,
+                                               config.rollout.max_new_tokens);
     // The same measure on examples it trained on: a large gap means it
     // memorized rather than learned the task.
     result.train_accuracy =
-        learner::DatasetAccuracy(decoder, tokenizer, **train, std::min(eval_count, train_count),
-                        config.rollout.max_new_tokens);
+        learner::DatasetAccuracy(decoder, prompts, **train, std::min(eval_count, train_count),
+                                 config.rollout.max_new_tokens);
   }
   result.seconds = elapsed();
   std::filesystem::path parent = std::filesystem::path(out_dir).parent_path();

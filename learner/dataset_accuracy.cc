@@ -1,6 +1,8 @@
 #include "learner/dataset_accuracy.h"
 
 #include <algorithm>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "learner/algo/evaluate.h"
@@ -8,20 +10,23 @@
 
 namespace kappa::learner {
 
-double DatasetAccuracy(model::Decoder& policy, const model::CharTokenizer& tokenizer,
+double DatasetAccuracy(model::Decoder& policy, const PromptEncoder& prompts,
                        const tasks::Dataset& dataset, size_t count, int64_t max_new_tokens,
                        int64_t vocab_limit) {
   count = std::min(count, dataset.size());
-  std::vector<std::vector<int64_t>> prompts;
-  prompts.reserve(count);
+  std::vector<std::vector<int64_t>> prompt_ids;
+  prompt_ids.reserve(count);
   for (size_t i = 0; i < count; ++i) {
-    prompts.push_back(tokenizer.Encode(dataset.at(i).prompt, /*add_bos=*/true));
+    absl::StatusOr<std::vector<int64_t>> ids = prompts.Encode(dataset.at(i));
+    if (!ids.ok()) throw std::invalid_argument(std::string(ids.status().message()));
+    prompt_ids.push_back(*std::move(ids));
   }
   return GreedyAccuracy(
-      policy, prompts, max_new_tokens, [&](size_t index, const std::vector<int64_t>& response) {
+      policy, prompt_ids, max_new_tokens,
+      [&](size_t index, const std::vector<int64_t>& response) {
         const tasks::Example& example = dataset.at(index);
-        absl::StatusOr<float> reward =
-            tasks::ExactAnswerReward(example.task, example.answer, tokenizer.Decode(response));
+        absl::StatusOr<float> reward = tasks::ExactAnswerReward(example.task, example.answer,
+                                                                prompts.DecodeResponse(response));
         return reward.ok() && *reward > 0.5f;
       },
       /*batch_size=*/256, vocab_limit);

@@ -6,16 +6,18 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "model/tokenizer.h"
+#include "learner/prompt_encoder.h"
 #include "model/transformer.h"
 #include "tasks/dataset.h"
 
 namespace kappa::learner {
 
-// Over the first `count` examples (clamped to the dataset size), decoding
-// as GreedyAccuracy does (the policy's stop ids; ids below `vocab_limit`,
-// 0: every row).
-double DatasetAccuracy(model::Decoder& policy, const model::CharTokenizer& tokenizer,
+// Over the first `count` examples (clamped to the dataset size), prompts as
+// `prompts` encodes them, decoding as GreedyAccuracy does (the policy's stop
+// ids; ids below `vocab_limit`, 0: every row). Throws std::invalid_argument
+// for an example `prompts` cannot encode (the learner checks them all at
+// start-up, PromptEncoder::EncodeAll).
+double DatasetAccuracy(model::Decoder& policy, const PromptEncoder& prompts,
                        const tasks::Dataset& dataset, size_t count, int64_t max_new_tokens,
                        int64_t vocab_limit = 0);
 

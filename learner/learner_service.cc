@@ -47,7 +47,7 @@ kappa::v1::WorkItem LearnerService::MakeWorkItem(const Lease& lease) const {
   item.set_lease_id(lease.lease_id);
   item.set_prompt_id(example.id);
   item.set_prompt_text(example.prompt);
-  for (int32_t token : tokenize_(example.prompt)) item.add_prompt_tokens(token);
+  for (int32_t token : tokenize_(lease.example_index)) item.add_prompt_tokens(token);
   item.set_reference_answer(example.answer);
   item.set_task(example.task);
   item.set_policy_version(std::max<int64_t>(publisher_->version(), 0));

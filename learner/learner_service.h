@@ -24,7 +24,9 @@ struct ServiceCounters {
 
 class LearnerService final : public kappa::v1::Learner::Service {
  public:
-  using Tokenize = std::function<std::vector<int32_t>(const std::string& prompt)>;
+  // The prompt ids of train example `example_index` (the learner encodes
+  // every prompt at start-up, learner/prompt_encoder.h).
+  using Tokenize = std::function<std::vector<int32_t>(size_t example_index)>;
 
   LearnerService(const tasks::Dataset& train, Tokenize tokenize, const WorkTemplate& work,
                  GroupExpectations expectations, Coordinator* coordinator,

@@ -5,7 +5,6 @@
 //                 [--world-size R --rank N|auto --dist-store URL]
 //   kappa-learner --health-check HOST:PORT
 #include <spdlog/spdlog.h>
-
 #include <unistd.h>
 
 #include <chrono>
@@ -23,17 +22,17 @@
 #include "learner/learner_metrics.h"
 #include "learner/learner_service.h"
 #include "learner/policy_publisher.h"
+#include "learner/prompt_encoder.h"
 #include "learner/run_state.h"
 #include "learner/trainer_loop.h"
 #include "learner/work_config.h"
 #include "model/checkpoint.h"
 #include "model/generation_config.h"
-#include "model/tokenizer.h"
 #include "services/cli_flags.h"
-#include "services/metrics.h"
-#include "services/metrics_server.h"
 #include "services/config.h"
 #include "services/logging.h"
+#include "services/metrics.h"
+#include "services/metrics_server.h"
 #include "services/server.h"
 #include "services/torch_runtime.h"
 #include "tasks/from_config.h"
@@ -51,9 +50,7 @@ absl::StatusOr<StartPoint> LoadStartPoint(const services::Config& config,
                                           const std::string& run_dir, bool resume) {
   StartPoint start;
   start.state.seed = services::RlSeed(config);
-  std::string checkpoint = config.student.checkpoint.empty()
-                               ? config.data_dir + "/student"
-                               : config.student.checkpoint;
+  std::string checkpoint = services::StudentModelDir(config);
   if (resume) {
     absl::StatusOr<std::optional<std::string>> latest = FindLatest(run_dir);
     if (!latest.ok()) return latest.status();
@@ -174,14 +171,35 @@ int Main(int argc, char** argv) {
   }
   start->student->to(*device);
   spdlog::info("learner computes on {}", device->str());
-  model::CharTokenizer tokenizer;
+  // The student's tokenizer (its checkpoint's tokenizer.json; the character
+  // tokenizer for the toy models) and task.prompt_template turn examples into
+  // prompt ids; every prompt is encoded once here, so a template or tokenizer
+  // problem stops the start, naming the example. The teacher must share the
+  // tokenizer: distillation compares distributions id by id.
+  absl::StatusOr<PromptEncoder> prompts = PromptEncoder::ForRun(
+      *config, start->student->config().source_dir, services::TeacherModelDir(*config));
+  if (!prompts.ok()) {
+    spdlog::error("{}", std::string(prompts.status().message()));
+    return 2;
+  }
+  absl::StatusOr<std::vector<std::vector<int64_t>>> train_prompts =
+      prompts->EncodeAll(**train, "train");
+  absl::Status heldout_prompts = prompts->EncodeAll(**heldout, "held-out").status();
+  if (!train_prompts.ok() || !heldout_prompts.ok()) {
+    spdlog::error(
+        "{}",
+        std::string((!train_prompts.ok() ? train_prompts.status() : heldout_prompts).message()));
+    return 2;
+  }
+  spdlog::info("prompts: {} ({} ids), task.prompt_template {}", prompts->tokenizer().source(),
+               prompts->tokenizer().vocab_size(), config->task.prompt_template);
   // The ids every distribution is over: the tokenizer's (padded embedding
   // rows above them are never sampled or scored). The stop ids come from the
   // student checkpoint (generation_config.json, else config.json).
   int64_t vocab_limit = 0;
   std::vector<int64_t> stop_token_ids;
   try {
-    vocab_limit = model::VocabLimit(start->student->config(), tokenizer.vocab_size());
+    vocab_limit = model::VocabLimit(start->student->config(), prompts->tokenizer().vocab_size());
     stop_token_ids = model::StopTokenIds(start->student->config());
   } catch (const std::exception& e) {
     spdlog::error("student: {}", e.what());
@@ -257,8 +275,8 @@ int Main(int argc, char** argv) {
                absl::StrJoin(work.stop_token_ids, ", "), work.stop_strings.size());
   LearnerService service(
       **train,
-      [&tokenizer](const std::string& prompt) {
-        std::vector<int64_t> ids = tokenizer.Encode(prompt, /*add_bos=*/true);
+      [&train_prompts](size_t example_index) {
+        const std::vector<int64_t>& ids = (*train_prompts)[example_index];
         return std::vector<int32_t>(ids.begin(), ids.end());
       },
       work, expect, &coordinator, &publisher);
@@ -279,7 +297,7 @@ int Main(int argc, char** argv) {
                services::DescribeTransport(server_options->security), run_dir);
 
   TrainerLoop trainer(*config, run_dir, start->student, std::move(optimizer), start->state,
-                      &coordinator, &publisher, **heldout, tokenizer, vocab_limit, *rank);
+                      &coordinator, &publisher, **heldout, *prompts, vocab_limit, *rank);
   // One registry for the process; /metrics only when asked for.
   services::metrics::Registry registry;
   LearnerMetrics learner_metrics(registry);

@@ -41,8 +41,7 @@ TrainerLoop::TrainerLoop(const services::Config& config, std::string run_dir,
                          model::Decoder student, std::unique_ptr<PolicyOptimizer> optimizer,
                          const TrainerState& start, Coordinator* coordinator,
                          PolicyPublisher* publisher, const tasks::Dataset& heldout,
-                         const model::CharTokenizer& tokenizer, int64_t vocab_limit,
-                         DataParallelSetup rank)
+                         const PromptEncoder& prompts, int64_t vocab_limit, DataParallelSetup rank)
     : config_(config),
       run_dir_(std::move(run_dir)),
       student_(std::move(student)),
@@ -51,7 +50,7 @@ TrainerLoop::TrainerLoop(const services::Config& config, std::string run_dir,
       coordinator_(coordinator),
       publisher_(publisher),
       heldout_(heldout),
-      tokenizer_(tokenizer),
+      prompts_(prompts),
       vocab_limit_(vocab_limit),
       rank_(std::move(rank)),
       metrics_(rank_.primary() ? std::make_unique<MetricsLog>(run_dir_ + "/metrics.jsonl")
@@ -70,7 +69,7 @@ void TrainerLoop::PublishPolicy() {
 }
 
 double TrainerLoop::EvaluateHeldOut() {
-  return DatasetAccuracy(student_, tokenizer_, heldout_,
+  return DatasetAccuracy(student_, prompts_, heldout_,
                          static_cast<size_t>(config_.trainer.eval_examples),
                          config_.rollout.max_new_tokens, vocab_limit_);
 }
@@ -144,8 +143,10 @@ absl::Status TrainerLoop::Run(const std::function<bool()>& stop_requested) {
         tokens += static_cast<int64_t>(sample.response_tokens.size());
       }
     }
-    TrainBatch batch = BuildTrainBatch(groups, config_.trainer.norm_std,
-                                       model::CharTokenizer::kPad, step_->config().truncated);
+    // Padding positions are masked out of every term; id 0 exists in every
+    // vocabulary.
+    TrainBatch batch =
+        BuildTrainBatch(groups, config_.trainer.norm_std, /*pad_id=*/0, step_->config().truncated);
     HybridStepReport report;
     try {
       report = step_->Run(batch);

@@ -18,8 +18,8 @@
 #include "learner/learner_metrics.h"
 #include "learner/metrics_log.h"
 #include "learner/policy_publisher.h"
+#include "learner/prompt_encoder.h"
 #include "learner/run_state.h"
-#include "model/tokenizer.h"
 #include "model/transformer.h"
 #include "services/config.h"
 #include "tasks/dataset.h"
@@ -36,9 +36,8 @@ class TrainerLoop {
   // tokenizer's size; 0: every row); the work items carry the same.
   TrainerLoop(const services::Config& config, std::string run_dir, model::Decoder student,
               std::unique_ptr<PolicyOptimizer> optimizer, const TrainerState& start,
-              Coordinator* coordinator, PolicyPublisher* publisher,
-              const tasks::Dataset& heldout, const model::CharTokenizer& tokenizer,
-              int64_t vocab_limit, DataParallelSetup rank = {});
+              Coordinator* coordinator, PolicyPublisher* publisher, const tasks::Dataset& heldout,
+              const PromptEncoder& prompts, int64_t vocab_limit, DataParallelSetup rank = {});
 
   // Runs until trainer.steps are done or `stop_requested` returns true.
   // INVALID_ARGUMENT naming the key on a bad balancing/gating/alarm setting.
@@ -64,7 +63,7 @@ class TrainerLoop {
   Coordinator* const coordinator_;
   PolicyPublisher* const publisher_;
   const tasks::Dataset& heldout_;
-  const model::CharTokenizer& tokenizer_;
+  const PromptEncoder& prompts_;  // the held-out evaluation's
   const int64_t vocab_limit_;
   const DataParallelSetup rank_;
   std::unique_ptr<MetricsLog> metrics_;  // the primary rank's

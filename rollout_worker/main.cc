@@ -19,15 +19,16 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "model/text_tokenizer.h"
 #include "rollout_worker/worker.h"
 #include "services/cli_flags.h"
 #include "services/config.h"
 #include "services/grpc_util.h"
-#include "services/stable_hash.h"
 #include "services/logging.h"
 #include "services/metrics.h"
 #include "services/metrics_server.h"
 #include "services/server.h"
+#include "services/stable_hash.h"
 #include "services/torch_runtime.h"
 
 namespace {
@@ -98,6 +99,22 @@ int main(int argc, char** argv) {
   options.sampler.default_temperature = config->rollout.temperature;
   options.sampler.default_top_p = config->rollout.top_p;
   options.sampler.seed = kappa::services::RlSeed(*config) + kappa::services::StableHash(options.worker_id);
+  // The responses' text (for the verifier, stop strings, logs) in the
+  // student's tokenizer: the weights come over the wire, the tokenizer from
+  // the student's model directory (so a worker needs read access to it; the
+  // toy models have none and decode with the character tokenizer).
+  const std::string student_dir = kappa::services::StudentModelDir(*config);
+  try {
+    const kappa::model::TextTokenizer tokenizer =
+        kappa::model::TextTokenizer::ForModel(student_dir);
+    options.sampler.decode = [tokenizer](const std::vector<int64_t>& ids) {
+      return tokenizer.Decode(ids, /*skip_special_tokens=*/true);
+    };
+    spdlog::info("responses decode with {}", tokenizer.source());
+  } catch (const std::exception& e) {
+    spdlog::error("student tokenizer ({}): {}", student_dir, e.what());
+    return 2;
+  }
 
   const std::string learner =
       flag_or("learner", flags->address.empty() ? config->learner.address : flags->address);

@@ -52,6 +52,9 @@ const std::vector<Field>& Fields() {
       KAPPA_CONFIG_FIELD(task.heldout_size),
       KAPPA_CONFIG_FIELD(task.train_path),
       KAPPA_CONFIG_FIELD(task.heldout_path),
+      KAPPA_CONFIG_FIELD(task.prompt_template),
+      KAPPA_CONFIG_FIELD(task.system_prompt),
+      KAPPA_CONFIG_FIELD(task.chat_template_context),
 
       KAPPA_CONFIG_FIELD(student.checkpoint),
       KAPPA_CONFIG_FIELD(student.dtype),

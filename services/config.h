@@ -52,6 +52,15 @@ struct Config {
     int64_t heldout_size = 200;
     std::string train_path;            // jsonl only
     std::string heldout_path;          // jsonl only
+    // How a prompt becomes the model's input (tasks/prompt_format.h): auto
+    // (chat when the student has a chat template, else raw) | chat | raw |
+    // a custom text containing {prompt}.
+    std::string prompt_template = "auto";
+    // The chat system message when an example has none of its own; "": none
+    // (the template's default applies).
+    std::string system_prompt;
+    // Extra chat-template variables, a JSON object: '{"enable_thinking": false}'.
+    std::string chat_template_context;
   } task;
 
   // --- models
@@ -221,6 +230,17 @@ struct Config {
     int64_t clear_steps = 10;          // an alarm clears after this many steps without its condition
   } alarms;
 };
+
+// The student's and the teacher's model directories: the configured
+// checkpoint, or where the bootstrap (kappa run's SFT warm start) puts it.
+inline std::string StudentModelDir(const Config& config) {
+  return config.student.checkpoint.empty() ? config.data_dir + "/student"
+                                           : config.student.checkpoint;
+}
+inline std::string TeacherModelDir(const Config& config) {
+  return config.teacher.checkpoint.empty() ? config.data_dir + "/teacher"
+                                           : config.teacher.checkpoint;
+}
 
 // The seed of the RL phase: trainer.seed, or `seed` when that is 0.
 inline uint64_t RlSeed(const Config& config) {

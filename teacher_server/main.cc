@@ -16,6 +16,8 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "model/checkpoint.h"
+#include "model/generation_config.h"
+#include "model/hf_tokenizer/hf_tokenizer.h"
 #include "services/cli_flags.h"
 #include "services/config.h"
 #include "services/logging.h"
@@ -40,8 +42,7 @@ int Serve(const kappa::services::CommonFlags& flags) {
 
   auto flag = flags.extra.find("checkpoint");
   std::string checkpoint = flag != flags.extra.end() ? flag->second : "";
-  if (checkpoint.empty()) checkpoint = config->teacher.checkpoint;
-  if (checkpoint.empty()) checkpoint = config->data_dir + "/teacher";  // the bootstrap's place
+  if (checkpoint.empty()) checkpoint = kappa::services::TeacherModelDir(*config);
   const std::string address = flags.address.empty() ? config->teacher.address : flags.address;
 
   kappa::teacher::TeacherOptions options;
@@ -67,13 +68,20 @@ int Serve(const kappa::services::CommonFlags& flags) {
     }
     kappa::model::Decoder model = kappa::model::LoadCheckpoint(checkpoint, {*device, *dtype});
     options.model_name = model->config().name.empty() ? checkpoint : model->config().name;
-    // options.vocab_limit stays 0 (every embedding row) until the teacher
-    // reads its tokenizer: model::VocabLimit(config, tokenizer.vocab_size())
-    // then drops padded rows from Score and Generate (docs/algorithms.md).
-    spdlog::info("loaded teacher '{}' from {} on {} in {}: vocab {}, {} layers, hidden {}",
-                 options.model_name, checkpoint, device->str(), c10::toString(*dtype),
-                 model->config().vocab_size,
-                 model->config().num_hidden_layers, model->config().hidden_size);
+    // Distributions over the tokenizer.json's ids only: padded embedding rows
+    // get no mass in Score and are never generated (docs/algorithms.md).
+    // kappa's toy checkpoints carry no tokenizer files: every row, as before.
+    if (kappa::model::HfTokenizer::Exists(checkpoint)) {
+      options.vocab_limit = kappa::model::VocabLimit(
+          model->config(), kappa::model::HfTokenizer::Load(checkpoint).vocab_size());
+    }
+    spdlog::info(
+        "loaded teacher '{}' from {} on {} in {}: vocab {} (scores ids below {}), {} "
+        "layers, hidden {}",
+        options.model_name, checkpoint, device->str(), c10::toString(*dtype),
+        model->config().vocab_size,
+        options.vocab_limit > 0 ? options.vocab_limit : model->config().vocab_size,
+        model->config().num_hidden_layers, model->config().hidden_size);
     absl::StatusOr<std::unique_ptr<kappa::teacher::TeacherService>> created =
         kappa::teacher::TeacherService::Create(model, options, &metrics);
     if (!created.ok()) {

@@ -5,14 +5,15 @@
 // the path.
 #include <gtest/gtest.h>
 
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
+#include <filesystem>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "model/checkpoint.h"
 #include "model/generation_config.h"
+#include "model/text_tokenizer.h"
 #include "tests/integration/cli_test_util.h"
 
 namespace kappa::cli {
@@ -64,6 +65,47 @@ TEST(CliModelCommands, GreedyGenerationFollowsTheArgmax) {
             std::find(stops.begin(), stops.end(), ids.back()) != stops.end());
 }
 
+// A text prompt through the model directory's tokenizer.json: a tiny random
+// Qwen2-shaped model whose embedding has Qwen2.5-0.5B's 151,936 rows for the
+// real Qwen2.5 tokenizer's 151,665 ids. Sampled at temperature 1 from a random
+// model, the response never holds a padded row, and "text" is its decode.
+TEST(CliModelCommands, GenerateFromTextWithTheDirectorysTokenizer) {
+  model::ModelConfig config;
+  config.architecture = model::Architecture::kQwen2;
+  config.vocab_size = 151936;
+  config.hidden_size = 16;
+  config.intermediate_size = 32;
+  config.num_hidden_layers = 1;
+  config.num_attention_heads = 2;
+  config.num_key_value_heads = 1;
+  config.max_position_embeddings = 128;
+  config.tie_word_embeddings = true;
+  config.eos_token_ids = {151645};
+  const std::string dir = testing::MakeTempDir("kappa_cli_generate_text");
+  {
+    torch::manual_seed(3);
+    model::Decoder decoder(config);
+    model::SaveCheckpoint(dir, decoder);
+  }
+  for (const char* file : {"tokenizer.json", "tokenizer_config.json"}) {
+    std::filesystem::copy_file(std::string(KAPPA_HF_TOKENIZERS) + "/qwen2_5/" + file,
+                               dir + "/" + file);
+  }
+  const testing::CommandResult result = RunKappa(
+      {"generate", dir, "--prompt", "What is 2+3?", "--max-new-tokens", "48", "--seed", "7"});
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  const Json printed = Json::parse(result.output);
+  // "What is 2+3?" in Qwen2.5's tokenizer (no special tokens to add).
+  EXPECT_EQ(printed["prompt_ids"], Json::parse("[3838,374,220,17,10,18,30]"));
+  const auto ids = printed["ids"].get<std::vector<int64_t>>();
+  ASSERT_FALSE(ids.empty());
+  for (int64_t id : ids) EXPECT_LT(id, 151665) << "sampled a padded embedding row";
+  const model::TextTokenizer tokenizer = model::TextTokenizer::ForModel(dir);
+  EXPECT_EQ(printed["text"].get<std::string>(),
+            tokenizer.Decode(ids, /*skip_special_tokens=*/true));
+  std::filesystem::remove_all(dir);
+}
+
 TEST(CliModelCommands, RefusesBadArgumentsNamingThem) {
   struct Case {
     std::vector<std::string> args;
@@ -72,13 +114,24 @@ TEST(CliModelCommands, RefusesBadArgumentsNamingThem) {
   };
   const std::vector<Case> cases = {
       {{"logits", kModel, "--ids", "3,x"}, 2, "--ids: 'x' is not a token id"},
-      {{"logits", kModel, "--ids", "3,100000"}, 2, "--ids: token id 100000 is outside the vocabulary"},
+      {{"logits", kModel, "--ids", "3,100000"},
+       2,
+       "--ids: token id 100000 is outside the vocabulary"},
       {{"logits", kModel}, 2, "--ids"},
       {{"logits", kModel, "--ids", "1", "--dtype", "fp8"}, 2, "--dtype: 'fp8'"},
       {{"logits", "/nonexistent/model", "--ids", "1"}, 1, "/nonexistent/model"},
-      {{"generate", kModel, "--prompt", "hello"}, 2, "--prompt-ids"},
-      {{"generate", kModel, "--prompt-ids", "1", "--max-new-tokens", "0"}, 2, "--max-new-tokens >= 1"},
-      {{"generate", kModel, "--prompt-ids", "1", "--max-new-tokens", "64"}, 2, "max_position_embeddings 64"},
+      {{"generate", kModel, "--prompt", "hello"},
+       2,
+       "--prompt: " + kModel + "/tokenizer.json: no such file"},
+      {{"generate", kModel, "--prompt", "hello", "--prompt-ids", "1"},
+       2,
+       "one of --prompt-ids or --prompt"},
+      {{"generate", kModel, "--prompt-ids", "1", "--max-new-tokens", "0"},
+       2,
+       "--max-new-tokens >= 1"},
+      {{"generate", kModel, "--prompt-ids", "1", "--max-new-tokens", "64"},
+       2,
+       "max_position_embeddings 64"},
   };
   for (const Case& c : cases) {
     const testing::CommandResult result = RunKappa(c.args);

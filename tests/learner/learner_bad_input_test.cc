@@ -186,8 +186,11 @@ class LearnerBadInputTest : public ::testing::Test {
     snapshot->version = kPublishedVersion;
     publisher_.Publish(snapshot);
     service_ = std::make_unique<LearnerService>(
-        dataset_, [](const std::string&) { return std::vector<int32_t>{1, 5, 6}; }, work_,
-        GroupExpectationsFor(work_, kVocab), coordinator_.get(), &publisher_);
+        dataset_,
+        [](size_t) {
+          return std::vector<int32_t>{1, 5, 6};
+        },
+        work_, GroupExpectationsFor(work_, kVocab), coordinator_.get(), &publisher_);
     services::ServerOptions server_options;
     server_options.max_message_bytes = kMaxMessageBytes;
     auto server = services::GrpcServer::Start("127.0.0.1:0", {service_.get()}, server_options);
