@@ -268,11 +268,11 @@ int Main(int argc, char** argv) {
   work.vocab_limit = static_cast<int32_t>(vocab_limit);
   work.stop_token_ids.assign(stop_token_ids.begin(), stop_token_ids.end());
   const GroupExpectations expect = GroupExpectationsFor(work, vocab_limit);
-  spdlog::info("work items: G={} max_new_tokens={} teacher_form={} teacher_demonstrations={} "
-               "vocab_limit={} stop ids [{}] stop strings {}",
-               work.group_size, work.max_new_tokens, work.teacher_form,
-               work.teacher_demonstrations, work.vocab_limit,
-               absl::StrJoin(work.stop_token_ids, ", "), work.stop_strings.size());
+  spdlog::info(
+      "work items: G={} max_new_tokens={} teacher_form={} teacher_demonstrations={} "
+      "vocab_limit={} stop ids [{}] stop strings {}",
+      work.group_size, work.max_new_tokens, work.teacher_form, work.teacher_demonstrations,
+      work.vocab_limit, absl::StrJoin(work.stop_token_ids, ", "), work.stop_strings.size());
   LearnerService service(
       **train,
       [&train_prompts](size_t example_index) {

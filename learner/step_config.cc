@@ -59,9 +59,8 @@ absl::StatusOr<HybridStepConfig> MakeHybridStepConfig(const services::Config& co
         "config key 'trainer.micro_batch_sequences' must be >= 0 (0: no micro-batches)");
   }
   step.micro_batch_sequences = trainer.micro_batch_sequences;
-  KAPPA_RETURN_IF_ERROR(Parsed("trainer.truncated", [&] {
-    step.truncated = ParseTruncatedResponses(trainer.truncated);
-  }));
+  KAPPA_RETURN_IF_ERROR(Parsed(
+      "trainer.truncated", [&] { step.truncated = ParseTruncatedResponses(trainer.truncated); }));
 
   KAPPA_RETURN_IF_ERROR(
       Parsed("trainer.distill_gate", [&] { step.gate = ParseDistillGate(trainer.distill_gate); }));

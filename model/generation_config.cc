@@ -1,9 +1,8 @@
 #include "model/generation_config.h"
 
-#include <nlohmann/json.hpp>
-
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -31,8 +30,8 @@ std::vector<int64_t> ParseIds(const Json& value, const std::string& source, cons
       ids.push_back(id.get<int64_t>());
     }
   } else {
-    Fail(source, where + " must be an integer or a non-empty list of integers, got " +
-                     value.dump());
+    Fail(source,
+         where + " must be an integer or a non-empty list of integers, got " + value.dump());
   }
   for (int64_t id : ids) {
     if (id < 0) Fail(source, where + " has a negative id " + std::to_string(id));

@@ -1,7 +1,6 @@
 #include "model/model_config.h"
 
 #include <nlohmann/json.hpp>
-
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -248,7 +247,8 @@ Json GeneratedJson(const ModelConfig& c) {
   j["tie_word_embeddings"] = c.tie_word_embeddings;
   j["bos_token_id"] = c.bos_token_id;
   // One id as HF writes one, a list as a list.
-  j["eos_token_id"] = c.eos_token_ids.size() == 1 ? Json(c.eos_token_ids[0]) : Json(c.eos_token_ids);
+  j["eos_token_id"] =
+      c.eos_token_ids.size() == 1 ? Json(c.eos_token_ids[0]) : Json(c.eos_token_ids);
   j["pad_token_id"] = c.pad_token_id;
   // Fixed properties of this implementation, written so HF tooling agrees.
   j["hidden_act"] = "silu";

@@ -95,17 +95,15 @@ absl::Status ValidateItem(const kappa::v1::WorkItem& item, const model::ModelCon
                                                    item.teacher_demonstrations(), " < 0"));
   }
   if (item.vocab_limit() < 0 || item.vocab_limit() > config.vocab_size) {
-    return absl::InvalidArgumentError(absl::StrCat("work item ", item.lease_id(),
-                                                   ": vocab_limit ", item.vocab_limit(),
-                                                   " outside [0, ", config.vocab_size,
-                                                   "] (the policy's vocabulary rows)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("work item ", item.lease_id(), ": vocab_limit ", item.vocab_limit(),
+                     " outside [0, ", config.vocab_size, "] (the policy's vocabulary rows)"));
   }
   for (int32_t id : item.stop_token_ids()) {
     if (id < 0 || id >= config.vocab_size) {
-      return absl::InvalidArgumentError(absl::StrCat("work item ", item.lease_id(),
-                                                     ": stop_token_ids entry ", id,
-                                                     " outside the vocabulary of ",
-                                                     config.vocab_size));
+      return absl::InvalidArgumentError(
+          absl::StrCat("work item ", item.lease_id(), ": stop_token_ids entry ", id,
+                       " outside the vocabulary of ", config.vocab_size));
     }
   }
   return absl::OkStatus();
@@ -156,8 +154,7 @@ bool SameSettings(const model::SamplingParams& a, const model::SamplingParams& b
 // The unscored group of `item` from its `count` sampled sequences, each cut
 // at the item's first stop string.
 absl::StatusOr<kappa::v1::ScoredGroup> GroupOf(const kappa::v1::WorkItem& item,
-                                               int64_t policy_version,
-                                               const std::string& worker_id,
+                                               int64_t policy_version, const std::string& worker_id,
                                                const TokenDecoder& decode,
                                                model::SampledSequence* sequences, size_t count,
                                                double decode_seconds) {
@@ -208,7 +205,9 @@ GroupSampler::GroupSampler(std::shared_ptr<grpc::ChannelInterface> verifier_chan
     : verifier_(kappa::v1::Verifier::NewStub(std::move(verifier_channel))),
       teacher_(kappa::v1::Teacher::NewStub(std::move(teacher_channel))),
       options_(WithDefaultDecode(std::move(options))),
-      rng_(std::make_unique<Rng>(Rng{model::MakeGenerator(c10::Device(c10::kCPU), options_.seed)})) {}
+      rng_(
+          std::make_unique<Rng>(Rng{model::MakeGenerator(c10::Device(c10::kCPU), options_.seed)})) {
+}
 
 GroupSampler::~GroupSampler() = default;
 
@@ -311,8 +310,8 @@ absl::StatusOr<kappa::v1::ScoredGroup> GroupSampler::Complete(
     }
   }
   if (WantsDemonstrations(item, group)) {
-    if (absl::Status status = AddDemonstrations(item, params->max_new_tokens, vocab_limit,
-                                                group, abandon);
+    if (absl::Status status =
+            AddDemonstrations(item, params->max_new_tokens, vocab_limit, group, abandon);
         !status.ok()) {
       return status;
     }

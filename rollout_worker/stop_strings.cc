@@ -31,8 +31,8 @@ std::optional<size_t> StopStringPrefix(const std::vector<int64_t>& tokens,
   return high;
 }
 
-bool CutAtStopString(model::SampledSequence& sequence,
-                     const std::vector<std::string>& stop_strings, const TokenDecoder& decode) {
+bool CutAtStopString(model::SampledSequence& sequence, const std::vector<std::string>& stop_strings,
+                     const TokenDecoder& decode) {
   const std::optional<size_t> keep = StopStringPrefix(sequence.tokens, stop_strings, decode);
   if (!keep) return false;
   sequence.tokens.resize(*keep);

@@ -43,7 +43,7 @@ std::optional<size_t> StopStringPrefix(const std::vector<int64_t>& tokens,
 // Cuts `sequence` (tokens and log-probs) to StopStringPrefix and marks it not
 // truncated; returns whether its decode contained a stop string. Leaves it
 // untouched otherwise.
-bool CutAtStopString(model::SampledSequence& sequence,
-                     const std::vector<std::string>& stop_strings, const TokenDecoder& decode);
+bool CutAtStopString(model::SampledSequence& sequence, const std::vector<std::string>& stop_strings,
+                     const TokenDecoder& decode);
 
 }  // namespace kappa::rollout

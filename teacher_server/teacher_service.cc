@@ -133,9 +133,9 @@ TeacherService::TeacherService(model::Decoder model, const TeacherOptions& optio
       vocab_limit_(options.vocab_limit > 0 ? options.vocab_limit : model->config().vocab_size),
       max_positions_(model->config().max_position_embeddings),
       stop_token_ids_(std::move(stop_token_ids)),
-      max_new_tokens_(options.max_new_tokens > 0
-                          ? std::min(options.max_new_tokens, model->config().max_position_embeddings)
-                          : model->config().max_position_embeddings),
+      max_new_tokens_(options.max_new_tokens > 0 ? std::min(options.max_new_tokens,
+                                                            model->config().max_position_embeddings)
+                                                 : model->config().max_position_embeddings),
       model_(std::move(model)) {
   model_->eval();
 }

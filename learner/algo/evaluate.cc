@@ -9,8 +9,7 @@
 namespace kappa::learner {
 
 double GreedyAccuracy(
-    model::Decoder& model, const std::vector<std::vector<int64_t>>& prompts,
-    int64_t max_new_tokens,
+    model::Decoder& model, const std::vector<std::vector<int64_t>>& prompts, int64_t max_new_tokens,
     const std::function<bool(size_t index, const std::vector<int64_t>& response_tokens)>&
         is_correct,
     int64_t batch_size, int64_t vocab_limit) {

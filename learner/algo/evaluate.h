@@ -17,8 +17,7 @@ namespace kappa::learner {
 // is_correct(index into prompts, response tokens) holds. Throws
 // std::invalid_argument on an empty prompt set or batch_size <= 0.
 double GreedyAccuracy(
-    model::Decoder& model, const std::vector<std::vector<int64_t>>& prompts,
-    int64_t max_new_tokens,
+    model::Decoder& model, const std::vector<std::vector<int64_t>>& prompts, int64_t max_new_tokens,
     const std::function<bool(size_t index, const std::vector<int64_t>& response_tokens)>&
         is_correct,
     int64_t batch_size = 256, int64_t vocab_limit = 0);

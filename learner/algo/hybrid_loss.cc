@@ -95,9 +95,9 @@ TokenTerms ComputeTokenTerms(model::Decoder& model, const TrainBatch& batch,
     UnfusedTerms(batch, config, &terms);
   }
   if (batch.sft_input_tokens.defined()) {
-    const torch::Tensor sft_logits = VocabLogits(
-        model->Forward(batch.sft_input_tokens, batch.sft_attention_mask).logits,
-        config.vocab_limit);
+    const torch::Tensor sft_logits =
+        VocabLogits(model->Forward(batch.sft_input_tokens, batch.sft_attention_mask).logits,
+                    config.vocab_limit);
     terms.sft_nll =
         SftNll(sft_logits, batch.sft_target_tokens, batch.sft_mask, &terms.sft_count);
   }

@@ -129,9 +129,8 @@ torch::Tensor SampledReverseKlTokenLoss(const torch::Tensor& student_token_logpr
 torch::Tensor VocabLogits(const torch::Tensor& logits, int64_t vocab_limit) {
   const int64_t rows = logits.size(-1);
   if (vocab_limit < 0 || vocab_limit > rows) {
-    throw std::invalid_argument("vocab_limit " + std::to_string(vocab_limit) +
-                                " is outside [0, " + std::to_string(rows) +
-                                "] (the model's vocabulary rows)");
+    throw std::invalid_argument("vocab_limit " + std::to_string(vocab_limit) + " is outside [0, " +
+                                std::to_string(rows) + "] (the model's vocabulary rows)");
   }
   if (vocab_limit == 0 || vocab_limit == rows) return logits;
   return logits.narrow(-1, 0, vocab_limit);

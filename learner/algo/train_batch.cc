@@ -221,8 +221,8 @@ TruncatedResponses ParseTruncatedResponses(const std::string& name) {
   throw std::invalid_argument("unknown value '" + name + "' (allowed: keep, mask, zero_reward)");
 }
 
-TrainBatch BuildTrainBatch(const std::vector<ScoredGroup>& groups, bool norm_std,
-                           int64_t pad_id, TruncatedResponses truncated) {
+TrainBatch BuildTrainBatch(const std::vector<ScoredGroup>& groups, bool norm_std, int64_t pad_id,
+                           TruncatedResponses truncated) {
   const auto [form, vocab] = Validate(groups);
   const int64_t num_groups = static_cast<int64_t>(groups.size());
   const int64_t group_size = static_cast<int64_t>(groups[0].samples.size());
@@ -246,8 +246,7 @@ TrainBatch BuildTrainBatch(const std::vector<ScoredGroup>& groups, bool norm_std
     for (int64_t i = 0; i < group_size; ++i) {
       const ScoredSample& s = groups[g].samples[i];
       out.num_truncated += s.truncated ? 1 : 0;
-      rewards[g][i] =
-          s.truncated && truncated == TruncatedResponses::kZeroReward ? 0.0f : s.reward;
+      rewards[g][i] = s.truncated && truncated == TruncatedResponses::kZeroReward ? 0.0f : s.reward;
     }
   }
   const torch::Tensor group_adv = GrpoAdvantages(out.rewards, norm_std).contiguous();

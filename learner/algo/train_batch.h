@@ -44,7 +44,7 @@ struct TrainBatch {
   torch::Tensor rewards;           // [num_groups, G] float32, as the advantages saw them
   int64_t num_groups = 0;
   int64_t group_size = 0;
-  int64_t num_truncated = 0;       // samples that hit their token budget (ScoredSample.truncated)
+  int64_t num_truncated = 0;  // samples that hit their token budget (ScoredSample.truncated)
 
   // RSTG teacher SFT rows: prompt + verified teacher response, laid out like
   // the rows above; undefined when no group carries demonstrations.

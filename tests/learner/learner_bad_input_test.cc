@@ -55,8 +55,8 @@ class TinyDataset final : public tasks::Dataset {
  public:
   TinyDataset() {
     for (int i = 0; i < 8; ++i) {
-      examples_.push_back({absl::StrCat("train-", i), absl::StrCat(i, "+1="),
-                           absl::StrCat(i + 1), "arithmetic", /*system=*/""});
+      examples_.push_back({absl::StrCat("train-", i), absl::StrCat(i, "+1="), absl::StrCat(i + 1),
+                           "arithmetic", /*system=*/""});
     }
   }
   size_t size() const override { return examples_.size(); }

@@ -51,22 +51,29 @@ TEST(LearnerMetrics, ExportsAStepForPrometheus) {
   });
   const std::string text = registry.Serialize();
 
-  for (const char* name :
-       {"kappa_learner_step 1\n", "kappa_learner_grad_norm_ratio ",
-        "kappa_learner_grad_norm{signal=\"reward\"} ", "kappa_learner_grad_norm{signal=\"distill\"} ",
-        "kappa_learner_grad_cosine ", "kappa_learner_kdr_bucket{le=\"0\"} ",
-        "kappa_learner_kdr_negative_ratio ", "kappa_learner_kdr_negative_weighted_ratio ",
-        "kappa_learner_loss{term=\"sft\"} 0\n", "kappa_learner_reward_mean 0.5\n",
-        "kappa_learner_truncated_ratio 0.25\n",
-        "kappa_learner_eval_accuracy_ratio 0.25\n", "kappa_learner_entropy ",
-        "kappa_learner_alarm{kind=\"collapse\"} 0\n",
-        "kappa_learner_alarms_total{kind=\"magnitude_drowning\"} 0\n",
-        "kappa_learner_policy_version 1\n", "kappa_learner_staleness_versions_count 2\n",
-        "kappa_learner_groups_dropped_total{reason=\"stale\"} 2\n",
-        "kappa_learner_groups_dropped_total{reason=\"invalid\"} 4\n",
-        "kappa_learner_groups_total 7\n",
-        "kappa_learner_buffer_groups 3\n", "kappa_learner_step_seconds_count 1\n",
-        "kappa_learner_tokens_total 30\n"}) {
+  for (const char* name : {"kappa_learner_step 1\n",
+                           "kappa_learner_grad_norm_ratio ",
+                           "kappa_learner_grad_norm{signal=\"reward\"} ",
+                           "kappa_learner_grad_norm{signal=\"distill\"} ",
+                           "kappa_learner_grad_cosine ",
+                           "kappa_learner_kdr_bucket{le=\"0\"} ",
+                           "kappa_learner_kdr_negative_ratio ",
+                           "kappa_learner_kdr_negative_weighted_ratio ",
+                           "kappa_learner_loss{term=\"sft\"} 0\n",
+                           "kappa_learner_reward_mean 0.5\n",
+                           "kappa_learner_truncated_ratio 0.25\n",
+                           "kappa_learner_eval_accuracy_ratio 0.25\n",
+                           "kappa_learner_entropy ",
+                           "kappa_learner_alarm{kind=\"collapse\"} 0\n",
+                           "kappa_learner_alarms_total{kind=\"magnitude_drowning\"} 0\n",
+                           "kappa_learner_policy_version 1\n",
+                           "kappa_learner_staleness_versions_count 2\n",
+                           "kappa_learner_groups_dropped_total{reason=\"stale\"} 2\n",
+                           "kappa_learner_groups_dropped_total{reason=\"invalid\"} 4\n",
+                           "kappa_learner_groups_total 7\n",
+                           "kappa_learner_buffer_groups 3\n",
+                           "kappa_learner_step_seconds_count 1\n",
+                           "kappa_learner_tokens_total 30\n"}) {
     EXPECT_NE(text.find(name), std::string::npos) << name << " missing from\n" << text;
   }
   // κ exported is the step's κ.

@@ -86,9 +86,9 @@ TEST(TruncatedResponses, KeepMaskAndZeroRewardChangeTheStepAsSpecified) {
   EXPECT_EQ(plain.num_truncated, 0);
 
   // keep: the batch of the same groups without the flag.
-  for (const auto& [a, b] : {std::pair{keep.response_mask, plain.response_mask},
-                             std::pair{keep.advantages, plain.advantages},
-                             std::pair{keep.rewards, plain.rewards}}) {
+  for (const auto& [a, b] :
+       {std::pair{keep.response_mask, plain.response_mask},
+        std::pair{keep.advantages, plain.advantages}, std::pair{keep.rewards, plain.rewards}}) {
     EXPECT_TRUE(torch::equal(a, b));
   }
 
@@ -122,8 +122,8 @@ TEST(TruncatedResponses, KeepMaskAndZeroRewardChangeTheStepAsSpecified) {
   const TokenTerms tokens = ComputeTokenTerms(model, keep, config);
   torch::Tensor untruncated = keep.response_mask.clone();
   untruncated.index_fill_(0, truncated_rows, 0.0f);
-  const double expected =
-      (tokens.reward.detach() * untruncated).sum().item<double>() / untruncated.sum().item<double>();
+  const double expected = (tokens.reward.detach() * untruncated).sum().item<double>() /
+                          untruncated.sum().item<double>();
   const LossTerms mask_terms = ComputeLossTerms(model, mask, config);
   EXPECT_NEAR(mask_terms.reward_loss.item<double>(), expected, 1e-6);
   EXPECT_EQ(mask_terms.reward_count.item<double>(), untruncated.sum().item<double>());

@@ -93,8 +93,9 @@ TEST(VocabLimit, LossTermsPutNoMassOnPaddedRowsAndEqualTheUnpaddedModel) {
     padded->zero_grad();
     const LossTerms terms = AggregateTerms(limited, batch, LossConfig{});
     (terms.reward_loss + terms.distill_loss).backward();
-    EXPECT_EQ(padded->lm_head()->weight.grad().narrow(0, kIds, kRows - kIds).abs().max().item<float>(),
-              0.0f);
+    EXPECT_EQ(
+        padded->lm_head()->weight.grad().narrow(0, kIds, kRows - kIds).abs().max().item<float>(),
+        0.0f);
   }
   // Without the limit the teacher rows (32 wide) no longer fit the logits.
   EXPECT_THROW(ComputeTokenTerms(padded, batch, LossConfig{}), std::invalid_argument);

@@ -5,7 +5,6 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
-
 #include <unistd.h>
 
 #include <algorithm>
@@ -57,8 +56,8 @@ std::vector<int64_t> CutAtFirst(const std::vector<int64_t>& run, const std::set<
 }
 
 TEST(Stopping, StopIdsComeFromGenerationConfigElseConfigJson) {
-  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
-                                    ("kappa_stop_ids_" + std::to_string(getpid()));
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("kappa_stop_ids_" + std::to_string(getpid()));
   model::ModelConfig config = testing::TinyConfig();
   config.eos_token_ids = {2, 5};  // a config.json list, kept whole
   model::Decoder saved = testing::MakeDecoder(config, 1);
@@ -200,7 +199,9 @@ TEST(Stopping, NeverSamplesAPaddedVocabularyRow) {
       model->Forward(torch::tensor(seq).unsqueeze(0)).logits[0].narrow(-1, 0, kIds);
   const torch::Tensor logp = torch::log_softmax(logits / 1.5, -1);
   for (size_t k = 0; k < row.tokens.size(); ++k) {
-    EXPECT_NEAR(row.logprobs[k], logp[static_cast<int64_t>(prompts[0].size() + k) - 1][row.tokens[k]].item<float>(), 1e-4);
+    EXPECT_NEAR(row.logprobs[k],
+                logp[static_cast<int64_t>(prompts[0].size() + k) - 1][row.tokens[k]].item<float>(),
+                1e-4);
   }
   p.sampleable_vocab_size = kRows + 1;
   EXPECT_THROW(model::Sample(model, prompts, p), std::invalid_argument);

@@ -185,10 +185,10 @@ TEST(ConfigTest, YamlRoundTrip) {
 TEST(ConfigTest, StopStringsAndTruncatedKeys) {
   EXPECT_TRUE(Config().rollout.stop_strings.empty());
   EXPECT_EQ(Config().trainer.truncated, "keep");
-  absl::StatusOr<Config> config =
-      ParseConfig("rollout:\n  stop_strings: [\"</answer>\", \"User:\"]\n"
-                  "trainer:\n  truncated: zero_reward\n",
-                  "run.yaml", {"rollout.max_new_tokens=64"});
+  absl::StatusOr<Config> config = ParseConfig(
+      "rollout:\n  stop_strings: [\"</answer>\", \"User:\"]\n"
+      "trainer:\n  truncated: zero_reward\n",
+      "run.yaml", {"rollout.max_new_tokens=64"});
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_EQ(config->rollout.stop_strings, (std::vector<std::string>{"</answer>", "User:"}));
   EXPECT_EQ(config->trainer.truncated, "zero_reward");

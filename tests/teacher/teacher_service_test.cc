@@ -2,8 +2,8 @@
 // model saved to (and loaded from) a temporary checkpoint.
 #include "teacher_server/teacher_service.h"
 
-#include <gtest/gtest.h>
 #include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
 #include <torch/torch.h>
 #include <unistd.h>
 
@@ -465,8 +465,8 @@ TEST_F(TeacherServiceTest, MalformedGenerateRequestsAreInvalidArgument) {
 // and a generation_config.json with two stop ids. Driven without a server.
 TEST(TeacherVocabLimit, StaysBelowTheLimitAndStopsAtTheGenerationConfigIds) {
   constexpr int64_t kRows = 40, kIds = 32;
-  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
-                                    ("kappa_teacher_limit_" + std::to_string(getpid()));
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("kappa_teacher_limit_" + std::to_string(getpid()));
   model::ModelConfig config = SmallConfig();
   config.vocab_size = kRows;
   torch::manual_seed(4);
