@@ -18,24 +18,14 @@ std::vector<int64_t> TextTokenizer::Encode(std::string_view text, bool add_speci
 }
 
 std::string TextTokenizer::Decode(const std::vector<int64_t>& ids, bool skip_special_tokens) const {
+  // Ids without a token (padded embedding rows, holes in the id range) are
+  // left out of the text.
   std::vector<int64_t> known;
   known.reserve(ids.size());
   for (int64_t id : ids) {
-    if (id >= 0 && id < vocab_size()) known.push_back(id);
+    if (id >= 0 && id < vocab_size() && (!hf_ || hf_->IdToToken(id))) known.push_back(id);
   }
-  if (hf_) {
-    try {
-      return hf_->Decode(known, skip_special_tokens);
-    } catch (const std::out_of_range&) {
-      // A hole in the id range (no token has that id): drop such ids too.
-      std::vector<int64_t> mapped;
-      for (int64_t id : known) {
-        if (hf_->IdToToken(id)) mapped.push_back(id);
-      }
-      return hf_->Decode(mapped, skip_special_tokens);
-    }
-  }
-  return character_.Decode(known);
+  return hf_ ? hf_->Decode(known, skip_special_tokens) : character_.Decode(known);
 }
 
 int64_t TextTokenizer::vocab_size() const {

@@ -12,24 +12,17 @@ absl::StatusOr<PromptFormat> PromptFormat::Make(const std::string& prompt_templa
   PromptFormat format;
   format.system_prompt_ = system_prompt;
   format.extra_context_json_ = extra_context_json;
-  if (prompt_template == "auto") {
+  if (prompt_template == "auto" || prompt_template == "chat") {
     absl::StatusOr<ChatTemplate> chat_template = LoadChatTemplate(model_dir);
-    if (absl::IsNotFound(chat_template.status())) return format;  // raw
+    if (prompt_template == "auto" && absl::IsNotFound(chat_template.status())) return format;
     if (!chat_template.ok()) {
-      return absl::Status(
-          chat_template.status().code(),
-          absl::StrCat("task.prompt_template: auto: ", chat_template.status().message()));
-    }
-    format.chat_template_ = *std::move(chat_template);
-    return format;
-  }
-  if (prompt_template == "chat") {
-    absl::StatusOr<ChatTemplate> chat_template = LoadChatTemplate(model_dir);
-    if (!chat_template.ok()) {
+      const char* hint = prompt_template == "chat"
+                             ? " (use task.prompt_template: raw or a custom text with {prompt} "
+                               "for a model without a chat template)"
+                             : "";
       return absl::Status(chat_template.status().code(),
-                          absl::StrCat("task.prompt_template: chat: ", chat_template.status().message(),
-                                       " (use task.prompt_template: raw or a custom text with "
-                                       "{prompt} for a model without a chat template)"));
+                          absl::StrCat("task.prompt_template: ", prompt_template, ": ",
+                                       chat_template.status().message(), hint));
     }
     format.chat_template_ = *std::move(chat_template);
     return format;

@@ -10,6 +10,7 @@
 #include "learner/algo/train_batch.h"
 #include "model/model_config.h"
 #include "model/transformer.h"
+#include "tests/algo/tiny_model.h"
 
 namespace kappa::learner {
 namespace {
@@ -17,14 +18,8 @@ namespace {
 constexpr int64_t kRows = 40, kIds = 32;
 
 model::ModelConfig Config(int64_t vocab_size) {
-  model::ModelConfig c;
+  model::ModelConfig c = testing::TinyConfig();
   c.vocab_size = vocab_size;
-  c.hidden_size = 32;
-  c.intermediate_size = 64;
-  c.num_hidden_layers = 1;
-  c.num_attention_heads = 2;
-  c.num_key_value_heads = 2;
-  c.max_position_embeddings = 16;
   return c;
 }
 

@@ -21,37 +21,8 @@
 const fs = require('fs');
 const { loadTokenizer, decode } = require('./load_tokenizer.js');
 
-function parseArgs(argv) {
-  const pos = [];
-  const opt = { count: 2000, seed: 1 };
-  for (let i = 0; i < argv.length; ++i) {
-    if (argv[i] === '--count') opt.count = Number(argv[++i]);
-    else if (argv[i] === '--seed') opt.seed = Number(argv[++i]);
-    else pos.push(argv[i]);
-  }
-  if (pos.length !== 2 || !Number.isInteger(opt.count) || opt.count < 0 || !Number.isInteger(opt.seed)) {
-    process.stderr.write('usage: decode_reference.js TOKENIZER_DIR OUT.jsonl [--count N] [--seed S]\n');
-    process.exit(2);
-  }
-  return { dir: pos[0], out: pos[1], ...opt };
-}
-
-function mulberry32(seed) {
-  let a = seed >>> 0;
-  return function next() {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
-class Rng {
-  constructor(seed) { this.next = mulberry32(seed); }
-  int(lo, hi) { return lo + Math.floor(this.next() * (hi - lo + 1)); }
-  pick(arr) { return arr[Math.floor(this.next() * arr.length)]; }
-  chance(p) { return this.next() < p; }
-}
+const { parseCountSeedArgs, Rng } = require('./seeded.js');
+const parseArgs = (argv) => parseCountSeedArgs(argv, 'decode_reference.js', 2000);
 
 // GPT-2's byte <-> printable-character map (the byte-level alphabet).
 function bytesToUnicode() {
