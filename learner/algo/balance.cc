@@ -106,6 +106,15 @@ BalanceConfig ParseBalance(const std::vector<std::string>& methods) {
   return config;
 }
 
+GradientPlan BalanceConfig::Plan(double reward_weight, double lambda, double sft_weight) const {
+  GradientPlan plan;
+  plan.reward_weight = reward_weight;
+  plan.distill_weight = lambda;
+  plan.sft_weight = sft_weight;
+  plan.balance = *this;
+  return plan;
+}
+
 std::string BalanceName(const BalanceConfig& config) {
   std::string name;
   auto add = [&](bool on, const char* part) {
@@ -146,7 +155,7 @@ CombinedGradient CombineGradients(GradientList reward, GradientList distill, Gra
   out.distill_sq = gram[1];
   out.dot = gram[2];
 
-  if (plan.project) {
+  if (plan.balance.project) {
     // min(⟨g_R,g_D⟩, 0) / ‖g_D‖²: zero when there is no conflict, so the
     // subtraction below leaves g_R bit-for-bit unchanged.
     const torch::Tensor coefficient =
@@ -158,10 +167,10 @@ CombinedGradient CombineGradients(GradientList reward, GradientList distill, Gra
     out.balanced_reward_sq = out.reward_sq;
   }
 
-  out.distill_scale =
-      plan.normalize
-          ? out.balanced_reward_sq.sqrt() / (plan.kappa_target * out.distill_sq.sqrt() + kNormEpsilon)
-          : torch::full({}, plan.distill_weight, f64);
+  out.distill_scale = plan.balance.normalize
+                          ? out.balanced_reward_sq.sqrt() /
+                                (plan.balance.kappa_target * out.distill_sq.sqrt() + kNormEpsilon)
+                          : torch::full({}, plan.distill_weight, f64);
 
   out.total = std::move(reward);
   AddScaled(out.total, distill, out.distill_scale);

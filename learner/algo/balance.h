@@ -25,6 +25,8 @@ struct LambdaControllerConfig {
   double lambda_max = 1e3;
 };
 
+struct GradientPlan;
+
 struct BalanceConfig {
   enum class MaskTarget { kReward, kDistill };
 
@@ -40,6 +42,10 @@ struct BalanceConfig {
 
   // Whether the step needs ∇L_R and ∇L_D apart (anything but plain sums).
   bool NeedsSeparateGradients() const { return project || normalize || adapt; }
+
+  // The combination g = w_R g_R′ + s g_D + μ g_SFT this balancing makes of a
+  // step's gradients, with s = λ unless m3_norm sets it.
+  GradientPlan Plan(double reward_weight, double lambda, double sft_weight) const;
 };
 
 // From the `trainer.balance` list: ["naive"] or any of m3_norm, m3_mask,
@@ -57,13 +63,13 @@ torch::Tensor ConflictMaskWeights(const torch::Tensor& kernel, double temperatur
 // One gradient per trainable parameter; undefined = no gradient.
 using GradientList = std::vector<torch::Tensor>;
 
+// How one step combines its gradients (CombineGradients); made by
+// BalanceConfig::Plan.
 struct GradientPlan {
   double reward_weight = 1.0;   // w_R on ∇L_R (0: distillation only)
-  double distill_weight = 1.0;  // λ (ignored under normalize)
+  double distill_weight = 1.0;  // λ (ignored under balance.normalize)
   double sft_weight = 0.0;      // μ on ∇L_SFT
-  bool project = false;
-  bool normalize = false;
-  double kappa_target = 1.0;
+  BalanceConfig balance;        // read: project, normalize, kappa_target
 };
 
 // Σ a·b over all elements, accumulated in float64 (a 0-dim float64 tensor on

@@ -1,21 +1,24 @@
 #include "learner/algo/hybrid_step.h"
 
-#include <algorithm>
-#include <chrono>
 #include <stdexcept>
 #include <string>
-
-#include "learner/algo/logit_gradients.h"
+#include <utility>
 
 namespace kappa::learner {
 namespace {
 
-bool Due(int64_t every, int64_t step) { return every > 0 && step % every == 0; }
-
-// The cheap K_DR estimate an option names, of the two computed together.
-const torch::Tensor& KernelOf(KdrEstimator estimator, const torch::Tensor& logit,
-                              const torch::Tensor& last_layer) {
-  return estimator == KdrEstimator::kLogit ? logit : last_layer;
+// m3_mask: weights on the configured term of one micro-batch where its
+// kernel K_DR(n) < 0. Returns how many response positions had K_DR < 0.
+int64_t ApplyConflictMask(const BalanceConfig& balance, const CheapKernels& kernels,
+                          const torch::Tensor& response_mask, TermWeights* weights) {
+  const torch::Tensor& kernel = kernels.Of(balance.mask_estimator);
+  const torch::Tensor w = ConflictMaskWeights(kernel, balance.mask_temperature);
+  if (balance.mask_target == BalanceConfig::MaskTarget::kReward) {
+    weights->reward = w;
+  } else {
+    weights->distill = weights->distill.defined() ? weights->distill * w : w;
+  }
+  return ((kernel < 0) & (response_mask > 0)).sum().item<int64_t>();
 }
 
 }  // namespace
@@ -41,6 +44,20 @@ double HybridStep::lambda() const {
   return lambda_controller_ ? lambda_controller_->lambda() : config_.loss.lambda;
 }
 
+void HybridStep::TokenMeans::Add(const LossTerms& terms, double response_tokens) {
+  entropy += terms.entropy * response_tokens;
+  clip_fraction += terms.clip_fraction * response_tokens;
+  approx_kl += terms.approx_kl * response_tokens;
+  tokens += response_tokens;
+}
+
+void HybridStep::TokenMeans::WriteTo(HybridStepReport* report) const {
+  if (!(tokens > 0)) return;
+  report->entropy = entropy / tokens;
+  report->clip_fraction = clip_fraction / tokens;
+  report->approx_kl = approx_kl / tokens;
+}
+
 TokenTerms HybridStep::Forward(const TrainBatch& batch) {
   AutocastGuard autocast(optimizer_->parameters().front().device(), config_.precision);
   TokenTerms tokens = ComputeTokenTerms(model_, batch, config_.loss);
@@ -51,185 +68,118 @@ TokenTerms HybridStep::Forward(const TrainBatch& batch) {
   return tokens;
 }
 
+HybridStep::Gate HybridStep::DecideGate(const TrainBatch& batch,
+                                        const std::vector<MicroBatch>& micro,
+                                        std::optional<TokenTerms>* first_forward) {
+  Gate gate;
+  // ComputeTokenTerms gives ℓ_D exactly when the batch has teacher log-probs.
+  gate.scored = batch.teacher_logprobs.defined() && config_.gate != DistillGate::kNone;
+  if (!gate.scored) return gate;
+  const torch::Tensor& mask = batch.response_mask;
+  if (config_.gate != DistillGate::kRstg) {
+    gate.selection = SelectAll(mask);
+  } else {
+    torch::Tensor entropy, divergence;
+    if (micro.size() == 1) {
+      *first_forward = Forward(batch);
+      entropy = (*first_forward)->entropy;
+      divergence = (*first_forward)->distill.detach();
+    } else {
+      torch::NoGradGuard no_grad;
+      entropy = torch::zeros_like(mask);
+      divergence = torch::zeros_like(mask);
+      for (const MicroBatch& part : micro) {
+        const TokenTerms pass = Forward(part.batch);
+        part.Scatter(pass.entropy.to(mask.scalar_type()), entropy);
+        part.Scatter(pass.distill.to(mask.scalar_type()), divergence);
+      }
+    }
+    gate.selection = RstgSelect(batch.rewards, mask, batch.teacher_logprobs, batch.target_tokens,
+                                entropy, divergence, config_.rstg);
+  }
+  // Nothing selected (RSTG with no all-zero group): no L_D and no backward for it.
+  gate.trains = gate.selection.selected_positions > 0;
+  return gate;
+}
+
+void HybridStep::BeginStep(const TrainBatch& batch, const Gate& gate, int64_t step, double lambda) {
+  const torch::Tensor& mask = batch.response_mask;
+  const torch::Tensor zeros = torch::zeros_like(mask);
+  torch::Tensor reward_count, distill_count;
+  Aggregate(zeros, mask, config_.loss.aggregation, &reward_count);
+  if (gate.trains) {
+    Aggregate(zeros, gate.selection.selected, config_.loss.aggregation, &distill_count);
+  } else {
+    distill_count = torch::zeros({}, mask.options());
+  }
+  const torch::Tensor sft_count =
+      batch.sft_mask.defined() ? batch.sft_mask.sum() : torch::zeros({}, mask.options());
+  // κ needs ∇L_R and ∇L_D apart; so do m3_project, m3_norm and m3_adapt.
+  const bool separate =
+      Due(config_.monitor.kappa_every, step) || config_.balance.NeedsSeparateGradients();
+  optimizer_->BeginStep(config_.balance.Plan(config_.reward_weight, lambda, config_.sft_weight),
+                        separate, reward_count, distill_count, sft_count);
+}
+
+void HybridStep::AccumulateMicroBatch(const MicroBatch& part, const TokenTerms& tokens,
+                                      const Gate& gate, KdrMonitor& kdr, TokenMeans* means,
+                                      HybridStepReport* report) {
+  const TrainBatch& sub = part.batch;
+  TermWeights weights;
+  weights.no_distill = !gate.trains;
+  if (gate.scored) {
+    weights.distill = part.Slice(gate.selection.weights);
+    weights.distill_mask = part.Slice(gate.selection.selected);
+  }
+  if (kdr.observing()) {
+    const CheapKernels kernels = kdr.Observe(part, tokens);
+    if (config_.balance.mask) {
+      report->masked_positions +=
+          ApplyConflictMask(config_.balance, kernels, sub.response_mask, &weights);
+    }
+  }
+  const LossTerms terms = AggregateTerms(tokens, sub, config_.loss, weights);
+  means->Add(terms, part.whole ? 1.0 : sub.response_mask.sum().item<double>());
+  optimizer_->AccumulateStep(terms);
+}
+
 HybridStepReport HybridStep::Run(const TrainBatch& batch_in) {
   const std::vector<torch::Tensor>& params = optimizer_->parameters();
   const TrainBatch batch = batch_in.To(params.front().device());
   const int64_t step = optimizer_->step() + 1;  // the step this call makes, 1-based
-  const MonitorConfig& monitor = config_.monitor;
-  const BalanceConfig& balance = config_.balance;
-  const LossConfig& loss = config_.loss;
-  const torch::Tensor& mask = batch.response_mask;
-
+  const std::vector<MicroBatch> micro = SplitMicroBatches(batch, config_.micro_batch_sequences);
   HybridStepReport report;
   report.lambda = lambda();
-  const std::vector<MicroBatch> micro = SplitMicroBatches(batch, config_.micro_batch_sequences);
-  // ComputeTokenTerms gives ℓ_D exactly when the batch has teacher log-probs.
-  const bool has_distill = batch.teacher_logprobs.defined() && config_.gate != DistillGate::kNone;
-
-  // The distillation gate ranks positions across the whole batch (RSTG's
-  // token_frac), so it is decided before any micro-batch's backward. With a
-  // single micro-batch its forward serves; with several, RSTG takes one
-  // extra forward without graph.
-  std::optional<TokenTerms> first_tokens;
-  DistillSelection selection;
-  bool no_distill = !has_distill;
-  if (has_distill) {
-    if (config_.gate == DistillGate::kRstg) {
-      torch::Tensor entropy, divergence;
-      if (micro.size() == 1) {
-        first_tokens = Forward(batch);
-        entropy = first_tokens->entropy;
-        divergence = first_tokens->distill.detach();
-      } else {
-        torch::NoGradGuard no_grad;
-        entropy = torch::zeros_like(mask);
-        divergence = torch::zeros_like(mask);
-        for (const MicroBatch& part : micro) {
-          const TokenTerms pass = Forward(part.batch);
-          part.Scatter(pass.entropy.to(mask.scalar_type()), entropy);
-          part.Scatter(pass.distill.to(mask.scalar_type()), divergence);
-        }
-      }
-      selection = RstgSelect(batch.rewards, mask, batch.teacher_logprobs, batch.target_tokens,
-                             entropy, divergence, config_.rstg);
-    } else {
-      selection = SelectAll(mask);
-    }
-    report.distill_positions = selection.selected_positions;
-    report.gated_groups = selection.gated_groups;
-    // Nothing selected (RSTG with no all-zero group): no L_D and no backward for it.
-    no_distill = selection.selected_positions == 0;
-  }
-
-  // What the whole batch's means are taken over, before the first backward.
-  const torch::Tensor zeros = torch::zeros_like(mask);
-  torch::Tensor reward_count, distill_count, sft_count;
-  Aggregate(zeros, mask, loss.aggregation, &reward_count);
-  if (no_distill) {
-    distill_count = torch::zeros({}, mask.options());
-  } else {
-    Aggregate(zeros, selection.selected, loss.aggregation, &distill_count);
-  }
-  sft_count = batch.sft_mask.defined() ? batch.sft_mask.sum() : torch::zeros({}, mask.options());
-
-  GradientPlan plan;
-  plan.reward_weight = config_.reward_weight;
-  plan.distill_weight = report.lambda;
-  plan.sft_weight = config_.sft_weight;
-  plan.project = balance.project;
-  plan.normalize = balance.normalize;
-  plan.kappa_target = balance.kappa_target;
-  const bool separate = Due(monitor.kappa_every, step) || balance.NeedsSeparateGradients();
-  optimizer_->BeginStep(plan, separate, reward_count, distill_count, sft_count);
-
-  // Cheap K_DR from the closed-form logit gradients of the unweighted
-  // per-position terms, over every response position.
-  const bool kdr_due = has_distill && Due(monitor.kdr_every, step);
-  const bool mask_due = has_distill && balance.mask;
-  const bool exact_due = has_distill && Due(monitor.kdr_exact_every, step);
-  torch::Tensor logit_kernel, last_layer_kernel;  // [B, L], over the whole batch
-  if (kdr_due || mask_due || exact_due) {
-    logit_kernel = torch::zeros_like(mask);
-    last_layer_kernel = torch::zeros_like(mask);
-  }
-  // Token means over the micro-batches, weighted by their response tokens.
-  double entropy_sum = 0, clip_sum = 0, approx_kl_sum = 0, token_sum = 0;
-  for (size_t k = 0; k < micro.size(); ++k) {
-    const MicroBatch& part = micro[k];
-    const TrainBatch& sub = part.batch;
-    const TokenTerms tokens =
-        k == 0 && first_tokens ? *std::move(first_tokens) : Forward(sub);
-    TermWeights weights;
-    weights.no_distill = no_distill;
-    if (has_distill) {
-      weights.distill = part.Slice(selection.weights);
-      weights.distill_mask = part.Slice(selection.selected);
-    }
-    if (logit_kernel.defined()) {
-      torch::NoGradGuard no_grad;
-      const torch::Tensor logprobs = tokens.logprobs.detach();
-      const torch::Tensor coefficient = RewardLogProbCoefficient(
-          tokens.token_logprobs.detach(), sub.old_logprobs, sub.advantages, loss.ppo);
-      const torch::Tensor g_r =
-          RewardLogitGradient(logprobs, sub.target_tokens, coefficient, loss.temperature);
-      const torch::Tensor g_d =
-          DistillLogitGradient(logprobs, sub.teacher_logprobs, sub.target_tokens, loss.distill,
-                               loss.distill_topk, loss.temperature);
-      const torch::Tensor logit_part = LogitCrossKernel(g_r, g_d) * sub.response_mask;
-      const torch::Tensor last_layer_part =
-          LastLayerCrossKernel(logit_part, tokens.hidden.detach());
-      part.Scatter(logit_part.to(mask.scalar_type()), logit_kernel);
-      part.Scatter(last_layer_part.to(mask.scalar_type()), last_layer_kernel);
-      if (mask_due) {
-        const torch::Tensor& kernel =
-            KernelOf(balance.mask_estimator, logit_part, last_layer_part);
-        const torch::Tensor w = ConflictMaskWeights(kernel, balance.mask_temperature);
-        report.masked_positions += ((kernel < 0) & (sub.response_mask > 0)).sum().item<int64_t>();
-        if (balance.mask_target == BalanceConfig::MaskTarget::kReward) {
-          weights.reward = w;
-        } else {
-          weights.distill = weights.distill.defined() ? weights.distill * w : w;
-        }
-      }
-    }
-    const LossTerms terms = AggregateTerms(tokens, sub, loss, weights);
-    const double tokens_here = micro.size() == 1 ? 1.0 : sub.response_mask.sum().item<double>();
-    entropy_sum += terms.entropy * tokens_here;
-    clip_sum += terms.clip_fraction * tokens_here;
-    approx_kl_sum += terms.approx_kl * tokens_here;
-    token_sum += tokens_here;
-    optimizer_->AccumulateStep(terms);
-  }
-  if (token_sum > 0) {
-    report.entropy = entropy_sum / token_sum;
-    report.clip_fraction = clip_sum / token_sum;
-    report.approx_kl = approx_kl_sum / token_sum;
-  }
   report.demonstrations = batch.num_demonstrations;
 
-  if (kdr_due) {
-    const torch::Tensor& kernel =
-        KernelOf(monitor.kdr_estimator, logit_kernel, last_layer_kernel);
-    report.kdr = SummarizeKdr(kernel, mask);
-    const torch::Tensor values =
-        kernel.masked_select(mask > 0).to(torch::kCPU, torch::kFloat32).contiguous();
-    report.kdr_values.assign(values.data_ptr<float>(), values.data_ptr<float>() + values.numel());
+  // D: the positions L_D trains on, decided over the whole batch.
+  std::optional<TokenTerms> first_forward;
+  const Gate gate = DecideGate(batch, micro, &first_forward);
+  report.distill_positions = gate.selection.selected_positions;
+  report.gated_groups = gate.selection.gated_groups;
+
+  // g = w_R g_R′ + s g_D + μ g_SFT, each term a mean over the whole batch.
+  BeginStep(batch, gate, step, report.lambda);
+
+  // Each micro-batch: forward → cheap K_DR → m3_mask → aggregate → backward.
+  KdrMonitor kdr(config_.monitor, config_.loss, step, gate.scored, config_.balance.mask,
+                 batch.response_mask);
+  TokenMeans means;
+  for (size_t k = 0; k < micro.size(); ++k) {
+    const TokenTerms tokens =
+        k == 0 && first_forward ? *std::move(first_forward) : Forward(micro[k].batch);
+    AccumulateMicroBatch(micro[k], tokens, gate, kdr, &means, &report);
   }
-  if (exact_due) {
-    const auto start = std::chrono::steady_clock::now();
-    const auto positions = SampleResponsePositions(
-        mask, monitor.kdr_exact_positions, monitor.seed * 1000003ULL + static_cast<uint64_t>(step));
-    // ℓ_R(n) and ℓ_D(n) depend on row b alone, so the per-position
-    // backward passes run through a forward of the sampled rows only.
-    std::vector<int64_t> rows;
-    for (const auto& [b, t] : positions) {
-      if (rows.empty() || rows.back() != b) rows.push_back(b);  // positions are sorted
-    }
-    std::vector<std::pair<int64_t, int64_t>> local;
-    for (const auto& [b, t] : positions) {
-      local.emplace_back(std::lower_bound(rows.begin(), rows.end(), b) - rows.begin(), t);
-    }
-    torch::AutoGradMode enable_grad(true);
-    const TrainBatch sampled_rows = batch.SelectRows(torch::tensor(rows, torch::kInt64));
-    const TokenTerms sub_tokens = Forward(sampled_rows);
-    const std::vector<double> exact =
-        ExactCrossKernel(params, sub_tokens.reward, sub_tokens.distill, local);
-    report.exact_positions = static_cast<int64_t>(positions.size());
-    if (!positions.empty()) {
-      report.agreement_logit = SignAgreement(ValuesAt(logit_kernel, positions), exact);
-      report.agreement_last_layer = SignAgreement(ValuesAt(last_layer_kernel, positions), exact);
-      torch::Tensor exact_kernel = torch::zeros_like(mask, torch::kFloat64);
-      torch::Tensor exact_mask = torch::zeros_like(mask);
-      for (size_t k = 0; k < positions.size(); ++k) {
-        exact_kernel[positions[k].first][positions[k].second] = exact[k];
-        exact_mask[positions[k].first][positions[k].second] = 1.0;
-      }
-      report.kdr_exact = SummarizeKdr(exact_kernel, exact_mask);
-    }
-    report.exact_seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  means.WriteTo(&report);
+
+  // K_DR over the whole batch; exact K_DR at θ, before the update moves it.
+  kdr.Summarize(&report);
+  if (kdr.exact_due()) {
+    kdr.MeasureExact(
+        batch, params, [this](const TrainBatch& rows) { return Forward(rows); }, &report);
   }
 
+  // Combine (m3_project, m3_norm or λ), clip, AdamW; then m3_adapt moves λ.
   report.stats = optimizer_->FinishStep();
   if (lambda_controller_ && report.stats.measured) {
     lambda_controller_->Update(report.stats.reward_grad_norm, report.stats.distill_grad_norm);

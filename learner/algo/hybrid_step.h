@@ -1,12 +1,15 @@
-// One learner step of the hybrid objective with its monitors and balancing:
-//   forward → per-position ℓ_R, ℓ_D (+ L_SFT)
-//   → distillation gate (none | all | RSTG)
-//   → cheap K_DR (logit, last_layer) from closed-form logit gradients
-//   → m3_mask weights → aggregate → exact K_DR on sampled positions (opt-in)
-//   → separate backward passes, m3_project / m3_norm / λ (m3_adapt) → AdamW.
-// With micro_batch_sequences the gate is decided over the whole batch first,
-// then each length-bucketed micro-batch runs forward → K_DR → m3_mask →
-// aggregate → backward, accumulating; the update is the whole batch's.
+// One learner step of the hybrid objective (docs/algorithms.md, "The step"):
+//   gate        D: the positions L_D trains on (none | all | RSTG), over the
+//               whole batch, before any backward
+//   plan        g = w_R g_R′ + s g_D + μ g_SFT, each mean over the whole batch
+//   per micro-batch (length-bucketed when micro_batch_sequences > 0):
+//     forward   ℓ_R(n), ℓ_D(n) (+ L_SFT)
+//     K_DR      cheap kernels (logit, last_layer) from closed-form logit gradients
+//     m3_mask   weight 0 (or σ(K/τ)) on one term where K_DR(n) < 0
+//     backward  one per signal (separate) or one of the weighted sum
+//   K_DR        summary; exact K_DR on sampled positions (opt-in), at the same θ
+//   update      m3_project, m3_norm or λ, clipping, AdamW; then m3_adapt's λ
+// The update is the whole batch's however it is split.
 // libtorch only: the service layer feeds it TrainBatches and logs the report.
 #pragma once
 
@@ -21,21 +24,14 @@
 #include "learner/algo/cross_kernel.h"
 #include "learner/algo/distill_gate.h"
 #include "learner/algo/hybrid_loss.h"
+#include "learner/algo/hybrid_step_report.h"
+#include "learner/algo/kdr_monitor.h"
 #include "learner/algo/mixed_precision.h"
 #include "learner/algo/optimizer_step.h"
 #include "learner/algo/train_batch.h"
 #include "model/transformer.h"
 
 namespace kappa::learner {
-
-struct MonitorConfig {
-  int64_t kappa_every = 1;     // 0: never (steps may then take one backward pass)
-  int64_t kdr_every = 1;       // cheap K_DR statistics; 0: never
-  KdrEstimator kdr_estimator = KdrEstimator::kLastLayer;  // the statistics' estimator
-  int64_t kdr_exact_every = 0;      // opt-in
-  int64_t kdr_exact_positions = 32;
-  uint64_t seed = 0;                // position sampling
-};
 
 struct HybridStepConfig {
   LossConfig loss;             // includes λ (the initial λ under m3_adapt)
@@ -56,24 +52,6 @@ struct HybridStepConfig {
   TruncatedResponses truncated = TruncatedResponses::kKeep;
 };
 
-struct HybridStepReport {
-  StepStats stats;
-  double entropy = 0.0, clip_fraction = 0.0, approx_kl = 0.0;
-  double lambda = 0.0;  // λ in force for this step
-  std::optional<KdrSummary> kdr;  // statistics of monitor.kdr_estimator
-  std::vector<float> kdr_values;  // that estimator at every response position (histograms)
-  // Exact K_DR on sampled positions (when it ran this step).
-  int64_t exact_positions = 0;
-  std::optional<KdrSummary> kdr_exact;
-  std::optional<double> agreement_logit, agreement_last_layer;
-  double exact_seconds = 0.0;
-  // Distillation gate.
-  int64_t distill_positions = 0;
-  int64_t gated_groups = 0;
-  int64_t masked_positions = 0;  // m3_mask: positions with K_DR < 0
-  int64_t demonstrations = 0;
-};
-
 class HybridStep {
  public:
   // Throws std::invalid_argument on inconsistent configuration.
@@ -81,6 +59,7 @@ class HybridStep {
              HybridStepConfig config);
 
   // One optimizer step on `batch` (any device; moved to the model's).
+  // Mutates the model's parameters, the optimizer state and λ (m3_adapt).
   HybridStepReport Run(const TrainBatch& batch);
 
   PolicyOptimizer& optimizer() { return *optimizer_; }
@@ -88,8 +67,36 @@ class HybridStep {
   double lambda() const;
 
  private:
-  // ComputeTokenTerms under the configured precision.
+  // The distillation gate's decision for one batch.
+  struct Gate {
+    bool scored = false;         // the batch has teacher log-probs and the gate is not none
+    bool trains = false;         // scored, and some position selected: L_D has a backward
+    DistillSelection selection;  // defined when scored
+  };
+
+  // Token-weighted means of per-micro-batch statistics (entropy, clipping,
+  // approximate KL), so a split batch reports what the whole batch would.
+  struct TokenMeans {
+    double entropy = 0, clip_fraction = 0, approx_kl = 0, tokens = 0;
+
+    void Add(const LossTerms& terms, double response_tokens);
+    void WriteTo(HybridStepReport* report) const;
+  };
+
+  // ComputeTokenTerms under the configured precision, raw logits dropped.
   TokenTerms Forward(const TrainBatch& batch);
+  // The gate over the whole batch. RSTG ranks positions by their entropy and
+  // divergence: from the forward of the single micro-batch (kept in
+  // *first_forward for its backward), or from a no-graph forward of each.
+  Gate DecideGate(const TrainBatch& batch, const std::vector<MicroBatch>& micro,
+                  std::optional<TokenTerms>* first_forward);
+  // Opens the optimizer step: the plan and what the whole batch's means are
+  // taken over (reward, distill and SFT counts).
+  void BeginStep(const TrainBatch& batch, const Gate& gate, int64_t step, double lambda);
+  // One micro-batch from its forward: K_DR, m3_mask, aggregate, backward.
+  // Adds its token means to *means and its masked positions to *report.
+  void AccumulateMicroBatch(const MicroBatch& part, const TokenTerms& tokens, const Gate& gate,
+                            KdrMonitor& kdr, TokenMeans* means, HybridStepReport* report);
 
   model::Decoder model_;
   std::unique_ptr<PolicyOptimizer> optimizer_;

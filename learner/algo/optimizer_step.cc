@@ -102,7 +102,7 @@ void PolicyOptimizer::BeginStep(const GradientPlan& plan, bool separate,
   pending_ = PendingStep{};
   pending_.open = true;
   pending_.plan = plan;
-  pending_.measured = separate || plan.project || plan.normalize;
+  pending_.measured = separate || plan.balance.project || plan.balance.normalize;
   pending_.totals = torch::stack({Float64Scalar(reward_count, device),
                                   Float64Scalar(distill_count, device),
                                   Float64Scalar(sft_count, device)});
@@ -238,7 +238,7 @@ StepStats PolicyOptimizer::FinishStep() {
     stats.grad_cosine = (rr > 0 && dd > 0) ? rd / std::sqrt(rr * dd) : 0.0;
     stats.balanced_reward_grad_norm = std::sqrt(h[7]);
     stats.distill_scale = h[8];
-    stats.projected = plan.project && rd < 0 && dd > 0;
+    stats.projected = plan.balance.project && rd < 0 && dd > 0;
   } else {
     stats.distill_scale = plan.distill_weight;
   }

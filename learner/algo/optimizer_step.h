@@ -71,9 +71,12 @@ class PolicyOptimizer {
   // graph can go), then FinishStep. Each micro-batch's mean is weighted by
   // its count over the total, so the update is that of one Step on the whole
   // batch. Step(terms, …) is exactly these three calls.
+  // A BeginStep abandons any step left open (one whose micro-batch threw).
   void BeginStep(const GradientPlan& plan, bool separate, const torch::Tensor& reward_count,
                  const torch::Tensor& distill_count, const torch::Tensor& sft_count);
+  // REQUIRES: a step open (BeginStep). Runs the backward pass(es) now.
   void AccumulateStep(const LossTerms& micro_batch);
+  // REQUIRES: a step open. Combines, clips and applies the update; closes the step.
   StepStats FinishStep();
   // The naive step L_R + λ L_D, measured.
   StepStats Step(const LossTerms& terms, double lambda);

@@ -42,7 +42,7 @@ const torch::Device kCpu(torch::kCPU);
 // g_R′ alone: λ = 0 and no normalization leave total = g_R′.
 GradientList ProjectedReward(const GradientList& reward, const GradientList& distill) {
   GradientPlan plan;
-  plan.project = true;
+  plan.balance.project = true;
   plan.distill_weight = 0.0;
   return CombineGradients(Clone(reward), Clone(distill), GradientList(reward.size()), plan, kCpu)
       .total;
@@ -90,9 +90,9 @@ TEST(M3Norm, PostNormalizationRatioIsKappaTarget) {
       const GradientList reward = Scaled(RandomList(5), 300.0);  // κ ≫ 1 before
       const GradientList distill = RandomList(6);
       GradientPlan plan;
-      plan.normalize = true;
-      plan.project = project;
-      plan.kappa_target = kappa_target;
+      plan.balance.normalize = true;
+      plan.balance.project = project;
+      plan.balance.kappa_target = kappa_target;
       plan.distill_weight = 123.0;  // ignored under normalization
       const CombinedGradient c =
           CombineGradients(Clone(reward), Clone(distill), GradientList(reward.size()), plan, kCpu);

@@ -1,0 +1,105 @@
+#include "learner/algo/kdr_monitor.h"
+
+#include <algorithm>
+#include <chrono>
+#include <utility>
+#include <vector>
+
+#include "learner/algo/logit_gradients.h"
+
+namespace kappa::learner {
+namespace {
+
+using Position = std::pair<int64_t, int64_t>;
+
+// The distinct rows of sorted `positions`, and each position with its row
+// renumbered into that list.
+std::pair<std::vector<int64_t>, std::vector<Position>> RowsOf(
+    const std::vector<Position>& positions) {
+  std::vector<int64_t> rows;
+  for (const auto& [b, t] : positions) {
+    if (rows.empty() || rows.back() != b) rows.push_back(b);
+  }
+  std::vector<Position> local;
+  for (const auto& [b, t] : positions) {
+    local.emplace_back(std::lower_bound(rows.begin(), rows.end(), b) - rows.begin(), t);
+  }
+  return {std::move(rows), std::move(local)};
+}
+
+}  // namespace
+
+KdrMonitor::KdrMonitor(const MonitorConfig& monitor, const LossConfig& loss, int64_t step,
+                       bool has_distill, bool kernels_for_mask, const torch::Tensor& response_mask)
+    : monitor_(monitor),
+      loss_(loss),
+      step_(step),
+      response_mask_(response_mask),
+      statistics_due_(has_distill && Due(monitor.kdr_every, step)),
+      exact_due_(has_distill && Due(monitor.kdr_exact_every, step)) {
+  if (statistics_due_ || exact_due_ || (has_distill && kernels_for_mask)) {
+    logit_ = torch::zeros_like(response_mask);
+    last_layer_ = torch::zeros_like(response_mask);
+  }
+}
+
+CheapKernels KdrMonitor::Observe(const MicroBatch& part, const TokenTerms& tokens) {
+  torch::NoGradGuard no_grad;
+  const TrainBatch& sub = part.batch;
+  const torch::Tensor logprobs = tokens.logprobs.detach();
+  const torch::Tensor coefficient = RewardLogProbCoefficient(
+      tokens.token_logprobs.detach(), sub.old_logprobs, sub.advantages, loss_.ppo);
+  const torch::Tensor g_r =
+      RewardLogitGradient(logprobs, sub.target_tokens, coefficient, loss_.temperature);
+  const torch::Tensor g_d =
+      DistillLogitGradient(logprobs, sub.teacher_logprobs, sub.target_tokens, loss_.distill,
+                           loss_.distill_topk, loss_.temperature);
+  CheapKernels kernels;
+  kernels.logit = LogitCrossKernel(g_r, g_d) * sub.response_mask;
+  kernels.last_layer = LastLayerCrossKernel(kernels.logit, tokens.hidden.detach());
+  part.Scatter(kernels.logit.to(logit_.scalar_type()), logit_);
+  part.Scatter(kernels.last_layer.to(last_layer_.scalar_type()), last_layer_);
+  return kernels;
+}
+
+void KdrMonitor::Summarize(HybridStepReport* report) const {
+  if (!statistics_due_) return;
+  const torch::Tensor& kernel =
+      monitor_.kdr_estimator == KdrEstimator::kLogit ? logit_ : last_layer_;
+  report->kdr = SummarizeKdr(kernel, response_mask_);
+  const torch::Tensor values =
+      kernel.masked_select(response_mask_ > 0).to(torch::kCPU, torch::kFloat32).contiguous();
+  report->kdr_values.assign(values.data_ptr<float>(), values.data_ptr<float>() + values.numel());
+}
+
+void KdrMonitor::MeasureExact(const TrainBatch& batch, const std::vector<torch::Tensor>& params,
+                              const std::function<TokenTerms(const TrainBatch&)>& forward,
+                              HybridStepReport* report) const {
+  const auto start = std::chrono::steady_clock::now();
+  const std::vector<Position> positions =
+      SampleResponsePositions(response_mask_, monitor_.kdr_exact_positions,
+                              monitor_.seed * 1000003ULL + static_cast<uint64_t>(step_));
+  // ℓ_R(n) and ℓ_D(n) depend on row b alone, so the per-position backward
+  // passes run through a forward of the sampled rows only.
+  const auto [rows, local] = RowsOf(positions);
+  torch::AutoGradMode enable_grad(true);
+  const TokenTerms sampled = forward(batch.SelectRows(torch::tensor(rows, torch::kInt64)));
+  const std::vector<double> exact =
+      ExactCrossKernel(params, sampled.reward, sampled.distill, local);
+  report->exact_positions = static_cast<int64_t>(positions.size());
+  if (!positions.empty()) {
+    report->agreement_logit = SignAgreement(ValuesAt(logit_, positions), exact);
+    report->agreement_last_layer = SignAgreement(ValuesAt(last_layer_, positions), exact);
+    torch::Tensor exact_kernel = torch::zeros_like(response_mask_, torch::kFloat64);
+    torch::Tensor exact_mask = torch::zeros_like(response_mask_);
+    for (size_t k = 0; k < positions.size(); ++k) {
+      exact_kernel[positions[k].first][positions[k].second] = exact[k];
+      exact_mask[positions[k].first][positions[k].second] = 1.0;
+    }
+    report->kdr_exact = SummarizeKdr(exact_kernel, exact_mask);
+  }
+  report->exact_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+}  // namespace kappa::learner
