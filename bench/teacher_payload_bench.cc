@@ -1,5 +1,5 @@
 // Bytes on the wire per response token of a teacher Score response, for each
-// form the learner's losses accept (DESIGN.md §3) and each value dtype, at
+// form the learner's losses accept (docs/algorithms.md §2.2) and each value dtype, at
 // real vocabulary sizes. The sizes are of real messages: log-softmax rows
 // encoded by the one tensor codec into a ScoreResponse and measured with
 // ByteSizeLong(), so field tags, length prefixes and the int32 top-k ids

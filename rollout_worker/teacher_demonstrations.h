@@ -1,4 +1,4 @@
-// RSTG teacher SFT, worker side (DESIGN.md §5): for a negative zero-variance
+// RSTG teacher SFT, worker side (docs/algorithms.md §5.3): for a negative zero-variance
 // group (every sample got reward 0) the worker asks the teacher for K
 // responses to the same prompt, has the verifier check them against the same
 // reference, and returns the correct ones as ScoredGroup.demonstrations; the

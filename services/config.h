@@ -179,7 +179,7 @@ struct Config {
     // Which samples the distillation term sees: none (GRPO only) | all (naive
     // hybrid) | rstg (negative zero-variance groups, see rstg.*).
     std::string distill_gate = "all";
-    // Gradient balancing (DESIGN.md §5): [naive] or any of m3_norm, m3_mask,
+    // Gradient balancing (docs/algorithms.md §4): [naive] or any of m3_norm, m3_mask,
     // m3_project, m3_adapt (m3_norm and m3_adapt exclude each other).
     std::vector<std::string> balance = {"naive"};
     double kappa_target = 1.0;         // m3_norm / m3_adapt: ‖g_R‖ / ‖scaled g_D‖

@@ -1,4 +1,4 @@
-// M3 guarantees (DESIGN.md §5) on constructed gradients.
+// M3 guarantees (docs/algorithms.md §4) on constructed gradients.
 #include "learner/algo/balance.h"
 
 #include <gtest/gtest.h>
