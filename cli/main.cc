@@ -8,10 +8,12 @@
 //   kappa tokenize MODEL_DIR [--add-special-tokens] < strings.jsonl
 //   kappa detokenize MODEL_DIR [--skip-special-tokens] < ids.jsonl
 //   kappa render-prompt MODEL_DIR [--no-generation-prompt] [--context JSON] < messages.jsonl
+//   kappa config-reference > docs/configuration.md
 #include <iostream>
 #include <string>
 #include <vector>
 
+#include "cli/config_reference_command.h"
 #include "cli/experiment_command.h"
 #include "cli/model_commands.h"
 #include "cli/prompt_commands.h"
@@ -44,7 +46,10 @@ constexpr const char* kUsage =
     "  kappa detokenize MODEL_DIR [--skip-special-tokens] < ids.jsonl\n"
     "      the reverse: one JSON string per JSON array of ids on stdin\n"
     "  kappa render-prompt MODEL_DIR [--no-generation-prompt] [--context JSON] < messages.jsonl\n"
-    "      the model's chat template: one rendered prompt per JSON list of messages on stdin\n";
+    "      the model's chat template: one rendered prompt per JSON list of messages on stdin\n"
+    "  kappa config-reference\n"
+    "      every configuration key with its type, default and description, as Markdown\n"
+    "      (docs/configuration.md is its output)\n";
 
 }  // namespace
 
@@ -64,6 +69,7 @@ int main(int argc, char** argv) {
   if (command == "tokenize") return kappa::cli::TokenizeCommand(args, std::cin, std::cout);
   if (command == "detokenize") return kappa::cli::DetokenizeCommand(args, std::cin, std::cout);
   if (command == "render-prompt") return kappa::cli::RenderPromptCommand(args, std::cin, std::cout);
+  if (command == "config-reference") return kappa::cli::ConfigReferenceCommand(args, std::cout);
   if (command == "help" || command == "--help" || command == "-h") {
     std::cout << kUsage;
     return 0;

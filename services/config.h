@@ -2,7 +2,8 @@
 // `key=value` command-line overrides (`trainer.steps=20 workers=3`).
 // Every key has a default; unknown keys and wrong types are errors that name
 // the file, line and key path. Adding a key: add the member below and one
-// KAPPA_CONFIG_FIELD line to the table in config.cc.
+// KAPPA_CONFIG_FIELD(path, "description") line to the table in config.cc,
+// then regenerate docs/configuration.md (see ConfigReferenceMarkdown).
 #pragma once
 
 #include <cstdint>
@@ -272,5 +273,15 @@ std::vector<std::string> ConfigKeys();
 // The resolved configuration as YAML (every key, defaults included); parsing
 // it back yields an equal Config.
 std::string ConfigToYaml(const Config& config);
+
+// The one-line description of `key` in the key table ("" for an unknown key).
+std::string ConfigKeyDescription(const std::string& key);
+
+// docs/configuration.md: a header saying it is generated and how to
+// regenerate it (`build/cli/kappa config-reference > docs/configuration.md`),
+// then one table per top-level section (run, task, student, ...) of every key:
+// key | type | default (of a default-constructed Config) | description.
+// Deterministic: the table order, and defaults formatted as ConfigToYaml does.
+std::string ConfigReferenceMarkdown();
 
 }  // namespace kappa::services
