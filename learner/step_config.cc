@@ -1,27 +1,20 @@
 #include "learner/step_config.h"
 
-#include <stdexcept>
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "services/status_util.h"
 
 namespace kappa::learner {
 namespace {
 
-// Runs `parse`, turning its std::invalid_argument into INVALID_ARGUMENT that
-// names the configuration key.
-template <typename Parse>
-absl::Status Parsed(const char* key, Parse parse) {
-  try {
-    parse();
-  } catch (const std::invalid_argument& e) {
-    return absl::InvalidArgumentError(absl::StrCat("config key '", key, "': ", e.what()));
-  }
+// *out = parse(value); what the parse throws becomes a status naming `key`.
+template <typename T, typename Parse, typename Value>
+absl::Status ParseKey(const char* key, Parse parse, const Value& value, T* out) {
+  KAPPA_ASSIGN_OR_RETURN(*out, services::CaptureExceptions(absl::StrCat("config key '", key, "'"),
+                                                           [&] { return parse(value); }));
   return absl::OkStatus();
 }
-
-#define KAPPA_RETURN_IF_ERROR(expr)          \
-  if (absl::Status s = (expr); !s.ok()) return s
 
 }  // namespace
 
@@ -29,10 +22,10 @@ absl::StatusOr<HybridStepConfig> MakeHybridStepConfig(const services::Config& co
   const services::Config::Trainer& trainer = config.trainer;
   HybridStepConfig step;
   LossConfig& loss = step.loss;
-  KAPPA_RETURN_IF_ERROR(Parsed("trainer.aggregation",
-                               [&] { loss.aggregation = ParseAggregation(trainer.aggregation); }));
-  KAPPA_RETURN_IF_ERROR(Parsed("trainer.distill_loss",
-                               [&] { loss.distill = ParseDistillLoss(trainer.distill_loss); }));
+  KAPPA_RETURN_IF_ERROR(
+      ParseKey("trainer.aggregation", ParseAggregation, trainer.aggregation, &loss.aggregation));
+  KAPPA_RETURN_IF_ERROR(
+      ParseKey("trainer.distill_loss", ParseDistillLoss, trainer.distill_loss, &loss.distill));
   loss.ppo.clip_low = trainer.clip_low;
   loss.ppo.clip_high = trainer.clip_high;
   loss.ppo.dual_clip = trainer.dual_clip;
@@ -52,25 +45,23 @@ absl::StatusOr<HybridStepConfig> MakeHybridStepConfig(const services::Config& co
         "config keys 'trainer.lambda' and 'trainer.reward_weight' must be >= 0");
   }
   step.reward_weight = trainer.reward_weight;
-  KAPPA_RETURN_IF_ERROR(Parsed("trainer.precision",
-                               [&] { step.precision = ParsePrecision(trainer.precision); }));
+  KAPPA_RETURN_IF_ERROR(
+      ParseKey("trainer.precision", ParsePrecision, trainer.precision, &step.precision));
   if (trainer.micro_batch_sequences < 0) {
     return absl::InvalidArgumentError(
         "config key 'trainer.micro_batch_sequences' must be >= 0 (0: no micro-batches)");
   }
   step.micro_batch_sequences = trainer.micro_batch_sequences;
-  KAPPA_RETURN_IF_ERROR(Parsed(
-      "trainer.truncated", [&] { step.truncated = ParseTruncatedResponses(trainer.truncated); }));
+  KAPPA_RETURN_IF_ERROR(
+      ParseKey("trainer.truncated", ParseTruncatedResponses, trainer.truncated, &step.truncated));
 
   KAPPA_RETURN_IF_ERROR(
-      Parsed("trainer.distill_gate", [&] { step.gate = ParseDistillGate(trainer.distill_gate); }));
+      ParseKey("trainer.distill_gate", ParseDistillGate, trainer.distill_gate, &step.gate));
   const services::Config::Rstg& rstg = config.rstg;
-  KAPPA_RETURN_IF_ERROR(Parsed("rstg.confidence", [&] {
-    step.rstg.confidence = ParseRstgConfidence(rstg.confidence);
-  }));
-  KAPPA_RETURN_IF_ERROR(Parsed("rstg.token_selector", [&] {
-    step.rstg.token_score = ParseRstgTokenScore(rstg.token_selector);
-  }));
+  KAPPA_RETURN_IF_ERROR(
+      ParseKey("rstg.confidence", ParseRstgConfidence, rstg.confidence, &step.rstg.confidence));
+  KAPPA_RETURN_IF_ERROR(ParseKey("rstg.token_selector", ParseRstgTokenScore, rstg.token_selector,
+                                 &step.rstg.token_score));
   if (!(rstg.token_frac > 0 && rstg.token_frac <= 1)) {
     return absl::InvalidArgumentError("config key 'rstg.token_frac' must be in (0, 1]");
   }
@@ -80,21 +71,20 @@ absl::StatusOr<HybridStepConfig> MakeHybridStepConfig(const services::Config& co
                             : rstg.divergence_threshold;
   step.sft_weight = step.gate == DistillGate::kRstg ? rstg.sft_weight : 0.0;
 
-  KAPPA_RETURN_IF_ERROR(
-      Parsed("trainer.balance", [&] { step.balance = ParseBalance(trainer.balance); }));
+  KAPPA_RETURN_IF_ERROR(ParseKey("trainer.balance", ParseBalance, trainer.balance, &step.balance));
   BalanceConfig& balance = step.balance;
   if (!(trainer.kappa_target > 0)) {
     return absl::InvalidArgumentError("config key 'trainer.kappa_target' must be > 0");
   }
   balance.kappa_target = trainer.kappa_target;
   KAPPA_RETURN_IF_ERROR(
-      Parsed("m3.mask_target", [&] { balance.mask_target = ParseMaskTarget(config.m3.mask_target); }));
-  KAPPA_RETURN_IF_ERROR(Parsed("m3.mask_estimator", [&] {
-    balance.mask_estimator = ParseKdrEstimator(config.m3.mask_estimator);
-    if (balance.mask_estimator == KdrEstimator::kExact) {
-      throw std::invalid_argument("must be logit or last_layer");
-    }
-  }));
+      ParseKey("m3.mask_target", ParseMaskTarget, config.m3.mask_target, &balance.mask_target));
+  KAPPA_RETURN_IF_ERROR(ParseKey("m3.mask_estimator", ParseKdrEstimator, config.m3.mask_estimator,
+                                 &balance.mask_estimator));
+  if (balance.mask_estimator == KdrEstimator::kExact) {
+    return absl::InvalidArgumentError(
+        "config key 'm3.mask_estimator': must be logit or last_layer");
+  }
   balance.mask_temperature = config.m3.mask_temperature;
   balance.adapt_config.gain = config.m3.adapt_gain;
   balance.adapt_config.ema = config.m3.adapt_ema;
@@ -105,13 +95,13 @@ absl::StatusOr<HybridStepConfig> MakeHybridStepConfig(const services::Config& co
   MonitorConfig& monitor = step.monitor;
   monitor.kappa_every = config.monitor.kappa_every;
   monitor.kdr_every = config.monitor.kdr_every;
-  KAPPA_RETURN_IF_ERROR(Parsed("monitor.kdr_estimator", [&] {
-    monitor.kdr_estimator = ParseKdrEstimator(config.monitor.kdr_estimator);
-    if (monitor.kdr_estimator == KdrEstimator::kExact) {
-      throw std::invalid_argument(
-          "must be last_layer or logit (exact runs on sampled positions: monitor.kdr_exact_every)");
-    }
-  }));
+  KAPPA_RETURN_IF_ERROR(ParseKey("monitor.kdr_estimator", ParseKdrEstimator,
+                                 config.monitor.kdr_estimator, &monitor.kdr_estimator));
+  if (monitor.kdr_estimator == KdrEstimator::kExact) {
+    return absl::InvalidArgumentError(
+        "config key 'monitor.kdr_estimator': must be last_layer or logit (exact runs on sampled "
+        "positions: monitor.kdr_exact_every)");
+  }
   monitor.kdr_exact_every = config.monitor.kdr_exact_every;
   monitor.kdr_exact_positions = config.monitor.kdr_exact_positions;
   monitor.seed = services::RlSeed(config);
@@ -139,16 +129,14 @@ AlarmConfig MakeAlarmConfig(const services::Config& config) {
 absl::Status ValidateStepConfig(const services::Config& config) {
   absl::StatusOr<HybridStepConfig> step = MakeHybridStepConfig(config);
   if (!step.ok()) return step.status();
-  try {
+  // The constructors check their bounds.
+  return services::CaptureExceptions("", [&] {
     AlarmMonitor alarms(MakeAlarmConfig(config));
     if (step->balance.adapt) {
       LambdaController controller(step->loss.lambda, step->balance.kappa_target,
                                   step->balance.adapt_config);
     }
-  } catch (const std::invalid_argument& e) {
-    return absl::InvalidArgumentError(e.what());
-  }
-  return absl::OkStatus();
+  });
 }
 
 }  // namespace kappa::learner
