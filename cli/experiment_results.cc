@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
+#include "learner/metrics_schema.h"
 
 namespace kappa::cli {
 namespace {
@@ -47,7 +48,7 @@ std::optional<double> MedianOf(const std::vector<nlohmann::json>& steps, const c
 
 void CountAlarms(const nlohmann::json& record, int64_t step,
                  std::map<std::string, AlarmStats>* alarms) {
-  auto it = record.find("alarms");
+  auto it = record.find(metrics_jsonl::kAlarms);
   if (it == record.end() || !it->is_array()) return;
   for (const nlohmann::json& alarm : *it) {
     if (!alarm.is_object()) continue;
@@ -168,18 +169,19 @@ RunMetrics SummarizeMetrics(const std::vector<nlohmann::json>& records) {
   std::map<int64_t, const nlohmann::json*> by_step;
   for (const nlohmann::json& record : records) {
     if (!record.is_object()) continue;
-    if (std::optional<int64_t> step = IntegerAt(record, "step")) by_step[*step] = &record;
+    if (std::optional<int64_t> step = IntegerAt(record, metrics_jsonl::kStep))
+      by_step[*step] = &record;
   }
   std::vector<nlohmann::json> steps;  // step >= 1, in step order
   for (const auto& [step, record] : by_step) {
-    if (std::optional<double> accuracy = NumberAt(*record, "eval_accuracy")) {
+    if (std::optional<double> accuracy = NumberAt(*record, metrics_jsonl::kEvalAccuracy)) {
       metrics.final_accuracy = accuracy;
       metrics.final_accuracy_step = step;
     }
     if (step < 1) continue;
     steps.push_back(*record);
     metrics.last_step = step;
-    if (std::optional<double> elapsed = NumberAt(*record, "elapsed_seconds")) {
+    if (std::optional<double> elapsed = NumberAt(*record, metrics_jsonl::kElapsedSeconds)) {
       metrics.train_seconds = elapsed;
     }
   }
@@ -191,11 +193,12 @@ RunMetrics SummarizeMetrics(const std::vector<nlohmann::json>& records) {
   for (const nlohmann::json& record : steps) {
     // A step that distilled no position (distill_gate none, or an RSTG step
     // with no gated group) logs loss_distill 0: no measurement, not a value.
-    const bool distilled = IntegerAt(record, "distill_positions").value_or(1) > 0;
-    if (std::optional<double> v = NumberAt(record, "loss_distill"); v && distilled) {
+    const bool distilled = IntegerAt(record, metrics_jsonl::kDistillPositions).value_or(1) > 0;
+    if (std::optional<double> v = NumberAt(record, metrics_jsonl::kLossDistill); v && distilled) {
       distill.push_back(*v);
     }
-    if (std::optional<double> v = NumberAt(record, "reward_mean")) reward.push_back(*v);
+    if (std::optional<double> v = NumberAt(record, metrics_jsonl::kRewardMean))
+      reward.push_back(*v);
   }
   if (distill.size() >= 2) {
     const size_t quarter = std::max<size_t>(1, distill.size() / 4);
@@ -207,13 +210,14 @@ RunMetrics SummarizeMetrics(const std::vector<nlohmann::json>& records) {
     const size_t quarter = std::max<size_t>(1, reward.size() / 4);
     metrics.reward_last_quarter = Mean(reward, reward.size() - quarter, reward.size());
   }
-  metrics.kappa_median = MedianOf(steps, "kappa");
-  metrics.kappa_effective_median = MedianOf(steps, "kappa_effective");
-  metrics.kdr_negative_fraction_median = MedianOf(steps, "kdr_negative_fraction");
-  metrics.kdr_negative_weighted_fraction_median = MedianOf(steps, "kdr_negative_weighted_fraction");
+  metrics.kappa_median = MedianOf(steps, metrics_jsonl::kKappa);
+  metrics.kappa_effective_median = MedianOf(steps, metrics_jsonl::kKappaEffective);
+  metrics.kdr_negative_fraction_median = MedianOf(steps, metrics_jsonl::kKdrNegativeFraction);
+  metrics.kdr_negative_weighted_fraction_median =
+      MedianOf(steps, metrics_jsonl::kKdrNegativeWeightedFraction);
   for (const std::string& kind : AlarmKinds()) metrics.alarms[kind] = AlarmStats{};
   for (const nlohmann::json& record : steps) {
-    CountAlarms(record, record["step"].get<int64_t>(), &metrics.alarms);
+    CountAlarms(record, record[metrics_jsonl::kStep].get<int64_t>(), &metrics.alarms);
   }
   return metrics;
 }

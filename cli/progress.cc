@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "learner/metrics_schema.h"
 
 namespace kappa::cli {
 namespace {
@@ -34,20 +35,20 @@ std::string Significant(const std::optional<double>& value) {
 
 void RunProgress::Update(const nlohmann::json& record) {
   ++records;
-  ReadInt(record, "step", step);
-  ReadInt(record, "policy_version", policy_version);
-  ReadNumber(record, "reward_mean", reward_mean);
-  ReadNumber(record, "loss_reward", loss_reward);
-  ReadNumber(record, "loss_distill", loss_distill);
-  ReadNumber(record, "samples_per_second", samples_per_second);
-  ReadNumber(record, "kappa", kappa);
-  if (auto it = record.find("alarm_active"); it != record.end() && it->is_object()) {
+  ReadInt(record, metrics_jsonl::kStep, step);
+  ReadInt(record, metrics_jsonl::kPolicyVersion, policy_version);
+  ReadNumber(record, metrics_jsonl::kRewardMean, reward_mean);
+  ReadNumber(record, metrics_jsonl::kLossReward, loss_reward);
+  ReadNumber(record, metrics_jsonl::kLossDistill, loss_distill);
+  ReadNumber(record, metrics_jsonl::kSamplesPerSecond, samples_per_second);
+  ReadNumber(record, metrics_jsonl::kKappa, kappa);
+  if (auto it = record.find(metrics_jsonl::kAlarmActive); it != record.end() && it->is_object()) {
     active_alarms.clear();
     for (const auto& [kind, active] : it->items()) {
       if (active.is_number() && active.get<double>() != 0) active_alarms.push_back(kind);
     }
   }
-  if (auto it = record.find("alarms"); it != record.end() && it->is_array()) {
+  if (auto it = record.find(metrics_jsonl::kAlarms); it != record.end() && it->is_array()) {
     for (const nlohmann::json& alarm : *it) {
       const std::string kind = alarm.value("kind", std::string("alarm"));
       const int64_t alarm_step = alarm.value("step", step);
@@ -57,7 +58,7 @@ void RunProgress::Update(const nlohmann::json& record) {
     }
   }
   std::optional<double> eval;
-  ReadNumber(record, "eval_accuracy", eval);
+  ReadNumber(record, metrics_jsonl::kEvalAccuracy, eval);
   if (eval) {
     if (!first_eval_accuracy) {
       first_eval_accuracy = eval;

@@ -10,6 +10,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "learner/metrics_schema.h"
 #include "services/config.h"
 
 namespace kappa::cli {
@@ -26,7 +27,7 @@ double NumberOrNaN(const nlohmann::json& value) {
 // Why `record` cannot be a step record, or empty when it can.
 std::string Rejection(const nlohmann::json& record) {
   if (!record.is_object()) return "not a JSON object";
-  auto step = record.find("step");
+  auto step = record.find(metrics_jsonl::kStep);
   if (step == record.end()) return "no \"step\" field";
   if (!step->is_number_integer()) return "\"step\" is not an integer";
   return "";
@@ -35,9 +36,9 @@ std::string Rejection(const nlohmann::json& record) {
 void AddDerivedSeries(RunSeries* series) {
   // Tokens per second of wall time between steps: the learner logs samples/s
   // over the interval and the step's tokens, not tokens/s itself.
-  const std::vector<double> sps = series->Series("samples_per_second");
-  const std::vector<double> tokens = series->Series("tokens");
-  const std::vector<double> samples = series->Series("samples");
+  const std::vector<double> sps = series->Series(metrics_jsonl::kSamplesPerSecond);
+  const std::vector<double> tokens = series->Series(metrics_jsonl::kTokens);
+  const std::vector<double> samples = series->Series(metrics_jsonl::kSamples);
   std::vector<double> tps(series->steps.size(), kNaN);
   bool any = false;
   for (size_t i = 0; i < tps.size(); ++i) {
@@ -109,7 +110,7 @@ RunSeries ParseMetricsText(const std::string& text, const std::string& file_name
       why = absl::StrCat("not valid JSON (", e.what(), ")");
     }
     if (why.empty()) {
-      const int64_t step = record["step"].get<int64_t>();
+      const int64_t step = record[metrics_jsonl::kStep].get<int64_t>();
       by_step[step] = std::move(record);
       continue;
     }
@@ -132,15 +133,17 @@ RunSeries ParseMetricsText(const std::string& text, const std::string& file_name
     series.steps.push_back(step);
     for (const auto& [key, value] : record.items()) {
       if (!value.is_number() && !value.is_null()) continue;
-      if (key == "step") continue;
+      if (key == metrics_jsonl::kStep) continue;
       auto [it, inserted] = series.values.try_emplace(key);
       if (inserted) it->second.assign(n, kNaN);
       it->second[index] = NumberOrNaN(value);
     }
-    if (auto kdr = record.find("kdr_position_mean"); kdr != record.end() && kdr->is_array()) {
+    if (auto kdr = record.find(metrics_jsonl::kKdrPositionMean);
+        kdr != record.end() && kdr->is_array()) {
       for (const nlohmann::json& v : *kdr) series.kdr_position_mean[index].push_back(NumberOrNaN(v));
     }
-    if (auto alarms = record.find("alarms"); alarms != record.end() && alarms->is_array()) {
+    if (auto alarms = record.find(metrics_jsonl::kAlarms);
+        alarms != record.end() && alarms->is_array()) {
       for (const nlohmann::json& alarm : *alarms) {
         if (!alarm.is_object()) continue;
         AlarmMark mark;

@@ -9,6 +9,7 @@
 #include "cli/report_html.h"
 #include "cli/report_run.h"
 #include "cli/report_svg.h"
+#include "learner/metrics_schema.h"
 #include "services/atomic_file.h"
 
 namespace kappa::cli {
@@ -21,11 +22,11 @@ struct Curve {
 Curve RunCurve(const RunSeries& s, const std::string& field) {
   Curve curve;
   const std::vector<double> values = s.Series(field);
-  const std::vector<double> positions = s.Series("distill_positions");
+  const std::vector<double> positions = s.Series(metrics_jsonl::kDistillPositions);
   for (size_t i = 0; i < s.steps.size(); ++i) {
     double v = values[i];
     // As on the run page: a step that distilled nothing has no L_D.
-    if (field == "loss_distill" && positions[i] == 0) continue;
+    if (field == metrics_jsonl::kLossDistill && positions[i] == 0) continue;
     if (!std::isfinite(v)) continue;
     curve.x.push_back(static_cast<double>(s.steps[i]));
     curve.y.push_back(v);
@@ -97,7 +98,7 @@ std::string ComparisonChart(const ChartSpec& spec, const std::vector<AblationArm
     const Curve mean = MeanCurve(curves);
     ChartSeries bold{arms[a].name, PaletteColor(a), mean.x, mean.y};
     bold.width = 2.2;
-    bold.dots = spec.field == "eval_accuracy";
+    bold.dots = spec.field == metrics_jsonl::kEvalAccuracy;
     chart.series.push_back(std::move(bold));
   }
   return RenderLineChart(chart);
@@ -211,10 +212,13 @@ std::string ExperimentReportHtml(const std::string& title, const std::string& co
   // About fifty independent points across the run, whatever its length.
   const int window = static_cast<int>(std::max<int64_t>(1, max_steps / 50));
   const ChartSpec specs[] = {
-      {"exp_eval_accuracy", "eval_accuracy", "Held-out accuracy", "fraction correct", false, false, true},
-      {"exp_reward", "reward_mean", "Reward mean", "fraction correct", false, true, true},
-      {"exp_loss_distill", "loss_distill", "Distillation loss L_D", "loss", false, true, false},
-      {"exp_kappa", "kappa", "κ = ‖∇L_R‖ / ‖∇L_D‖", "ratio (log)", true, true, false},
+      {"exp_eval_accuracy", metrics_jsonl::kEvalAccuracy, "Held-out accuracy", "fraction correct",
+       false, false, true},
+      {"exp_reward", metrics_jsonl::kRewardMean, "Reward mean", "fraction correct", false, true,
+       true},
+      {"exp_loss_distill", metrics_jsonl::kLossDistill, "Distillation loss L_D", "loss", false,
+       true, false},
+      {"exp_kappa", metrics_jsonl::kKappa, "κ = ‖∇L_R‖ / ‖∇L_D‖", "ratio (log)", true, true, false},
   };
   std::string body = absl::StrCat("<h1>", XmlEscape(title), "</h1>\n<p class=\"meta\">",
                                   XmlEscape(context), "</p>\n");

@@ -10,6 +10,7 @@
 #include "cli/experiment_results.h"
 #include "cli/report_html.h"
 #include "cli/report_svg.h"
+#include "learner/metrics_schema.h"
 #include "services/atomic_file.h"
 
 namespace kappa::cli {
@@ -73,8 +74,8 @@ int64_t CountFinite(const std::vector<double>& values) {
 // L_D of a step that distilled nothing is logged as 0 but is no measurement
 // (as in SummarizeMetrics): a gap, not a dip to zero.
 std::vector<double> MeasuredDistillLoss(const RunSeries& s) {
-  std::vector<double> loss = s.Series("loss_distill");
-  const std::vector<double> positions = s.Series("distill_positions");
+  std::vector<double> loss = s.Series(metrics_jsonl::kLossDistill);
+  const std::vector<double> positions = s.Series(metrics_jsonl::kDistillPositions);
   for (size_t i = 0; i < loss.size(); ++i) {
     if (positions[i] == 0) loss[i] = kNaN;
   }
@@ -90,12 +91,13 @@ std::vector<std::string> Charts(const RunSeries& s) {
     LineChart c;
     c.id = "kappa";
     c.title = "κ = ‖∇L_R‖ / ‖∇L_D‖";
-    const int64_t measured = CountFinite(s.Series("kappa"));
+    const int64_t measured = CountFinite(s.Series(metrics_jsonl::kKappa));
     c.subtitle = absl::StrCat("measured on ", measured, " of ", train_steps,
                               " steps; κ_eff = κ/λ when naive; alarm: κ_eff EMA > threshold");
     c.y_label = "ratio (log)";
     c.log_y = true;
-    c.series = {Line(s, "kappa", "κ", 0), Line(s, "kappa_effective", "κ_eff", 1)};
+    c.series = {Line(s, metrics_jsonl::kKappa, "κ", 0),
+                Line(s, metrics_jsonl::kKappaEffective, "κ_eff", 1)};
     c.series[1].dashed = true;  // equal to κ when λ = 1: both stay visible
     AddSmoothed(s, &c.series);
     c.thresholds.push_back({s.kappa_threshold,
@@ -111,18 +113,18 @@ std::vector<std::string> Charts(const RunSeries& s) {
     c.title = "Gradient norms ‖∇L_R‖ and ‖∇L_D‖";
     c.y_label = "L2 norm (log)";
     c.log_y = true;
-    c.series = {Line(s, "grad_norm_reward", "‖∇L_R‖", 0),
-                Line(s, "grad_norm_distill", "‖∇L_D‖", 1)};
+    c.series = {Line(s, metrics_jsonl::kGradNormReward, "‖∇L_R‖", 0),
+                Line(s, metrics_jsonl::kGradNormDistill, "‖∇L_D‖", 1)};
     // After M3 only when it changed something (naive mixing logs it equal).
-    const std::vector<double> raw = s.Series("grad_norm_reward");
-    const std::vector<double> balanced = s.Series("grad_norm_reward_balanced");
+    const std::vector<double> raw = s.Series(metrics_jsonl::kGradNormReward);
+    const std::vector<double> balanced = s.Series(metrics_jsonl::kGradNormRewardBalanced);
     bool differs = false;
     for (size_t i = 0; i < raw.size(); ++i) {
       differs |= std::isfinite(balanced[i]) &&
                  !(std::fabs(balanced[i] - raw[i]) <= 1e-9 * std::fabs(raw[i]));
     }
     if (differs) {
-      ChartSeries balanced = Line(s, "grad_norm_reward_balanced", "‖∇L_R‖ after M3", 2);
+      ChartSeries balanced = Line(s, metrics_jsonl::kGradNormRewardBalanced, "‖∇L_R‖ after M3", 2);
       balanced.dashed = true;
       c.series.push_back(std::move(balanced));
     }
@@ -134,13 +136,13 @@ std::vector<std::string> Charts(const RunSeries& s) {
     c.title = "Losses";
     c.subtitle = "L_D left out on steps that distilled no position";
     c.y_label = "loss";
-    c.series = {Line(s, "loss_reward", "L_R", 0)};
-    ChartSeries distill = Line(s, "loss_distill", "L_D", 1);
+    c.series = {Line(s, metrics_jsonl::kLossReward, "L_R", 0)};
+    ChartSeries distill = Line(s, metrics_jsonl::kLossDistill, "L_D", 1);
     distill.y = MeasuredDistillLoss(s);
     c.series.push_back(std::move(distill));
-    const std::vector<double> sft = s.Series("loss_sft");
+    const std::vector<double> sft = s.Series(metrics_jsonl::kLossSft);
     if (std::any_of(sft.begin(), sft.end(), [](double v) { return std::isfinite(v) && v != 0; })) {
-      c.series.push_back(Line(s, "loss_sft", "L_SFT", 2));
+      c.series.push_back(Line(s, metrics_jsonl::kLossSft, "L_SFT", 2));
     }
     AddSmoothed(s, &c.series);
     charts.push_back(RenderLineChart(c));
@@ -153,9 +155,9 @@ std::vector<std::string> Charts(const RunSeries& s) {
     c.fixed_y = true;
     c.y_min = 0;
     c.y_max = 1;
-    c.series = {Line(s, "reward_mean", "reward mean (batch)", 0)};
+    c.series = {Line(s, metrics_jsonl::kRewardMean, "reward mean (batch)", 0)};
     AddSmoothed(s, &c.series);
-    ChartSeries eval = Line(s, "eval_accuracy", "held-out accuracy", 2);
+    ChartSeries eval = Line(s, metrics_jsonl::kEvalAccuracy, "held-out accuracy", 2);
     eval.dots = true;
     eval.width = 2;
     c.series.push_back(std::move(eval));
@@ -171,8 +173,9 @@ std::vector<std::string> Charts(const RunSeries& s) {
     c.fixed_y = true;
     c.y_min = 0;
     c.y_max = 1;
-    c.series = {Line(s, "kdr_negative_fraction", "negative fraction", 0),
-                Line(s, "kdr_negative_weighted_fraction", "|K|-weighted negative fraction", 1)};
+    c.series = {
+        Line(s, metrics_jsonl::kKdrNegativeFraction, "negative fraction", 0),
+        Line(s, metrics_jsonl::kKdrNegativeWeightedFraction, "|K|-weighted negative fraction", 1)};
     AddSmoothed(s, &c.series);
     c.thresholds.push_back({s.conflict_threshold, "alarms.conflict_threshold", "#9467bd"});
     c.markers = AlarmMarkers(s, "directional_conflict");
@@ -186,7 +189,7 @@ std::vector<std::string> Charts(const RunSeries& s) {
     c.fixed_y = true;
     c.y_min = -1;
     c.y_max = 1;
-    c.series = {Line(s, "grad_cosine", "cosine", 0)};
+    c.series = {Line(s, metrics_jsonl::kGradCosine, "cosine", 0)};
     AddSmoothed(s, &c.series);
     c.thresholds.push_back({0.0, "0", "#999999"});
     charts.push_back(RenderLineChart(c));
@@ -196,7 +199,7 @@ std::vector<std::string> Charts(const RunSeries& s) {
     c.id = "entropy";
     c.title = "Student entropy";
     c.y_label = "nats per token";
-    c.series = {Line(s, "entropy", "entropy", 0)};
+    c.series = {Line(s, metrics_jsonl::kEntropy, "entropy", 0)};
     AddSmoothed(s, &c.series);
     charts.push_back(RenderLineChart(c));
   }
@@ -205,9 +208,9 @@ std::vector<std::string> Charts(const RunSeries& s) {
     c.id = "lambda";
     c.title = "λ (distillation weight)";
     c.y_label = "λ";
-    c.series = {Line(s, "lambda", "λ", 0)};
-    if (s.Has("distill_scale")) {
-      ChartSeries scale = Line(s, "distill_scale", "applied L_D scale", 1);
+    c.series = {Line(s, metrics_jsonl::kLambda, "λ", 0)};
+    if (s.Has(metrics_jsonl::kDistillScale)) {
+      ChartSeries scale = Line(s, metrics_jsonl::kDistillScale, "applied L_D scale", 1);
       scale.dashed = true;
       c.series.push_back(std::move(scale));
     }
@@ -220,7 +223,7 @@ std::vector<std::string> Charts(const RunSeries& s) {
     c.y_label = "per second (log)";
     c.log_y = true;
     c.series = {Line(s, "tokens_per_second", "tokens/s", 0),
-                Line(s, "samples_per_second", "samples/s", 1)};
+                Line(s, metrics_jsonl::kSamplesPerSecond, "samples/s", 1)};
     charts.push_back(RenderLineChart(c));
   }
   {
@@ -228,8 +231,9 @@ std::vector<std::string> Charts(const RunSeries& s) {
     c.id = "step_seconds";
     c.title = "Step time";
     c.y_label = "seconds";
-    c.series = {Line(s, "step_seconds", "training step", 0)};
-    if (s.Has("kdr_exact_seconds")) c.series.push_back(Line(s, "kdr_exact_seconds", "exact K_DR", 1));
+    c.series = {Line(s, metrics_jsonl::kStepSeconds, "training step", 0)};
+    if (s.Has(metrics_jsonl::kKdrExactSeconds))
+      c.series.push_back(Line(s, metrics_jsonl::kKdrExactSeconds, "exact K_DR", 1));
     charts.push_back(RenderLineChart(c));
   }
   {
@@ -237,7 +241,7 @@ std::vector<std::string> Charts(const RunSeries& s) {
     c.id = "staleness";
     c.title = "Staleness of consumed groups";
     c.y_label = "policy versions";
-    c.series = {Line(s, "staleness_mean", "mean staleness", 0)};
+    c.series = {Line(s, metrics_jsonl::kStalenessMean, "mean staleness", 0)};
     charts.push_back(RenderLineChart(c));
   }
   return charts;
@@ -282,7 +286,7 @@ std::string SummaryTable(const RunSeries& s) {
   std::optional<double> best;
   std::optional<int64_t> best_step;
   std::optional<double> initial;
-  const std::vector<double> eval = s.Series("eval_accuracy");
+  const std::vector<double> eval = s.Series(metrics_jsonl::kEvalAccuracy);
   for (size_t i = 0; i < eval.size(); ++i) {
     if (!std::isfinite(eval[i])) continue;
     if (s.steps[i] == 0) initial = eval[i];
@@ -295,7 +299,7 @@ std::string SummaryTable(const RunSeries& s) {
     return v ? absl::StrCat(FormatValue(v), step ? absl::StrCat(" (step ", *step, ")") : "")
              : std::string("–");
   };
-  std::vector<double> steps_with_reward = s.Series("reward_mean");
+  std::vector<double> steps_with_reward = s.Series(metrics_jsonl::kRewardMean);
   std::string rows;
   absl::StrAppend(&rows, TableRow("steps", "training steps recorded",
                                   {absl::StrCat(m.records), m.last_step ? absl::StrCat("last step ", *m.last_step) : "–"}));

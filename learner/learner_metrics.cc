@@ -32,11 +32,9 @@ LearnerMetrics::LearnerMetrics(Registry& registry) : registry_(registry) {
   }
 }
 
-void LearnerMetrics::RecordStep(const StepObservationForMetrics& step,
-                                const HybridStepReport& report,
-                                const std::vector<AlarmEvent>& events,
-                                const AlarmMonitor& alarms) {
+void LearnerMetrics::RecordStep(const StepRecord& step) {
   Registry& r = registry_;
+  const HybridStepReport& report = step.report;
   const StepStats& s = report.stats;
   r.GetGauge("kappa_learner_step", "Optimizer steps taken.").Set(static_cast<double>(step.step));
   r.GetGauge("kappa_learner_policy_version", "Version of the published policy.")
@@ -86,15 +84,15 @@ void LearnerMetrics::RecordStep(const StepObservationForMetrics& step,
     r.GetGauge("kappa_learner_eval_accuracy_ratio", "Held-out greedy accuracy, last evaluation.")
         .Set(*step.eval_accuracy);
   }
-  for (const AlarmEvent& event : events) {
+  for (const AlarmEvent& event : step.alarm_events) {
     r.GetCounter("kappa_learner_alarms_total", "Alarms fired (turned active).",
                  {{"kind", AlarmName(event.kind)}})
         .Increment();
   }
-  for (AlarmKind kind : kAllAlarmKinds) {
+  for (size_t k = 0; k < std::size(kAllAlarmKinds); ++k) {
     r.GetGauge("kappa_learner_alarm", "1 while the alarm is active, else 0.",
-               {{"kind", AlarmName(kind)}})
-        .Set(alarms.active(kind) ? 1 : 0);
+               {{"kind", AlarmName(kAllAlarmKinds[k])}})
+        .Set(step.alarm_active[k] ? 1 : 0);
   }
   auto& staleness = r.GetHistogram("kappa_learner_staleness_versions",
                                    "Policy versions between sampling and training, per group.",

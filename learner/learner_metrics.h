@@ -4,33 +4,20 @@
 #pragma once
 
 #include <cstdint>
-#include <optional>
-#include <vector>
 
 #include "learner/algo/alarms.h"
-#include "learner/algo/hybrid_step.h"
 #include "learner/coordinator.h"
+#include "learner/step_record.h"
 #include "services/metrics.h"
 
 namespace kappa::learner {
-
-struct StepObservationForMetrics {
-  int64_t step = 0;
-  int64_t policy_version = 0;
-  double reward_mean = 0.0;
-  double truncated_fraction = 0.0;  // responses that hit their token budget
-  int64_t tokens = 0;
-  double step_seconds = 0.0;
-  std::vector<int64_t> staleness;  // per consumed group, in policy versions
-  std::optional<double> eval_accuracy;
-};
 
 class LearnerMetrics {
  public:
   explicit LearnerMetrics(services::metrics::Registry& registry);
 
-  void RecordStep(const StepObservationForMetrics& step, const HybridStepReport& report,
-                  const std::vector<AlarmEvent>& events, const AlarmMonitor& alarms);
+  // The step's gauges, histograms and counters (docs/metrics.md).
+  void RecordStep(const StepRecord& step);
 
   // The group traffic (accepted, dropped, buffered) as of now. Called at
   // every scrape (a collect hook), so starvation shows while no step runs.

@@ -1,12 +1,20 @@
 #include "learner/step_record.h"
 
 #include <cmath>
+#include <numeric>
+
+#include "learner/metrics_schema.h"
 
 namespace kappa::learner {
+namespace keys = metrics_jsonl;
 namespace {
 
 nlohmann::json NumberOrNull(double value) {
   return std::isfinite(value) ? nlohmann::json(value) : nlohmann::json(nullptr);
+}
+
+nlohmann::json NumberOrNull(const std::optional<double>& value) {
+  return value ? NumberOrNull(*value) : nlohmann::json(nullptr);
 }
 
 template <typename Container>
@@ -16,67 +24,96 @@ nlohmann::json Numbers(const Container& values) {
   return out;
 }
 
-void AddKdr(const KdrSummary& kdr, const char* prefix, nlohmann::json& record) {
-  const std::string p = prefix;
-  record[p + "_positions"] = kdr.positions;
-  record[p + "_mean"] = NumberOrNull(kdr.mean);
-  record[p + "_negative_fraction"] = NumberOrNull(kdr.negative_fraction);
-  record[p + "_negative_weighted_fraction"] = NumberOrNull(kdr.negative_weighted_fraction);
-  record[p + "_quantiles"] = Numbers(kdr.quantiles);
+// The keys one KdrSummary fills, for the cheap estimator or the exact one.
+struct KdrKeys {
+  const char* positions;
+  const char* mean;
+  const char* negative_fraction;
+  const char* negative_weighted_fraction;
+  const char* quantiles;
+};
+constexpr KdrKeys kCheapKdr = {keys::kKdrPositions, keys::kKdrMean, keys::kKdrNegativeFraction,
+                               keys::kKdrNegativeWeightedFraction, keys::kKdrQuantiles};
+constexpr KdrKeys kExactKdr = {keys::kKdrExactPositions, keys::kKdrExactMean,
+                               keys::kKdrExactNegativeFraction,
+                               keys::kKdrExactNegativeWeightedFraction, keys::kKdrExactQuantiles};
+
+void AddKdr(const KdrSummary& kdr, const KdrKeys& names, nlohmann::json& line) {
+  line[names.positions] = kdr.positions;
+  line[names.mean] = NumberOrNull(kdr.mean);
+  line[names.negative_fraction] = NumberOrNull(kdr.negative_fraction);
+  line[names.negative_weighted_fraction] = NumberOrNull(kdr.negative_weighted_fraction);
+  line[names.quantiles] = Numbers(kdr.quantiles);
 }
 
-}  // namespace
+void AddBatch(const StepRecord& record, nlohmann::json& line) {
+  line[keys::kRewardMean] = record.reward_mean;
+  line[keys::kTruncatedFraction] = record.truncated_fraction;
+  line[keys::kSamples] = record.samples;
+  line[keys::kTokens] = record.tokens;
+  line[keys::kSamplesPerSecond] = record.samples_per_second();
+  line[keys::kStalenessMean] = record.staleness_mean();
+  const CoordinatorCounters& c = record.counters;
+  line[keys::kGroupsAccepted] = c.groups_accepted;
+  line[keys::kGroupsConsumed] = c.groups_consumed;
+  line[keys::kGroupsDroppedStale] = c.dropped_stale;
+  line[keys::kGroupsDroppedUnknownLease] = c.dropped_unknown_lease;
+  line[keys::kLeasesReissued] = c.leases_reissued;
+  line[keys::kBufferGroups] = c.buffered;
+  line[keys::kStepSeconds] = record.step_seconds;
+  line[keys::kElapsedSeconds] = record.elapsed_seconds;
+  line[keys::kLeaseIds] = record.lease_ids;
+  line[keys::kGroupVersions] = record.group_versions;
+}
 
-void AddStepReport(const HybridStepReport& report, nlohmann::json& record) {
+void AddOptimizer(const HybridStepReport& report, nlohmann::json& line) {
   const StepStats& s = report.stats;
-  record["loss_reward"] = s.reward_loss;
-  record["loss_distill"] = s.distill_loss;
-  record["loss_sft"] = s.sft_loss;
-  record["entropy"] = report.entropy;
-  record["clip_fraction"] = report.clip_fraction;
-  record["approx_kl"] = report.approx_kl;
-  record["grad_norm"] = s.grad_norm;
-  record["lr"] = s.lr;
-  record["lambda"] = report.lambda;
-  record["distill_scale"] = s.distill_scale;
-  const auto kappa = s.kappa();
-  record["kappa"] = kappa ? nlohmann::json(*kappa) : nlohmann::json(nullptr);
-  const auto kappa_effective = s.kappa_effective();
-  record["kappa_effective"] =
-      kappa_effective ? nlohmann::json(*kappa_effective) : nlohmann::json(nullptr);
+  line[keys::kLossReward] = s.reward_loss;
+  line[keys::kLossDistill] = s.distill_loss;
+  line[keys::kLossSft] = s.sft_loss;
+  line[keys::kEntropy] = report.entropy;
+  line[keys::kClipFraction] = report.clip_fraction;
+  line[keys::kApproxKl] = report.approx_kl;
+  line[keys::kGradNorm] = s.grad_norm;
+  line[keys::kLr] = s.lr;
+  line[keys::kLambda] = report.lambda;
+  line[keys::kDistillScale] = s.distill_scale;
+  line[keys::kKappa] = NumberOrNull(s.kappa());
+  line[keys::kKappaEffective] = NumberOrNull(s.kappa_effective());
   if (s.measured) {
-    record["grad_norm_reward"] = s.reward_grad_norm;
-    record["grad_norm_distill"] = s.distill_grad_norm;
-    record["grad_cosine"] = s.grad_cosine;
-    record["grad_norm_reward_balanced"] = s.balanced_reward_grad_norm;
-    record["projected"] = s.projected;
+    line[keys::kGradNormReward] = s.reward_grad_norm;
+    line[keys::kGradNormDistill] = s.distill_grad_norm;
+    line[keys::kGradCosine] = s.grad_cosine;
+    line[keys::kGradNormRewardBalanced] = s.balanced_reward_grad_norm;
+    line[keys::kProjected] = s.projected;
   } else {
-    for (const char* key : {"grad_norm_reward", "grad_norm_distill", "grad_cosine"}) {
-      record[key] = nullptr;
+    for (const char* key : {keys::kGradNormReward, keys::kGradNormDistill, keys::kGradCosine}) {
+      line[key] = nullptr;
     }
   }
-  if (report.kdr) {
-    AddKdr(*report.kdr, "kdr", record);
-    record["kdr_position_mean"] = Numbers(report.kdr->position_mean);
-  }
-  if (report.kdr_exact) {
-    AddKdr(*report.kdr_exact, "kdr_exact", record);
-    record["kdr_exact_seconds"] = report.exact_seconds;
-    record["kdr_sign_agreement_logit"] = NumberOrNull(report.agreement_logit.value_or(NAN));
-    record["kdr_sign_agreement_last_layer"] =
-        NumberOrNull(report.agreement_last_layer.value_or(NAN));
-  }
-  record["distill_positions"] = report.distill_positions;
-  record["rstg_gated_groups"] = report.gated_groups;
-  record["m3_masked_positions"] = report.masked_positions;
-  record["demonstrations"] = report.demonstrations;
 }
 
-void AddAlarms(const std::vector<AlarmEvent>& events, const AlarmMonitor& monitor,
-               nlohmann::json& record) {
-  if (!events.empty()) {
+void AddMonitors(const HybridStepReport& report, nlohmann::json& line) {
+  if (report.kdr) {
+    AddKdr(*report.kdr, kCheapKdr, line);
+    line[keys::kKdrPositionMean] = Numbers(report.kdr->position_mean);
+  }
+  if (report.kdr_exact) {
+    AddKdr(*report.kdr_exact, kExactKdr, line);
+    line[keys::kKdrExactSeconds] = report.exact_seconds;
+    line[keys::kKdrSignAgreementLogit] = NumberOrNull(report.agreement_logit);
+    line[keys::kKdrSignAgreementLastLayer] = NumberOrNull(report.agreement_last_layer);
+  }
+  line[keys::kDistillPositions] = report.distill_positions;
+  line[keys::kRstgGatedGroups] = report.gated_groups;
+  line[keys::kM3MaskedPositions] = report.masked_positions;
+  line[keys::kDemonstrations] = report.demonstrations;
+}
+
+void AddAlarms(const StepRecord& record, nlohmann::json& line) {
+  if (!record.alarm_events.empty()) {
     nlohmann::json list = nlohmann::json::array();
-    for (const AlarmEvent& e : events) {
+    for (const AlarmEvent& e : record.alarm_events) {
       nlohmann::json values = nlohmann::json::object();
       for (const auto& [name, value] : e.values) values[name] = NumberOrNull(value);
       list.push_back({{"kind", AlarmName(e.kind)},
@@ -84,25 +121,56 @@ void AddAlarms(const std::vector<AlarmEvent>& events, const AlarmMonitor& monito
                       {"message", e.message},
                       {"values", std::move(values)}});
     }
-    record["alarms"] = std::move(list);
+    line[keys::kAlarms] = std::move(list);
   }
   nlohmann::json active = nlohmann::json::object();
-  for (AlarmKind kind : kAllAlarmKinds) active[AlarmName(kind)] = monitor.active(kind) ? 1 : 0;
-  record["alarm_active"] = std::move(active);
+  for (size_t k = 0; k < std::size(kAllAlarmKinds); ++k) {
+    active[AlarmName(kAllAlarmKinds[k])] = record.alarm_active[k] ? 1 : 0;
+  }
+  line[keys::kAlarmActive] = std::move(active);
 }
 
-StepObservation ObservationOf(int64_t step, const HybridStepReport& report, double reward_mean,
-                              bool has_distill) {
+}  // namespace
+
+double StepRecord::samples_per_second() const {
+  return interval_seconds > 0 ? static_cast<double>(samples) / interval_seconds : 0.0;
+}
+
+double StepRecord::staleness_mean() const {
+  if (staleness.empty()) return 0.0;
+  return static_cast<double>(std::accumulate(staleness.begin(), staleness.end(), int64_t{0})) /
+         static_cast<double>(staleness.size());
+}
+
+StepObservation ObservationOf(const StepRecord& record) {
+  const HybridStepReport& report = record.report;
   StepObservation o;
-  o.step = step;
+  o.step = record.step;
   // Drowning is judged on the ratio the update applied (κ/λ under naive
   // mixing), so a small λ trips it; DESIGN.md §4 states it for raw κ (λ = 1).
   o.kappa = report.stats.kappa_effective();
-  if (has_distill) o.distill_loss = report.stats.distill_loss;
+  if (report.distill_positions > 0) o.distill_loss = report.stats.distill_loss;
   if (report.kdr) o.kdr_negative_weighted_fraction = report.kdr->negative_weighted_fraction;
-  o.reward_mean = reward_mean;
+  o.reward_mean = record.reward_mean;
   o.entropy = report.entropy;
   return o;
+}
+
+nlohmann::json ToJson(const StepRecord& record) {
+  nlohmann::json line = {{keys::kStep, record.step}, {keys::kPolicyVersion, record.policy_version}};
+  AddBatch(record, line);
+  AddOptimizer(record.report, line);
+  AddMonitors(record.report, line);
+  AddAlarms(record, line);
+  if (record.eval_accuracy) line[keys::kEvalAccuracy] = *record.eval_accuracy;
+  return line;
+}
+
+nlohmann::json EvaluationJson(int64_t step, int64_t policy_version, double eval_accuracy) {
+  return {{keys::kStep, step},
+          {keys::kPolicyVersion, policy_version},
+          {keys::kEvalAccuracy, eval_accuracy},
+          {keys::kElapsedSeconds, 0.0}};
 }
 
 }  // namespace kappa::learner

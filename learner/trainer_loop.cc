@@ -12,6 +12,7 @@
 #include "learner/step_config.h"
 #include "learner/step_record.h"
 #include "model/checkpoint.h"
+#include "services/status_util.h"
 
 namespace kappa::learner {
 namespace {
@@ -76,45 +77,106 @@ double TrainerLoop::EvaluateHeldOut() {
 
 absl::Status TrainerLoop::SaveCheckpoint(int64_t step) {
   const std::string dir = CheckpointDir(run_dir_, step);
-  try {
+  KAPPA_RETURN_IF_ERROR(services::CaptureExceptions(absl::StrCat("checkpoint ", dir), [&] {
     model::SaveCheckpoint(dir, student_);
     step_->optimizer().Save(dir + "/optimizer.pt");
-  } catch (const std::exception& e) {
-    return absl::InternalError(absl::StrCat("checkpoint ", dir, ": ", e.what()));
-  }
+  }));
   const DataPosition position = coordinator_->data_position();
   state_.data_position = position.drawn;
   state_.pending_prompts.assign(position.pending.begin(), position.pending.end());
-  if (absl::Status status = WriteTrainerState(dir, state_); !status.ok()) return status;
+  KAPPA_RETURN_IF_ERROR(WriteTrainerState(dir, state_));
   return MarkLatest(run_dir_, dir);
 }
 
-absl::Status TrainerLoop::Run(const std::function<bool()>& stop_requested) {
-  absl::StatusOr<HybridStepConfig> step_config = MakeHybridStepConfig(config_);
-  if (!step_config.ok()) return step_config.status();
-  step_config->loss.vocab_limit = vocab_limit_;
-  try {
-    step_ = std::make_unique<HybridStep>(student_, std::move(optimizer_), *std::move(step_config));
+absl::Status TrainerLoop::MakeStep() {
+  KAPPA_ASSIGN_OR_RETURN(HybridStepConfig step_config, MakeHybridStepConfig(config_));
+  step_config.loss.vocab_limit = vocab_limit_;
+  KAPPA_RETURN_IF_ERROR(services::CaptureExceptions("", [&] {
+    step_ = std::make_unique<HybridStep>(student_, std::move(optimizer_), std::move(step_config));
     alarms_ = std::make_unique<AlarmMonitor>(MakeAlarmConfig(config_));
-  } catch (const std::invalid_argument& e) {
-    return absl::InvalidArgumentError(e.what());
-  }
+  }));
   spdlog::info("learner: distill_gate={} balance={} lambda={} kappa_every={} kdr_every={}",
                DistillGateName(step_->config().gate), BalanceName(step_->config().balance),
                step_->lambda(), step_->config().monitor.kappa_every,
                step_->config().monitor.kdr_every);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StepRecord> TrainerLoop::TrainOn(std::vector<BufferedGroup> buffered,
+                                                absl::Time run_start) {
+  const absl::Time step_start = absl::Now();
+  StepRecord record;
+  for (const BufferedGroup& entry : buffered) {
+    record.lease_ids.push_back(entry.lease_id);
+    record.group_versions.push_back(entry.group.policy_version);
+    record.staleness.push_back(state_.policy_version - entry.group.policy_version);
+    for (const ScoredSample& sample : entry.group.samples) {
+      record.tokens += static_cast<int64_t>(sample.response_tokens.size());
+    }
+  }
+  // Padding positions are masked out of every term; id 0 exists in every
+  // vocabulary.
+  const TrainBatch batch = BuildTrainBatch(TakeGroups(buffered), config_.trainer.norm_std,
+                                           /*pad_id=*/0, step_->config().truncated);
+  // c10::Error included: the step stops at this edge, with a status.
+  KAPPA_ASSIGN_OR_RETURN(
+      record.report, services::CaptureExceptions(absl::StrCat("training step ", state_.step + 1),
+                                                 [&] { return step_->Run(batch); }));
+  ++state_.step;
+  state_.policy_version = state_.step;
+  PublishPolicy();
+
+  const absl::Time now = absl::Now();
+  record.step = state_.step;
+  record.policy_version = state_.policy_version;
+  record.samples = batch.num_groups * batch.group_size;
+  record.reward_mean = batch.rewards.mean().item<double>();
+  // Before trainer.truncated acted on them.
+  record.truncated_fraction =
+      static_cast<double>(batch.num_truncated) / static_cast<double>(record.samples);
+  record.counters = coordinator_->counters();
+  record.step_seconds = absl::ToDoubleSeconds(now - step_start);
+  record.interval_seconds = absl::ToDoubleSeconds(now - last_step_end_);
+  record.elapsed_seconds = absl::ToDoubleSeconds(now - run_start);
+  last_step_end_ = now;
+  return record;
+}
+
+void TrainerLoop::Observe(StepRecord& record) {
+  record.alarm_events = alarms_->Observe(ObservationOf(record));
+  for (const AlarmEvent& event : record.alarm_events) {
+    spdlog::warn("ALARM {} at step {}: {}", AlarmName(event.kind), event.step, event.message);
+  }
+  for (size_t k = 0; k < std::size(kAllAlarmKinds); ++k) {
+    record.alarm_active[k] = alarms_->active(kAllAlarmKinds[k]);
+  }
+  const bool eval_due =
+      (config_.trainer.eval_every > 0 && record.step % config_.trainer.eval_every == 0) ||
+      record.step == config_.trainer.steps;
+  if (rank_.primary() && eval_due) record.eval_accuracy = EvaluateHeldOut();
+}
+
+void TrainerLoop::Publish(const StepRecord& record) {
+  if (metrics_ != nullptr) metrics_->Write(ToJson(record));
+  if (metrics_exporter_ != nullptr) metrics_exporter_->RecordStep(record);
+  const StepStats& stats = record.report.stats;
+  spdlog::info("step {}: reward {:.3f} L_R {:.4f} L_D {:.4f} |g| {:.3f} kappa {}{}", record.step,
+               record.reward_mean, stats.reward_loss, stats.distill_loss, stats.grad_norm,
+               stats.kappa() ? absl::StrCat(*stats.kappa()) : "-",
+               record.eval_accuracy ? absl::StrCat(" eval ", *record.eval_accuracy) : "");
+}
+
+absl::Status TrainerLoop::Run(const std::function<bool()>& stop_requested) {
+  KAPPA_RETURN_IF_ERROR(MakeStep());
   std::filesystem::create_directories(run_dir_ + "/checkpoints");
   PublishPolicy();
   const absl::Time run_start = absl::Now();
   if (state_.step == 0 && rank_.primary()) {
     const double accuracy = EvaluateHeldOut();
     spdlog::info("step 0: held-out accuracy {:.3f}", accuracy);
-    metrics_->Write({{"step", 0},
-                    {"policy_version", state_.policy_version},
-                    {"eval_accuracy", accuracy},
-                    {"elapsed_seconds", 0.0}});
+    metrics_->Write(EvaluationJson(0, state_.policy_version, accuracy));
   }
-  absl::Time last_step_end = absl::Now();
+  last_step_end_ = absl::Now();
   while (state_.step < config_.trainer.steps) {
     if (stop_requested()) return absl::CancelledError("stop requested");
     // Data parallel: this rank's share; the step sums over the ranks.
@@ -123,113 +185,13 @@ absl::Status TrainerLoop::Run(const std::function<bool()>& stop_requested) {
     std::vector<BufferedGroup> buffered = coordinator_->TakeBatch(
         static_cast<size_t>(local_groups), state_.policy_version, absl::Now() + absl::Seconds(1));
     if (buffered.empty()) continue;
-    const absl::Time step_start = absl::Now();
-    nlohmann::json lease_ids = nlohmann::json::array();
-    nlohmann::json group_versions = nlohmann::json::array();
-    for (const BufferedGroup& entry : buffered) {
-      lease_ids.push_back(entry.lease_id);
-      group_versions.push_back(entry.group.policy_version);
-    }
-    std::vector<ScoredGroup> groups = TakeGroups(buffered);
-
-    // Per group: policy versions between sampling and this step.
-    std::vector<int64_t> staleness;
-    double staleness_sum = 0.0;
-    int64_t tokens = 0;
-    for (const ScoredGroup& group : groups) {
-      staleness.push_back(state_.policy_version - group.policy_version);
-      staleness_sum += static_cast<double>(staleness.back());
-      for (const ScoredSample& sample : group.samples) {
-        tokens += static_cast<int64_t>(sample.response_tokens.size());
-      }
-    }
-    // Padding positions are masked out of every term; id 0 exists in every
-    // vocabulary.
-    TrainBatch batch =
-        BuildTrainBatch(groups, config_.trainer.norm_std, /*pad_id=*/0, step_->config().truncated);
-    HybridStepReport report;
-    try {
-      report = step_->Run(batch);
-    } catch (const std::exception& e) {  // c10::Error included: stop at the edge, with a status
-      return absl::InternalError(absl::StrCat("training step ", state_.step + 1, ": ", e.what()));
-    }
-    const StepStats& stats = report.stats;
-    ++state_.step;
-    state_.policy_version = state_.step;
-    PublishPolicy();
-
-    const absl::Time now = absl::Now();
-    const double interval = absl::ToDoubleSeconds(now - last_step_end);
-    last_step_end = now;
-    const int64_t samples = batch.num_groups * batch.group_size;
-    const CoordinatorCounters counters = coordinator_->counters();
-    const double reward_mean = batch.rewards.mean().item<double>();
-    // Share of this step's responses that hit their token budget (before
-    // trainer.truncated acted on them).
-    const double truncated_fraction =
-        static_cast<double>(batch.num_truncated) / static_cast<double>(samples);
-    nlohmann::json record = {
-        {"step", state_.step},
-        {"policy_version", state_.policy_version},
-        {"reward_mean", reward_mean},
-        {"truncated_fraction", truncated_fraction},
-        {"samples", samples},
-        {"tokens", tokens},
-        {"samples_per_second", interval > 0 ? samples / interval : 0.0},
-        {"staleness_mean", staleness_sum / static_cast<double>(groups.size())},
-        {"groups_accepted", counters.groups_accepted},
-        {"groups_consumed", counters.groups_consumed},
-        {"groups_dropped_stale", counters.dropped_stale},
-        {"groups_dropped_unknown_lease", counters.dropped_unknown_lease},
-        {"leases_reissued", counters.leases_reissued},
-        {"buffer_groups", counters.buffered},
-        {"step_seconds", absl::ToDoubleSeconds(now - step_start)},
-        {"elapsed_seconds", absl::ToDoubleSeconds(now - run_start)},
-        // Which leases and policy versions fed this step: lets tests and
-        // reports check that no group is consumed twice and that workers
-        // sample with fresh weights.
-        {"lease_ids", std::move(lease_ids)},
-        {"group_versions", std::move(group_versions)},
-    };
-    AddStepReport(report, record);
-    const std::vector<AlarmEvent> events = alarms_->Observe(
-        ObservationOf(state_.step, report, reward_mean, report.distill_positions > 0));
-    for (const AlarmEvent& event : events) {
-      spdlog::warn("ALARM {} at step {}: {}", AlarmName(event.kind), event.step, event.message);
-    }
-    AddAlarms(events, *alarms_, record);
-    const bool last = state_.step == config_.trainer.steps;
-    if (rank_.primary() &&
-        ((config_.trainer.eval_every > 0 && state_.step % config_.trainer.eval_every == 0) ||
-         last)) {
-      record["eval_accuracy"] = EvaluateHeldOut();
-    }
-    if (metrics_ != nullptr) metrics_->Write(record);
-    if (metrics_exporter_ != nullptr) {
-      StepObservationForMetrics observed;
-      observed.step = state_.step;
-      observed.policy_version = state_.policy_version;
-      observed.reward_mean = reward_mean;
-      observed.truncated_fraction = truncated_fraction;
-      observed.tokens = tokens;
-      observed.step_seconds = record["step_seconds"].get<double>();
-      observed.staleness = std::move(staleness);
-      if (record.contains("eval_accuracy")) {
-        observed.eval_accuracy = record["eval_accuracy"].get<double>();
-      }
-      metrics_exporter_->RecordStep(observed, report, events, *alarms_);
-    }
-    spdlog::info("step {}: reward {:.3f} L_R {:.4f} L_D {:.4f} |g| {:.3f} kappa {}{}",
-                 state_.step, reward_mean, stats.reward_loss, stats.distill_loss, stats.grad_norm,
-                 stats.kappa() ? absl::StrCat(*stats.kappa()) : "-",
-                 record.contains("eval_accuracy")
-                     ? absl::StrCat(" eval ", record["eval_accuracy"].get<double>())
-                     : "");
-    if ((config_.trainer.checkpoint_every > 0 &&
-         state_.step % config_.trainer.checkpoint_every == 0) ||
-        last) {
-      if (absl::Status status = SaveCheckpoint(state_.step); !status.ok()) return status;
-    }
+    KAPPA_ASSIGN_OR_RETURN(StepRecord record, TrainOn(std::move(buffered), run_start));
+    Observe(record);
+    Publish(record);
+    const bool checkpoint_due = (config_.trainer.checkpoint_every > 0 &&
+                                 state_.step % config_.trainer.checkpoint_every == 0) ||
+                                state_.step == config_.trainer.steps;
+    if (checkpoint_due) KAPPA_RETURN_IF_ERROR(SaveCheckpoint(state_.step));
   }
   // Data-parallel ranks must end bit-identical; this line lets anyone (and
   // the end-to-end test) compare their logs.

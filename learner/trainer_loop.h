@@ -10,6 +10,8 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "learner/algo/alarms.h"
 #include "learner/algo/hybrid_step.h"
 #include "learner/algo/optimizer_step.h"
@@ -20,6 +22,7 @@
 #include "learner/policy_publisher.h"
 #include "learner/prompt_encoder.h"
 #include "learner/run_state.h"
+#include "learner/step_record.h"
 #include "model/transformer.h"
 #include "services/config.h"
 #include "tasks/dataset.h"
@@ -52,6 +55,16 @@ class TrainerLoop {
  private:
   void PublishPolicy();
   absl::Status SaveCheckpoint(int64_t step);
+  // The HybridStep and the alarm monitor from the configuration.
+  absl::Status MakeStep();
+  // One optimizer step on `buffered`, and the new policy published: the
+  // record of the batch, the step and its timing (alarms and evaluation not
+  // yet). Mutates state_ (step, policy version) and last_step_end_.
+  absl::StatusOr<StepRecord> TrainOn(std::vector<BufferedGroup> buffered, absl::Time run_start);
+  // The record's alarms, and its held-out accuracy when an evaluation is due.
+  void Observe(StepRecord& record);
+  // The record to its sinks: metrics.jsonl, Prometheus, the log.
+  void Publish(const StepRecord& record);
 
   const services::Config config_;
   const std::string run_dir_;
@@ -68,6 +81,7 @@ class TrainerLoop {
   const DataParallelSetup rank_;
   std::unique_ptr<MetricsLog> metrics_;  // the primary rank's
   LearnerMetrics* metrics_exporter_ = nullptr;
+  absl::Time last_step_end_;  // of the previous step (or the loop's start)
 };
 
 }  // namespace kappa::learner

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <string>
 
+#include "learner/algo/hybrid_step.h"
 #include "tests/algo/tiny_model.h"
 #include "tests/services/promtool.h"
 
@@ -29,8 +30,8 @@ TEST(LearnerMetrics, ExportsAStepForPrometheus) {
 
   services::metrics::Registry registry;
   LearnerMetrics metrics(registry);
-  AlarmMonitor alarms(AlarmConfig{});
-  StepObservationForMetrics observed;
+  StepRecord observed;
+  observed.report = report;
   observed.step = 1;
   observed.policy_version = 1;
   observed.reward_mean = 0.5;
@@ -43,7 +44,7 @@ TEST(LearnerMetrics, ExportsAStepForPrometheus) {
   counters.groups_accepted = 7;
   counters.dropped_stale = 2;
   counters.buffered = 3;
-  metrics.RecordStep(observed, report, {}, alarms);
+  metrics.RecordStep(observed);
   // The coordinator is read at scrape time, as main.cc wires it.
   registry.AddCollectHook([&] {
     metrics.RecordCoordinator(counters);

@@ -1,0 +1,97 @@
+// The metrics.jsonl line of a real training step against its schema: the
+// learner writes only keys of learner/metrics_schema.h, a step that measured
+// everything writes every one of them, and docs/metrics.md names each.
+#include "learner/step_record.h"
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <string>
+
+#include "learner/algo/hybrid_step.h"
+#include "learner/metrics_schema.h"
+#include "tests/algo/tiny_model.h"
+
+namespace kappa::learner {
+namespace {
+
+// A step that measured κ, cheap and exact K_DR, fired an alarm and evaluated.
+StepRecord FullyMeasuredRecord() {
+  model::Decoder model = testing::TinyModel(5);
+  HybridStepConfig config;
+  config.monitor.kdr_exact_every = 1;
+  config.monitor.kdr_exact_positions = 4;
+  HybridStep step(model, std::make_unique<PolicyOptimizer>(model, 1e-3, 0.0, 1.0), config);
+  StepRecord record;
+  record.report = step.Run(BuildTrainBatch(testing::RandomGroups(2, 4, true, 11), true, 0));
+  record.step = 1;
+  record.policy_version = 1;
+  record.samples = 8;
+  record.staleness = {0, 1};
+  record.lease_ids = {"a", "b"};
+  record.group_versions = {0, 0};
+  record.interval_seconds = 0.5;
+  record.alarm_events.push_back({AlarmKind::kCollapse, 1, "reward fell", {{"reward_mean", 0.1}}});
+  record.alarm_active[2] = true;
+  record.eval_accuracy = 0.5;
+  return record;
+}
+
+std::set<std::string> SchemaKeys() {
+  return std::set<std::string>(std::begin(metrics_jsonl::kAllKeys),
+                               std::end(metrics_jsonl::kAllKeys));
+}
+
+TEST(StepRecord, WritesEverySchemaKeyAndNoOther) {
+  const StepRecord record = FullyMeasuredRecord();
+  ASSERT_TRUE(record.report.kdr_exact.has_value());
+  const nlohmann::json line = ToJson(record);
+  const std::set<std::string> schema = SchemaKeys();
+  std::set<std::string> written;
+  for (const auto& [key, value] : line.items()) {
+    written.insert(key);
+    EXPECT_TRUE(schema.count(key)) << key << " is not in learner/metrics_schema.h";
+  }
+  for (const std::string& key : schema) {
+    EXPECT_TRUE(written.count(key)) << key << " is in the schema but never written";
+  }
+  const nlohmann::json evaluation = EvaluationJson(0, 0, 0.25);
+  for (const auto& [key, value] : evaluation.items()) {
+    EXPECT_TRUE(schema.count(key)) << key;
+  }
+}
+
+TEST(StepRecord, LineCarriesTheStepsValues) {
+  const StepRecord record = FullyMeasuredRecord();
+  const nlohmann::json line = ToJson(record);
+  EXPECT_EQ(line[metrics_jsonl::kStep], 1);
+  EXPECT_DOUBLE_EQ(line[metrics_jsonl::kSamplesPerSecond].get<double>(), 16.0);
+  EXPECT_DOUBLE_EQ(line[metrics_jsonl::kStalenessMean].get<double>(), 0.5);
+  EXPECT_DOUBLE_EQ(line[metrics_jsonl::kKappa].get<double>(), *record.report.stats.kappa());
+  EXPECT_EQ(line[metrics_jsonl::kKdrExactPositions], 4);
+  EXPECT_EQ(line[metrics_jsonl::kAlarms][0]["kind"], "collapse");
+  EXPECT_EQ(line[metrics_jsonl::kAlarmActive]["collapse"], 1);
+  EXPECT_EQ(line[metrics_jsonl::kAlarmActive]["magnitude_drowning"], 0);
+  // An unmeasured value is null, never 0.
+  StepRecord unmeasured;
+  const nlohmann::json empty = ToJson(unmeasured);
+  EXPECT_TRUE(empty[metrics_jsonl::kKappa].is_null());
+  EXPECT_TRUE(empty[metrics_jsonl::kGradCosine].is_null());
+  EXPECT_FALSE(empty.contains(metrics_jsonl::kEvalAccuracy));
+}
+
+TEST(StepRecord, DocsNameEveryKey) {
+  std::ifstream in(std::string(KAPPA_SOURCE_DIR) + "/docs/metrics.md");
+  ASSERT_TRUE(in) << "docs/metrics.md";
+  std::stringstream text;
+  text << in.rdbuf();
+  for (const std::string& key : SchemaKeys()) {
+    EXPECT_NE(text.str().find("`" + key + "`"), std::string::npos)
+        << "docs/metrics.md does not document the metrics.jsonl key `" << key << "`";
+  }
+}
+
+}  // namespace
+}  // namespace kappa::learner
