@@ -1,7 +1,12 @@
 #include "learner/data_parallel_setup.h"
 
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "services/status_util.h"
 
 namespace kappa::learner {
 namespace {
@@ -73,6 +78,41 @@ int RankCudaIndex(const std::string& device_name, int resolved_index,
                   const DataParallelSetup& setup, int visible) {
   if (device_name != "cuda" || setup.world_size <= 1 || visible <= 0) return resolved_index;
   return setup.rank % visible;
+}
+
+absl::StatusOr<std::unique_ptr<Collectives>> JoinDataParallel(const DataParallelSetup& setup,
+                                                              int64_t start_step,
+                                                              PolicyOptimizer& optimizer) {
+  if (setup.world_size <= 1) return nullptr;
+  spdlog::info("data parallel: rank {} of {}, meeting at {}", setup.rank, setup.world_size,
+               setup.store);
+  CollectivesOptions options;
+  options.store = setup.store;
+  options.rank = setup.rank;
+  options.world_size = setup.world_size;
+  options.device = optimizer.parameters().front().device();
+  // A collective waits for the slowest rank's batch, so this bounds how
+  // long any rank may go without groups before the run fails.
+  options.timeout = std::chrono::minutes(30);
+  KAPPA_ASSIGN_OR_RETURN(std::unique_ptr<Collectives> collectives,
+                         services::CaptureExceptions(
+                             "data parallel", [&] { return ConnectCollectives(options); },
+                             absl::StatusCode::kUnavailable));
+  KAPPA_RETURN_IF_ERROR(services::CaptureExceptions(
+      "data parallel", [&] { optimizer.set_collectives(collectives.get()); },
+      absl::StatusCode::kUnavailable));
+  spdlog::info("data parallel: all {} ranks joined", setup.world_size);
+  const torch::Tensor step = torch::tensor({start_step}, torch::kLong).to(options.device);
+  const torch::Tensor rank0_step = step.clone();
+  collectives->Broadcast({rank0_step}, 0);
+  const torch::Tensor mismatches = (step != rank0_step).to(torch::kLong);
+  collectives->SumInPlace({mismatches});
+  if (mismatches.item<int64_t>() > 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "data parallel: the ranks start from different steps (this rank ", start_step, ", rank 0 ",
+        rank0_step.item<int64_t>(), "); resume every rank from the same checkpoint step"));
+  }
+  return collectives;
 }
 
 }  // namespace kappa::learner

@@ -6,10 +6,14 @@
 // host name (learner-2 → rank 2), so one pod template serves every rank.
 #pragma once
 
+#include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "learner/algo/collectives.h"
+#include "learner/algo/optimizer_step.h"
 #include "services/config.h"
 
 namespace kappa::learner {
@@ -42,5 +46,18 @@ int RankCudaIndex(const std::string& device_name, int resolved_index,
 // the check `kappa run` makes on learner.world_size before starting anything
 // (it picks the store itself).
 absl::Status CheckWorldSize(const services::Config& config, int64_t world_size);
+
+// Data parallel: meets the other ranks at setup.store (blocks until all
+// setup.world_size have joined, or the collectives' timeout), makes
+// `optimizer` sum every rank's gradients and start from rank 0's weights,
+// then checks that every rank starts at rank 0's `start_step` (a resumed
+// rank must have loaded a checkpoint of the same step, or the ranks would
+// run different numbers of collectives); every rank learns of a mismatch at
+// once. FAILED_PRECONDITION naming both steps on a mismatch, UNAVAILABLE
+// when the ranks cannot meet. One rank: nothing to join, returns null.
+// The returned collectives must outlive the optimizer's use of them.
+absl::StatusOr<std::unique_ptr<Collectives>> JoinDataParallel(const DataParallelSetup& setup,
+                                                              int64_t start_step,
+                                                              PolicyOptimizer& optimizer);
 
 }  // namespace kappa::learner
