@@ -22,7 +22,7 @@
 
 namespace kappa::cli {
 
-// The alarm kinds the learner raises (DESIGN.md §4), in report order.
+// The alarm kinds the learner raises (docs/algorithms.md §3.3), in report order.
 const std::vector<std::string>& AlarmKinds();
 
 struct AlarmStats {

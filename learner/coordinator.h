@@ -1,5 +1,5 @@
 // Hands prompts to rollout workers under leases and collects their scored
-// groups into a bounded buffer for the trainer (DESIGN.md §6).
+// groups into a bounded buffer for the trainer (docs/algorithms.md §6).
 //
 // Capacity rule: leased-but-unreturned prompts plus buffered groups never
 // exceed `buffer_groups`, so memory is bounded however many workers connect;

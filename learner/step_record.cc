@@ -147,7 +147,8 @@ StepObservation ObservationOf(const StepRecord& record) {
   StepObservation o;
   o.step = record.step;
   // Drowning is judged on the ratio the update applied (κ/λ under naive
-  // mixing), so a small λ trips it; DESIGN.md §4 states it for raw κ (λ = 1).
+  // mixing), so a small λ trips it; the papers state it for raw κ (λ = 1).
+  // docs/algorithms.md §3.3.
   o.kappa = report.stats.kappa_effective();
   if (report.distill_positions > 0) o.distill_loss = report.stats.distill_loss;
   if (report.kdr) o.kdr_negative_weighted_fraction = report.kdr->negative_weighted_fraction;

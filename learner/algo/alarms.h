@@ -1,4 +1,4 @@
-// The failure-mode alarms of DESIGN.md §4, fed one observation per step.
+// The failure-mode alarms of docs/algorithms.md §3.3, fed one observation per step.
 //   magnitude_drowning    EMA of the applied κ (κ/λ) above kappa_threshold while the L_D EMA is
 //                         higher than it was slope_window steps ago
 //   directional_conflict  |K_DR|-weighted negative fraction above

@@ -1,4 +1,4 @@
-// M3 balancing of the two gradients (DESIGN.md §5): magnitude normalization
+// M3 balancing of the two gradients (docs/algorithms.md §4): magnitude normalization
 // plus one strategy per failure mechanism, selectable and combinable.
 //   m3_mask     token level: drop one term where K_DR(n) < 0 (before backward)
 //   m3_project  direction: remove the part of g_R that opposes g_D

@@ -1,5 +1,5 @@
 // The cross-signal NTK K_DR(n) = ⟨∇_θ ℓ_R(n), ∇_θ ℓ_D(n)⟩ = g_R(n)ᵀ Θ(n,n) g_D(n)
-// (DESIGN.md §4) and the per-step statistics the monitors report.
+// (docs/algorithms.md §3.2) and the per-step statistics the monitors report.
 // K_DR(n) < 0: a reward step raises the distillation loss at position n.
 #pragma once
 

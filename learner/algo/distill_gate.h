@@ -1,4 +1,4 @@
-// Which positions the distillation term trains on (DESIGN.md §5, RSTG):
+// Which positions the distillation term trains on (docs/algorithms.md §5, RSTG):
 //   none  no distillation (GRPO only)
 //   all   every response position (naive hybrid)
 //   rstg  sample level: only groups whose G rewards are all 0 ("negative

@@ -1,6 +1,6 @@
 // The per-position terms of the default hybrid loss (PPO token log-prob,
 // reverse KL to a full-vocabulary teacher, entropy) from one log-softmax over
-// the logits, as one autograd node (DESIGN.md §3, issue 7).
+// the logits, as one autograd node (docs/algorithms.md §2.2, issue 7).
 //
 // The unfused path (log_softmax → gather, exp·(log p − log q) → sum) makes
 // autograd keep the log-probs, their exp and the difference, each

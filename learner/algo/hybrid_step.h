@@ -1,4 +1,4 @@
-// One learner step of the hybrid objective (docs/algorithms.md, "The step"):
+// One learner step of the hybrid objective (docs/algorithms.md §1.1):
 //   gate        D: the positions L_D trains on (none | all | RSTG), over the
 //               whole batch, before any backward
 //   plan        g = w_R g_R′ + s g_D + μ g_SFT, each mean over the whole batch

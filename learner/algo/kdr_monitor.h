@@ -1,4 +1,4 @@
-// The K_DR monitors of one learner step (docs/algorithms.md, "K_DR").
+// The K_DR monitors of one learner step (docs/algorithms.md §3.2).
 //
 // Cheap estimators, at every response position, from the closed-form logit
 // gradients of the unweighted per-position terms ℓ_R(n), ℓ_D(n):

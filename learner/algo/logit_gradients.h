@@ -1,4 +1,4 @@
-// Closed-form logit gradients of the per-position loss terms (DESIGN.md §3):
+// Closed-form logit gradients of the per-position loss terms (docs/algorithms.md §2.3):
 // g_R(n) = ∂ℓ_R(n)/∂z_n and g_D(n) = ∂ℓ_D(n)/∂z_n. They are what the cheap
 // K_DR estimators multiply, so they must equal autograd's (tested), including
 // the temperature the losses are taken under: log p = log_softmax(z / τ), so

@@ -15,7 +15,7 @@ torch::Tensor ReverseKlFromLogProbs(const torch::Tensor& student_logprobs,
 torch::Tensor ForwardKlFromLogProbs(const torch::Tensor& student_logprobs,
                                     const torch::Tensor& teacher_logprobs);
 // KL(p̃ ‖ q̃) with both distributions restricted to the teacher's top-k
-// tokens at each position and renormalised there (DESIGN.md §3 `topk_*`).
+// tokens at each position and renormalised there (docs/algorithms.md §2.2).
 torch::Tensor TopkReverseKlFromLogProbs(const torch::Tensor& student_logprobs,
                                         const torch::Tensor& teacher_logprobs, int64_t k);
 // The teacher's top-k token ids per position, [B, T, min(k, V)].

@@ -1,4 +1,4 @@
-// The two training signals of DESIGN.md §3 as pure tensor functions, so the
+// The two training signals of docs/algorithms.md §2 as pure tensor functions, so the
 // learner can form L_R and L_D separately (separate backward passes for κ and
 // K_DR build on exactly these). All per-position tensors are aligned with
 // the *target* tokens: position t predicts tokens[:, t + 1].

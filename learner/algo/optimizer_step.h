@@ -32,7 +32,7 @@ struct StepStats {
   double balanced_reward_grad_norm = 0.0;  // ‖g_R′‖ after m3_project
   double distill_scale = 0.0;      // the coefficient applied to ∇L_D (λ or m3_norm's s)
   bool projected = false;          // m3_project changed g_R this step
-  // κ = ‖∇L_R‖ / ‖∇L_D‖ (DESIGN.md §4, with the reward weight w_R as part of
+  // κ = ‖∇L_R‖ / ‖∇L_D‖ (docs/algorithms.md §3.1, with the reward weight w_R as part of
   // L_R); absent when not measured or ‖∇L_D‖ = 0.
   std::optional<double> kappa() const {
     if (!measured || !(distill_grad_norm > 0)) return std::nullopt;
