@@ -2,6 +2,8 @@
 
 #include <iostream>
 
+#include "services/status_util.h"
+
 namespace kappa::cli {
 
 std::optional<CommandLine> ParseModelDirCommand(const char* command,
@@ -22,12 +24,15 @@ int ForEachJsonLine(const char* command, std::istream& in, std::ostream& out,
                     const std::function<std::string(const nlohmann::json&)>& process) {
   std::string line;
   for (int64_t number = 1; std::getline(in, line); ++number) {
-    try {
-      out << process(nlohmann::json::parse(line)) << "\n" << std::flush;
-    } catch (const std::exception& e) {  // nlohmann's parse errors and `process`'s refusals
-      std::cerr << "kappa " << command << ": stdin line " << number << ": " << e.what() << "\n";
+    // nlohmann's parse errors and `process`'s refusals (the tokenizer's too).
+    absl::StatusOr<std::string> result =
+        services::CaptureExceptions("", [&] { return process(nlohmann::json::parse(line)); });
+    if (!result.ok()) {
+      std::cerr << "kappa " << command << ": stdin line " << number << ": "
+                << result.status().message() << "\n";
       return 1;
     }
+    out << *result << "\n" << std::flush;
   }
   return 0;
 }

@@ -14,6 +14,7 @@
 #include "model/generation_config.h"
 #include "model/hf_tokenizer/hf_tokenizer.h"
 #include "model/sampling.h"
+#include "services/status_util.h"
 #include "services/torch_runtime.h"
 
 namespace kappa::cli {
@@ -119,12 +120,14 @@ absl::StatusOr<GeneratePrompt> ReadGeneratePrompt(const CommandLine& line) {
     return prompt;
   }
   prompt.flag = "--prompt";
-  try {
-    prompt.tokenizer = model::HfTokenizer::Load(line.config_path);
-    prompt.ids = prompt.tokenizer->Encode(line.Get("--prompt"), /*add_special_tokens=*/true);
-  } catch (const std::exception& e) {  // the tokenizer's errors name the file
-    return absl::InvalidArgumentError(absl::StrCat("--prompt: ", e.what()));
-  }
+  // The tokenizer's errors name the file.
+  KAPPA_RETURN_IF_ERROR(services::CaptureExceptions(
+      "--prompt",
+      [&] {
+        prompt.tokenizer = model::HfTokenizer::Load(line.config_path);
+        prompt.ids = prompt.tokenizer->Encode(line.Get("--prompt"), /*add_special_tokens=*/true);
+      },
+      absl::StatusCode::kInvalidArgument));
   if (prompt.ids.empty())
     return absl::InvalidArgumentError("--prompt: the text encodes to no tokens");
   return prompt;
@@ -133,6 +136,13 @@ absl::StatusOr<GeneratePrompt> ReadGeneratePrompt(const CommandLine& line) {
 int UsageError(const char* command, const absl::Status& status, const char* usage) {
   std::cerr << "kappa " << command << ": " << status.message() << "\n" << usage;
   return 2;
+}
+
+// A failure of the model code at run time (a checkpoint it cannot load, a
+// forward that throws): exit code 1.
+int RunError(const char* command, const absl::Status& status) {
+  std::cerr << "kappa " << command << ": " << status.message() << "\n";
+  return 1;
 }
 
 }  // namespace
@@ -147,25 +157,27 @@ int LogitsCommand(const std::vector<std::string>& args) {
   if (!ids.ok()) return UsageError("logits", ids.status(), kLogitsUsage);
   absl::StatusOr<model::LoadOptions> options = ParseLoadOptions(*line);
   if (!options.ok()) return UsageError("logits", options.status(), kLogitsUsage);
-  try {
-    model::Decoder decoder = model::LoadCheckpoint(line->config_path, *options);
-    if (absl::Status fit = CheckIdsFit("--ids", *ids, decoder->config(), 0); !fit.ok()) {
-      return UsageError("logits", fit, kLogitsUsage);
-    }
-    torch::NoGradGuard no_grad;
-    decoder->eval();
-    auto tokens = torch::tensor(*ids, torch::kInt64).unsqueeze(0);
-    auto logits = decoder->Forward(tokens).logits[0].to(torch::kCPU, torch::kFloat32).contiguous();
-    const int64_t V = logits.size(1);
-    std::string out = "{\"ids\":" + JsonList(*ids) + ",\"logits\":[";
-    for (int64_t t = 0; t < logits.size(0); ++t) {
-      out += (t ? "," : "") + JsonFloats(logits[t].data_ptr<float>(), static_cast<size_t>(V));
-    }
-    std::cout << out << "]}\n";
-  } catch (const std::exception& e) {
-    std::cerr << "kappa logits: " << e.what() << "\n";
-    return 1;
+  absl::StatusOr<model::Decoder> decoder = services::CaptureExceptions(
+      "", [&] { return model::LoadCheckpoint(line->config_path, *options); });
+  if (!decoder.ok()) return RunError("logits", decoder.status());
+  if (absl::Status fit = CheckIdsFit("--ids", *ids, (*decoder)->config(), 0); !fit.ok()) {
+    return UsageError("logits", fit, kLogitsUsage);
   }
+  absl::StatusOr<std::string> out = services::CaptureExceptions("", [&] {
+    torch::NoGradGuard no_grad;
+    (*decoder)->eval();
+    auto tokens = torch::tensor(*ids, torch::kInt64).unsqueeze(0);
+    auto logits =
+        (*decoder)->Forward(tokens).logits[0].to(torch::kCPU, torch::kFloat32).contiguous();
+    const int64_t V = logits.size(1);
+    std::string json = "{\"ids\":" + JsonList(*ids) + ",\"logits\":[";
+    for (int64_t t = 0; t < logits.size(0); ++t) {
+      json += (t ? "," : "") + JsonFloats(logits[t].data_ptr<float>(), static_cast<size_t>(V));
+    }
+    return json + "]}";
+  });
+  if (!out.ok()) return RunError("logits", out.status());
+  std::cout << *out << "\n";
   return 0;
 }
 
@@ -195,13 +207,15 @@ int GenerateCommand(const std::vector<std::string>& args) {
                       absl::InvalidArgumentError("need --max-new-tokens >= 1, --temperature >= 0, 0 < --top-p <= 1"),
                       kGenerateUsage);
   }
-  try {
-    model::Decoder decoder = model::LoadCheckpoint(line->config_path, *options);
-    const model::ModelConfig& config = decoder->config();
-    if (absl::Status fit = CheckIdsFit(prompt->flag, prompt->ids, config, *max_new); !fit.ok()) {
-      return UsageError("generate", fit, kGenerateUsage);
-    }
-    decoder->eval();
+  absl::StatusOr<model::Decoder> decoder = services::CaptureExceptions(
+      "", [&] { return model::LoadCheckpoint(line->config_path, *options); });
+  if (!decoder.ok()) return RunError("generate", decoder.status());
+  const model::ModelConfig& config = (*decoder)->config();
+  if (absl::Status fit = CheckIdsFit(prompt->flag, prompt->ids, config, *max_new); !fit.ok()) {
+    return UsageError("generate", fit, kGenerateUsage);
+  }
+  absl::Status generated = services::CaptureExceptions("", [&] {
+    (*decoder)->eval();
     model::SamplingParams params;
     params.max_new_tokens = *max_new;
     params.temperature = *temperature;
@@ -214,7 +228,7 @@ int GenerateCommand(const std::vector<std::string>& args) {
     }
     at::Generator generator = model::MakeGenerator(options->device, static_cast<uint64_t>(*seed));
     const model::SampledSequence sample =
-        model::Sample(decoder, {prompt->ids}, params, generator).at(0);
+        model::Sample(*decoder, {prompt->ids}, params, generator).at(0);
     const bool finished = !sample.truncated;
     std::cout << "{\"prompt_ids\":" << JsonList(prompt->ids)
               << ",\"ids\":" << JsonList(sample.tokens)
@@ -227,10 +241,8 @@ int GenerateCommand(const std::vector<std::string>& args) {
                        .dump();
     }
     std::cout << "}\n";
-  } catch (const std::exception& e) {
-    std::cerr << "kappa generate: " << e.what() << "\n";
-    return 1;
-  }
+  });
+  if (!generated.ok()) return RunError("generate", generated);
   return 0;
 }
 

@@ -6,20 +6,20 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
-
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "tasks/from_config.h"
-#include "learner/dataset_accuracy.h"
 #include "learner/algo/sft.h"
+#include "learner/dataset_accuracy.h"
 #include "model/checkpoint.h"
 #include "model/model_config.h"
 #include "model/tokenizer.h"
 #include "model/transformer.h"
 #include "services/atomic_file.h"
+#include "services/status_util.h"
+#include "tasks/from_config.h"
 
 namespace kappa::cli {
 namespace {
@@ -172,13 +172,11 @@ const services::SftConfig& RoleBootstrap(const services::Config& config, Role ro
 
 absl::StatusOr<SftResult> RunSft(const services::Config& config, Role role,
                                  const std::string& out_dir, std::ostream& log) {
-  try {
-    return RunSftOrThrow(config, role, out_dir, log);
-  } catch (const std::invalid_argument& e) {
-    return absl::InvalidArgumentError(absl::StrCat(RoleName(role), " sft: ", e.what()));
-  } catch (const std::exception& e) {
-    return absl::InternalError(absl::StrCat(RoleName(role), " sft: ", e.what()));
-  }
+  KAPPA_ASSIGN_OR_RETURN(absl::StatusOr<SftResult> result,
+                         services::CaptureExceptions(absl::StrCat(RoleName(role), " sft"), [&] {
+                           return RunSftOrThrow(config, role, out_dir, log);
+                         }));
+  return result;
 }
 
 absl::StatusOr<SftResult> ReadSftSummary(const std::string& checkpoint_dir) {

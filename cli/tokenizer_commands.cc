@@ -1,12 +1,12 @@
 #include "cli/tokenizer_commands.h"
 
-#include <nlohmann/json.hpp>
-
 #include <iostream>
+#include <nlohmann/json.hpp>
 #include <optional>
 
 #include "cli/line_commands.h"
 #include "model/hf_tokenizer/hf_tokenizer.h"
+#include "services/status_util.h"
 
 namespace kappa::cli {
 namespace {
@@ -16,12 +16,13 @@ constexpr const char* kDetokenizeUsage =
     "usage: kappa detokenize MODEL_DIR [--skip-special-tokens] < ids.jsonl\n";
 
 std::optional<model::HfTokenizer> LoadTokenizer(const char* command, const std::string& dir) {
-  try {
-    return model::HfTokenizer::Load(dir);
-  } catch (const std::exception& e) {
-    std::cerr << "kappa " << command << ": " << e.what() << "\n";
+  absl::StatusOr<model::HfTokenizer> tokenizer =
+      services::CaptureExceptions("", [&] { return model::HfTokenizer::Load(dir); });
+  if (!tokenizer.ok()) {
+    std::cerr << "kappa " << command << ": " << tokenizer.status().message() << "\n";
     return std::nullopt;
   }
+  return *std::move(tokenizer);
 }
 
 }  // namespace

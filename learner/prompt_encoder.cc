@@ -1,18 +1,16 @@
 #include "learner/prompt_encoder.h"
 
-#include <exception>
-
 #include "absl/strings/str_cat.h"
+#include "services/status_util.h"
 
 namespace kappa::learner {
 namespace {
 
+// The model library's errors name the file; each is the run's bad input.
 absl::StatusOr<model::TextTokenizer> LoadTokenizer(const std::string& dir, const char* role) {
-  try {
-    return model::TextTokenizer::ForModel(dir);
-  } catch (const std::exception& e) {  // the model library's errors, naming the file
-    return absl::InvalidArgumentError(absl::StrCat(role, " tokenizer: ", e.what()));
-  }
+  return services::CaptureExceptions(
+      absl::StrCat(role, " tokenizer"), [&] { return model::TextTokenizer::ForModel(dir); },
+      absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace
@@ -42,11 +40,11 @@ PromptEncoder PromptEncoder::Character() {
 absl::StatusOr<std::vector<int64_t>> PromptEncoder::Encode(const tasks::Example& example) const {
   absl::StatusOr<std::string> text = format_.Render(example);
   if (!text.ok()) return text.status();
-  try {
-    return tokenizer_.Encode(*text, format_.add_special_tokens());
-  } catch (const std::exception& e) {  // invalid UTF-8, a character outside the alphabet
-    return absl::InvalidArgumentError(absl::StrCat("example ", example.id, ": ", e.what()));
-  }
+  // Invalid UTF-8, a character outside the alphabet: the example's fault.
+  return services::CaptureExceptions(
+      absl::StrCat("example ", example.id),
+      [&] { return tokenizer_.Encode(*text, format_.add_special_tokens()); },
+      absl::StatusCode::kInvalidArgument);
 }
 
 absl::StatusOr<std::vector<std::vector<int64_t>>> PromptEncoder::EncodeAll(

@@ -1,11 +1,11 @@
 #include "teacher_server/dynamic_batcher.h"
 
 #include <algorithm>
-#include <exception>
 #include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "services/status_util.h"
 
 namespace kappa::teacher {
 
@@ -159,13 +159,18 @@ absl::Status DynamicBatcher::RunBatch(const std::vector<std::shared_ptr<Pending>
   for (const auto& pending : batch) units.push_back(pending->unit.get());
   // The batching thread must outlive any bad batch: an escaped exception here
   // would terminate the server.
+  absl::Status status;
+  absl::Status thrown;
   try {
-    return batch_fn_(units);
-  } catch (const std::exception& e) {
-    return absl::InternalError(absl::StrCat("teacher batch failed: ", e.what()));
-  } catch (...) {
+    thrown =
+        services::CaptureExceptions("teacher batch failed", [&] { status = batch_fn_(units); });
+  } catch (...) {  // last resort: not a std::exception, and this thread must not die
     return absl::InternalError("teacher batch failed: unknown exception");
   }
+  // INTERNAL whatever was thrown: the batch is shared, so no one caller's
+  // input is to blame.
+  if (!thrown.ok()) return absl::InternalError(thrown.message());
+  return status;
 }
 
 void DynamicBatcher::Complete(Pending* pending, absl::Status status) {

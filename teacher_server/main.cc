@@ -8,12 +8,12 @@
 #include <spdlog/spdlog.h>
 
 #include <cstdio>
-#include <exception>
 #include <memory>
 #include <string>
 #include <utility>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "model/checkpoint.h"
 #include "model/generation_config.h"
@@ -24,6 +24,7 @@
 #include "services/metrics.h"
 #include "services/metrics_server.h"
 #include "services/server.h"
+#include "services/status_util.h"
 #include "services/torch_runtime.h"
 #include "teacher_server/teacher_service.h"
 
@@ -52,47 +53,50 @@ int Serve(const kappa::services::CommonFlags& flags) {
 
   kappa::services::metrics::Registry registry;
   kappa::teacher::TeacherMetrics metrics(registry);
-  std::unique_ptr<kappa::teacher::TeacherService> service;
-  try {
-    absl::StatusOr<torch::Device> device =
-        kappa::services::ResolveDevice(config->teacher.device, "teacher.device");
-    if (!device.ok()) {
-      spdlog::error("teacher: {}", device.status().ToString());
-      return 2;
-    }
-    absl::StatusOr<torch::ScalarType> dtype =
-        kappa::services::ResolveModelDtype(config->teacher.dtype, "teacher.dtype", *device);
-    if (!dtype.ok()) {
-      spdlog::error("teacher: {}", dtype.status().ToString());
-      return 2;
-    }
-    kappa::model::Decoder model = kappa::model::LoadCheckpoint(checkpoint, {*device, *dtype});
-    options.model_name = model->config().name.empty() ? checkpoint : model->config().name;
-    // Distributions over the tokenizer.json's ids only: padded embedding rows
-    // get no mass in Score and are never generated (docs/algorithms.md).
-    // kappa's toy checkpoints carry no tokenizer files: every row, as before.
-    if (kappa::model::HfTokenizer::Exists(checkpoint)) {
-      options.vocab_limit = kappa::model::VocabLimit(
-          model->config(), kappa::model::HfTokenizer::Load(checkpoint).vocab_size());
-    }
-    spdlog::info(
-        "loaded teacher '{}' from {} on {} in {}: vocab {} (scores ids below {}), {} "
-        "layers, hidden {}",
-        options.model_name, checkpoint, device->str(), c10::toString(*dtype),
-        model->config().vocab_size,
-        options.vocab_limit > 0 ? options.vocab_limit : model->config().vocab_size,
-        model->config().num_hidden_layers, model->config().hidden_size);
-    absl::StatusOr<std::unique_ptr<kappa::teacher::TeacherService>> created =
-        kappa::teacher::TeacherService::Create(model, options, &metrics);
-    if (!created.ok()) {
-      spdlog::error("teacher: {}", created.status().ToString());
-      return 1;
-    }
-    service = std::move(*created);
-  } catch (const std::exception& e) {
-    spdlog::error("teacher: cannot load checkpoint {}: {}", checkpoint, e.what());
+  absl::StatusOr<torch::Device> device =
+      kappa::services::ResolveDevice(config->teacher.device, "teacher.device");
+  if (!device.ok()) {
+    spdlog::error("teacher: {}", device.status().ToString());
+    return 2;
+  }
+  absl::StatusOr<torch::ScalarType> dtype =
+      kappa::services::ResolveModelDtype(config->teacher.dtype, "teacher.dtype", *device);
+  if (!dtype.ok()) {
+    spdlog::error("teacher: {}", dtype.status().ToString());
+    return 2;
+  }
+  absl::StatusOr<kappa::model::Decoder> model =
+      kappa::services::CaptureExceptions(absl::StrCat("cannot load checkpoint ", checkpoint), [&] {
+        kappa::model::Decoder decoder = kappa::model::LoadCheckpoint(checkpoint, {*device, *dtype});
+        // Distributions over the tokenizer.json's ids only: padded embedding
+        // rows get no mass in Score and are never generated
+        // (docs/algorithms.md). kappa's toy checkpoints carry no tokenizer
+        // files: every row, as before.
+        if (kappa::model::HfTokenizer::Exists(checkpoint)) {
+          options.vocab_limit = kappa::model::VocabLimit(
+              decoder->config(), kappa::model::HfTokenizer::Load(checkpoint).vocab_size());
+        }
+        return decoder;
+      });
+  if (!model.ok()) {
+    spdlog::error("teacher: {}", std::string(model.status().message()));
     return 1;
   }
+  const kappa::model::ModelConfig& model_config = (*model)->config();
+  options.model_name = model_config.name.empty() ? checkpoint : model_config.name;
+  spdlog::info(
+      "loaded teacher '{}' from {} on {} in {}: vocab {} (scores ids below {}), {} "
+      "layers, hidden {}",
+      options.model_name, checkpoint, device->str(), c10::toString(*dtype), model_config.vocab_size,
+      options.vocab_limit > 0 ? options.vocab_limit : model_config.vocab_size,
+      model_config.num_hidden_layers, model_config.hidden_size);
+  absl::StatusOr<std::unique_ptr<kappa::teacher::TeacherService>> created =
+      kappa::teacher::TeacherService::Create(*model, options, &metrics);
+  if (!created.ok()) {
+    spdlog::error("teacher: {}", created.status().ToString());
+    return 1;
+  }
+  std::unique_ptr<kappa::teacher::TeacherService> service = std::move(*created);
 
   // The batcher's queue is read at scrape time; the metrics server (declared
   // after `service`) stops before the service goes away.

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <optional>
 #include <random>
+#include <stdexcept>
 #include <utility>
 #include <vector>
 
@@ -16,6 +17,7 @@
 #include "model/generation_config.h"
 #include "model/sampling.h"
 #include "services/grpc_util.h"
+#include "services/status_util.h"
 #include "services/tensor_codec.h"
 #include "services/torch_tensor_codec.h"
 #include "teacher_server/scorer.h"
@@ -67,26 +69,29 @@ absl::Status ValidateTokenIds(const Ids& ids, const std::string& field, int64_t 
   return absl::OkStatus();
 }
 
-// Runs `fn` (returning absl::Status) so that nothing escapes the handler.
+// Runs `fn` (returning absl::Status) so that no exception of the model code
+// escapes the handler: it comes back INTERNAL, since every request was
+// validated before the model saw it. (A throw of no std::exception reaches
+// gRPC's own handler wrapper: UNKNOWN.)
 template <typename Fn>
 grpc::Status Guarded(const char* rpc, Fn&& fn) {
-  try {
-    absl::Status status = fn();
-    if (!status.ok() && status.code() != absl::StatusCode::kInvalidArgument) {
-      spdlog::warn("Teacher.{}: {}", rpc, status.ToString());
+  absl::Status status;
+  const absl::Status thrown = services::CaptureExceptions("", [&] {
+    try {
+      status = fn();
+    } catch (const c10::Error& e) {  // its what() carries a C++ backtrace: not for clients
+      throw std::runtime_error(e.what_without_backtrace());
     }
-    return services::ToGrpcStatus(status);
-  } catch (const c10::Error& e) {
-    spdlog::error("Teacher.{}: torch error: {}", rpc, e.what_without_backtrace());
+  });
+  if (!thrown.ok()) {
+    spdlog::error("Teacher.{}: {}", rpc, std::string(thrown.message()));
     return grpc::Status(grpc::StatusCode::INTERNAL,
-                        absl::StrCat("teacher ", rpc, ": ", e.what_without_backtrace()));
-  } catch (const std::exception& e) {
-    spdlog::error("Teacher.{}: {}", rpc, e.what());
-    return grpc::Status(grpc::StatusCode::INTERNAL, absl::StrCat("teacher ", rpc, ": ", e.what()));
-  } catch (...) {
-    spdlog::error("Teacher.{}: unknown exception", rpc);
-    return grpc::Status(grpc::StatusCode::INTERNAL, absl::StrCat("teacher ", rpc, ": unknown error"));
+                        absl::StrCat("teacher ", rpc, ": ", thrown.message()));
   }
+  if (!status.ok() && status.code() != absl::StatusCode::kInvalidArgument) {
+    spdlog::warn("Teacher.{}: {}", rpc, status.ToString());
+  }
+  return services::ToGrpcStatus(status);
 }
 
 }  // namespace
@@ -109,12 +114,10 @@ absl::StatusOr<std::unique_ptr<TeacherService>> TeacherService::Create(
                                                    " outside [0, ", model->config().vocab_size,
                                                    "] (the model's vocabulary rows)"));
   }
-  std::vector<int64_t> stop_token_ids;
-  try {
-    stop_token_ids = model::StopTokenIds(model->config());
-  } catch (const std::exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat("stop ids: ", e.what()));
-  }
+  KAPPA_ASSIGN_OR_RETURN(std::vector<int64_t> stop_token_ids,
+                         services::CaptureExceptions(
+                             "stop ids", [&] { return model::StopTokenIds(model->config()); },
+                             absl::StatusCode::kInvalidArgument));
   std::unique_ptr<TeacherService> service(
       new TeacherService(std::move(model), options, metrics, std::move(stop_token_ids)));
   absl::StatusOr<std::unique_ptr<DynamicBatcher>> batcher = DynamicBatcher::Create(

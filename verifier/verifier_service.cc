@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <exception>
 #include <string>
 #include <thread>
 
@@ -12,6 +11,7 @@
 #include "absl/time/clock.h"
 #include "model/utf8.h"
 #include "services/grpc_util.h"
+#include "services/status_util.h"
 #include "tasks/answer.h"
 
 namespace kappa::verifier {
@@ -126,7 +126,7 @@ absl::StatusOr<std::vector<float>> ScoreRequest(const kappa::v1::VerifyRequest& 
 
 grpc::Status VerifierService::Verify(grpc::ServerContext*, const kappa::v1::VerifyRequest* request,
                                      kappa::v1::VerifyResponse* response) {
-  try {
+  absl::StatusOr<grpc::Status> handled = services::CaptureExceptions("", [&] {
     const absl::Time start = absl::Now();
     absl::StatusOr<std::vector<float>> rewards = ScoreRequest(*request, options_, code_.get());
     if (metrics_ != nullptr) {
@@ -138,10 +138,12 @@ grpc::Status VerifierService::Verify(grpc::ServerContext*, const kappa::v1::Veri
     }
     response->mutable_rewards()->Add(rewards->begin(), rewards->end());
     return grpc::Status::OK;
-  } catch (const std::exception& e) {
-    spdlog::error("Verify failed: {}", e.what());
-    return grpc::Status(grpc::StatusCode::INTERNAL, e.what());
-  }
+  });
+  if (handled.ok()) return *handled;
+  // INTERNAL whatever was thrown (a sandbox's system error, bad_alloc): the
+  // request was validated, so it is the verifier's failure, not the caller's.
+  spdlog::error("Verify failed: {}", std::string(handled.status().message()));
+  return grpc::Status(grpc::StatusCode::INTERNAL, std::string(handled.status().message()));
 }
 
 }  // namespace kappa::verifier
