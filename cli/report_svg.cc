@@ -242,7 +242,15 @@ std::vector<std::vector<std::pair<double, double>>> Segments(const std::vector<d
   return segments;
 }
 
-std::string RenderLineChart(const LineChart& chart) {
+namespace {
+
+// The plot area of a line chart, in pixels.
+struct PlotBox {
+  double left = 0, right = 0, top = 0, bottom = 0;
+};
+
+// Series, then thresholds, then one entry per alarm kind (first seen first).
+std::vector<LegendItem> LineChartLegend(const LineChart& chart) {
   std::vector<LegendItem> legend;
   for (const ChartSeries& s : chart.series) {
     if (s.in_legend) legend.push_back({s.name, s.color, s.dashed, false});
@@ -254,156 +262,211 @@ std::string RenderLineChart(const LineChart& chart) {
     kinds.push_back(m.kind);
     legend.push_back({absl::StrCat("alarm: ", m.kind), m.color, false, true});
   }
-  const int header = HeaderHeight(chart.subtitle);
-  const int legend_height = LegendHeight(legend, chart.width);
-  const int height = chart.height + legend_height;
-  const double plot_top = header + legend_height + 8;
-  const double plot_bottom = height - kBottom;
-  const double plot_left = kLeft;
-  const double plot_right = chart.width - kRight;
+  return legend;
+}
 
-  std::string out = SvgOpen("chart", chart.id, chart.width, height, chart.title, chart.subtitle);
-  absl::StrAppend(&out, RenderLegend(legend, chart.width, header));
-  absl::StrAppend(&out, AxisLabels(chart.x_label, chart.y_label, chart.width, height, plot_top,
-                                   plot_bottom));
-
-  // Data ranges over what will be drawn.
+struct DataRange {
   double x_lo = INFINITY, x_hi = -INFINITY, y_lo = INFINITY, y_hi = -INFINITY;
-  size_t drawable = 0;
+  size_t drawable = 0;  // values that will be drawn
+};
+
+// Data ranges over what will be drawn.
+DataRange SeriesRange(const LineChart& chart) {
+  DataRange r;
   for (const ChartSeries& s : chart.series) {
     for (size_t i = 0; i < std::min(s.x.size(), s.y.size()); ++i) {
       if (!std::isfinite(s.x[i]) || !Usable(s.y[i], chart.log_y)) continue;
-      ++drawable;
-      x_lo = std::min(x_lo, s.x[i]);
-      x_hi = std::max(x_hi, s.x[i]);
-      y_lo = std::min(y_lo, s.y[i]);
-      y_hi = std::max(y_hi, s.y[i]);
+      ++r.drawable;
+      r.x_lo = std::min(r.x_lo, s.x[i]);
+      r.x_hi = std::max(r.x_hi, s.x[i]);
+      r.y_lo = std::min(r.y_lo, s.y[i]);
+      r.y_hi = std::max(r.y_hi, s.y[i]);
     }
   }
-  if (drawable == 0) {
-    absl::StrAppend(&out, NoData(chart.width, plot_top, plot_bottom), "</svg>");
-    return out;
-  }
+  return r;
+}
+
+// Widens `r` to the markers' x and to the thresholds near the data.
+void WidenForMarkersAndThresholds(const LineChart& chart, DataRange* r) {
   for (const ChartMarker& m : chart.markers) {
     if (!std::isfinite(m.x)) continue;
-    x_lo = std::min(x_lo, m.x);
-    x_hi = std::max(x_hi, m.x);
+    r->x_lo = std::min(r->x_lo, m.x);
+    r->x_hi = std::max(r->x_hi, m.x);
   }
   // A threshold within an order of magnitude (log) or a range (linear) of
   // the data is worth showing: the distance to it is the point.
   for (const ChartThreshold& t : chart.thresholds) {
     if (!Usable(t.y, chart.log_y)) continue;
-    const bool near = chart.log_y ? (t.y < y_hi * 1e3 && t.y > y_lo * 1e-3)
-                                  : (t.y < y_hi + 3 * (y_hi - y_lo + 1e-12) &&
-                                     t.y > y_lo - 3 * (y_hi - y_lo + 1e-12));
+    const bool near = chart.log_y ? (t.y < r->y_hi * 1e3 && t.y > r->y_lo * 1e-3)
+                                  : (t.y < r->y_hi + 3 * (r->y_hi - r->y_lo + 1e-12) &&
+                                     t.y > r->y_lo - 3 * (r->y_hi - r->y_lo + 1e-12));
     if (near) {
-      y_lo = std::min(y_lo, t.y);
-      y_hi = std::max(y_hi, t.y);
+      r->y_lo = std::min(r->y_lo, t.y);
+      r->y_hi = std::max(r->y_hi, t.y);
     }
   }
-  if (x_hi == x_lo) {
-    x_lo -= 1;
-    x_hi += 1;
+  if (r->x_hi == r->x_lo) {
+    r->x_lo -= 1;
+    r->x_hi += 1;
   }
-  Axis xa{x_lo, x_hi, false, plot_left, plot_right};
-  Axis ya;
-  ya.log = chart.log_y;
-  ya.pixel_lo = plot_bottom;
-  ya.pixel_hi = plot_top;
+}
+
+struct Scales {
+  Axis x;
+  Axis y;
   std::vector<double> y_ticks;
-  if (chart.fixed_y && !chart.log_y && chart.y_max > chart.y_min && y_lo >= chart.y_min &&
-      y_hi <= chart.y_max) {
+};
+
+// The axes over `range`: the fixed y range when the data fits in it, whole
+// decades on a log axis, else the data's range padded by 6%.
+Scales ChartScales(const LineChart& chart, const DataRange& range, const PlotBox& box) {
+  Scales scales;
+  scales.x = Axis{range.x_lo, range.x_hi, false, box.left, box.right};
+  Axis& ya = scales.y;
+  ya.log = chart.log_y;
+  ya.pixel_lo = box.bottom;
+  ya.pixel_hi = box.top;
+  if (chart.fixed_y && !chart.log_y && chart.y_max > chart.y_min && range.y_lo >= chart.y_min &&
+      range.y_hi <= chart.y_max) {
     ya.lo = chart.y_min;
     ya.hi = chart.y_max;
-    y_ticks = LinearTicks(ya.lo, ya.hi, 5);
+    scales.y_ticks = LinearTicks(ya.lo, ya.hi, 5);
   } else if (chart.log_y) {
-    ya.lo = std::pow(10.0, std::floor(std::log10(y_lo)));
-    ya.hi = std::pow(10.0, std::ceil(std::log10(y_hi)));
+    ya.lo = std::pow(10.0, std::floor(std::log10(range.y_lo)));
+    ya.hi = std::pow(10.0, std::ceil(std::log10(range.y_hi)));
     if (ya.hi <= ya.lo) ya.hi = ya.lo * 10;
-    y_ticks = LogTicks(ya.lo, ya.hi);
+    scales.y_ticks = LogTicks(ya.lo, ya.hi);
   } else {
-    double pad = (y_hi - y_lo) * 0.06;
-    if (pad <= 0) pad = std::max(std::fabs(y_lo) * 0.1, 1e-3);
-    ya.lo = y_lo - pad;
-    ya.hi = y_hi + pad;
-    y_ticks = LinearTicks(ya.lo, ya.hi, 5);
+    double pad = (range.y_hi - range.y_lo) * 0.06;
+    if (pad <= 0) pad = std::max(std::fabs(range.y_lo) * 0.1, 1e-3);
+    ya.lo = range.y_lo - pad;
+    ya.hi = range.y_hi + pad;
+    scales.y_ticks = LinearTicks(ya.lo, ya.hi, 5);
   }
+  return scales;
+}
 
-  // Frame, grid and ticks.
-  absl::StrAppend(&out, "<rect class=\"plot-area\" x=\"", Num(plot_left), "\" y=\"",
-                  Num(plot_top), "\" width=\"", Num(plot_right - plot_left), "\" height=\"",
-                  Num(plot_bottom - plot_top), "\"/><g class=\"axes\">");
-  for (double v : y_ticks) {
-    const double py = ya.Map(v);
-    absl::StrAppend(&out, "<line class=\"grid\" x1=\"", Num(plot_left), "\" y1=\"", Num(py),
-                    "\" x2=\"", Num(plot_right), "\" y2=\"", Num(py),
-                    "\"/><text class=\"tick y-tick\" x=\"", Num(plot_left - 5), "\" y=\"",
+// The plot area's frame, and a grid line with its tick text per tick.
+std::string FrameGridAndTicks(const Scales& scales, const PlotBox& box) {
+  std::string out =
+      absl::StrCat("<rect class=\"plot-area\" x=\"", Num(box.left), "\" y=\"", Num(box.top),
+                   "\" width=\"", Num(box.right - box.left), "\" height=\"",
+                   Num(box.bottom - box.top), "\"/><g class=\"axes\">");
+  for (double v : scales.y_ticks) {
+    const double py = scales.y.Map(v);
+    absl::StrAppend(&out, "<line class=\"grid\" x1=\"", Num(box.left), "\" y1=\"", Num(py),
+                    "\" x2=\"", Num(box.right), "\" y2=\"", Num(py),
+                    "\"/><text class=\"tick y-tick\" x=\"", Num(box.left - 5), "\" y=\"",
                     Num(py + 3.5), "\" text-anchor=\"end\">", TickText(v), "</text>");
   }
-  for (double v : LinearTicks(x_lo, x_hi, 8)) {
-    const double px = xa.Map(v);
-    absl::StrAppend(&out, "<line class=\"grid\" x1=\"", Num(px), "\" y1=\"", Num(plot_top),
-                    "\" x2=\"", Num(px), "\" y2=\"", Num(plot_bottom),
+  for (double v : LinearTicks(scales.x.lo, scales.x.hi, 8)) {
+    const double px = scales.x.Map(v);
+    absl::StrAppend(&out, "<line class=\"grid\" x1=\"", Num(px), "\" y1=\"", Num(box.top),
+                    "\" x2=\"", Num(px), "\" y2=\"", Num(box.bottom),
                     "\"/><text class=\"tick x-tick\" x=\"", Num(px), "\" y=\"",
-                    Num(plot_bottom + 14), "\" text-anchor=\"middle\">", TickText(v), "</text>");
+                    Num(box.bottom + 14), "\" text-anchor=\"middle\">", TickText(v), "</text>");
   }
-  absl::StrAppend(&out, "</g>");
+  return out + "</g>";
+}
 
-  if (!chart.markers.empty()) {
-    absl::StrAppend(&out, "<g class=\"markers\">");
-    for (const ChartMarker& m : chart.markers) {
-      if (!std::isfinite(m.x)) continue;
-      const double px = xa.Map(m.x);
-      absl::StrAppend(&out, "<line class=\"event-marker\" data-kind=\"", XmlEscape(m.kind),
-                      "\" x1=\"", Num(px), "\" y1=\"", Num(plot_top), "\" x2=\"", Num(px),
-                      "\" y2=\"", Num(plot_bottom), "\" stroke=\"", m.color,
-                      "\"><title>", XmlEscape(m.label), "</title></line>");
-    }
-    absl::StrAppend(&out, "</g>");
+// A vertical line per event marker (alarm), its label as tooltip.
+std::string EventMarkers(const std::vector<ChartMarker>& markers, const Axis& xa,
+                         const PlotBox& box) {
+  if (markers.empty()) return "";
+  std::string out = "<g class=\"markers\">";
+  for (const ChartMarker& m : markers) {
+    if (!std::isfinite(m.x)) continue;
+    const double px = xa.Map(m.x);
+    absl::StrAppend(&out, "<line class=\"event-marker\" data-kind=\"", XmlEscape(m.kind),
+                    "\" x1=\"", Num(px), "\" y1=\"", Num(box.top), "\" x2=\"", Num(px), "\" y2=\"",
+                    Num(box.bottom), "\" stroke=\"", m.color, "\"><title>", XmlEscape(m.label),
+                    "</title></line>");
   }
+  return out + "</g>";
+}
+
+// A horizontal line per threshold inside the y range.
+std::string ThresholdLines(const LineChart& chart, const Axis& ya, const PlotBox& box) {
+  std::string out;
   for (const ChartThreshold& t : chart.thresholds) {
     if (!Usable(t.y, chart.log_y) || t.y < ya.lo || t.y > ya.hi) continue;
     const double py = ya.Map(t.y);
-    absl::StrAppend(&out, "<line class=\"threshold\" x1=\"", Num(plot_left), "\" y1=\"", Num(py),
-                    "\" x2=\"", Num(plot_right), "\" y2=\"", Num(py), "\" stroke=\"", t.color,
+    absl::StrAppend(&out, "<line class=\"threshold\" x1=\"", Num(box.left), "\" y1=\"", Num(py),
+                    "\" x2=\"", Num(box.right), "\" y2=\"", Num(py), "\" stroke=\"", t.color,
                     "\"><title>", XmlEscape(t.label), " = ", ValueText(t.y), "</title></line>");
   }
+  return out;
+}
 
-  absl::StrAppend(&out, "<g class=\"series\">");
-  for (const ChartSeries& s : chart.series) {
-    const auto segments = Segments(s.x, s.y, chart.log_y);
-    const std::string style =
-        absl::StrCat(" stroke=\"", s.color, "\" stroke-width=\"", Num(s.width), "\"",
-                     s.opacity < 1 ? absl::StrCat(" stroke-opacity=\"", s.opacity, "\"") : "",
-                     s.dashed ? " stroke-dasharray=\"5 3\"" : "");
-    for (const auto& segment : segments) {
-      if (segment.size() == 1 && !s.dots) {
-        // A lone value between gaps would vanish as a zero-length path.
-        absl::StrAppend(&out, "<circle class=\"series-point\" data-series=\"", XmlEscape(s.name),
-                        "\" cx=\"", Num(xa.Map(segment[0].first)), "\" cy=\"",
-                        Num(ya.Map(segment[0].second)), "\" r=\"1.8\" fill=\"", s.color, "\"/>");
-        continue;
-      }
-      if (segment.size() < 2) continue;
-      std::string d;
-      for (size_t i = 0; i < segment.size(); ++i) {
-        absl::StrAppend(&d, i == 0 ? "M" : "L", Num(xa.Map(segment[i].first)), " ",
-                        Num(ya.Map(segment[i].second)));
-      }
-      absl::StrAppend(&out, "<path class=\"series-line\" data-series=\"", XmlEscape(s.name),
-                      "\" d=\"", d, "\" fill=\"none\"", style, "/>");
+// One series: a path per segment (a dot for a lone value), and with `dots`
+// a circle with a tooltip at every value.
+std::string SeriesPaths(const ChartSeries& s, bool log_y, const Scales& scales) {
+  const Axis& xa = scales.x;
+  const Axis& ya = scales.y;
+  const auto segments = Segments(s.x, s.y, log_y);
+  const std::string style =
+      absl::StrCat(" stroke=\"", s.color, "\" stroke-width=\"", Num(s.width), "\"",
+                   s.opacity < 1 ? absl::StrCat(" stroke-opacity=\"", s.opacity, "\"") : "",
+                   s.dashed ? " stroke-dasharray=\"5 3\"" : "");
+  std::string out;
+  for (const auto& segment : segments) {
+    if (segment.size() == 1 && !s.dots) {
+      // A lone value between gaps would vanish as a zero-length path.
+      absl::StrAppend(&out, "<circle class=\"series-point\" data-series=\"", XmlEscape(s.name),
+                      "\" cx=\"", Num(xa.Map(segment[0].first)), "\" cy=\"",
+                      Num(ya.Map(segment[0].second)), "\" r=\"1.8\" fill=\"", s.color, "\"/>");
+      continue;
     }
-    if (s.dots) {
-      for (const auto& segment : segments) {
-        for (const auto& [x, y] : segment) {
-          absl::StrAppend(&out, "<circle class=\"series-dot\" data-series=\"", XmlEscape(s.name),
-                          "\" cx=\"", Num(xa.Map(x)), "\" cy=\"", Num(ya.Map(y)),
-                          "\" r=\"3\" fill=\"", s.color, "\"><title>", XmlEscape(s.name),
-                          " at step ", ValueText(x), ": ", ValueText(y), "</title></circle>");
-        }
+    if (segment.size() < 2) continue;
+    std::string d;
+    for (size_t i = 0; i < segment.size(); ++i) {
+      absl::StrAppend(&d, i == 0 ? "M" : "L", Num(xa.Map(segment[i].first)), " ",
+                      Num(ya.Map(segment[i].second)));
+    }
+    absl::StrAppend(&out, "<path class=\"series-line\" data-series=\"", XmlEscape(s.name),
+                    "\" d=\"", d, "\" fill=\"none\"", style, "/>");
+  }
+  if (s.dots) {
+    for (const auto& segment : segments) {
+      for (const auto& [x, y] : segment) {
+        absl::StrAppend(&out, "<circle class=\"series-dot\" data-series=\"", XmlEscape(s.name),
+                        "\" cx=\"", Num(xa.Map(x)), "\" cy=\"", Num(ya.Map(y)),
+                        "\" r=\"3\" fill=\"", s.color, "\"><title>", XmlEscape(s.name), " at step ",
+                        ValueText(x), ": ", ValueText(y), "</title></circle>");
       }
     }
   }
+  return out;
+}
+
+}  // namespace
+
+std::string RenderLineChart(const LineChart& chart) {
+  const std::vector<LegendItem> legend = LineChartLegend(chart);
+  const int header = HeaderHeight(chart.subtitle);
+  const int legend_height = LegendHeight(legend, chart.width);
+  const int height = chart.height + legend_height;
+  PlotBox box;
+  box.top = header + legend_height + 8;
+  box.bottom = height - kBottom;
+  box.left = kLeft;
+  box.right = chart.width - kRight;
+
+  std::string out = SvgOpen("chart", chart.id, chart.width, height, chart.title, chart.subtitle);
+  absl::StrAppend(&out, RenderLegend(legend, chart.width, header));
+  absl::StrAppend(
+      &out, AxisLabels(chart.x_label, chart.y_label, chart.width, height, box.top, box.bottom));
+  DataRange range = SeriesRange(chart);
+  if (range.drawable == 0) {
+    absl::StrAppend(&out, NoData(chart.width, box.top, box.bottom), "</svg>");
+    return out;
+  }
+  WidenForMarkersAndThresholds(chart, &range);
+  const Scales scales = ChartScales(chart, range, box);
+  absl::StrAppend(&out, FrameGridAndTicks(scales, box), EventMarkers(chart.markers, scales.x, box),
+                  ThresholdLines(chart, scales.y, box), "<g class=\"series\">");
+  for (const ChartSeries& s : chart.series)
+    absl::StrAppend(&out, SeriesPaths(s, chart.log_y, scales));
   absl::StrAppend(&out, "</g></svg>");
   return out;
 }
