@@ -82,167 +82,173 @@ std::vector<double> MeasuredDistillLoss(const RunSeries& s) {
   return loss;
 }
 
-std::vector<std::string> Charts(const RunSeries& s) {
-  std::vector<std::string> charts;
+// κ, with its effective value and threshold, and the two gradient norms it
+// is the ratio of.
+std::vector<LineChart> KappaAndGradientCharts(const RunSeries& s) {
   const int64_t train_steps =
       std::count_if(s.steps.begin(), s.steps.end(), [](int64_t step) { return step >= 1; });
+  LineChart kappa;
+  kappa.id = "kappa";
+  kappa.title = "κ = ‖∇L_R‖ / ‖∇L_D‖";
+  const int64_t measured = CountFinite(s.Series(metrics_jsonl::kKappa));
+  kappa.subtitle = absl::StrCat("measured on ", measured, " of ", train_steps,
+                                " steps; κ_eff = κ/λ when naive; alarm: κ_eff EMA > threshold");
+  kappa.y_label = "ratio (log)";
+  kappa.log_y = true;
+  kappa.series = {Line(s, metrics_jsonl::kKappa, "κ", 0),
+                  Line(s, metrics_jsonl::kKappaEffective, "κ_eff", 1)};
+  kappa.series[1].dashed = true;  // equal to κ when λ = 1: both stay visible
+  AddSmoothed(s, &kappa.series);
+  kappa.thresholds.push_back(
+      {s.kappa_threshold,
+       absl::StrCat("alarms.kappa_threshold", s.thresholds_from_config ? "" : " (default)"),
+       "#d62728"});
+  kappa.markers = AlarmMarkers(s);
 
-  {
-    LineChart c;
-    c.id = "kappa";
-    c.title = "κ = ‖∇L_R‖ / ‖∇L_D‖";
-    const int64_t measured = CountFinite(s.Series(metrics_jsonl::kKappa));
-    c.subtitle = absl::StrCat("measured on ", measured, " of ", train_steps,
-                              " steps; κ_eff = κ/λ when naive; alarm: κ_eff EMA > threshold");
-    c.y_label = "ratio (log)";
-    c.log_y = true;
-    c.series = {Line(s, metrics_jsonl::kKappa, "κ", 0),
-                Line(s, metrics_jsonl::kKappaEffective, "κ_eff", 1)};
-    c.series[1].dashed = true;  // equal to κ when λ = 1: both stay visible
-    AddSmoothed(s, &c.series);
-    c.thresholds.push_back({s.kappa_threshold,
-                            absl::StrCat("alarms.kappa_threshold",
-                                         s.thresholds_from_config ? "" : " (default)"),
-                            "#d62728"});
-    c.markers = AlarmMarkers(s);
-    charts.push_back(RenderLineChart(c));
+  LineChart norms;
+  norms.id = "grad_norms";
+  norms.title = "Gradient norms ‖∇L_R‖ and ‖∇L_D‖";
+  norms.y_label = "L2 norm (log)";
+  norms.log_y = true;
+  norms.series = {Line(s, metrics_jsonl::kGradNormReward, "‖∇L_R‖", 0),
+                  Line(s, metrics_jsonl::kGradNormDistill, "‖∇L_D‖", 1)};
+  // After M3 only when it changed something (naive mixing logs it equal).
+  const std::vector<double> raw = s.Series(metrics_jsonl::kGradNormReward);
+  const std::vector<double> balanced = s.Series(metrics_jsonl::kGradNormRewardBalanced);
+  bool differs = false;
+  for (size_t i = 0; i < raw.size(); ++i) {
+    differs |= std::isfinite(balanced[i]) &&
+               !(std::fabs(balanced[i] - raw[i]) <= 1e-9 * std::fabs(raw[i]));
   }
-  {
-    LineChart c;
-    c.id = "grad_norms";
-    c.title = "Gradient norms ‖∇L_R‖ and ‖∇L_D‖";
-    c.y_label = "L2 norm (log)";
-    c.log_y = true;
-    c.series = {Line(s, metrics_jsonl::kGradNormReward, "‖∇L_R‖", 0),
-                Line(s, metrics_jsonl::kGradNormDistill, "‖∇L_D‖", 1)};
-    // After M3 only when it changed something (naive mixing logs it equal).
-    const std::vector<double> raw = s.Series(metrics_jsonl::kGradNormReward);
-    const std::vector<double> balanced = s.Series(metrics_jsonl::kGradNormRewardBalanced);
-    bool differs = false;
-    for (size_t i = 0; i < raw.size(); ++i) {
-      differs |= std::isfinite(balanced[i]) &&
-                 !(std::fabs(balanced[i] - raw[i]) <= 1e-9 * std::fabs(raw[i]));
-    }
-    if (differs) {
-      ChartSeries balanced = Line(s, metrics_jsonl::kGradNormRewardBalanced, "‖∇L_R‖ after M3", 2);
-      balanced.dashed = true;
-      c.series.push_back(std::move(balanced));
-    }
-    charts.push_back(RenderLineChart(c));
+  if (differs) {
+    ChartSeries after_m3 = Line(s, metrics_jsonl::kGradNormRewardBalanced, "‖∇L_R‖ after M3", 2);
+    after_m3.dashed = true;
+    norms.series.push_back(std::move(after_m3));
   }
-  {
-    LineChart c;
-    c.id = "losses";
-    c.title = "Losses";
-    c.subtitle = "L_D left out on steps that distilled no position";
-    c.y_label = "loss";
-    c.series = {Line(s, metrics_jsonl::kLossReward, "L_R", 0)};
-    ChartSeries distill = Line(s, metrics_jsonl::kLossDistill, "L_D", 1);
-    distill.y = MeasuredDistillLoss(s);
-    c.series.push_back(std::move(distill));
-    const std::vector<double> sft = s.Series(metrics_jsonl::kLossSft);
-    if (std::any_of(sft.begin(), sft.end(), [](double v) { return std::isfinite(v) && v != 0; })) {
-      c.series.push_back(Line(s, metrics_jsonl::kLossSft, "L_SFT", 2));
-    }
-    AddSmoothed(s, &c.series);
-    charts.push_back(RenderLineChart(c));
+  return {std::move(kappa), std::move(norms)};
+}
+
+// The losses (L_D only where measured), and reward with held-out accuracy.
+std::vector<LineChart> LossAndRewardCharts(const RunSeries& s) {
+  LineChart losses;
+  losses.id = "losses";
+  losses.title = "Losses";
+  losses.subtitle = "L_D left out on steps that distilled no position";
+  losses.y_label = "loss";
+  losses.series = {Line(s, metrics_jsonl::kLossReward, "L_R", 0)};
+  ChartSeries distill = Line(s, metrics_jsonl::kLossDistill, "L_D", 1);
+  distill.y = MeasuredDistillLoss(s);
+  losses.series.push_back(std::move(distill));
+  const std::vector<double> sft = s.Series(metrics_jsonl::kLossSft);
+  if (std::any_of(sft.begin(), sft.end(), [](double v) { return std::isfinite(v) && v != 0; })) {
+    losses.series.push_back(Line(s, metrics_jsonl::kLossSft, "L_SFT", 2));
   }
-  {
-    LineChart c;
-    c.id = "reward";
-    c.title = "Reward mean and held-out accuracy";
-    c.y_label = "fraction correct";
-    c.fixed_y = true;
-    c.y_min = 0;
-    c.y_max = 1;
-    c.series = {Line(s, metrics_jsonl::kRewardMean, "reward mean (batch)", 0)};
-    AddSmoothed(s, &c.series);
-    ChartSeries eval = Line(s, metrics_jsonl::kEvalAccuracy, "held-out accuracy", 2);
-    eval.dots = true;
-    eval.width = 2;
-    c.series.push_back(std::move(eval));
-    c.markers = AlarmMarkers(s);
-    charts.push_back(RenderLineChart(c));
+  AddSmoothed(s, &losses.series);
+
+  LineChart reward;
+  reward.id = "reward";
+  reward.title = "Reward mean and held-out accuracy";
+  reward.y_label = "fraction correct";
+  reward.fixed_y = true;
+  reward.y_min = 0;
+  reward.y_max = 1;
+  reward.series = {Line(s, metrics_jsonl::kRewardMean, "reward mean (batch)", 0)};
+  AddSmoothed(s, &reward.series);
+  ChartSeries eval = Line(s, metrics_jsonl::kEvalAccuracy, "held-out accuracy", 2);
+  eval.dots = true;
+  eval.width = 2;
+  reward.series.push_back(std::move(eval));
+  reward.markers = AlarmMarkers(s);
+  return {std::move(losses), std::move(reward)};
+}
+
+// Where the reward and distillation gradients disagree: the K_DR < 0
+// fractions with the conflict threshold, and the gradients' cosine.
+std::vector<LineChart> ConflictCharts(const RunSeries& s) {
+  LineChart negative;
+  negative.id = "kdr_negative";
+  negative.title = "K_DR < 0: fraction of positions";
+  negative.subtitle =
+      "directional conflict fires when the weighted fraction stays above the threshold";
+  negative.y_label = "fraction";
+  negative.fixed_y = true;
+  negative.y_min = 0;
+  negative.y_max = 1;
+  negative.series = {
+      Line(s, metrics_jsonl::kKdrNegativeFraction, "negative fraction", 0),
+      Line(s, metrics_jsonl::kKdrNegativeWeightedFraction, "|K|-weighted negative fraction", 1)};
+  AddSmoothed(s, &negative.series);
+  negative.thresholds.push_back({s.conflict_threshold, "alarms.conflict_threshold", "#9467bd"});
+  negative.markers = AlarmMarkers(s, "directional_conflict");
+
+  LineChart cosine;
+  cosine.id = "grad_cosine";
+  cosine.title = "cos(∇L_R, ∇L_D)";
+  cosine.y_label = "cosine";
+  cosine.fixed_y = true;
+  cosine.y_min = -1;
+  cosine.y_max = 1;
+  cosine.series = {Line(s, metrics_jsonl::kGradCosine, "cosine", 0)};
+  AddSmoothed(s, &cosine.series);
+  cosine.thresholds.push_back({0.0, "0", "#999999"});
+  return {std::move(negative), std::move(cosine)};
+}
+
+// The student's entropy and the distillation weight λ (with the applied scale).
+std::vector<LineChart> PolicyCharts(const RunSeries& s) {
+  LineChart entropy;
+  entropy.id = "entropy";
+  entropy.title = "Student entropy";
+  entropy.y_label = "nats per token";
+  entropy.series = {Line(s, metrics_jsonl::kEntropy, "entropy", 0)};
+  AddSmoothed(s, &entropy.series);
+
+  LineChart lambda;
+  lambda.id = "lambda";
+  lambda.title = "λ (distillation weight)";
+  lambda.y_label = "λ";
+  lambda.series = {Line(s, metrics_jsonl::kLambda, "λ", 0)};
+  if (s.Has(metrics_jsonl::kDistillScale)) {
+    ChartSeries scale = Line(s, metrics_jsonl::kDistillScale, "applied L_D scale", 1);
+    scale.dashed = true;
+    lambda.series.push_back(std::move(scale));
   }
-  {
-    LineChart c;
-    c.id = "kdr_negative";
-    c.title = "K_DR < 0: fraction of positions";
-    c.subtitle = "directional conflict fires when the weighted fraction stays above the threshold";
-    c.y_label = "fraction";
-    c.fixed_y = true;
-    c.y_min = 0;
-    c.y_max = 1;
-    c.series = {
-        Line(s, metrics_jsonl::kKdrNegativeFraction, "negative fraction", 0),
-        Line(s, metrics_jsonl::kKdrNegativeWeightedFraction, "|K|-weighted negative fraction", 1)};
-    AddSmoothed(s, &c.series);
-    c.thresholds.push_back({s.conflict_threshold, "alarms.conflict_threshold", "#9467bd"});
-    c.markers = AlarmMarkers(s, "directional_conflict");
-    charts.push_back(RenderLineChart(c));
+  return {std::move(entropy), std::move(lambda)};
+}
+
+// The system: throughput, step time and the staleness of consumed groups.
+std::vector<LineChart> SystemCharts(const RunSeries& s) {
+  LineChart throughput;
+  throughput.id = "throughput";
+  throughput.title = "Throughput";
+  throughput.y_label = "per second (log)";
+  throughput.log_y = true;
+  throughput.series = {Line(s, "tokens_per_second", "tokens/s", 0),
+                       Line(s, metrics_jsonl::kSamplesPerSecond, "samples/s", 1)};
+
+  LineChart step_time;
+  step_time.id = "step_seconds";
+  step_time.title = "Step time";
+  step_time.y_label = "seconds";
+  step_time.series = {Line(s, metrics_jsonl::kStepSeconds, "training step", 0)};
+  if (s.Has(metrics_jsonl::kKdrExactSeconds)) {
+    step_time.series.push_back(Line(s, metrics_jsonl::kKdrExactSeconds, "exact K_DR", 1));
   }
-  {
-    LineChart c;
-    c.id = "grad_cosine";
-    c.title = "cos(∇L_R, ∇L_D)";
-    c.y_label = "cosine";
-    c.fixed_y = true;
-    c.y_min = -1;
-    c.y_max = 1;
-    c.series = {Line(s, metrics_jsonl::kGradCosine, "cosine", 0)};
-    AddSmoothed(s, &c.series);
-    c.thresholds.push_back({0.0, "0", "#999999"});
-    charts.push_back(RenderLineChart(c));
-  }
-  {
-    LineChart c;
-    c.id = "entropy";
-    c.title = "Student entropy";
-    c.y_label = "nats per token";
-    c.series = {Line(s, metrics_jsonl::kEntropy, "entropy", 0)};
-    AddSmoothed(s, &c.series);
-    charts.push_back(RenderLineChart(c));
-  }
-  {
-    LineChart c;
-    c.id = "lambda";
-    c.title = "λ (distillation weight)";
-    c.y_label = "λ";
-    c.series = {Line(s, metrics_jsonl::kLambda, "λ", 0)};
-    if (s.Has(metrics_jsonl::kDistillScale)) {
-      ChartSeries scale = Line(s, metrics_jsonl::kDistillScale, "applied L_D scale", 1);
-      scale.dashed = true;
-      c.series.push_back(std::move(scale));
-    }
-    charts.push_back(RenderLineChart(c));
-  }
-  {
-    LineChart c;
-    c.id = "throughput";
-    c.title = "Throughput";
-    c.y_label = "per second (log)";
-    c.log_y = true;
-    c.series = {Line(s, "tokens_per_second", "tokens/s", 0),
-                Line(s, metrics_jsonl::kSamplesPerSecond, "samples/s", 1)};
-    charts.push_back(RenderLineChart(c));
-  }
-  {
-    LineChart c;
-    c.id = "step_seconds";
-    c.title = "Step time";
-    c.y_label = "seconds";
-    c.series = {Line(s, metrics_jsonl::kStepSeconds, "training step", 0)};
-    if (s.Has(metrics_jsonl::kKdrExactSeconds))
-      c.series.push_back(Line(s, metrics_jsonl::kKdrExactSeconds, "exact K_DR", 1));
-    charts.push_back(RenderLineChart(c));
-  }
-  {
-    LineChart c;
-    c.id = "staleness";
-    c.title = "Staleness of consumed groups";
-    c.y_label = "policy versions";
-    c.series = {Line(s, metrics_jsonl::kStalenessMean, "mean staleness", 0)};
-    charts.push_back(RenderLineChart(c));
+
+  LineChart staleness;
+  staleness.id = "staleness";
+  staleness.title = "Staleness of consumed groups";
+  staleness.y_label = "policy versions";
+  staleness.series = {Line(s, metrics_jsonl::kStalenessMean, "mean staleness", 0)};
+  return {std::move(throughput), std::move(step_time), std::move(staleness)};
+}
+
+// The line charts of RunChartIds(), in that order, rendered.
+std::vector<std::string> Charts(const RunSeries& s) {
+  std::vector<std::string> charts;
+  for (const auto& group :
+       {KappaAndGradientCharts, LossAndRewardCharts, ConflictCharts, PolicyCharts, SystemCharts}) {
+    for (const LineChart& chart : group(s)) charts.push_back(RenderLineChart(chart));
   }
   return charts;
 }
