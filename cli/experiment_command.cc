@@ -92,6 +92,207 @@ std::string OneLineSummary(const RunMetrics& m) {
   return parts.empty() ? "no metrics" : absl::StrJoin(parts, ", ");
 }
 
+// What the ablation file and the command line resolve to, checked in full
+// before anything is written.
+struct ExperimentPlan {
+  AblationSpec spec;
+  bool quick = false;
+  fs::path out;  // DIR
+  std::vector<PlannedRun> runs;
+  std::vector<services::Config> configs;  // one per run
+  std::string title;                      // of results.md and report.html
+  std::string context;
+};
+
+// Values too (trainer.distill_gate=rstgg), before the first run starts.
+absl::Status ValidateRunValues(const ExperimentPlan& plan) {
+  for (size_t i = 0; i < plan.runs.size(); ++i) {
+    if (absl::Status status = learner::ValidateStepConfig(plan.configs[i]); !status.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("arm '", plan.runs[i].arm, "': ", status.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Everything that can be wrong in the ablation file fails here, before the
+// first run starts.
+absl::StatusOr<ExperimentPlan> LoadPlan(const CommandLine& line) {
+  absl::StatusOr<AblationSpec> loaded = LoadAblationSpec(line.config_path);
+  if (!loaded.ok()) return loaded.status();
+  ExperimentPlan plan;
+  plan.spec = *std::move(loaded);
+  AblationSpec& spec = plan.spec;
+  plan.quick = line.Has("--quick");
+  if (plan.quick) {
+    if (absl::Status status = ApplyQuick(&spec); !status.ok()) return status;
+  }
+  if (absl::Status status = AppendCommonOverrides(&spec, line.overrides); !status.ok()) {
+    return status;
+  }
+  absl::StatusOr<services::Config> base = services::LoadConfig(spec.base_config, spec.overrides);
+  if (!base.ok()) {
+    return absl::Status(base.status().code(),
+                        absl::StrCat(spec.file, ": base config: ", base.status().message()));
+  }
+  std::error_code ec;
+  plan.out = fs::absolute(
+      line.Get("--out", (fs::path(base->runs_dir) / fs::path(spec.file).stem()).string()), ec);
+  if (ec) return absl::InvalidArgumentError(absl::StrCat("--out: ", ec.message()));
+  plan.runs = PlanRuns(spec, (plan.out / "runs").string());
+  absl::StatusOr<std::vector<services::Config>> configs = ResolveRunConfigs(spec, plan.runs);
+  if (!configs.ok()) return configs.status();
+  plan.configs = *std::move(configs);
+  if (absl::Status status = ValidateRunValues(plan); !status.ok()) return status;
+  plan.title = absl::StrCat("Ablation results: ", spec.file);
+  plan.context = Context(spec, plan.quick, plan.runs.size());
+  return plan;
+}
+
+// A fresh DIR, and DIR/commands.txt: each run's exact command, to repeat one
+// by hand. Returns those commands (argv[0]: this binary).
+absl::StatusOr<std::vector<std::vector<std::string>>> PrepareOutput(const ExperimentPlan& plan) {
+  std::error_code ec;
+  const fs::path self = fs::read_symlink("/proc/self/exe", ec);
+  if (ec) return absl::InternalError(absl::StrCat("/proc/self/exe: ", ec.message()));
+  if (absl::Status status = PrepareOutDir(plan.out); !status.ok()) return status;
+  std::vector<std::vector<std::string>> argvs;
+  std::string commands;
+  for (const PlannedRun& run : plan.runs) {
+    std::vector<std::string> argv = {self.string(), "run", plan.spec.base_config};
+    argv.insert(argv.end(), run.overrides.begin(), run.overrides.end());
+    argv.push_back("--no-progress");
+    absl::StrAppend(&commands, CommandLineText(argv), "\n");
+    argvs.push_back(std::move(argv));
+  }
+  if (absl::Status status =
+          services::WriteFileAtomically((plan.out / "commands.txt").string(), commands);
+      !status.ok()) {
+    return status;
+  }
+  return argvs;
+}
+
+// One "not run" result per planned run.
+std::vector<RunResult> InitialResults(const std::vector<PlannedRun>& runs) {
+  std::vector<RunResult> results;
+  for (const PlannedRun& run : runs) {
+    RunResult result;
+    result.arm = run.arm;
+    result.seed = run.seed;
+    result.name = run.name;
+    results.push_back(std::move(result));
+  }
+  return results;
+}
+
+// results.csv, results.md and report.html as they stand; a failure to write
+// one is reported, not fatal.
+void WriteResults(const ExperimentPlan& plan, const std::vector<RunResult>& results) {
+  const fs::path& out = plan.out;
+  for (absl::Status status :
+       {services::WriteFileAtomically((out / "results.csv").string(), ResultsCsv(results)),
+        services::WriteFileAtomically(
+            (out / "results.md").string(),
+            ResultsMarkdown(plan.title, plan.context, plan.spec.arms, results))}) {
+    if (!status.ok()) std::cerr << "kappa experiment: " << status.message() << "\n";
+  }
+  if (absl::Status status =
+          WriteExperimentReport(out.string(), plan.title, plan.context, plan.spec.arms, results);
+      !status.ok()) {
+    std::cerr << "kappa experiment: report.html: " << status.message() << "\n";
+  }
+}
+
+struct RunTally {
+  bool interrupted = false;
+  int failed = 0;
+};
+
+// Runs `plan.runs[i]` as a child `kappa run` and records its outcome and
+// metrics in `result`, with a line on stderr before and after.
+ChildRunOutcome RunOne(const ExperimentPlan& plan, size_t i, const std::vector<std::string>& argv,
+                       double elapsed, RunResult* result) {
+  const PlannedRun& run = plan.runs[i];
+  const size_t total = plan.runs.size();
+  // Runs are alike in length, so the mean so far is a fair estimate.
+  const std::string eta =
+      i == 0 ? "" : absl::StrCat(", eta ", FormatDuration(elapsed / i * (total - i)));
+  std::cerr << absl::StrFormat("[experiment %d/%d] arm %s, seed %d (%s) | elapsed %s%s\n", i + 1,
+                               total, run.arm, run.seed, run.name, FormatDuration(elapsed), eta)
+            << std::flush;
+
+  ChildRunOptions options;
+  options.argv = argv;
+  options.log_file = (plan.out / "logs" / (run.name + ".log")).string();
+  options.metrics_path = (plan.out / "runs" / run.name / "metrics.jsonl").string();
+  options.label = absl::StrCat(i + 1, "/", total, " ", run.arm, " s", run.seed);
+  options.total_steps = plan.configs[i].trainer.steps;
+  const ChildRunOutcome outcome = RunChild(options);
+
+  result->wall_seconds = outcome.wall_seconds;
+  result->status = outcome.success ? "ok" : outcome.interrupted ? "interrupted" : "failed";
+  if (!outcome.success) {
+    result->error = absl::StrCat(outcome.error, "; log: ", options.log_file);
+  }
+  // Partial metrics of a failed run are still worth reporting.
+  if (absl::StatusOr<RunMetrics> metrics = ReadRunMetrics(options.metrics_path); metrics.ok()) {
+    result->metrics = *std::move(metrics);
+  }
+  const std::string summary =
+      result->metrics ? OneLineSummary(*result->metrics) : std::string("no metrics");
+  if (outcome.success) {
+    std::cerr << absl::StrFormat("[experiment %d/%d] %s done in %s: %s\n", i + 1, total, run.name,
+                                 FormatDuration(outcome.wall_seconds), summary);
+  } else if (outcome.interrupted) {
+    std::cerr << "kappa experiment: " << outcome.error << "; stopped " << run.name << "\n";
+  } else {
+    std::cerr << absl::StrFormat(
+                     "[experiment %d/%d] %s FAILED after %s (%s); %s; last lines of %s:\n", i + 1,
+                     total, run.name, FormatDuration(outcome.wall_seconds), outcome.error, summary,
+                     options.log_file)
+              << LogTail(options.log_file, 15) << "continuing with the next run\n";
+  }
+  std::cerr << std::flush;
+  return outcome;
+}
+
+// Every run in turn, until one is interrupted or a termination signal
+// arrives; the results are rewritten after each.
+RunTally RunAll(const ExperimentPlan& plan, const std::vector<std::vector<std::string>>& argvs,
+                Clock::time_point start, std::vector<RunResult>* results) {
+  RunTally tally;
+  for (size_t i = 0; i < plan.runs.size() && !tally.interrupted; ++i) {
+    if (TerminationSignal() != 0) {
+      tally.interrupted = true;
+      break;
+    }
+    const ChildRunOutcome outcome = RunOne(plan, i, argvs[i], SecondsSince(start), &(*results)[i]);
+    if (!outcome.success) {
+      if (outcome.interrupted) {
+        tally.interrupted = true;
+      } else {
+        ++tally.failed;
+      }
+    }
+    WriteResults(plan, *results);  // after every run, so a crash or kill keeps what was measured
+  }
+  return tally;
+}
+
+// The per-arm table on stdout, the totals on stderr; the exit status.
+int Summarize(const ExperimentPlan& plan, const std::vector<RunResult>& results,
+              const RunTally& tally, Clock::time_point start) {
+  std::cout << ResultsMarkdown(plan.title, plan.context, plan.spec.arms, results) << std::flush;
+  std::cerr << absl::StrFormat(
+      "kappa experiment: %s in %s; %d failed; results in %s/results.md, "
+      "results.csv and report.html, run logs in %s/logs/\n",
+      tally.interrupted ? "interrupted" : "finished", FormatDuration(SecondsSince(start)),
+      tally.failed, plan.out.string(), plan.out.string());
+  if (tally.interrupted) return 130;
+  return tally.failed > 0 ? 1 : 0;
+}
+
 }  // namespace
 
 int ExperimentCommand(const std::vector<std::string>& args) {
@@ -104,149 +305,20 @@ int ExperimentCommand(const std::vector<std::string>& args) {
     std::cerr << "kappa experiment: " << status.message() << "\n";
     return 1;
   };
+  absl::StatusOr<ExperimentPlan> plan = LoadPlan(*line);
+  if (!plan.ok()) return fail(plan.status());
+  absl::StatusOr<std::vector<std::vector<std::string>>> argvs = PrepareOutput(*plan);
+  if (!argvs.ok()) return fail(argvs.status());
 
-  // Everything that can be wrong in the ablation file fails here, before the
-  // first run starts.
-  absl::StatusOr<AblationSpec> loaded = LoadAblationSpec(line->config_path);
-  if (!loaded.ok()) return fail(loaded.status());
-  AblationSpec spec = *std::move(loaded);
-  const bool quick = line->Has("--quick");
-  if (quick) {
-    if (absl::Status status = ApplyQuick(&spec); !status.ok()) return fail(status);
-  }
-  if (absl::Status status = AppendCommonOverrides(&spec, line->overrides); !status.ok()) {
-    return fail(status);
-  }
-  absl::StatusOr<services::Config> base = services::LoadConfig(spec.base_config, spec.overrides);
-  if (!base.ok()) {
-    return fail(absl::Status(base.status().code(),
-                             absl::StrCat(spec.file, ": base config: ", base.status().message())));
-  }
-  std::error_code ec;
-  const fs::path out = fs::absolute(
-      line->Get("--out", (fs::path(base->runs_dir) / fs::path(spec.file).stem()).string()), ec);
-  if (ec) return fail(absl::InvalidArgumentError(absl::StrCat("--out: ", ec.message())));
-  const std::vector<PlannedRun> runs = PlanRuns(spec, (out / "runs").string());
-  absl::StatusOr<std::vector<services::Config>> configs = ResolveRunConfigs(spec, runs);
-  if (!configs.ok()) return fail(configs.status());
-  // Values too (trainer.distill_gate=rstgg), before the first run starts.
-  for (size_t i = 0; i < runs.size(); ++i) {
-    if (absl::Status status = learner::ValidateStepConfig((*configs)[i]); !status.ok()) {
-      return fail(absl::InvalidArgumentError(
-          absl::StrCat("arm '", runs[i].arm, "': ", status.message())));
-    }
-  }
-
-  const fs::path self = fs::read_symlink("/proc/self/exe", ec);
-  if (ec) return fail(absl::InternalError(absl::StrCat("/proc/self/exe: ", ec.message())));
-  if (absl::Status status = PrepareOutDir(out); !status.ok()) return fail(status);
-
-  // Each run's exact command, to repeat one by hand.
-  std::vector<std::vector<std::string>> argvs;
-  std::string commands;
-  for (const PlannedRun& run : runs) {
-    std::vector<std::string> argv = {self.string(), "run", spec.base_config};
-    argv.insert(argv.end(), run.overrides.begin(), run.overrides.end());
-    argv.push_back("--no-progress");
-    absl::StrAppend(&commands, CommandLineText(argv), "\n");
-    argvs.push_back(std::move(argv));
-  }
-  if (absl::Status status = services::WriteFileAtomically((out / "commands.txt").string(), commands); !status.ok()) {
-    return fail(status);
-  }
-
-  std::vector<RunResult> results;
-  for (const PlannedRun& run : runs) {
-    RunResult result;
-    result.arm = run.arm;
-    result.seed = run.seed;
-    result.name = run.name;
-    results.push_back(std::move(result));
-  }
-  const std::string title = absl::StrCat("Ablation results: ", spec.file);
-  const std::string context = Context(spec, quick, runs.size());
-  auto write_results = [&]() {
-    for (absl::Status status :
-         {services::WriteFileAtomically((out / "results.csv").string(), ResultsCsv(results)),
-          services::WriteFileAtomically((out / "results.md").string(),
-                                        ResultsMarkdown(title, context, spec.arms, results))}) {
-      if (!status.ok()) std::cerr << "kappa experiment: " << status.message() << "\n";
-    }
-    if (absl::Status status = WriteExperimentReport(out.string(), title, context, spec.arms, results);
-        !status.ok()) {
-      std::cerr << "kappa experiment: report.html: " << status.message() << "\n";
-    }
-  };
-
+  std::vector<RunResult> results = InitialResults(plan->runs);
   std::cerr << absl::StrFormat("kappa experiment: %d arms x %d seeds = %d runs of %s into %s\n",
-                               spec.arms.size(), spec.seeds.size(), runs.size(),
-                               spec.base_config, out.string());
+                               plan->spec.arms.size(), plan->spec.seeds.size(), plan->runs.size(),
+                               plan->spec.base_config, plan->out.string());
   InstallTerminationHandlers();
   const Clock::time_point start = Clock::now();
-  bool interrupted = false;
-  int failed = 0;
-  for (size_t i = 0; i < runs.size() && !interrupted; ++i) {
-    if (TerminationSignal() != 0) {
-      interrupted = true;
-      break;
-    }
-    const PlannedRun& run = runs[i];
-    RunResult& result = results[i];
-    const double elapsed = SecondsSince(start);
-    // Runs are alike in length, so the mean so far is a fair estimate.
-    const std::string eta =
-        i == 0 ? "" : absl::StrCat(", eta ", FormatDuration(elapsed / i * (runs.size() - i)));
-    std::cerr << absl::StrFormat("[experiment %d/%d] arm %s, seed %d (%s) | elapsed %s%s\n", i + 1,
-                                 runs.size(), run.arm, run.seed, run.name,
-                                 FormatDuration(elapsed), eta)
-              << std::flush;
-
-    ChildRunOptions options;
-    options.argv = argvs[i];
-    options.log_file = (out / "logs" / (run.name + ".log")).string();
-    options.metrics_path = (out / "runs" / run.name / "metrics.jsonl").string();
-    options.label = absl::StrCat(i + 1, "/", runs.size(), " ", run.arm, " s", run.seed);
-    options.total_steps = (*configs)[i].trainer.steps;
-    const ChildRunOutcome outcome = RunChild(options);
-
-    result.wall_seconds = outcome.wall_seconds;
-    result.status = outcome.success ? "ok" : outcome.interrupted ? "interrupted" : "failed";
-    if (!outcome.success) {
-      result.error = absl::StrCat(outcome.error, "; log: ", options.log_file);
-    }
-    // Partial metrics of a failed run are still worth reporting.
-    if (absl::StatusOr<RunMetrics> metrics = ReadRunMetrics(options.metrics_path); metrics.ok()) {
-      result.metrics = *std::move(metrics);
-    }
-    const std::string summary =
-        result.metrics ? OneLineSummary(*result.metrics) : std::string("no metrics");
-    if (outcome.success) {
-      std::cerr << absl::StrFormat("[experiment %d/%d] %s done in %s: %s\n", i + 1, runs.size(),
-                                   run.name, FormatDuration(outcome.wall_seconds), summary);
-    } else if (outcome.interrupted) {
-      interrupted = true;
-      std::cerr << "kappa experiment: " << outcome.error << "; stopped " << run.name << "\n";
-    } else {
-      ++failed;
-      std::cerr << absl::StrFormat("[experiment %d/%d] %s FAILED after %s (%s); %s; last lines of %s:\n",
-                                   i + 1, runs.size(), run.name,
-                                   FormatDuration(outcome.wall_seconds), outcome.error, summary,
-                                   options.log_file)
-                << LogTail(options.log_file, 15) << "continuing with the next run\n";
-    }
-    std::cerr << std::flush;
-    write_results();  // after every run, so a crash or kill keeps what was measured
-  }
-  write_results();
-
-  std::cout << ResultsMarkdown(title, context, spec.arms, results) << std::flush;
-  std::cerr << absl::StrFormat("kappa experiment: %s in %s; %d failed; results in %s/results.md, "
-                               "results.csv and report.html, run logs in %s/logs/\n",
-                               interrupted ? "interrupted" : "finished",
-                               FormatDuration(SecondsSince(start)), failed, out.string(),
-                               out.string());
-  if (interrupted) return 130;
-  return failed > 0 ? 1 : 0;
+  const RunTally tally = RunAll(*plan, *argvs, start, &results);
+  WriteResults(*plan, results);
+  return Summarize(*plan, results, tally, start);
 }
 
 }  // namespace kappa::cli
