@@ -10,13 +10,14 @@
 #include <sstream>
 #include <variant>
 
-#include "absl/strings/numbers.h"
-#include "absl/strings/str_cat.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
+#include "absl/types/span.h"
 
 namespace kappa::services {
 namespace {
@@ -33,7 +34,7 @@ struct Field {
   FieldRef (*get)(Config&);
 };
 
-Field MakeField(const char* key, const char* description, FieldRef (*get)(Config&)) {
+constexpr Field MakeField(const char* key, const char* description, FieldRef (*get)(Config&)) {
   return Field{key, description, get};
 }
 
@@ -41,352 +42,350 @@ Field MakeField(const char* key, const char* description, FieldRef (*get)(Config
 #define KAPPA_CONFIG_FIELD(path, description) \
   MakeField(#path, description, [](Config& c) -> FieldRef { return &c.path; })
 
-const std::vector<Field>& Fields() {
-  static const std::vector<Field> kFields = {
-      KAPPA_CONFIG_FIELD(name, "Run name: the run directory is `<runs_dir>/<name>/`."),
-      KAPPA_CONFIG_FIELD(runs_dir, "Directory that holds the run directories."),
-      KAPPA_CONFIG_FIELD(data_dir,
-                         "Where the bootstrap (the SFT warm start `kappa run` does when a "
-                         "`checkpoint` is empty) writes and caches the teacher and student "
-                         "(`<data_dir>/teacher`, `<data_dir>/student`)."),
-      KAPPA_CONFIG_FIELD(seed,
-                         "Seed of the dataset and the bootstrap checkpoints, and of the RL phase "
-                         "unless `trainer.seed` is non-zero."),
-      KAPPA_CONFIG_FIELD(workers, "Rollout worker processes `kappa run` starts."),
-      KAPPA_CONFIG_FIELD(host,
-                         "Bind and connect host of a `kappa run` on one machine; `kappa run` picks "
-                         "free ports on it for every process."),
-      KAPPA_CONFIG_FIELD(threads_per_process,
-                         "libtorch intra-op threads (`OMP_NUM_THREADS`) of each process `kappa "
-                         "run` starts whose own section's `threads` is 0; 0: libtorch's default."),
+// Constant-initialized (no constructor runs), so it is usable from any
+// static initializer and the order of initialization does not matter.
+constexpr Field kFields[] = {
+    KAPPA_CONFIG_FIELD(name, "Run name: the run directory is `<runs_dir>/<name>/`."),
+    KAPPA_CONFIG_FIELD(runs_dir, "Directory that holds the run directories."),
+    KAPPA_CONFIG_FIELD(data_dir,
+                       "Where the bootstrap (the SFT warm start `kappa run` does when a "
+                       "`checkpoint` is empty) writes and caches the teacher and student "
+                       "(`<data_dir>/teacher`, `<data_dir>/student`)."),
+    KAPPA_CONFIG_FIELD(seed,
+                       "Seed of the dataset and the bootstrap checkpoints, and of the RL phase "
+                       "unless `trainer.seed` is non-zero."),
+    KAPPA_CONFIG_FIELD(workers, "Rollout worker processes `kappa run` starts."),
+    KAPPA_CONFIG_FIELD(host,
+                       "Bind and connect host of a `kappa run` on one machine; `kappa run` picks "
+                       "free ports on it for every process."),
+    KAPPA_CONFIG_FIELD(threads_per_process,
+                       "libtorch intra-op threads (`OMP_NUM_THREADS`) of each process `kappa "
+                       "run` starts whose own section's `threads` is 0; 0: libtorch's default."),
 
-      KAPPA_CONFIG_FIELD(task.kind,
-                         "The dataset: `arithmetic` (seeded sums generated from `seed`) or `jsonl` "
-                         "(`train_path`, `heldout_path`)."),
-      KAPPA_CONFIG_FIELD(task.min_digits, "arithmetic: fewest digits of an operand."),
-      KAPPA_CONFIG_FIELD(task.max_digits, "arithmetic: most digits of an operand."),
-      KAPPA_CONFIG_FIELD(task.operators, "arithmetic: the operators used, a subset of `+-*`."),
-      KAPPA_CONFIG_FIELD(task.train_size, "arithmetic: training prompts."),
-      KAPPA_CONFIG_FIELD(task.heldout_size,
-                         "arithmetic: held-out prompts (never overlapping the training ones)."),
-      KAPPA_CONFIG_FIELD(task.train_path,
-                         "jsonl: the training split's file (required when `kind` is jsonl)."),
-      KAPPA_CONFIG_FIELD(task.heldout_path,
-                         "jsonl: the held-out split's file (required when `kind` is jsonl)."),
-      KAPPA_CONFIG_FIELD(task.prompt_template,
-                         "How a prompt becomes the model's input (tasks/prompt_format.h): `auto` "
-                         "(chat when the student has a chat template, else raw), `chat`, `raw`, or "
-                         "a custom text containing `{prompt}`."),
-      KAPPA_CONFIG_FIELD(task.system_prompt,
-                         "The chat system message when an example has none of its own; empty: none "
-                         "(the template's default applies)."),
-      KAPPA_CONFIG_FIELD(task.chat_template_context,
-                         "Extra chat-template variables, a JSON object such as "
-                         "`{\"enable_thinking\": false}`; empty: none."),
+    KAPPA_CONFIG_FIELD(task.kind,
+                       "The dataset: `arithmetic` (seeded sums generated from `seed`) or `jsonl` "
+                       "(`train_path`, `heldout_path`)."),
+    KAPPA_CONFIG_FIELD(task.min_digits, "arithmetic: fewest digits of an operand."),
+    KAPPA_CONFIG_FIELD(task.max_digits, "arithmetic: most digits of an operand."),
+    KAPPA_CONFIG_FIELD(task.operators, "arithmetic: the operators used, a subset of `+-*`."),
+    KAPPA_CONFIG_FIELD(task.train_size, "arithmetic: training prompts."),
+    KAPPA_CONFIG_FIELD(task.heldout_size,
+                       "arithmetic: held-out prompts (never overlapping the training ones)."),
+    KAPPA_CONFIG_FIELD(task.train_path,
+                       "jsonl: the training split's file (required when `kind` is jsonl)."),
+    KAPPA_CONFIG_FIELD(task.heldout_path,
+                       "jsonl: the held-out split's file (required when `kind` is jsonl)."),
+    KAPPA_CONFIG_FIELD(task.prompt_template,
+                       "How a prompt becomes the model's input (tasks/prompt_format.h): `auto` "
+                       "(chat when the student has a chat template, else raw), `chat`, `raw`, or "
+                       "a custom text containing `{prompt}`."),
+    KAPPA_CONFIG_FIELD(task.system_prompt,
+                       "The chat system message when an example has none of its own; empty: none "
+                       "(the template's default applies)."),
+    KAPPA_CONFIG_FIELD(task.chat_template_context,
+                       "Extra chat-template variables, a JSON object such as "
+                       "`{\"enable_thinking\": false}`; empty: none."),
 
-      KAPPA_CONFIG_FIELD(student.checkpoint,
-                         "Hugging Face model directory of the student (Llama, Qwen2, Qwen3); "
-                         "empty: bootstrap one by SFT into `<data_dir>/student`."),
-      KAPPA_CONFIG_FIELD(
-          student.dtype,
-          "Parameters of the rollout workers' copies: `auto` (bf16 on CUDA, fp32 on the CPU), "
-          "`bfloat16` or `float32`; the learner keeps fp32 master weights."),
-      KAPPA_CONFIG_FIELD(student.shape.hidden_size,
-                         "Bootstrap model (when `checkpoint` is empty): hidden size."),
-      KAPPA_CONFIG_FIELD(student.shape.intermediate_size,
-                         "Bootstrap model: SwiGLU intermediate size."),
-      KAPPA_CONFIG_FIELD(student.shape.num_hidden_layers, "Bootstrap model: decoder layers."),
-      KAPPA_CONFIG_FIELD(student.shape.num_attention_heads, "Bootstrap model: attention heads."),
-      KAPPA_CONFIG_FIELD(student.shape.num_key_value_heads,
-                         "Bootstrap model: key/value heads (fewer than the attention heads: GQA)."),
-      KAPPA_CONFIG_FIELD(student.shape.max_position_embeddings,
-                         "Bootstrap model: context length in tokens."),
-      KAPPA_CONFIG_FIELD(student.bootstrap.steps,
-                         "Bootstrap SFT (`kappa sft`, the warm start of `kappa run`): optimizer "
-                         "steps; the student's is short on purpose, a weak warm start."),
-      KAPPA_CONFIG_FIELD(student.bootstrap.batch_size, "Bootstrap SFT: examples per step."),
-      KAPPA_CONFIG_FIELD(student.bootstrap.lr, "Bootstrap SFT: peak AdamW learning rate."),
-      KAPPA_CONFIG_FIELD(student.bootstrap.weight_decay, "Bootstrap SFT: AdamW weight decay."),
-      KAPPA_CONFIG_FIELD(student.bootstrap.warmup_steps,
-                         "Bootstrap SFT: linear warm-up steps, then cosine decay."),
-      KAPPA_CONFIG_FIELD(
-          student.bootstrap.train_examples,
-          "Bootstrap SFT: train on the first N training examples; 0: the whole train split."),
-      KAPPA_CONFIG_FIELD(student.bootstrap.seed,
-                         "Bootstrap SFT: seed of the initialization and the example order."),
+    KAPPA_CONFIG_FIELD(student.checkpoint,
+                       "Hugging Face model directory of the student (Llama, Qwen2, Qwen3); "
+                       "empty: bootstrap one by SFT into `<data_dir>/student`."),
+    KAPPA_CONFIG_FIELD(
+        student.dtype,
+        "Parameters of the rollout workers' copies: `auto` (bf16 on CUDA, fp32 on the CPU), "
+        "`bfloat16` or `float32`; the learner keeps fp32 master weights."),
+    KAPPA_CONFIG_FIELD(student.shape.hidden_size,
+                       "Bootstrap model (when `checkpoint` is empty): hidden size."),
+    KAPPA_CONFIG_FIELD(student.shape.intermediate_size,
+                       "Bootstrap model: SwiGLU intermediate size."),
+    KAPPA_CONFIG_FIELD(student.shape.num_hidden_layers, "Bootstrap model: decoder layers."),
+    KAPPA_CONFIG_FIELD(student.shape.num_attention_heads, "Bootstrap model: attention heads."),
+    KAPPA_CONFIG_FIELD(student.shape.num_key_value_heads,
+                       "Bootstrap model: key/value heads (fewer than the attention heads: GQA)."),
+    KAPPA_CONFIG_FIELD(student.shape.max_position_embeddings,
+                       "Bootstrap model: context length in tokens."),
+    KAPPA_CONFIG_FIELD(student.bootstrap.steps,
+                       "Bootstrap SFT (`kappa sft`, the warm start of `kappa run`): optimizer "
+                       "steps; the student's is short on purpose, a weak warm start."),
+    KAPPA_CONFIG_FIELD(student.bootstrap.batch_size, "Bootstrap SFT: examples per step."),
+    KAPPA_CONFIG_FIELD(student.bootstrap.lr, "Bootstrap SFT: peak AdamW learning rate."),
+    KAPPA_CONFIG_FIELD(student.bootstrap.weight_decay, "Bootstrap SFT: AdamW weight decay."),
+    KAPPA_CONFIG_FIELD(student.bootstrap.warmup_steps,
+                       "Bootstrap SFT: linear warm-up steps, then cosine decay."),
+    KAPPA_CONFIG_FIELD(
+        student.bootstrap.train_examples,
+        "Bootstrap SFT: train on the first N training examples; 0: the whole train split."),
+    KAPPA_CONFIG_FIELD(student.bootstrap.seed,
+                       "Bootstrap SFT: seed of the initialization and the example order."),
 
-      KAPPA_CONFIG_FIELD(teacher.checkpoint,
-                         "Hugging Face model directory of the teacher; empty: bootstrap one by SFT "
-                         "into `<data_dir>/teacher`."),
-      KAPPA_CONFIG_FIELD(teacher.dtype,
-                         "Parameters of the teacher: `auto` (bf16 on CUDA, fp32 on the CPU), "
-                         "`bfloat16` or `float32`."),
-      KAPPA_CONFIG_FIELD(teacher.shape.hidden_size,
-                         "Bootstrap model (when `checkpoint` is empty): hidden size."),
-      KAPPA_CONFIG_FIELD(teacher.shape.intermediate_size,
-                         "Bootstrap model: SwiGLU intermediate size."),
-      KAPPA_CONFIG_FIELD(teacher.shape.num_hidden_layers, "Bootstrap model: decoder layers."),
-      KAPPA_CONFIG_FIELD(teacher.shape.num_attention_heads, "Bootstrap model: attention heads."),
-      KAPPA_CONFIG_FIELD(teacher.shape.num_key_value_heads,
-                         "Bootstrap model: key/value heads (fewer than the attention heads: GQA)."),
-      KAPPA_CONFIG_FIELD(teacher.shape.max_position_embeddings,
-                         "Bootstrap model: context length in tokens."),
-      KAPPA_CONFIG_FIELD(teacher.bootstrap.steps,
-                         "Bootstrap SFT (`kappa sft`, the warm start of `kappa run`): optimizer "
-                         "steps; the teacher's is long, a strong teacher."),
-      KAPPA_CONFIG_FIELD(teacher.bootstrap.batch_size, "Bootstrap SFT: examples per step."),
-      KAPPA_CONFIG_FIELD(teacher.bootstrap.lr, "Bootstrap SFT: peak AdamW learning rate."),
-      KAPPA_CONFIG_FIELD(teacher.bootstrap.weight_decay, "Bootstrap SFT: AdamW weight decay."),
-      KAPPA_CONFIG_FIELD(teacher.bootstrap.warmup_steps,
-                         "Bootstrap SFT: linear warm-up steps, then cosine decay."),
-      KAPPA_CONFIG_FIELD(
-          teacher.bootstrap.train_examples,
-          "Bootstrap SFT: train on the first N training examples; 0: the whole train split."),
-      KAPPA_CONFIG_FIELD(teacher.bootstrap.seed,
-                         "Bootstrap SFT: seed of the initialization and the example order."),
-      KAPPA_CONFIG_FIELD(teacher.address,
-                         "HOST:PORT the teacher serves on and the workers dial; `kappa run` gives "
-                         "it a free port on `host`."),
-      KAPPA_CONFIG_FIELD(teacher.max_batch_sequences,
-                         "Dynamic batching: most sequences in one batched forward."),
-      KAPPA_CONFIG_FIELD(
-          teacher.max_wait_ms,
-          "Dynamic batching: longest a request waits for others to fill its batch, in ms."),
-      KAPPA_CONFIG_FIELD(teacher.threads,
-                         "libtorch intra-op threads of the teacher; 0: `threads_per_process` under "
-                         "`kappa run`, else libtorch's default."),
-      KAPPA_CONFIG_FIELD(teacher.device, "Where the teacher runs: `cpu`, `cuda` or `cuda:N`."),
+    KAPPA_CONFIG_FIELD(teacher.checkpoint,
+                       "Hugging Face model directory of the teacher; empty: bootstrap one by SFT "
+                       "into `<data_dir>/teacher`."),
+    KAPPA_CONFIG_FIELD(teacher.dtype,
+                       "Parameters of the teacher: `auto` (bf16 on CUDA, fp32 on the CPU), "
+                       "`bfloat16` or `float32`."),
+    KAPPA_CONFIG_FIELD(teacher.shape.hidden_size,
+                       "Bootstrap model (when `checkpoint` is empty): hidden size."),
+    KAPPA_CONFIG_FIELD(teacher.shape.intermediate_size,
+                       "Bootstrap model: SwiGLU intermediate size."),
+    KAPPA_CONFIG_FIELD(teacher.shape.num_hidden_layers, "Bootstrap model: decoder layers."),
+    KAPPA_CONFIG_FIELD(teacher.shape.num_attention_heads, "Bootstrap model: attention heads."),
+    KAPPA_CONFIG_FIELD(teacher.shape.num_key_value_heads,
+                       "Bootstrap model: key/value heads (fewer than the attention heads: GQA)."),
+    KAPPA_CONFIG_FIELD(teacher.shape.max_position_embeddings,
+                       "Bootstrap model: context length in tokens."),
+    KAPPA_CONFIG_FIELD(teacher.bootstrap.steps,
+                       "Bootstrap SFT (`kappa sft`, the warm start of `kappa run`): optimizer "
+                       "steps; the teacher's is long, a strong teacher."),
+    KAPPA_CONFIG_FIELD(teacher.bootstrap.batch_size, "Bootstrap SFT: examples per step."),
+    KAPPA_CONFIG_FIELD(teacher.bootstrap.lr, "Bootstrap SFT: peak AdamW learning rate."),
+    KAPPA_CONFIG_FIELD(teacher.bootstrap.weight_decay, "Bootstrap SFT: AdamW weight decay."),
+    KAPPA_CONFIG_FIELD(teacher.bootstrap.warmup_steps,
+                       "Bootstrap SFT: linear warm-up steps, then cosine decay."),
+    KAPPA_CONFIG_FIELD(
+        teacher.bootstrap.train_examples,
+        "Bootstrap SFT: train on the first N training examples; 0: the whole train split."),
+    KAPPA_CONFIG_FIELD(teacher.bootstrap.seed,
+                       "Bootstrap SFT: seed of the initialization and the example order."),
+    KAPPA_CONFIG_FIELD(teacher.address,
+                       "HOST:PORT the teacher serves on and the workers dial; `kappa run` gives "
+                       "it a free port on `host`."),
+    KAPPA_CONFIG_FIELD(teacher.max_batch_sequences,
+                       "Dynamic batching: most sequences in one batched forward."),
+    KAPPA_CONFIG_FIELD(
+        teacher.max_wait_ms,
+        "Dynamic batching: longest a request waits for others to fill its batch, in ms."),
+    KAPPA_CONFIG_FIELD(teacher.threads,
+                       "libtorch intra-op threads of the teacher; 0: `threads_per_process` under "
+                       "`kappa run`, else libtorch's default."),
+    KAPPA_CONFIG_FIELD(teacher.device, "Where the teacher runs: `cpu`, `cuda` or `cuda:N`."),
 
-      KAPPA_CONFIG_FIELD(verifier.address,
-                         "HOST:PORT the verifier serves on and the workers dial; `kappa run` gives "
-                         "it a free port on `host`."),
-      KAPPA_CONFIG_FIELD(verifier.max_items,
-                         "Most items one Verify request may carry; a larger request is refused."),
+    KAPPA_CONFIG_FIELD(verifier.address,
+                       "HOST:PORT the verifier serves on and the workers dial; `kappa run` gives "
+                       "it a free port on `host`."),
+    KAPPA_CONFIG_FIELD(verifier.max_items,
+                       "Most items one Verify request may carry; a larger request is refused."),
 
-      KAPPA_CONFIG_FIELD(learner.address,
-                         "HOST:PORT the learner serves on and the workers dial; `kappa run` gives "
-                         "it a free port on `host`."),
-      KAPPA_CONFIG_FIELD(learner.lease_timeout_ms,
-                         "A leased prompt not returned within this many ms, or whose worker "
-                         "disconnected, is re-issued."),
-      KAPPA_CONFIG_FIELD(learner.buffer_groups,
-                         "Flow control: the learner sends work only while leased-but-unreturned "
-                         "prompts plus buffered scored groups stay below this."),
-      KAPPA_CONFIG_FIELD(learner.max_staleness,
-                         "Groups older than this many policy versions are dropped (and counted); "
-                         "younger ones are corrected by the PPO importance ratio."),
-      KAPPA_CONFIG_FIELD(learner.threads,
-                         "libtorch intra-op threads of the learner; 0: `threads_per_process` under "
-                         "`kappa run`, else libtorch's default."),
-      KAPPA_CONFIG_FIELD(learner.device,
-                         "`cpu`, `cuda` or `cuda:N`; under data parallel, plain `cuda` gives rank "
-                         "r the GPU r mod (visible GPUs)."),
-      KAPPA_CONFIG_FIELD(learner.world_size,
-                         "Data-parallel learner ranks (c10d: Gloo on the CPU, NCCL on CUDA); must "
-                         "divide `trainer.groups_per_step`."),
-      KAPPA_CONFIG_FIELD(
-          learner.dist_store,
-          "Where the ranks meet: `tcp://HOST:PORT` (rank 0 listens) or `file:///PATH`; empty with "
-          "`world_size` > 1: `kappa run` picks a loopback port."),
+    KAPPA_CONFIG_FIELD(learner.address,
+                       "HOST:PORT the learner serves on and the workers dial; `kappa run` gives "
+                       "it a free port on `host`."),
+    KAPPA_CONFIG_FIELD(learner.lease_timeout_ms,
+                       "A leased prompt not returned within this many ms, or whose worker "
+                       "disconnected, is re-issued."),
+    KAPPA_CONFIG_FIELD(learner.buffer_groups,
+                       "Flow control: the learner sends work only while leased-but-unreturned "
+                       "prompts plus buffered scored groups stay below this."),
+    KAPPA_CONFIG_FIELD(learner.max_staleness,
+                       "Groups older than this many policy versions are dropped (and counted); "
+                       "younger ones are corrected by the PPO importance ratio."),
+    KAPPA_CONFIG_FIELD(learner.threads,
+                       "libtorch intra-op threads of the learner; 0: `threads_per_process` under "
+                       "`kappa run`, else libtorch's default."),
+    KAPPA_CONFIG_FIELD(learner.device,
+                       "`cpu`, `cuda` or `cuda:N`; under data parallel, plain `cuda` gives rank "
+                       "r the GPU r mod (visible GPUs)."),
+    KAPPA_CONFIG_FIELD(learner.world_size,
+                       "Data-parallel learner ranks (c10d: Gloo on the CPU, NCCL on CUDA); must "
+                       "divide `trainer.groups_per_step`."),
+    KAPPA_CONFIG_FIELD(
+        learner.dist_store,
+        "Where the ranks meet: `tcp://HOST:PORT` (rank 0 listens) or `file:///PATH`; empty with "
+        "`world_size` > 1: `kappa run` picks a loopback port."),
 
-      KAPPA_CONFIG_FIELD(security.tls, "TLS on every server and channel."),
-      KAPPA_CONFIG_FIELD(security.cert_file,
-                         "PEM chain: this process's server certificate (and its client certificate "
-                         "under `mutual_tls`)."),
-      KAPPA_CONFIG_FIELD(security.key_file, "PEM private key of `cert_file`."),
-      KAPPA_CONFIG_FIELD(security.ca_file, "PEM CA bundle the peers' certificates must chain to."),
-      KAPPA_CONFIG_FIELD(
-          security.mutual_tls,
-          "Servers require and verify a client certificate that chains to `ca_file`."),
-      KAPPA_CONFIG_FIELD(
-          security.server_name,
-          "TLS name to verify instead of the address's host (e.g. when dialing an IP)."),
-      KAPPA_CONFIG_FIELD(security.token_file,
-                         "File holding the bearer token every call carries and every server checks "
-                         "(else `$KAPPA_AUTH_TOKEN`); a missing or wrong token is refused with "
-                         "UNAUTHENTICATED. A path only, never the token itself."),
-      KAPPA_CONFIG_FIELD(security.max_message_bytes,
-                         "gRPC send and receive limit of every server and channel, in bytes."),
+    KAPPA_CONFIG_FIELD(security.tls, "TLS on every server and channel."),
+    KAPPA_CONFIG_FIELD(security.cert_file,
+                       "PEM chain: this process's server certificate (and its client certificate "
+                       "under `mutual_tls`)."),
+    KAPPA_CONFIG_FIELD(security.key_file, "PEM private key of `cert_file`."),
+    KAPPA_CONFIG_FIELD(security.ca_file, "PEM CA bundle the peers' certificates must chain to."),
+    KAPPA_CONFIG_FIELD(security.mutual_tls,
+                       "Servers require and verify a client certificate that chains to `ca_file`."),
+    KAPPA_CONFIG_FIELD(
+        security.server_name,
+        "TLS name to verify instead of the address's host (e.g. when dialing an IP)."),
+    KAPPA_CONFIG_FIELD(security.token_file,
+                       "File holding the bearer token every call carries and every server checks "
+                       "(else `$KAPPA_AUTH_TOKEN`); a missing or wrong token is refused with "
+                       "UNAUTHENTICATED. A path only, never the token itself."),
+    KAPPA_CONFIG_FIELD(security.max_message_bytes,
+                       "gRPC send and receive limit of every server and channel, in bytes."),
 
-      KAPPA_CONFIG_FIELD(rollout.max_outstanding,
-                         "Work items the learner leases a worker ahead (1 to 16); the worker "
-                         "decodes the items it holds as one batch of up to M·G rows."),
-      KAPPA_CONFIG_FIELD(
-          rollout.temperature,
-          "Sampling temperature τ; the learner computes the policy's log-probs at the same τ."),
-      KAPPA_CONFIG_FIELD(rollout.top_p,
-                         "Nucleus sampling: sample from the smallest set of tokens whose "
-                         "probability reaches this; 1: off."),
-      KAPPA_CONFIG_FIELD(rollout.max_new_tokens,
-                         "Token budget of a response; one that reaches it without a stop id or "
-                         "string is truncated (`trainer.truncated`)."),
-      KAPPA_CONFIG_FIELD(rollout.threads,
-                         "libtorch intra-op threads of each rollout worker; 0: "
-                         "`threads_per_process` under `kappa run`, else libtorch's default."),
-      KAPPA_CONFIG_FIELD(
-          rollout.rpc_deadline_ms,
-          "Deadline of each call a worker makes to the verifier and the teacher, in ms."),
-      KAPPA_CONFIG_FIELD(rollout.device,
-                         "Where the worker's policy samples: `cpu`, `cuda` or `cuda:N`; every new "
-                         "policy version is loaded there."),
-      KAPPA_CONFIG_FIELD(rollout.stop_strings,
-                         "Generation also ends at the first of these in the decoded response, cut "
-                         "right after the token that completes it (vLLM's `stop`); strings with a "
-                         "comma or surrounding spaces need the YAML list form."),
+    KAPPA_CONFIG_FIELD(rollout.max_outstanding,
+                       "Work items the learner leases a worker ahead (1 to 16); the worker "
+                       "decodes the items it holds as one batch of up to M·G rows."),
+    KAPPA_CONFIG_FIELD(
+        rollout.temperature,
+        "Sampling temperature τ; the learner computes the policy's log-probs at the same τ."),
+    KAPPA_CONFIG_FIELD(rollout.top_p,
+                       "Nucleus sampling: sample from the smallest set of tokens whose "
+                       "probability reaches this; 1: off."),
+    KAPPA_CONFIG_FIELD(rollout.max_new_tokens,
+                       "Token budget of a response; one that reaches it without a stop id or "
+                       "string is truncated (`trainer.truncated`)."),
+    KAPPA_CONFIG_FIELD(rollout.threads,
+                       "libtorch intra-op threads of each rollout worker; 0: "
+                       "`threads_per_process` under `kappa run`, else libtorch's default."),
+    KAPPA_CONFIG_FIELD(
+        rollout.rpc_deadline_ms,
+        "Deadline of each call a worker makes to the verifier and the teacher, in ms."),
+    KAPPA_CONFIG_FIELD(rollout.device,
+                       "Where the worker's policy samples: `cpu`, `cuda` or `cuda:N`; every new "
+                       "policy version is loaded there."),
+    KAPPA_CONFIG_FIELD(rollout.stop_strings,
+                       "Generation also ends at the first of these in the decoded response, cut "
+                       "right after the token that completes it (vLLM's `stop`); strings with a "
+                       "comma or surrounding spaces need the YAML list form."),
 
-      KAPPA_CONFIG_FIELD(trainer.steps, "Optimizer steps of the RL phase."),
-      KAPPA_CONFIG_FIELD(trainer.groups_per_step,
-                         "Prompts (groups) per optimizer step; each data-parallel rank trains "
-                         "`groups_per_step / learner.world_size` of them."),
-      KAPPA_CONFIG_FIELD(trainer.group_size, "G: samples per prompt."),
-      KAPPA_CONFIG_FIELD(trainer.lr, "AdamW learning rate."),
-      KAPPA_CONFIG_FIELD(trainer.weight_decay, "AdamW weight decay."),
-      KAPPA_CONFIG_FIELD(trainer.max_grad_norm, "Global-norm gradient clipping."),
-      KAPPA_CONFIG_FIELD(trainer.lambda,
-                         "λ in L = w_R L_R + λ L_D (+ μ L_SFT); 0 switches distillation off unless "
-                         "`m3_norm` or `m3_adapt` sets its scale."),
-      KAPPA_CONFIG_FIELD(trainer.reward_weight,
-                         "w_R, the weight of L_R; 0 trains on distillation alone (OPD only)."),
-      KAPPA_CONFIG_FIELD(trainer.aggregation,
-                         "How the per-token terms are averaged: `token-mean`, "
-                         "`seq-mean-token-mean` or `seq-mean-token-sum`."),
-      KAPPA_CONFIG_FIELD(trainer.distill_loss,
-                         "L_D: `reverse_kl` (full vocabulary), `forward_kl`, `sampled_reverse_kl` "
-                         "or `topk_reverse_kl` (KL on the teacher's top `distill_topk` tokens, "
-                         "both distributions renormalised there)."),
-      KAPPA_CONFIG_FIELD(trainer.norm_std,
-                         "GRPO advantages divided by the group's reward std, A = (r − mean r) / "
-                         "(std r + ε); false: only the mean is subtracted."),
-      KAPPA_CONFIG_FIELD(trainer.truncated,
-                         "Responses that hit their token budget without a stop id or string: "
-                         "`keep` (train on them as they are; verl's default), `mask` (no loss "
-                         "terms, reward still in the group's mean and std: DAPO's overlong "
-                         "filtering) or `zero_reward` (reward 0 before the advantages)."),
-      KAPPA_CONFIG_FIELD(trainer.precision,
-                         "`fp32` or `bf16`: bf16 runs the learner's forward passes under autocast "
-                         "(weights, gradients, optimizer state and loss reductions stay fp32); "
-                         "meant for CUDA, correct but slow on a CPU."),
-      KAPPA_CONFIG_FIELD(trainer.micro_batch_sequences,
-                         "Gradient accumulation: > 0 splits each step's batch (this rank's share) "
-                         "into micro-batches of at most this many sequences, bucketed by length; "
-                         "0: the whole batch in one forward."),
-      KAPPA_CONFIG_FIELD(trainer.clip_low, "PPO clip ε_low: the ratio's lower bound is 1 − ε_low."),
-      KAPPA_CONFIG_FIELD(trainer.clip_high,
-                         "PPO clip ε_high: the ratio's upper bound is 1 + ε_high."),
-      KAPPA_CONFIG_FIELD(trainer.dual_clip,
-                         "Dual-clip constant c > 1: for a negative advantage the per-token loss is "
-                         "at most −c·Â; ≤ 0 disables it."),
-      KAPPA_CONFIG_FIELD(
-          trainer.eval_every,
-          "Steps between held-out evaluations (greedy accuracy); 0 disables periodic evaluation."),
-      KAPPA_CONFIG_FIELD(trainer.eval_examples, "Held-out examples per evaluation."),
-      KAPPA_CONFIG_FIELD(trainer.checkpoint_every,
-                         "Steps between checkpoints; 0: only at the end."),
-      KAPPA_CONFIG_FIELD(trainer.distill_topk,
-                         "k of `distill_loss: topk_reverse_kl` (> 0); the teacher sends only its "
-                         "top-k ids and log-probs."),
-      KAPPA_CONFIG_FIELD(
-          trainer.teacher_values,
-          "Precision of the teacher log-probs on the wire: `fp32` or `bf16` (half the values' "
-          "bytes, about 3 significant digits; the learner computes in fp32)."),
-      KAPPA_CONFIG_FIELD(
-          trainer.seed,
-          "Seed of the RL phase alone (prompt order, worker sampling, K_DR position sampling); 0: "
-          "the top-level `seed`. Varying it keeps the dataset and the bootstrap checkpoints."),
-      KAPPA_CONFIG_FIELD(trainer.distill_gate,
-                         "Which samples the distillation term sees: `none` (GRPO only), `all` "
-                         "(naive hybrid) or `rstg` (negative zero-variance groups, see `rstg.*`)."),
-      KAPPA_CONFIG_FIELD(trainer.balance,
-                         "Gradient balancing: `[naive]`, or any of `m3_norm`, `m3_mask`, "
-                         "`m3_project`, `m3_adapt` (`m3_norm` and `m3_adapt` exclude each other)."),
-      KAPPA_CONFIG_FIELD(trainer.kappa_target,
-                         "κ_target of `m3_norm` and `m3_adapt`: the ratio ‖g_R‖ / ‖scaled g_D‖ "
-                         "they aim for (> 0)."),
+    KAPPA_CONFIG_FIELD(trainer.steps, "Optimizer steps of the RL phase."),
+    KAPPA_CONFIG_FIELD(trainer.groups_per_step,
+                       "Prompts (groups) per optimizer step; each data-parallel rank trains "
+                       "`groups_per_step / learner.world_size` of them."),
+    KAPPA_CONFIG_FIELD(trainer.group_size, "G: samples per prompt."),
+    KAPPA_CONFIG_FIELD(trainer.lr, "AdamW learning rate."),
+    KAPPA_CONFIG_FIELD(trainer.weight_decay, "AdamW weight decay."),
+    KAPPA_CONFIG_FIELD(trainer.max_grad_norm, "Global-norm gradient clipping."),
+    KAPPA_CONFIG_FIELD(trainer.lambda,
+                       "λ in L = w_R L_R + λ L_D (+ μ L_SFT); 0 switches distillation off unless "
+                       "`m3_norm` or `m3_adapt` sets its scale."),
+    KAPPA_CONFIG_FIELD(trainer.reward_weight,
+                       "w_R, the weight of L_R; 0 trains on distillation alone (OPD only)."),
+    KAPPA_CONFIG_FIELD(trainer.aggregation,
+                       "How the per-token terms are averaged: `token-mean`, "
+                       "`seq-mean-token-mean` or `seq-mean-token-sum`."),
+    KAPPA_CONFIG_FIELD(trainer.distill_loss,
+                       "L_D: `reverse_kl` (full vocabulary), `forward_kl`, `sampled_reverse_kl` "
+                       "or `topk_reverse_kl` (KL on the teacher's top `distill_topk` tokens, "
+                       "both distributions renormalised there)."),
+    KAPPA_CONFIG_FIELD(trainer.norm_std,
+                       "GRPO advantages divided by the group's reward std, A = (r − mean r) / "
+                       "(std r + ε); false: only the mean is subtracted."),
+    KAPPA_CONFIG_FIELD(trainer.truncated,
+                       "Responses that hit their token budget without a stop id or string: "
+                       "`keep` (train on them as they are; verl's default), `mask` (no loss "
+                       "terms, reward still in the group's mean and std: DAPO's overlong "
+                       "filtering) or `zero_reward` (reward 0 before the advantages)."),
+    KAPPA_CONFIG_FIELD(trainer.precision,
+                       "`fp32` or `bf16`: bf16 runs the learner's forward passes under autocast "
+                       "(weights, gradients, optimizer state and loss reductions stay fp32); "
+                       "meant for CUDA, correct but slow on a CPU."),
+    KAPPA_CONFIG_FIELD(trainer.micro_batch_sequences,
+                       "Gradient accumulation: > 0 splits each step's batch (this rank's share) "
+                       "into micro-batches of at most this many sequences, bucketed by length; "
+                       "0: the whole batch in one forward."),
+    KAPPA_CONFIG_FIELD(trainer.clip_low, "PPO clip ε_low: the ratio's lower bound is 1 − ε_low."),
+    KAPPA_CONFIG_FIELD(trainer.clip_high,
+                       "PPO clip ε_high: the ratio's upper bound is 1 + ε_high."),
+    KAPPA_CONFIG_FIELD(trainer.dual_clip,
+                       "Dual-clip constant c > 1: for a negative advantage the per-token loss is "
+                       "at most −c·Â; ≤ 0 disables it."),
+    KAPPA_CONFIG_FIELD(
+        trainer.eval_every,
+        "Steps between held-out evaluations (greedy accuracy); 0 disables periodic evaluation."),
+    KAPPA_CONFIG_FIELD(trainer.eval_examples, "Held-out examples per evaluation."),
+    KAPPA_CONFIG_FIELD(trainer.checkpoint_every, "Steps between checkpoints; 0: only at the end."),
+    KAPPA_CONFIG_FIELD(trainer.distill_topk,
+                       "k of `distill_loss: topk_reverse_kl` (> 0); the teacher sends only its "
+                       "top-k ids and log-probs."),
+    KAPPA_CONFIG_FIELD(
+        trainer.teacher_values,
+        "Precision of the teacher log-probs on the wire: `fp32` or `bf16` (half the values' "
+        "bytes, about 3 significant digits; the learner computes in fp32)."),
+    KAPPA_CONFIG_FIELD(
+        trainer.seed,
+        "Seed of the RL phase alone (prompt order, worker sampling, K_DR position sampling); 0: "
+        "the top-level `seed`. Varying it keeps the dataset and the bootstrap checkpoints."),
+    KAPPA_CONFIG_FIELD(trainer.distill_gate,
+                       "Which samples the distillation term sees: `none` (GRPO only), `all` "
+                       "(naive hybrid) or `rstg` (negative zero-variance groups, see `rstg.*`)."),
+    KAPPA_CONFIG_FIELD(trainer.balance,
+                       "Gradient balancing: `[naive]`, or any of `m3_norm`, `m3_mask`, "
+                       "`m3_project`, `m3_adapt` (`m3_norm` and `m3_adapt` exclude each other)."),
+    KAPPA_CONFIG_FIELD(trainer.kappa_target,
+                       "κ_target of `m3_norm` and `m3_adapt`: the ratio ‖g_R‖ / ‖scaled g_D‖ "
+                       "they aim for (> 0)."),
 
-      KAPPA_CONFIG_FIELD(m3.mask_target,
-                         "`m3_mask`: the term dropped where K_DR < 0: `reward` or `distill`."),
-      KAPPA_CONFIG_FIELD(m3.mask_estimator,
-                         "`m3_mask`: the K_DR estimator it reads: `logit` or `last_layer` (same "
-                         "sign; they differ in weight when the mask is soft)."),
-      KAPPA_CONFIG_FIELD(
-          m3.mask_temperature,
-          "`m3_mask`: 0: a hard mask; τ > 0: weight σ(K_DR / τ) at conflicting positions."),
-      KAPPA_CONFIG_FIELD(m3.adapt_gain,
-                         "`m3_adapt`: each step λ ← λ · (EMA κ_eff / κ_target)^gain."),
-      KAPPA_CONFIG_FIELD(m3.adapt_ema, "`m3_adapt`: EMA coefficient of κ_eff."),
-      KAPPA_CONFIG_FIELD(m3.adapt_max_factor,
-                         "`m3_adapt`: each step's change of λ is bounded to [1/f, f]."),
-      KAPPA_CONFIG_FIELD(m3.lambda_min, "`m3_adapt`: lower bound of λ."),
-      KAPPA_CONFIG_FIELD(m3.lambda_max, "`m3_adapt`: upper bound of λ."),
+    KAPPA_CONFIG_FIELD(m3.mask_target,
+                       "`m3_mask`: the term dropped where K_DR < 0: `reward` or `distill`."),
+    KAPPA_CONFIG_FIELD(m3.mask_estimator,
+                       "`m3_mask`: the K_DR estimator it reads: `logit` or `last_layer` (same "
+                       "sign; they differ in weight when the mask is soft)."),
+    KAPPA_CONFIG_FIELD(
+        m3.mask_temperature,
+        "`m3_mask`: 0: a hard mask; τ > 0: weight σ(K_DR / τ) at conflicting positions."),
+    KAPPA_CONFIG_FIELD(m3.adapt_gain, "`m3_adapt`: each step λ ← λ · (EMA κ_eff / κ_target)^gain."),
+    KAPPA_CONFIG_FIELD(m3.adapt_ema, "`m3_adapt`: EMA coefficient of κ_eff."),
+    KAPPA_CONFIG_FIELD(m3.adapt_max_factor,
+                       "`m3_adapt`: each step's change of λ is bounded to [1/f, f]."),
+    KAPPA_CONFIG_FIELD(m3.lambda_min, "`m3_adapt`: lower bound of λ."),
+    KAPPA_CONFIG_FIELD(m3.lambda_max, "`m3_adapt`: upper bound of λ."),
 
-      KAPPA_CONFIG_FIELD(rstg.confidence,
-                         "Weight of a gated sample, the teacher's confidence: `max_prob` (mean_t "
-                         "max_v q) or `token_prob` (exp(mean_t log q(y_t)))."),
-      KAPPA_CONFIG_FIELD(rstg.token_selector,
-                         "Which gated positions are distilled: the top ones by `entropy` (the "
-                         "student's) or by `divergence` (ℓ_D(n))."),
-      KAPPA_CONFIG_FIELD(rstg.token_frac,
-                         "Keep the top fraction (rounded up) of the gated positions by "
-                         "`token_selector`; in (0, 1]."),
-      KAPPA_CONFIG_FIELD(rstg.entropy_threshold,
-                         "≥ 0 with `token_selector: entropy`: keep every position with H(p_n) ≥ "
-                         "this instead of `token_frac`; < 0: off."),
-      KAPPA_CONFIG_FIELD(rstg.divergence_threshold,
-                         "≥ 0 with `token_selector: divergence`: keep every position with ℓ_D(n) ≥ "
-                         "this instead of `token_frac`; < 0: off."),
-      KAPPA_CONFIG_FIELD(rstg.teacher_samples,
-                         "Teacher SFT: K teacher responses generated and verified per negative "
-                         "zero-variance prompt; 0: no teacher SFT."),
-      KAPPA_CONFIG_FIELD(rstg.teacher_temperature,
-                         "Teacher SFT: sampling temperature of those teacher responses."),
-      KAPPA_CONFIG_FIELD(rstg.sft_weight,
-                         "Teacher SFT: μ, the weight of the NLL of the verified-correct teacher "
-                         "responses; 0: no teacher SFT."),
+    KAPPA_CONFIG_FIELD(rstg.confidence,
+                       "Weight of a gated sample, the teacher's confidence: `max_prob` (mean_t "
+                       "max_v q) or `token_prob` (exp(mean_t log q(y_t)))."),
+    KAPPA_CONFIG_FIELD(rstg.token_selector,
+                       "Which gated positions are distilled: the top ones by `entropy` (the "
+                       "student's) or by `divergence` (ℓ_D(n))."),
+    KAPPA_CONFIG_FIELD(rstg.token_frac,
+                       "Keep the top fraction (rounded up) of the gated positions by "
+                       "`token_selector`; in (0, 1]."),
+    KAPPA_CONFIG_FIELD(rstg.entropy_threshold,
+                       "≥ 0 with `token_selector: entropy`: keep every position with H(p_n) ≥ "
+                       "this instead of `token_frac`; < 0: off."),
+    KAPPA_CONFIG_FIELD(rstg.divergence_threshold,
+                       "≥ 0 with `token_selector: divergence`: keep every position with ℓ_D(n) ≥ "
+                       "this instead of `token_frac`; < 0: off."),
+    KAPPA_CONFIG_FIELD(rstg.teacher_samples,
+                       "Teacher SFT: K teacher responses generated and verified per negative "
+                       "zero-variance prompt; 0: no teacher SFT."),
+    KAPPA_CONFIG_FIELD(rstg.teacher_temperature,
+                       "Teacher SFT: sampling temperature of those teacher responses."),
+    KAPPA_CONFIG_FIELD(rstg.sft_weight,
+                       "Teacher SFT: μ, the weight of the NLL of the verified-correct teacher "
+                       "responses; 0: no teacher SFT."),
 
-      KAPPA_CONFIG_FIELD(
-          monitor.kappa_every,
-          "Steps between κ measurements (separate L_R and L_D backward passes); 0: never. The "
-          "balancers that need both gradients measure every step anyway."),
-      KAPPA_CONFIG_FIELD(monitor.kdr_every, "Steps between cheap K_DR measurements; 0: never."),
-      KAPPA_CONFIG_FIELD(monitor.kdr_estimator,
-                         "The estimator the K_DR statistics use: `last_layer` or `logit`."),
-      KAPPA_CONFIG_FIELD(monitor.kdr_exact_every,
-                         "Opt-in: steps between exact (autograd) K_DR samples; 0: never."),
-      KAPPA_CONFIG_FIELD(monitor.kdr_exact_positions, "Positions per exact K_DR sample."),
+    KAPPA_CONFIG_FIELD(
+        monitor.kappa_every,
+        "Steps between κ measurements (separate L_R and L_D backward passes); 0: never. The "
+        "balancers that need both gradients measure every step anyway."),
+    KAPPA_CONFIG_FIELD(monitor.kdr_every, "Steps between cheap K_DR measurements; 0: never."),
+    KAPPA_CONFIG_FIELD(monitor.kdr_estimator,
+                       "The estimator the K_DR statistics use: `last_layer` or `logit`."),
+    KAPPA_CONFIG_FIELD(monitor.kdr_exact_every,
+                       "Opt-in: steps between exact (autograd) K_DR samples; 0: never."),
+    KAPPA_CONFIG_FIELD(monitor.kdr_exact_positions, "Positions per exact K_DR sample."),
 
-      KAPPA_CONFIG_FIELD(alarms.kappa_threshold,
-                         "magnitude_drowning fires when the EMA of the applied ratio κ_eff = κ/λ "
-                         "is above this while L_D rises (`slope_window`, `min_relative_rise`)."),
-      KAPPA_CONFIG_FIELD(alarms.ema_alpha, "EMA coefficient of κ, reward, L_D and entropy."),
-      KAPPA_CONFIG_FIELD(alarms.slope_window,
-                         "magnitude_drowning: L_D rises when its EMA is higher than this many "
-                         "steps ago by more than `min_relative_rise`."),
-      KAPPA_CONFIG_FIELD(alarms.min_relative_rise,
-                         "magnitude_drowning: the least rise of the L_D EMA over `slope_window` "
-                         "steps, as a fraction of its value then."),
-      KAPPA_CONFIG_FIELD(alarms.conflict_threshold,
-                         "directional_conflict fires when the |K_DR|-weighted negative fraction is "
-                         "above this for `conflict_window` steps running."),
-      KAPPA_CONFIG_FIELD(
-          alarms.conflict_window,
-          "directional_conflict: steps running above `conflict_threshold` before it fires."),
-      KAPPA_CONFIG_FIELD(alarms.collapse_window,
-                         "collapse fires when the reward, L_D or entropy EMA is past its bound "
-                         "(the three keys below) for this many steps running."),
-      KAPPA_CONFIG_FIELD(alarms.reward_drop_ratio,
-                         "collapse: reward EMA below this × its best (once the best is ≥ 0.05)."),
-      KAPPA_CONFIG_FIELD(alarms.distill_rise_factor, "collapse: L_D EMA above this × its minimum."),
-      KAPPA_CONFIG_FIELD(alarms.entropy_floor, "collapse: entropy EMA below this (nats)."),
-      KAPPA_CONFIG_FIELD(alarms.warmup_steps,
-                         "No alarm fires in the first this-many observations."),
-      KAPPA_CONFIG_FIELD(
-          alarms.clear_steps,
-          "An active alarm clears once its condition has been false for this many steps running."),
-  };
-  return kFields;
-}
+    KAPPA_CONFIG_FIELD(alarms.kappa_threshold,
+                       "magnitude_drowning fires when the EMA of the applied ratio κ_eff = κ/λ "
+                       "is above this while L_D rises (`slope_window`, `min_relative_rise`)."),
+    KAPPA_CONFIG_FIELD(alarms.ema_alpha, "EMA coefficient of κ, reward, L_D and entropy."),
+    KAPPA_CONFIG_FIELD(alarms.slope_window,
+                       "magnitude_drowning: L_D rises when its EMA is higher than this many "
+                       "steps ago by more than `min_relative_rise`."),
+    KAPPA_CONFIG_FIELD(alarms.min_relative_rise,
+                       "magnitude_drowning: the least rise of the L_D EMA over `slope_window` "
+                       "steps, as a fraction of its value then."),
+    KAPPA_CONFIG_FIELD(alarms.conflict_threshold,
+                       "directional_conflict fires when the |K_DR|-weighted negative fraction is "
+                       "above this for `conflict_window` steps running."),
+    KAPPA_CONFIG_FIELD(
+        alarms.conflict_window,
+        "directional_conflict: steps running above `conflict_threshold` before it fires."),
+    KAPPA_CONFIG_FIELD(alarms.collapse_window,
+                       "collapse fires when the reward, L_D or entropy EMA is past its bound "
+                       "(the three keys below) for this many steps running."),
+    KAPPA_CONFIG_FIELD(alarms.reward_drop_ratio,
+                       "collapse: reward EMA below this × its best (once the best is ≥ 0.05)."),
+    KAPPA_CONFIG_FIELD(alarms.distill_rise_factor, "collapse: L_D EMA above this × its minimum."),
+    KAPPA_CONFIG_FIELD(alarms.entropy_floor, "collapse: entropy EMA below this (nats)."),
+    KAPPA_CONFIG_FIELD(alarms.warmup_steps, "No alarm fires in the first this-many observations."),
+    KAPPA_CONFIG_FIELD(
+        alarms.clear_steps,
+        "An active alarm clears once its condition has been false for this many steps running."),
+};
 
 #undef KAPPA_CONFIG_FIELD
+
+// The table above, for the functions below.
+absl::Span<const Field> Fields() { return kFields; }
 
 const Field* FindField(const std::string& key) {
   for (const Field& field : Fields()) {
