@@ -6,11 +6,8 @@
 #include <torch/torch.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <exception>
-#include <mutex>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -29,6 +26,10 @@ namespace kappa::rollout {
 namespace {
 
 constexpr int kMaxGroupSize = 4096;
+
+// How often a retry's backoff checks the caller's abandon(): an opaque
+// callback, so it cannot be waited on (Cancel() ends the backoff at once).
+constexpr absl::Duration kAbandonCheckInterval = absl::Milliseconds(20);
 
 // A failed RPC as an absl::Status whose message names the RPC.
 absl::Status StatusFromGrpc(const char* what, const grpc::Status& grpc_status) {
@@ -212,14 +213,20 @@ GroupSampler::GroupSampler(std::shared_ptr<grpc::ChannelInterface> verifier_chan
 GroupSampler::~GroupSampler() = default;
 
 void GroupSampler::Cancel() {
-  std::lock_guard<std::mutex> lock(mu_);
+  // The release wakes the retries' backoff waits.
+  absl::MutexLock lock(&mu_);
   cancelled_ = true;
   for (grpc::ClientContext* context : active_contexts_) context->TryCancel();
 }
 
 void GroupSampler::Resume() {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   cancelled_ = false;
+}
+
+bool GroupSampler::cancelled() const {
+  absl::MutexLock lock(&mu_);
+  return cancelled_;
 }
 
 std::vector<absl::StatusOr<kappa::v1::ScoredGroup>> GroupSampler::Sample(
@@ -325,10 +332,7 @@ absl::Status GroupSampler::CallWithRetry(
     const char* what, const kappa::v1::WorkItem& item, const std::function<bool()>& abandon,
     const std::function<grpc::Status(grpc::ClientContext*)>& call, int max_attempts) {
   Backoff backoff(options_.initial_backoff, options_.max_backoff);
-  auto should_stop = [&] {
-    std::lock_guard<std::mutex> lock(mu_);
-    return cancelled_ || (abandon && abandon());
-  };
+  auto should_stop = [&] { return cancelled() || (abandon && abandon()); };
   for (int attempt = 1;; ++attempt) {
     if (should_stop()) return absl::CancelledError(absl::StrCat(what, ": cancelled"));
     if (LeaseExpired(item)) {
@@ -339,13 +343,13 @@ absl::Status GroupSampler::CallWithRetry(
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_deadline));
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       if (cancelled_) return absl::CancelledError(absl::StrCat(what, ": cancelled"));
       active_contexts_.insert(&context);
     }
     const grpc::Status status = call(&context);
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       active_contexts_.erase(&context);
     }
     if (status.ok()) return absl::OkStatus();
@@ -362,11 +366,15 @@ absl::Status GroupSampler::CallWithRetry(
     spdlog::warn("{} for lease {} failed (attempt {}, code {}: {}); retrying in {:.0f} ms", what,
                  item.lease_id(), attempt, static_cast<int>(status.error_code()),
                  status.error_message(), absl::ToDoubleMilliseconds(delay));
-    // Sleep in slices so a shutdown is noticed quickly.
+    // Wait out the backoff: Cancel() ends the wait at once, abandon() is
+    // checked between slices.
     const absl::Time wake = absl::Now() + delay;
-    while (absl::Now() < wake && !should_stop()) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(
-          std::max<int64_t>(1, std::min<int64_t>(20, absl::ToInt64Milliseconds(wake - absl::Now())))));
+    while (!should_stop()) {
+      const absl::Time now = absl::Now();
+      if (now >= wake) break;
+      absl::MutexLock lock(&mu_);
+      mu_.AwaitWithDeadline(absl::Condition(&cancelled_),
+                            std::min(wake, now + kAbandonCheckInterval));
     }
   }
 }

@@ -13,16 +13,16 @@
 
 #include <grpcpp/grpcpp.h>
 
-#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "kappa/v1/learner.pb.h"
 #include "kappa/v1/teacher.grpc.pb.h"
@@ -72,25 +72,31 @@ class GroupSampler {
   // group's samples with their behavior log-probs and generation_seconds =
   // the batch's decode time, or INVALID_ARGUMENT for an unusable item,
   // DEADLINE_EXCEEDED for an expired lease, INTERNAL when the decode failed.
-  // One bad item does not fail the others.
+  // One bad item does not fail the others. Not thread-safe: one Sample()
+  // at a time (it advances the sampler's generator).
   std::vector<absl::StatusOr<kappa::v1::ScoredGroup>> Sample(
-      const std::vector<kappa::v1::WorkItem>& items, const Policy& policy);
+      const std::vector<kappa::v1::WorkItem>& items, const Policy& policy) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Verifies and scores a group Sample() returned for `item` (adding the
   // time it took to generation_seconds). Thread-safe: the worker completes
   // a batch's groups concurrently, so their Verify and Score requests reach
-  // the verifier and the teacher together (the teacher batches them). Errors: CANCELLED once Cancel() was
-  // called or `abandon()` returns true, DEADLINE_EXCEEDED once the lease has
-  // expired, and a non-retryable RPC error as the server returned it.
+  // the verifier and the teacher together (the teacher batches them).
+  // Blocks for the RPCs and their retries: between attempts it waits out a
+  // backoff, which Cancel() ends at once and `abandon()` (called without any
+  // of the sampler's locks, possibly on several threads) within 20 ms.
+  // Errors: CANCELLED once Cancel() was called or `abandon()` returns true,
+  // DEADLINE_EXCEEDED once the lease has expired, and a non-retryable RPC
+  // error as the server returned it.
   absl::StatusOr<kappa::v1::ScoredGroup> Complete(const kappa::v1::WorkItem& item,
                                                   kappa::v1::ScoredGroup group,
                                                   const Policy& policy,
-                                                  const std::function<bool()>& abandon);
+                                                  const std::function<bool()>& abandon)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // Cancels the RPCs in flight and makes every later Complete() return CANCELLED
-  // until Resume(). Thread-safe.
-  void Cancel();
-  void Resume();
+  // until Resume(). Thread-safe; does not wait for the cancelled calls.
+  void Cancel() ABSL_LOCKS_EXCLUDED(mu_);
+  void Resume() ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   struct Rng;  // keeps libtorch out of this header
@@ -100,7 +106,9 @@ class GroupSampler {
   absl::Status CallWithRetry(const char* what, const kappa::v1::WorkItem& item,
                              const std::function<bool()>& abandon,
                              const std::function<grpc::Status(grpc::ClientContext*)>& call,
-                             int max_attempts = 0);
+                             int max_attempts = 0) ABSL_LOCKS_EXCLUDED(mu_);
+  // Cancel() was called (and not Resume()d since).
+  bool cancelled() const ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status Verify(const kappa::v1::WorkItem& item, kappa::v1::ScoredGroup& group,
                       const std::function<bool()>& abandon);
   // vocab_size: the width of the distributions (the item's vocabulary limit).
@@ -117,10 +125,13 @@ class GroupSampler {
   const GroupSamplerOptions options_;
   std::unique_ptr<Rng> rng_;
 
-  std::mutex mu_;
-  bool cancelled_ = false;                              // guarded by mu_
-  // The RPCs in flight: Complete() runs concurrently for a batch's groups.
-  std::set<grpc::ClientContext*> active_contexts_;  // guarded by mu_
+  mutable absl::Mutex mu_;
+  // Set by Cancel(), cleared by Resume(): no new RPC attempt starts.
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  // The RPCs in flight, for Cancel() to TryCancel(): Complete() runs
+  // concurrently for a batch's groups. Each context is owned by the
+  // CallWithRetry() attempt that registered it, and removed before it ends.
+  std::set<grpc::ClientContext*> active_contexts_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace kappa::rollout

@@ -43,9 +43,9 @@ PolicyWatcher::PolicyWatcher(std::shared_ptr<grpc::ChannelInterface> learner_cha
 PolicyWatcher::~PolicyWatcher() { Stop(); }
 
 void PolicyWatcher::Start() {
-  std::lock_guard<std::mutex> thread_lock(thread_mu_);
+  absl::MutexLock thread_lock(&thread_mu_);
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (stopping_) return;
   }
   if (!thread_.joinable()) thread_ = std::thread([this] { Loop(); });
@@ -53,45 +53,44 @@ void PolicyWatcher::Start() {
 
 void PolicyWatcher::Stop() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    // The release wakes every wait (their conditions read stopping_).
+    absl::MutexLock lock(&mu_);
     stopping_ = true;
     if (active_context_ != nullptr) active_context_->TryCancel();
   }
-  changed_.notify_all();
   // Several threads may Stop() at once (e.g. a signal handler thread and the
   // owner's shutdown path); exactly one joins, the others wait for it.
-  std::lock_guard<std::mutex> thread_lock(thread_mu_);
+  absl::MutexLock thread_lock(&thread_mu_);
   if (thread_.joinable()) thread_.join();
 }
 
 Policy PolicyWatcher::Current() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return current_;
 }
 
 absl::StatusOr<Policy> PolicyWatcher::WaitForVersion(int64_t min_version,
                                                      absl::Time deadline) const {
-  std::unique_lock<std::mutex> lock(mu_);
-  while (true) {
-    if (current_.model != nullptr && current_.version >= min_version) return current_;
-    if (stopping_) return absl::CancelledError("policy watcher stopped");
-    const absl::Time now = absl::Now();
-    if (now >= deadline) {
-      return absl::DeadlineExceededError(
-          "no policy version >= " + std::to_string(min_version) + " yet (have " +
-          std::to_string(current_.version) + ")");
-    }
-    changed_.wait_for(lock, absl::ToChronoNanoseconds(deadline - now));
-  }
+  absl::MutexLock lock(&mu_);
+  const auto ready = [this, min_version]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return current_.model != nullptr && current_.version >= min_version;
+  };
+  const auto ready_or_stopping = [this, &ready]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return ready() || stopping_;
+  };
+  mu_.AwaitWithDeadline(absl::Condition(&ready_or_stopping), deadline);
+  if (ready()) return current_;
+  if (stopping_) return absl::CancelledError("policy watcher stopped");
+  return absl::DeadlineExceededError("no policy version >= " + std::to_string(min_version) +
+                                     " yet (have " + std::to_string(current_.version) + ")");
 }
 
 void PolicyWatcher::Publish(Policy policy) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    current_ = std::move(policy);
-  }
+  // The release wakes the WaitForVersion() calls this version satisfies, so
+  // the count goes up first: a caller that sees the version sees it counted.
+  absl::MutexLock lock(&mu_);
+  current_ = std::move(policy);
   published_versions_.fetch_add(1);
-  changed_.notify_all();
 }
 
 void PolicyWatcher::Loop() {
@@ -99,14 +98,14 @@ void PolicyWatcher::Loop() {
   while (true) {
     const int64_t published_before = published_versions_.load();
     const grpc::Status status = WatchOnce();
-    std::unique_lock<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (stopping_) return;
     if (published_versions_.load() != published_before) backoff.Reset();
     const absl::Duration delay = backoff.Next();
     spdlog::warn("WatchPolicy stream ended ({}: {}); reconnecting in {:.0f} ms",
                  static_cast<int>(status.error_code()), status.error_message(),
                  absl::ToDoubleMilliseconds(delay));
-    changed_.wait_for(lock, absl::ToChronoNanoseconds(delay), [this] { return stopping_; });
+    mu_.AwaitWithTimeout(absl::Condition(&stopping_), delay);
     if (stopping_) return;
   }
 }
@@ -115,7 +114,7 @@ grpc::Status PolicyWatcher::WatchOnce() {
   grpc::ClientContext context;
   kappa::v1::WatchPolicyRequest request;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (stopping_) return grpc::Status::CANCELLED;
     active_context_ = &context;
     request.set_known_version(current_.version);
@@ -155,7 +154,7 @@ grpc::Status PolicyWatcher::WatchOnce() {
                   assembler.pending_version());
   }
   const grpc::Status status = reader->Finish();
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   active_context_ = nullptr;
   return status;
 }

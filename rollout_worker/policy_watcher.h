@@ -4,6 +4,9 @@
 // Samplers take a shared_ptr snapshot, so a version being loaded is never
 // seen half-written and an old version stays alive until its last user
 // drops it.
+//
+// Threading: Start() and Stop() may be called from any thread; Current() and
+// WaitForVersion() from any number of threads. Locks: thread_mu_, then mu_.
 #pragma once
 
 #include <c10/core/Device.h>
@@ -11,14 +14,14 @@
 #include <grpcpp/grpcpp.h>
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "kappa/v1/learner.grpc.pb.h"
 
@@ -50,38 +53,50 @@ class PolicyWatcher {
                 PolicyWatcherOptions options);
   ~PolicyWatcher();  // Stop()s
 
-  void Start();
-  // Cancels the stream, wakes every waiter, joins the thread. Idempotent.
-  void Stop();
+  // Starts the watch thread (once; a no-op after Stop() or while it runs).
+  void Start() ABSL_LOCKS_EXCLUDED(thread_mu_, mu_);
+  // Cancels the stream, wakes every waiter, joins the thread. Idempotent;
+  // concurrent calls all return once the thread is joined.
+  void Stop() ABSL_LOCKS_EXCLUDED(thread_mu_, mu_);
 
-  Policy Current() const;
-  // The newest policy once its version is >= min_version. DEADLINE_EXCEEDED
-  // at `deadline`, CANCELLED once stopped.
-  absl::StatusOr<Policy> WaitForVersion(int64_t min_version, absl::Time deadline) const;
+  // The newest published policy (version -1, no model, before the first).
+  Policy Current() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Blocks until a policy with version >= min_version is published (then
+  // returns it: the newest), `deadline` passes (DEADLINE_EXCEEDED) or Stop()
+  // is called (CANCELLED). A published version wakes it at once.
+  absl::StatusOr<Policy> WaitForVersion(int64_t min_version, absl::Time deadline) const
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // Versions rejected as corrupt or unloadable (each also logged as an error).
   int64_t rejected_versions() const { return rejected_versions_.load(); }
   int64_t published_versions() const { return published_versions_.load(); }
 
  private:
-  void Loop();
+  // The watch thread: WatchOnce() until Stop(), with backoff between streams.
+  void Loop() ABSL_LOCKS_EXCLUDED(mu_);
   // Reads one stream until it ends; returns its final status.
-  grpc::Status WatchOnce();
-  void Publish(Policy policy);
+  grpc::Status WatchOnce() ABSL_LOCKS_EXCLUDED(mu_);
+  // Makes `policy` current; wakes WaitForVersion() callers it satisfies.
+  void Publish(Policy policy) ABSL_LOCKS_EXCLUDED(mu_);
 
   std::unique_ptr<kappa::v1::Learner::StubInterface> stub_;
   const PolicyWatcherOptions options_;
 
-  mutable std::mutex mu_;
-  mutable std::condition_variable changed_;
-  Policy current_;
-  bool stopping_ = false;
-  grpc::ClientContext* active_context_ = nullptr;  // guarded by mu_, for TryCancel
+  // Serializes starting and joining thread_.
+  absl::Mutex thread_mu_;
+  std::thread thread_ ABSL_GUARDED_BY(thread_mu_);
+
+  mutable absl::Mutex mu_ ABSL_ACQUIRED_AFTER(thread_mu_);
+  // What Current() returns; replaced whole by Publish().
+  Policy current_ ABSL_GUARDED_BY(mu_);
+  // Set once by Stop(); the thread and every wait end.
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  // The open WatchPolicy call's context, so Stop() can TryCancel() it; null
+  // between streams.
+  grpc::ClientContext* active_context_ ABSL_GUARDED_BY(mu_) = nullptr;
 
   std::atomic<int64_t> rejected_versions_{0};
   std::atomic<int64_t> published_versions_{0};
-  std::mutex thread_mu_;  // serializes starting and joining thread_
-  std::thread thread_;
 };
 
 }  // namespace kappa::rollout

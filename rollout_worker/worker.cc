@@ -3,7 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
-#include <chrono>
+#include <deque>
 #include <future>
 #include <thread>
 #include <utility>
@@ -18,8 +18,10 @@ namespace {
 using kappa::v1::LearnerMessage;
 using kappa::v1::WorkerMessage;
 
-// Upper bound on a blocking wait, as a safety net for wakeups.
-constexpr auto kPollInterval = std::chrono::milliseconds(200);
+// How often a wait for a policy version checks whether its item is being
+// abandoned: a broken stream is not an event the policy watcher sees, so that
+// one wait is sliced (every other wait here is a condition wait).
+constexpr absl::Duration kAbandonCheckInterval = absl::Milliseconds(200);
 
 GroupSamplerOptions SamplerOptions(const WorkerOptions& options) {
   GroupSamplerOptions sampler = options.sampler;
@@ -36,27 +38,42 @@ bool LeaseExpired(const kappa::v1::WorkItem& item) {
 }  // namespace
 
 struct RolloutWorker::Connection {
+  explicit Connection(const std::atomic<bool>* worker_stopping) : stopping(worker_stopping) {}
+
   grpc::ClientContext context;
   std::unique_ptr<grpc::ClientReaderWriterInterface<WorkerMessage, LearnerMessage>> stream;
   std::thread reader;
+  const std::atomic<bool>* const stopping;  // the worker's stopping_
 
-  std::mutex mu;
-  std::condition_variable cv;
-  std::deque<kappa::v1::WorkItem> queue;  // guarded by mu
-  int64_t credits = 0;                    // guarded by mu
-  bool broken = false;                    // guarded by mu
-  bool received_any = false;              // guarded by mu
+  // Taken after the worker's mu_ when both are held (Stop()).
+  absl::Mutex mu ABSL_ACQUIRED_AFTER(mu_);
+  // Work items the reader received and the loop has not taken yet, oldest
+  // first.
+  std::deque<kappa::v1::WorkItem> queue ABSL_GUARDED_BY(mu);
+  // Groups the learner will accept now: credits received minus groups sent.
+  int64_t credits ABSL_GUARDED_BY(mu) = 0;
+  // The stream ended (read or write failed); set once, never cleared.
+  bool broken ABSL_GUARDED_BY(mu) = false;
+  // The learner sent at least one message on this stream.
+  bool received_any ABSL_GUARDED_BY(mu) = false;
 
-  bool Broken() {
-    std::lock_guard<std::mutex> lock(mu);
+  // The conditions the loop waits on; each ends the wait on a break or Stop().
+  bool HasItemOrEndedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    return !queue.empty() || EndedLocked();
+  }
+  bool HasCreditOrEndedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    return credits > 0 || EndedLocked();
+  }
+  bool EndedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return broken || stopping->load(); }
+
+  bool Broken() ABSL_LOCKS_EXCLUDED(mu) {
+    absl::MutexLock lock(&mu);
     return broken;
   }
-  void MarkBroken() {
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      broken = true;
-    }
-    cv.notify_all();
+  // Wakes every wait on mu (the release re-evaluates their conditions).
+  void MarkBroken() ABSL_LOCKS_EXCLUDED(mu) {
+    absl::MutexLock lock(&mu);
+    broken = true;
   }
 };
 
@@ -76,21 +93,22 @@ RolloutWorker::RolloutWorker(std::shared_ptr<grpc::ChannelInterface> learner_cha
 RolloutWorker::~RolloutWorker() { Stop(); }
 
 WorkerStats RolloutWorker::stats() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return stats_;
 }
 
 void RolloutWorker::Stop() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    // Releasing mu_ wakes Run()'s backoff wait; taking and releasing the
+    // connection's mu wakes the loop's waits for an item or credit (their
+    // conditions read stopping_).
+    absl::MutexLock lock(&mu_);
     stopping_.store(true);
     if (connection_ != nullptr) {
       connection_->context.TryCancel();
-      std::lock_guard<std::mutex> connection_lock(connection_->mu);
-      connection_->cv.notify_all();
+      absl::MutexLock connection_lock(&connection_->mu);
     }
   }
-  stop_cv_.notify_all();
   sampler_.Cancel();
   watcher_.Stop();
 }
@@ -118,8 +136,8 @@ absl::Status RolloutWorker::Run() {
     spdlog::warn("Rollout stream to the learner ended ({}: {}); reconnecting in {:.0f} ms",
                  static_cast<int>(status.error_code()), status.error_message(),
                  absl::ToDoubleMilliseconds(delay));
-    std::unique_lock<std::mutex> lock(mu_);
-    stop_cv_.wait_for(lock, absl::ToChronoNanoseconds(delay), [this] { return stopping(); });
+    absl::MutexLock lock(&mu_);
+    mu_.AwaitWithTimeout(absl::Condition(this, &RolloutWorker::stopping), delay);
   }
   watcher_.Stop();
   const WorkerStats final_stats = stats();
@@ -131,9 +149,9 @@ absl::Status RolloutWorker::Run() {
 }
 
 grpc::Status RolloutWorker::ServeStream(bool* received_any) {
-  Connection connection;
+  Connection connection(&stopping_);
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (stopping()) return grpc::Status::CANCELLED;
     connection_ = &connection;
   }
@@ -145,7 +163,7 @@ grpc::Status RolloutWorker::ServeStream(bool* received_any) {
   hello.mutable_hello()->set_max_outstanding(std::max(1, options_.max_outstanding));
   if (connection.stream->Write(hello)) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       ++stats_.connections;
     }
     if (options_.metrics != nullptr) options_.metrics->RecordConnection();
@@ -154,12 +172,9 @@ grpc::Status RolloutWorker::ServeStream(bool* received_any) {
     while (!stopping()) {
       kappa::v1::WorkItem item;
       {
-        std::unique_lock<std::mutex> lock(connection.mu);
-        connection.cv.wait_for(lock, kPollInterval, [&] {
-          return !connection.queue.empty() || connection.broken || stopping();
-        });
-        if (connection.broken || stopping()) break;
-        if (connection.queue.empty()) continue;
+        absl::MutexLock lock(&connection.mu,
+                             absl::Condition(&connection, &Connection::HasItemOrEndedLocked));
+        if (connection.EndedLocked()) break;
         item = std::move(connection.queue.front());
         connection.queue.pop_front();
       }
@@ -174,11 +189,11 @@ grpc::Status RolloutWorker::ServeStream(bool* received_any) {
   const grpc::Status status = connection.stream->Finish();
   int64_t dropped = 0;
   {
-    std::lock_guard<std::mutex> lock(connection.mu);
+    absl::MutexLock lock(&connection.mu);
     dropped = static_cast<int64_t>(connection.queue.size());
     *received_any = connection.received_any;
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   connection_ = nullptr;
   stats_.items_dropped += dropped;
   if (options_.metrics != nullptr) options_.metrics->RecordItemsDropped(dropped);
@@ -192,7 +207,8 @@ void RolloutWorker::ReadLoop(Connection* connection) {
     const bool is_work = message.has_work();
     {
       // Lock order is mu_ before connection->mu (see Stop()), so never nest them here.
-      std::lock_guard<std::mutex> lock(connection->mu);
+      // Releasing the lock wakes a wait for an item or credit.
+      absl::MutexLock lock(&connection->mu);
       connection->received_any = true;
       if (is_work) {
         connection->queue.push_back(std::move(*message.mutable_work()));
@@ -200,9 +216,8 @@ void RolloutWorker::ReadLoop(Connection* connection) {
         connection->credits += message.credit().groups();
       }
     }
-    connection->cv.notify_all();
     if (is_work) {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       ++stats_.items_received;
     }
   }
@@ -219,14 +234,15 @@ void RolloutWorker::DropItem(const kappa::v1::WorkItem& item, const std::string&
                   item.prompt_id(), why);
   }
   if (options_.metrics != nullptr) options_.metrics->RecordItemsDropped(1);
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   ++stats_.items_dropped;
 }
 
 void RolloutWorker::ProcessItems(Connection* connection, kappa::v1::WorkItem first) {
   auto abandon = [this, connection] { return stopping() || connection->Broken(); };
 
-  // Wait for a policy at least as new as the learner asks for.
+  // Wait for a policy at least as new as the learner asks for, checking
+  // abandon() between slices (Stop() also ends the wait: it stops the watcher).
   const absl::Time policy_deadline =
       first.lease_deadline_unix_ms() > 0
           ? absl::FromUnixMillis(first.lease_deadline_unix_ms())
@@ -234,7 +250,7 @@ void RolloutWorker::ProcessItems(Connection* connection, kappa::v1::WorkItem fir
   Policy policy;
   while (true) {
     absl::StatusOr<Policy> waited = watcher_.WaitForVersion(
-        first.policy_version(), std::min(policy_deadline, absl::Now() + absl::Milliseconds(200)));
+        first.policy_version(), std::min(policy_deadline, absl::Now() + kAbandonCheckInterval));
     if (waited.ok()) {
       policy = *std::move(waited);
       break;
@@ -254,7 +270,7 @@ void RolloutWorker::ProcessItems(Connection* connection, kappa::v1::WorkItem fir
   std::vector<kappa::v1::WorkItem> items;
   items.push_back(std::move(first));
   {
-    std::lock_guard<std::mutex> lock(connection->mu);
+    absl::MutexLock lock(&connection->mu);
     while (!connection->queue.empty() &&
            static_cast<int32_t>(items.size()) < std::max(1, options_.max_outstanding) &&
            connection->queue.front().policy_version() <= policy.version) {
@@ -263,7 +279,7 @@ void RolloutWorker::ProcessItems(Connection* connection, kappa::v1::WorkItem fir
     }
   }
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     ++stats_.decode_batches;
   }
   if (options_.metrics != nullptr) {
@@ -296,21 +312,21 @@ void RolloutWorker::ProcessItems(Connection* connection, kappa::v1::WorkItem fir
 
 void RolloutWorker::SendGroup(Connection* connection, const kappa::v1::WorkItem& item,
                               kappa::v1::ScoredGroup group) {
+  const char* dropped = nullptr;  // why, if the group cannot be sent
+  bool quiet = true;
   {
-    std::unique_lock<std::mutex> lock(connection->mu);
-    while (connection->credits <= 0 && !connection->broken && !stopping()) {
-      connection->cv.wait_for(lock, kPollInterval);
+    absl::MutexLock lock(&connection->mu,
+                         absl::Condition(connection, &Connection::HasCreditOrEndedLocked));
+    if (connection->EndedLocked()) {
+      dropped = "stream broke while waiting for credit";
+    } else if (LeaseExpired(item)) {
+      dropped = "lease expired while waiting for credit";
+      quiet = false;
+    } else {
+      --connection->credits;
     }
-    if (connection->broken || stopping()) {
-      lock.unlock();
-      return DropItem(item, "stream broke while waiting for credit", true);
-    }
-    if (LeaseExpired(item)) {
-      lock.unlock();
-      return DropItem(item, "lease expired while waiting for credit", false);
-    }
-    --connection->credits;
   }
+  if (dropped != nullptr) return DropItem(item, dropped, quiet);
 
   double reward_sum = 0;
   int64_t tokens = 0;
@@ -330,7 +346,7 @@ void RolloutWorker::SendGroup(Connection* connection, const kappa::v1::WorkItem&
   }
   if (options_.metrics != nullptr) options_.metrics->RecordGroupSent(samples, tokens, seconds);
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     ++stats_.groups_sent;
   }
   spdlog::info("group sent: prompt {} lease {} policy v{} (asked v{}) G={} mean_reward={:.3f} "

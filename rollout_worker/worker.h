@@ -10,19 +10,25 @@
 // (max_outstanding × G rows). When the
 // stream breaks, queued items are dropped (their leases expire at the learner
 // and are handed out again) and the worker reconnects with backoff.
+//
+// Threading: Run() is the loop thread; each stream has a reader thread, and
+// a decode batch's groups are completed on threads of their own. Locks, in
+// the order they may nest: mu_ (the worker's), then the stream's
+// Connection::mu; the sampler's and the policy watcher's locks are never
+// held together with either. Waits are condition waits (absl::Condition), so
+// a change is seen when it happens, not at the next poll.
 #pragma once
 
 #include <grpcpp/grpcpp.h>
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
-#include <deque>
 #include <memory>
-#include <mutex>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "kappa/v1/learner.grpc.pb.h"
 #include "rollout_worker/group_sampler.h"
@@ -62,29 +68,40 @@ class RolloutWorker {
                 std::shared_ptr<grpc::ChannelInterface> teacher_channel, WorkerOptions options);
   ~RolloutWorker();
 
-  // Runs until Stop(); returns OK after a clean stop, INVALID_ARGUMENT if
-  // the learner refuses the worker's Hello (its configuration is wrong).
-  absl::Status Run();
-  // Thread-safe, idempotent; Run() returns promptly (cancels in-flight RPCs).
-  void Stop();
+  // Runs until Stop() on the calling thread: serves one Rollout stream at a
+  // time and reconnects with backoff when it breaks. Returns OK after a
+  // clean stop, INVALID_ARGUMENT if the learner refuses the worker's Hello
+  // (its configuration is wrong). Call it once.
+  absl::Status Run() ABSL_LOCKS_EXCLUDED(mu_);
+  // Thread-safe, idempotent, does not wait for Run(): marks the worker
+  // stopping, cancels the stream and the sampler's and the watcher's RPCs
+  // and wakes every wait, so Run() returns promptly. Joins the watcher's
+  // thread.
+  void Stop() ABSL_LOCKS_EXCLUDED(mu_);
 
-  WorkerStats stats() const;
+  // A snapshot of the counters; thread-safe.
+  WorkerStats stats() const ABSL_LOCKS_EXCLUDED(mu_);
   const PolicyWatcher& policy_watcher() const { return watcher_; }
 
  private:
-  struct Connection;  // one Rollout stream and its reader thread
+  struct Connection;  // one Rollout stream and its reader thread (worker.cc)
 
   // Serves one stream until it breaks or Stop(); returns why it ended and
-  // whether the learner sent anything on it.
-  grpc::Status ServeStream(bool* received_any);
-  void ReadLoop(Connection* connection);
+  // whether the learner sent anything on it. Registers the stream as
+  // connection_ while it is open.
+  grpc::Status ServeStream(bool* received_any) ABSL_LOCKS_EXCLUDED(mu_);
+  // The stream's reader thread: queues work items, adds credits, marks the
+  // connection broken when the stream ends.
+  void ReadLoop(Connection* connection) ABSL_LOCKS_EXCLUDED(mu_);
   // Decodes `first` and the queued items its policy serves as one batch,
   // then completes and sends each group.
-  void ProcessItems(Connection* connection, kappa::v1::WorkItem first);
-  // Waits for credit and writes the group; drops the item if that fails.
+  void ProcessItems(Connection* connection, kappa::v1::WorkItem first) ABSL_LOCKS_EXCLUDED(mu_);
+  // Waits until the stream holds credit (or breaks, or Stop()), then spends
+  // one and writes the group; drops the item if that fails.
   void SendGroup(Connection* connection, const kappa::v1::WorkItem& item,
-                 kappa::v1::ScoredGroup group);
-  void DropItem(const kappa::v1::WorkItem& item, const std::string& why, bool quiet);
+                 kappa::v1::ScoredGroup group) ABSL_LOCKS_EXCLUDED(mu_);
+  void DropItem(const kappa::v1::WorkItem& item, const std::string& why, bool quiet)
+      ABSL_LOCKS_EXCLUDED(mu_);
   bool stopping() const { return stopping_.load(); }
 
   const WorkerOptions options_;
@@ -92,11 +109,17 @@ class RolloutWorker {
   PolicyWatcher watcher_;
   GroupSampler sampler_;
 
+  // Set once, by Stop(), while holding mu_ and then the open connection's
+  // mu: a condition wait on either lock that reads it is woken by that
+  // release. Read without a lock everywhere (the sampler's abandon callback
+  // runs on other threads).
   std::atomic<bool> stopping_{false};
-  mutable std::mutex mu_;
-  std::condition_variable stop_cv_;
-  Connection* connection_ = nullptr;  // guarded by mu_, so Stop() can cancel it
-  WorkerStats stats_;                 // guarded by mu_
+  mutable absl::Mutex mu_;
+  // The stream ServeStream() is serving (it owns it), so Stop() can cancel
+  // it; null between streams.
+  Connection* connection_ ABSL_GUARDED_BY(mu_) = nullptr;
+  // Counters since construction, returned by stats().
+  WorkerStats stats_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace kappa::rollout
