@@ -8,6 +8,12 @@
 #   bash scripts/sanitize.sh            # ASan + UBSan in build-asan (CI runs this)
 #   bash scripts/sanitize.sh thread     # TSan in build-tsan, the gRPC service tests only
 #
+# The address mode first runs scripts/thread_safety_check.sh: clang's
+# -Wthread-safety over the main build's absl::Mutex users (libtorch ones
+# included, from build/compile_commands.json, so run scripts/build.sh first;
+# without it the check is skipped with a warning). KAPPA_THREAD_SAFETY_CHECK=0
+# skips it.
+#
 # Extra arguments after the mode go to ctest (e.g. -R config). Environment:
 # KAPPA_JOBS (build jobs, default 2), KAPPA_TEST_JOBS (ctest jobs, default 2).
 # Suppressions, each with the reason it is there: tests/sanitize/.
@@ -41,6 +47,15 @@ case "$MODE" in
     exit 2
     ;;
 esac
+
+if [[ $MODE == address && ${KAPPA_THREAD_SAFETY_CHECK:-1} != 0 ]]; then
+  if [[ -f ${KAPPA_BUILD_DIR:-build}/compile_commands.json ]]; then
+    bash scripts/thread_safety_check.sh
+  else
+    echo "sanitize: no ${KAPPA_BUILD_DIR:-build}/compile_commands.json, so no thread-safety" \
+      "check (scripts/build.sh makes it)" >&2
+  fi
+fi
 
 # Same ccache settings as scripts/build.sh, so CI reuses the objects.
 export CCACHE_BASEDIR="$PWD"
