@@ -4,6 +4,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "tasks/math_answer.h"
 
 namespace kappa::tasks {
 namespace {
@@ -48,13 +49,21 @@ std::optional<std::string> ParseFinalAnswer(std::string_view response) {
 }
 
 absl::Status ValidateTask(std::string_view task) {
-  if (task.empty() || task == "arithmetic") return absl::OkStatus();
+  if (task.empty() || task == "arithmetic" || IsMathTask(task)) return absl::OkStatus();
   return absl::InvalidArgumentError(
       absl::StrCat("unknown task '", std::string(task), "' (known: arithmetic)"));
 }
 
 absl::Status ValidateReference(std::string_view task, std::string_view reference) {
   if (absl::Status status = ValidateTask(task); !status.ok()) return status;
+  if (IsMathTask(task)) {
+    // An empty reference would score every response 0.
+    if (NormalizeMathAnswer(MathReferenceAnswer(reference)).empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("'", std::string(reference), "' has no math answer"));
+    }
+    return absl::OkStatus();
+  }
   // The reference is produced by a dataset, so it must be exactly one integer:
   // "4 6" would otherwise silently mean 6.
   const std::string_view trimmed = Trim(reference);
@@ -68,6 +77,7 @@ absl::Status ValidateReference(std::string_view task, std::string_view reference
 absl::StatusOr<float> ExactAnswerReward(std::string_view task, std::string_view reference,
                                         std::string_view response) {
   if (absl::Status status = ValidateReference(task, reference); !status.ok()) return status;
+  if (IsMathTask(task)) return MathReward(reference, response, task == kMathStrictTask);
   const std::optional<std::string> expected = CanonicalInteger(Trim(reference));
   const std::optional<std::string> got = ParseFinalAnswer(response);
   return got.has_value() && *got == *expected ? 1.0f : 0.0f;

@@ -7,6 +7,10 @@
 //  * it is compared to the reference as an integer: leading zeros and a '+'
 //    sign are ignored, "-0" equals "0";
 //  * an empty response, or one whose last token is not an integer, gets 0.
+//
+// "math" and "math_strict" (strict: the answer must be boxed) are graded by
+// MathReward, whose rules are in tasks/math_answer.h; their reference must
+// hold an answer (not empty once cut at its last "####" and normalized).
 #pragma once
 
 #include <optional>
@@ -24,15 +28,23 @@ std::optional<std::string> ParseFinalAnswer(std::string_view response);
 // 1.0 if the response's final answer equals the reference, else 0.0.
 // INVALID_ARGUMENT when the reference itself is not a valid answer or the
 // task family is unknown ("" means "arithmetic").
-// OK for "" and "arithmetic"; INVALID_ARGUMENT "unknown task 'x' ..." otherwise.
+// OK for "", "arithmetic", "math" and "math_strict"; INVALID_ARGUMENT
+// "unknown task 'x' ..." otherwise.
 absl::Status ValidateTask(std::string_view task);
-// ValidateTask, then: the reference must be exactly one integer token
-// (surrounding whitespace allowed). Messages carry no field name, so callers
-// can prefix their own ("items[3].reference_answer: ...").
+// ValidateTask, then: for arithmetic the reference must be exactly one integer
+// token (surrounding whitespace allowed); for math it must hold an answer.
+// Messages carry no field name, so callers can prefix their own
+// ("items[3].reference_answer: ...").
 absl::Status ValidateReference(std::string_view task, std::string_view reference);
 
 absl::StatusOr<float> ExactAnswerReward(std::string_view task, std::string_view reference,
                                         std::string_view response);
+
+inline constexpr std::string_view kMathTask = "math";
+inline constexpr std::string_view kMathStrictTask = "math_strict";
+inline bool IsMathTask(std::string_view task) {
+  return task == kMathTask || task == kMathStrictTask;
+}
 
 // The "code" task family is not an exact-answer task: the reference is Python
 // test code and the response a Python solution, and the reward comes from
