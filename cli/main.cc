@@ -8,6 +8,7 @@
 //   kappa tokenize MODEL_DIR [--add-special-tokens] < strings.jsonl
 //   kappa detokenize MODEL_DIR [--skip-special-tokens] < ids.jsonl
 //   kappa render-prompt MODEL_DIR [--no-generation-prompt] [--context JSON] < messages.jsonl
+//   kappa grade --reward math|math_strict|exact < lines.jsonl
 //   kappa config-reference > docs/configuration.md
 #include <iostream>
 #include <string>
@@ -15,6 +16,7 @@
 
 #include "cli/config_reference_command.h"
 #include "cli/experiment_command.h"
+#include "cli/grade_command.h"
 #include "cli/model_commands.h"
 #include "cli/prompt_commands.h"
 #include "cli/report_command.h"
@@ -47,6 +49,9 @@ constexpr const char* kUsage =
     "      the reverse: one JSON string per JSON array of ids on stdin\n"
     "  kappa render-prompt MODEL_DIR [--no-generation-prompt] [--context JSON] < messages.jsonl\n"
     "      the model's chat template: one rendered prompt per JSON list of messages on stdin\n"
+    "  kappa grade --reward math|math_strict|exact < lines.jsonl\n"
+    "      the verifier's reward, 1 or 0, per {\"response\": ..., \"answer\": ...} line on\n"
+    "      stdin (docs/grading.md)\n"
     "  kappa config-reference\n"
     "      every configuration key with its type, default and description, as Markdown\n"
     "      (docs/configuration.md is its output)\n";
@@ -69,6 +74,7 @@ int main(int argc, char** argv) {
   if (command == "tokenize") return kappa::cli::TokenizeCommand(args, std::cin, std::cout);
   if (command == "detokenize") return kappa::cli::DetokenizeCommand(args, std::cin, std::cout);
   if (command == "render-prompt") return kappa::cli::RenderPromptCommand(args, std::cin, std::cout);
+  if (command == "grade") return kappa::cli::GradeCommand(args, std::cin, std::cout);
   if (command == "config-reference") return kappa::cli::ConfigReferenceCommand(args, std::cout);
   if (command == "help" || command == "--help" || command == "-h") {
     std::cout << kUsage;
