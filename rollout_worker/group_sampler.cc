@@ -19,6 +19,7 @@
 #include "rollout_worker/response_text.h"
 #include "rollout_worker/teacher_demonstrations.h"
 #include "services/grpc_util.h"
+#include "services/status_util.h"
 #include "services/tensor_codec.h"
 #include "services/torch_tensor_codec.h"
 
@@ -270,21 +271,19 @@ std::vector<absl::StatusOr<kappa::v1::ScoredGroup>> GroupSampler::Sample(
     }
     const absl::Time start = absl::Now();
     std::vector<model::SampledSequence> sampled;
-    absl::Status status;
-    try {
+    const auto& sampling = params;  // a lambda cannot capture a structured binding (C++17)
+    absl::Status status = services::CaptureExceptions("sampling failed", [&] {
       // model::Sample runs on the policy's device (rollout.device, where the
       // watcher loaded it); the generator follows it there once.
       const c10::Device device = decoder->parameters().front().device();
       if (rng_->generator.device() != device) {
         rng_->generator = model::MakeGenerator(device, options_.seed);
       }
-      sampled = model::Sample(decoder, prompts, params, rng_->generator);
-      if (sampled.size() != prompts.size()) {
-        status = absl::InternalError(absl::StrCat("sampling returned ", sampled.size(),
-                                                  " sequences for ", prompts.size(), " prompts"));
-      }
-    } catch (const std::exception& e) {
-      status = absl::InternalError(absl::StrCat("sampling failed: ", e.what()));
+      sampled = model::Sample(decoder, prompts, sampling, rng_->generator);
+    });
+    if (status.ok() && sampled.size() != prompts.size()) {
+      status = absl::InternalError(absl::StrCat("sampling returned ", sampled.size(),
+                                                " sequences for ", prompts.size(), " prompts"));
     }
     const double decode_seconds = absl::ToDoubleSeconds(absl::Now() - start);
 

@@ -29,6 +29,7 @@
 #include "services/metrics_server.h"
 #include "services/server.h"
 #include "services/stable_hash.h"
+#include "services/status_util.h"
 #include "services/torch_runtime.h"
 
 namespace {
@@ -104,17 +105,17 @@ int main(int argc, char** argv) {
   // the student's model directory (so a worker needs read access to it; the
   // toy models have none and decode with the character tokenizer).
   const std::string student_dir = kappa::services::StudentModelDir(*config);
-  try {
-    const kappa::model::TextTokenizer tokenizer =
-        kappa::model::TextTokenizer::ForModel(student_dir);
-    options.sampler.decode = [tokenizer](const std::vector<int64_t>& ids) {
-      return tokenizer.Decode(ids, /*skip_special_tokens=*/true);
-    };
-    spdlog::info("responses decode with {}", tokenizer.source());
-  } catch (const std::exception& e) {
-    spdlog::error("student tokenizer ({}): {}", student_dir, e.what());
+  absl::StatusOr<kappa::model::TextTokenizer> tokenizer = kappa::services::CaptureExceptions(
+      absl::StrCat("student tokenizer (", student_dir, ")"),
+      [&] { return kappa::model::TextTokenizer::ForModel(student_dir); });
+  if (!tokenizer.ok()) {
+    spdlog::error("{}", std::string(tokenizer.status().message()));
     return 2;
   }
+  spdlog::info("responses decode with {}", tokenizer->source());
+  options.sampler.decode = [decoder = *std::move(tokenizer)](const std::vector<int64_t>& ids) {
+    return decoder.Decode(ids, /*skip_special_tokens=*/true);
+  };
 
   const std::string learner =
       flag_or("learner", flags->address.empty() ? config->learner.address : flags->address);

@@ -10,6 +10,7 @@
 #include "model/transformer.h"
 #include "rollout_worker/backoff.h"
 #include "rollout_worker/policy_assembler.h"
+#include "services/status_util.h"
 
 namespace kappa::rollout {
 namespace {
@@ -20,17 +21,19 @@ namespace {
 absl::StatusOr<std::shared_ptr<model::Decoder>> BuildDecoder(const AssembledPolicy& policy,
                                                              const c10::Device& device,
                                                              c10::ScalarType dtype) {
-  try {
-    const model::ModelConfig config = model::ModelConfig::FromJson(policy.model_config_json);
-    auto decoder = std::make_shared<model::Decoder>(config);
-    model::LoadWeights(*decoder, policy.weights);
-    (*decoder)->to(device, dtype);
-    (*decoder)->eval();
-    for (auto& parameter : (*decoder)->parameters()) parameter.set_requires_grad(false);
-    return decoder;
-  } catch (const std::exception& e) {
-    return absl::InvalidArgumentError(e.what());
-  }
+  // A policy the learner sent that does not load is bad input, whatever threw.
+  return services::CaptureExceptions(
+      "",
+      [&] {
+        const model::ModelConfig config = model::ModelConfig::FromJson(policy.model_config_json);
+        auto decoder = std::make_shared<model::Decoder>(config);
+        model::LoadWeights(*decoder, policy.weights);
+        (*decoder)->to(device, dtype);
+        (*decoder)->eval();
+        for (auto& parameter : (*decoder)->parameters()) parameter.set_requires_grad(false);
+        return decoder;
+      },
+      absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace
