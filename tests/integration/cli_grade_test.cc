@@ -17,27 +17,11 @@
 namespace kappa::cli {
 namespace {
 
-struct Result {
-  int exit_code = -1;
-  std::vector<std::string> lines;  // stdout
-  std::string errors;              // stderr
-};
+using Result = testing::LinesResult;
 
-Result Grade(const std::vector<std::string>& args, const std::string& input) {
-  const std::string dir = testing::MakeTempDir("kappa_cli_grade");
-  testing::WriteFile(dir + "/in", input);
-  std::string command = testing::ShellQuote(KAPPA_BIN) + " grade";
-  for (const std::string& arg : args) command += " " + testing::ShellQuote(arg);
-  command += " <" + dir + "/in >" + dir + "/out 2>" + dir + "/err";
-  Result result;
-  const int status = std::system(command.c_str());
-  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  std::ifstream out(dir + "/out");
-  for (std::string line; std::getline(out, line);) result.lines.push_back(line);
-  std::ifstream err(dir + "/err");
-  result.errors.assign(std::istreambuf_iterator<char>(err), std::istreambuf_iterator<char>());
-  std::filesystem::remove_all(dir);
-  return result;
+Result Grade(std::vector<std::string> args, const std::string& input) {
+  args.insert(args.begin(), "grade");
+  return testing::RunKappaWithInput(args, input);
 }
 
 std::string Line(const std::string& response, const std::string& answer) {

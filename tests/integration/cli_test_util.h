@@ -6,7 +6,10 @@
 
 #include <array>
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -67,5 +70,33 @@ inline std::string ReadFile(const std::string& path) {
   ss << in.rdbuf();
   return ss.str();
 }
+
+#ifdef KAPPA_BIN
+// What a `kappa` run fed on stdin printed, stdout split into lines.
+struct LinesResult {
+  int exit_code = -1;
+  std::vector<std::string> lines;  // stdout
+  std::string errors;              // stderr
+};
+
+// Runs KAPPA_BIN with `args`, `input` on stdin.
+inline LinesResult RunKappaWithInput(const std::vector<std::string>& args,
+                                     const std::string& input) {
+  const std::string dir = MakeTempDir("kappa_cli_stdin");
+  WriteFile(dir + "/in", input);
+  std::string command = ShellQuote(KAPPA_BIN);
+  for (const std::string& arg : args) command += " " + ShellQuote(arg);
+  command += " <" + dir + "/in >" + dir + "/out 2>" + dir + "/err";
+  LinesResult result;
+  const int status = std::system(command.c_str());
+  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  std::ifstream out(dir + "/out");
+  for (std::string line; std::getline(out, line);) result.lines.push_back(line);
+  std::ifstream err(dir + "/err");
+  result.errors.assign(std::istreambuf_iterator<char>(err), std::istreambuf_iterator<char>());
+  std::filesystem::remove_all(dir);
+  return result;
+}
+#endif  // KAPPA_BIN
 
 }  // namespace kappa::cli::testing

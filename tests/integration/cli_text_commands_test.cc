@@ -28,27 +28,10 @@ std::string Tokenizer(const std::string& name) {
 }
 
 // Runs kappa with `input` on stdin; output is stdout only (stderr apart).
-struct Result {
-  int exit_code = -1;
-  std::vector<std::string> lines;  // stdout
-  std::string errors;              // stderr
-};
+using Result = testing::LinesResult;
 
 Result RunWithInput(const std::vector<std::string>& args, const std::string& input) {
-  const std::string dir = testing::MakeTempDir("kappa_cli_tok");
-  testing::WriteFile(dir + "/in", input);
-  std::string command = testing::ShellQuote(KAPPA_BIN);
-  for (const std::string& arg : args) command += " " + testing::ShellQuote(arg);
-  command += " <" + dir + "/in >" + dir + "/out 2>" + dir + "/err";
-  Result result;
-  const int status = std::system(command.c_str());
-  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  std::ifstream out(dir + "/out");
-  for (std::string line; std::getline(out, line);) result.lines.push_back(line);
-  std::ifstream err(dir + "/err");
-  result.errors.assign(std::istreambuf_iterator<char>(err), std::istreambuf_iterator<char>());
-  std::filesystem::remove_all(dir);
-  return result;
+  return testing::RunKappaWithInput(args, input);
 }
 
 // The first `n` corpus strings and their transformers.js answers.
