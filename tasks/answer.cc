@@ -50,8 +50,8 @@ std::optional<std::string> ParseFinalAnswer(std::string_view response) {
 
 absl::Status ValidateTask(std::string_view task) {
   if (task.empty() || task == "arithmetic" || IsMathTask(task)) return absl::OkStatus();
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown task '", std::string(task), "' (known: arithmetic)"));
+  return absl::InvalidArgumentError(absl::StrCat("unknown task '", std::string(task),
+                                                 "' (known: arithmetic, math, math_strict)"));
 }
 
 absl::Status ValidateReference(std::string_view task, std::string_view reference) {

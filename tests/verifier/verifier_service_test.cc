@@ -79,7 +79,8 @@ TEST_F(VerifierServiceTest, InvalidItemsNameTheField) {
   const Case cases[] = {
       {"", "4 6", "46", "items[1].reference_answer: '4 6' is not an integer answer"},
       {"", "", "46", "items[1].reference_answer: '' is not an integer answer"},
-      {"chess", "1", "1", "items[1].task: unknown task 'chess' (known: arithmetic)"},
+      {"chess", "1", "1",
+       "items[1].task: unknown task 'chess' (known: arithmetic, math, math_strict)"},
   };
   for (const Case& c : cases) {
     kappa::v1::VerifyRequest request;
