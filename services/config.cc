@@ -75,6 +75,31 @@ constexpr Field kFields[] = {
                        "jsonl: the training split's file (required when `kind` is jsonl)."),
     KAPPA_CONFIG_FIELD(task.heldout_path,
                        "jsonl: the held-out split's file (required when `kind` is jsonl)."),
+    KAPPA_CONFIG_FIELD(task.prompt_key,
+                       "jsonl: the member of a line that holds the prompt text (docs/grading.md, "
+                       "JSONL datasets)."),
+    KAPPA_CONFIG_FIELD(task.messages_key,
+                       "jsonl: when set, the member holding a list of `{role, content}` messages "
+                       "instead of `prompt_key`: the last `user` message's content is the prompt, "
+                       "a leading `system` message the example's system prompt; other messages "
+                       "are ignored. Empty: unused."),
+    KAPPA_CONFIG_FIELD(task.answer_key, "jsonl: the member of a line that holds the reference."),
+    KAPPA_CONFIG_FIELD(task.format,
+                       "jsonl: a preset for a dataset layout; empty: the keys as set. `gsm8k`: "
+                       "`question` / `answer` (a full solution ending in `#### 42`), family "
+                       "`math`. `math`: `problem` / `solution`, the reference being the "
+                       "solution's last `\\boxed{}` content, family `math`. The preset replaces "
+                       "`prompt_key` and `answer_key` only where they are left at their "
+                       "defaults."),
+    KAPPA_CONFIG_FIELD(task.family,
+                       "jsonl: the task family of a line without its own `task` member: "
+                       "`arithmetic`, `math` or `math_strict`; empty: the format's (`math`), "
+                       "else `arithmetic`."),
+    KAPPA_CONFIG_FIELD(task.skip_bad_lines,
+                       "jsonl: `false`: a malformed line (bad JSON, a missing or ill-typed key, an "
+                       "invalid reference, a duplicate id) stops the load with an error naming "
+                       "file:line; `true`: it is skipped, and the count and the first error are "
+                       "logged. A file whose every line is malformed is an error either way."),
     KAPPA_CONFIG_FIELD(task.prompt_template,
                        "How a prompt becomes the model's input (tasks/prompt_format.h): `auto` "
                        "(chat when the student has a chat template, else raw), `chat`, `raw`, or "

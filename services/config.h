@@ -53,6 +53,17 @@ struct Config {
     int64_t heldout_size = 200;
     std::string train_path;            // jsonl only
     std::string heldout_path;          // jsonl only
+    // jsonl: how a line maps to an example (tasks::JsonlOptions). messages_key
+    // "": unused, else the member holding a list of {role, content}; format
+    // "" | gsm8k | math: a preset of the keys and family; family: that of a
+    // line without "task" ("": the format's, else arithmetic); skip_bad_lines:
+    // skip and count malformed lines instead of failing.
+    std::string prompt_key = "prompt";
+    std::string messages_key;
+    std::string answer_key = "answer";
+    std::string format;
+    std::string family;
+    bool skip_bad_lines = false;
     // How a prompt becomes the model's input (tasks/prompt_format.h): auto
     // (chat when the student has a chat template, else raw) | chat | raw |
     // a custom text containing {prompt}.

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 
 namespace kappa::tasks {
@@ -26,6 +27,10 @@ class Dataset {
   virtual ~Dataset() = default;
   virtual size_t size() const = 0;
   virtual const Example& at(size_t index) const = 0;
+  // Malformed lines a JSONL dataset skipped (JsonlOptions::skip_bad_lines),
+  // and the error of the first of them ("file:line: ..."); 0 and "" otherwise.
+  virtual size_t skipped_lines() const { return 0; }
+  virtual std::string first_skipped_error() const { return ""; }
 };
 
 struct ArithmeticSpec {
@@ -47,8 +52,35 @@ enum class Split { kTrain, kHeldOut };
 absl::StatusOr<std::unique_ptr<Dataset>> MakeArithmeticDataset(const ArithmeticSpec& spec,
                                                                Split split);
 
+// How a JSONL line maps to an Example (the task.* keys of the same names,
+// docs/grading.md#datasets).
+struct JsonlOptions {
+  std::string prompt_key = "prompt";  // The member holding the prompt text.
+  // When set, the member holding a list of {"role", "content"} messages
+  // instead: the last "user" message's content is the prompt, a leading
+  // "system" message the example's system prompt; other messages are ignored.
+  std::string messages_key;
+  std::string answer_key = "answer";
+  // "" (the keys above) | "gsm8k" (question / answer, family math) | "math"
+  // (problem / solution, the reference is the solution's last \boxed{}
+  // content, family math). A preset replaces the keys left at their defaults.
+  std::string format;
+  // The task family of a line without its own "task" member; "": the
+  // format's (math), else arithmetic.
+  std::string family;
+  // false: a malformed line is an error naming file:line; true: it is
+  // skipped and counted (Dataset::skipped_lines()).
+  bool skip_bad_lines = false;
+};
+
+// OK, or INVALID_ARGUMENT naming the member ("format: unknown format 'x' ...").
+absl::Status ValidateJsonlOptions(const JsonlOptions& options);
+
 // One JSON object per line: {"prompt": "...", "answer": "..."} (optional
-// "id", "task", "system"). Blank lines are skipped. Errors name the file and line.
-absl::StatusOr<std::unique_ptr<Dataset>> LoadJsonlDataset(const std::string& path);
+// "id", "task", "system"; other keys per `options`). Blank lines are skipped.
+// Errors name the file and line. Under skip_bad_lines a file whose every
+// non-blank line is malformed is still an error.
+absl::StatusOr<std::unique_ptr<Dataset>> LoadJsonlDataset(const std::string& path,
+                                                          const JsonlOptions& options = {});
 
 }  // namespace kappa::tasks

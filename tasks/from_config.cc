@@ -1,5 +1,7 @@
 #include "tasks/from_config.h"
 
+#include <iostream>
+
 #include "absl/strings/str_cat.h"
 
 namespace kappa::tasks {
@@ -24,7 +26,24 @@ absl::StatusOr<std::unique_ptr<Dataset>> MakeDataset(const services::Config& con
           "task.", split == Split::kTrain ? "train_path" : "heldout_path",
           ": required when task.kind is jsonl"));
     }
-    return LoadJsonlDataset(path);
+    JsonlOptions options;
+    options.prompt_key = task.prompt_key;
+    options.messages_key = task.messages_key;
+    options.answer_key = task.answer_key;
+    options.format = task.format;
+    options.family = task.family;
+    options.skip_bad_lines = task.skip_bad_lines;
+    if (absl::Status status = ValidateJsonlOptions(options); !status.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("task.", status.message()));
+    }
+    absl::StatusOr<std::unique_ptr<Dataset>> dataset = LoadJsonlDataset(path, options);
+    if (dataset.ok() && (*dataset)->skipped_lines() > 0) {
+      // The process's log (kappa run keeps each process's stderr).
+      std::cerr << path << ": skipped " << (*dataset)->skipped_lines()
+                << " malformed line(s) (task.skip_bad_lines), loaded " << (*dataset)->size()
+                << "; the first: " << (*dataset)->first_skipped_error() << "\n";
+    }
+    return dataset;
   }
   return absl::InvalidArgumentError(
       absl::StrCat("task.kind: unknown kind '", task.kind, "' (expected arithmetic or jsonl)"));
