@@ -4,25 +4,16 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "tasks/ascii_text.h"
 #include "tasks/math_answer.h"
 
 namespace kappa::tasks {
 namespace {
 
-bool IsSpace(char c) {
-  return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f';
-}
-
-std::string_view Trim(std::string_view text) {
-  while (!text.empty() && IsSpace(text.front())) text.remove_prefix(1);
-  while (!text.empty() && IsSpace(text.back())) text.remove_suffix(1);
-  return text;
-}
-
 std::string_view LastToken(std::string_view text) {
-  text = Trim(text);
+  text = TrimAsciiSpace(text);
   size_t start = text.size();
-  while (start > 0 && !IsSpace(text[start - 1])) --start;
+  while (start > 0 && !IsAsciiSpace(text[start - 1])) --start;
   return text.substr(start);
 }
 
@@ -66,7 +57,7 @@ absl::Status ValidateReference(std::string_view task, std::string_view reference
   }
   // The reference is produced by a dataset, so it must be exactly one integer:
   // "4 6" would otherwise silently mean 6.
-  const std::string_view trimmed = Trim(reference);
+  const std::string_view trimmed = TrimAsciiSpace(reference);
   if (LastToken(trimmed) != trimmed || !CanonicalInteger(trimmed).has_value()) {
     return absl::InvalidArgumentError(
         absl::StrCat("'", std::string(reference), "' is not an integer answer"));
@@ -78,7 +69,7 @@ absl::StatusOr<float> ExactAnswerReward(std::string_view task, std::string_view 
                                         std::string_view response) {
   if (absl::Status status = ValidateReference(task, reference); !status.ok()) return status;
   if (IsMathTask(task)) return MathReward(reference, response, task == kMathStrictTask);
-  const std::optional<std::string> expected = CanonicalInteger(Trim(reference));
+  const std::optional<std::string> expected = CanonicalInteger(TrimAsciiSpace(reference));
   const std::optional<std::string> got = ParseFinalAnswer(response);
   return got.has_value() && *got == *expected ? 1.0f : 0.0f;
 }
@@ -92,7 +83,7 @@ std::string_view ExtractPythonCode(std::string_view response) {
     if (line_end == std::string_view::npos) line_end = response.size();
     const std::string_view line = response.substr(line_start, line_end - line_start);
     if (line.substr(0, 3) == "```") {
-      std::string info(Trim(line.substr(3)));
+      std::string info(TrimAsciiSpace(line.substr(3)));
       for (char& c : info) c = static_cast<char>(c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c);
       if (info == "python" || info == "python3" || info == "py") {
         const size_t body = std::min(line_end + 1, response.size());

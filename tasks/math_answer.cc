@@ -7,23 +7,15 @@
 
 #include "absl/numeric/int128.h"
 #include "absl/strings/str_replace.h"
+#include "tasks/ascii_text.h"
 
 namespace kappa::tasks {
 namespace {
 
 constexpr size_t kNpos = std::string_view::npos;
 
-bool IsSpace(char c) {
-  return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f';
-}
 bool IsDigit(char c) { return c >= '0' && c <= '9'; }
 bool IsLetter(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); }
-
-std::string_view Trim(std::string_view text) {
-  while (!text.empty() && IsSpace(text.front())) text.remove_prefix(1);
-  while (!text.empty() && IsSpace(text.back())) text.remove_suffix(1);
-  return text;
-}
 
 bool HasAt(std::string_view text, size_t pos, std::string_view what) {
   return pos <= text.size() && text.substr(pos, what.size()) == what;
@@ -60,7 +52,7 @@ BoxMatch MatchBox(std::string_view text, size_t pos) {
   if (!boxed && !HasAt(text, pos, "\\fbox")) return {};
   const size_t name_end = pos + (boxed ? 6 : 5);
   size_t next = name_end;
-  while (next < text.size() && IsSpace(text[next])) ++next;
+  while (next < text.size() && IsAsciiSpace(text[next])) ++next;
   if (next < text.size() && text[next] == '{') {
     const size_t close = MatchingBrace(text, next);
     if (close == kNpos) return {true, std::nullopt};
@@ -69,7 +61,7 @@ BoxMatch MatchBox(std::string_view text, size_t pos) {
   // "\boxed 5$": up to the next '$'.
   if (boxed && next > name_end && next < text.size()) {
     const std::string_view rest = text.substr(next);
-    return {true, Trim(rest.substr(0, rest.find('$')))};
+    return {true, TrimAsciiSpace(rest.substr(0, rest.find('$')))};
   }
   return {};  // \boxedfoo, or \boxed at the very end
 }
@@ -80,7 +72,7 @@ size_t ThousandsSeparatorAt(std::string_view text, size_t pos) {
   if (HasAt(text, pos, "{,}")) return 3;
   if (HasAt(text, pos, ",\\!")) {
     size_t end = pos + 3;
-    while (end < text.size() && IsSpace(text[end])) ++end;
+    while (end < text.size() && IsAsciiSpace(text[end])) ++end;
     return end - pos;
   }
   return HasAt(text, pos, ",") ? 1 : 0;
@@ -117,7 +109,7 @@ std::optional<std::string> AfterLastHashes(std::string_view response) {
   const size_t hashes = response.rfind("####");
   if (hashes == kNpos) return std::nullopt;
   const std::string_view rest = response.substr(hashes + 4);
-  return std::string(Trim(rest.substr(0, rest.find('\n'))));
+  return std::string(TrimAsciiSpace(rest.substr(0, rest.find('\n'))));
 }
 
 // --- Rule 3: normalization steps.
@@ -143,7 +135,7 @@ std::string RemoveCommand(std::string_view text, std::string_view command) {
 // "10\text{ cm}^2" -> "10": a final \text{ ...} (no braces inside) whose text
 // starts with a space, optionally followed by ^digit.
 std::string DropTrailingTextUnit(std::string_view text) {
-  text = Trim(text);
+  text = TrimAsciiSpace(text);
   std::string_view body = text;
   if (body.size() >= 2 && body[body.size() - 2] == '^' && IsDigit(body.back())) {
     body.remove_suffix(2);
@@ -214,7 +206,7 @@ bool IsCommaGroupedNumber(std::string_view text) {
 std::string RemoveWhitespace(std::string_view text) {
   std::string out;
   for (char c : text) {
-    if (!IsSpace(c)) out += c;
+    if (!IsAsciiSpace(c)) out += c;
   }
   return out;
 }
@@ -368,11 +360,11 @@ std::optional<std::string> ExtractMathAnswer(std::string_view response, bool str
 
 std::string_view MathReferenceAnswer(std::string_view reference) {
   const size_t hashes = reference.rfind("####");
-  return Trim(hashes == kNpos ? reference : reference.substr(hashes + 4));
+  return TrimAsciiSpace(hashes == kNpos ? reference : reference.substr(hashes + 4));
 }
 
 std::string NormalizeMathAnswer(std::string_view answer) {
-  std::string text(Trim(answer));
+  std::string text(TrimAsciiSpace(answer));
   Remove(text, "\\$");
   Remove(text, "$");
   text = RemoveCommand(RemoveCommand(text, "\\left"), "\\right");
@@ -383,7 +375,7 @@ std::string NormalizeMathAnswer(std::string_view answer) {
   Remove(text, "^\\circ");
   text = UnwrapText(DropTrailingTextUnit(text));
   Remove(text, "{,}");
-  text = std::string(Trim(RemoveThinSpaceSeparators(text)));
+  text = std::string(TrimAsciiSpace(RemoveThinSpaceSeparators(text)));
   if (IsCommaGroupedNumber(text)) Remove(text, ",");
   return BraceShorthandArguments(RemoveWhitespace(text));
 }
