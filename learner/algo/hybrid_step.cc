@@ -97,8 +97,7 @@ HybridStep::Gate HybridStep::DecideGate(const TrainBatch& batch,
     gate.selection = RstgSelect(batch.rewards, mask, batch.teacher_logprobs, batch.target_tokens,
                                 entropy, divergence, config_.rstg);
   }
-  // Nothing selected (RSTG with no all-zero group): no L_D and no backward for it.
-  gate.trains = gate.selection.selected_positions > 0;
+  // Nothing selected (RSTG with no all-zero group): trains() is false, no L_D.
   return gate;
 }
 
@@ -107,7 +106,7 @@ void HybridStep::BeginStep(const TrainBatch& batch, const Gate& gate, int64_t st
   const torch::Tensor zeros = torch::zeros_like(mask);
   torch::Tensor reward_count, distill_count;
   Aggregate(zeros, mask, config_.loss.aggregation, &reward_count);
-  if (gate.trains) {
+  if (gate.trains()) {
     Aggregate(zeros, gate.selection.selected, config_.loss.aggregation, &distill_count);
   } else {
     distill_count = torch::zeros({}, mask.options());
@@ -126,7 +125,7 @@ void HybridStep::AccumulateMicroBatch(const MicroBatch& part, const TokenTerms& 
                                       HybridStepReport* report) {
   const TrainBatch& sub = part.batch;
   TermWeights weights;
-  weights.no_distill = !gate.trains;
+  weights.no_distill = !gate.trains();
   if (gate.scored) {
     weights.distill = part.Slice(gate.selection.weights);
     weights.distill_mask = part.Slice(gate.selection.selected);

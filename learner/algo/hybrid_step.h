@@ -70,8 +70,10 @@ class HybridStep {
   // The distillation gate's decision for one batch.
   struct Gate {
     bool scored = false;         // the batch has teacher log-probs and the gate is not none
-    bool trains = false;         // scored, and some position selected: L_D has a backward
     DistillSelection selection;  // defined when scored
+
+    // Scored, and some position selected: L_D has a backward.
+    bool trains() const { return selection.selected_positions > 0; }
   };
 
   // Token-weighted means of per-micro-batch statistics (entropy, clipping,
