@@ -406,9 +406,17 @@ std::optional<Rational> ParseExactNumber(std::string_view normalized) {
   return Reduce(negative, *top, *bottom);
 }
 
-bool MathAnswersEqual(std::string_view a, std::string_view b) {
-  const std::string left = NormalizeMathAnswer(a);
-  const std::string right = NormalizeMathAnswer(b);
+std::string_view AssignedValue(std::string_view normalized) {
+  if (normalized.size() < 3 || !IsLetter(normalized[0]) || normalized[1] != '=') {
+    return normalized;
+  }
+  const std::string_view value = normalized.substr(2);
+  return value.find('=') == kNpos ? value : normalized;
+}
+
+namespace {
+
+bool NormalizedAnswersEqual(std::string_view left, std::string_view right) {
   if (left.empty() || right.empty()) return false;
   const std::optional<Rational> left_number = ParseExactNumber(left);
   const std::optional<Rational> right_number = ParseExactNumber(right);
@@ -416,10 +424,21 @@ bool MathAnswersEqual(std::string_view a, std::string_view b) {
   return left == right;
 }
 
+}  // namespace
+
+bool MathAnswersEqual(std::string_view a, std::string_view b) {
+  return NormalizedAnswersEqual(NormalizeMathAnswer(a), NormalizeMathAnswer(b));
+}
+
 float MathReward(std::string_view reference, std::string_view response, bool strict) {
   const std::optional<std::string> answer = ExtractMathAnswer(response, strict);
-  return answer.has_value() && MathAnswersEqual(*answer, MathReferenceAnswer(reference)) ? 1.0f
-                                                                                         : 0.0f;
+  if (!answer.has_value()) return 0.0f;
+  const std::string expected = NormalizeMathAnswer(MathReferenceAnswer(reference));
+  const std::string got = NormalizeMathAnswer(*answer);
+  // Rule 3b: an equation as the reference is compared as one.
+  const std::string_view compared =
+      expected.find('=') == std::string::npos ? AssignedValue(got) : std::string_view(got);
+  return NormalizedAnswersEqual(compared, expected) ? 1.0f : 0.0f;
 }
 
 }  // namespace kappa::tasks

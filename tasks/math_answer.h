@@ -24,6 +24,14 @@
 //    grouped number such as -1,234,567.5; remove all whitespace; brace the
 //    one-character arguments of \frac and \sqrt (\frac34 -> \frac{3}{4},
 //    \frac3{4} -> \frac{3}{4}, \sqrt3 -> \sqrt{3}).
+// 3b. The response's side only, and only when the normalized reference holds
+//    no '=' (an equation as the reference is compared as one): a single
+//    assignment to a one-letter variable, "x=" then a right side without a
+//    further '=', becomes its right side (AssignedValue): "x=2" -> "2",
+//    "k=\frac{1}{3}" -> "\frac{1}{3}"; "x=2,y=3", "2x=4" and "x_1=2" stay.
+//    Math-Verify does the same (the last relation's right side of a response
+//    equation whose reference is not one); Hendrycks, DAPO and DeepScaleR
+//    strip "x=" on both sides, kappa never touches the reference.
 // 4. Comparison (MathAnswersEqual): an empty side never matches. When both
 //    normalized sides are exact numbers (ParseExactNumber: '-'? then a
 //    decimal D, D/D, or \frac{-?D}{-?D}; D is "12", "1.50", ".5" or "5."),
@@ -33,8 +41,8 @@
 //    written (digits without the point, trailing zeros after the point
 //    dropped) and the reduced fraction are below 2^64 (any 19 digits fit);
 //    a longer number compares as a string.
-// No symbolic maths: "x=2" is not "2", \sqrt{4} is not 2, order in lists
-// and tuples matters.
+// No symbolic maths: \sqrt{4} is not 2, "2x=4" is not "x=2", order in
+// lists and tuples matters.
 #pragma once
 
 #include <cstdint>
@@ -75,7 +83,12 @@ struct Rational {
 // one, divides by zero or exceeds the 64-bit bound.
 std::optional<Rational> ParseExactNumber(std::string_view normalized);
 
-// Rule 4 on two raw answers (both are normalized here).
+// Rule 3b on a normalized answer: the right side of "x=..." (one letter, one
+// '='), else `normalized` unchanged.
+std::string_view AssignedValue(std::string_view normalized);
+
+// Rule 4 on two raw answers (both are normalized here; symmetric, so no rule
+// 3b: MathReward applies it to the response).
 bool MathAnswersEqual(std::string_view a, std::string_view b);
 
 // 1.0 if the response's final answer equals the reference's, else 0.0.

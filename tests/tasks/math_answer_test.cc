@@ -186,6 +186,27 @@ TEST(MathAnswersEqualTest, NumbersThenStrings) {
       MathAnswersEqual("123456789012345678901234567890", "123456789012345678901234567890.0"));
 }
 
+TEST(AssignedValueTest, OneLetterOneEquals) {
+  EXPECT_EQ(AssignedValue("x=2"), "2");
+  EXPECT_EQ(AssignedValue("k=\\frac{1}{3}"), "\\frac{1}{3}");
+  EXPECT_EQ(AssignedValue("D=(0,1.5)"), "(0,1.5)");
+  for (const char* unchanged :
+       {"x=2,y=3", "x==2", "2x=4", "x_1=2", "xy=2", "x=", "=2", "x<=2", "x:=2", "2", ""}) {
+    EXPECT_EQ(AssignedValue(unchanged), std::string_view(unchanged));
+  }
+}
+
+TEST(MathRewardTest, OnlyTheResponsesAssignmentIsStripped) {
+  EXPECT_EQ(MathReward("2", "\\boxed{x = 2}", true), 1.0f);
+  EXPECT_EQ(MathReward("2", "\\boxed{\\text{x} = 2}", true), 1.0f);    // unwrapped first
+  EXPECT_EQ(MathReward("0.5", "#### x = \\frac{1}{2}", false), 1.0f);  // any extracted answer
+  EXPECT_EQ(MathReward("x=2", "\\boxed{x = 2}", true), 1.0f);          // an equation against one
+  EXPECT_EQ(MathReward("x=2", "\\boxed{2}", true), 0.0f);              // the reference keeps its x=
+  EXPECT_EQ(MathReward("2", "\\boxed{x=2, y=3}", true), 0.0f);
+  // Symmetric MathAnswersEqual does not strip.
+  EXPECT_FALSE(MathAnswersEqual("x=2", "2"));
+}
+
 TEST(MathRewardTest, LongNestedAnswersAreCheap) {
   // 50,000 nested \frac in one box: linear time, no recursion.
   std::string nested;
