@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "model/activation_checkpoint.h"
 #include "model/rope.h"
 
 // at::scaled_dot_product_attention (flash / memory-efficient kernels on CUDA)
@@ -181,6 +182,13 @@ class DecoderLayerImpl : public torch::nn::Module {
         register_module("post_attention_layernorm", RMSNorm(c.hidden_size, c.rms_norm_eps));
     mlp = register_module("mlp", Mlp(c));
   }
+  // h: [B, T, D] -> [B, T, D]; the cache arguments as AttentionImpl's.
+  torch::Tensor forward(const torch::Tensor& h, const torch::Tensor& cos, const torch::Tensor& sin,
+                        const torch::Tensor& allowed, torch::Tensor* cache_k,
+                        torch::Tensor* cache_v, int64_t start) {
+    auto x = h + self_attn->forward(input_layernorm(h), cos, sin, allowed, cache_k, cache_v, start);
+    return x + mlp(post_attention_layernorm(x));
+  }
   RMSNorm input_layernorm{nullptr};
   Attention self_attn{nullptr};
   RMSNorm post_attention_layernorm{nullptr};
@@ -280,9 +288,23 @@ KVCache DecoderImpl::NewCache(int64_t batch, int64_t capacity) const {
   return cache;
 }
 
-ForwardOutput DecoderImpl::Forward(const torch::Tensor& tokens_in,
-                                   const torch::Tensor& attention_mask,
-                                   const torch::Tensor& positions_in, KVCache* cache) {
+ForwardOutput DecoderImpl::Forward(const torch::Tensor& tokens, const torch::Tensor& attention_mask,
+                                   const torch::Tensor& positions, KVCache* cache) {
+  return Run(tokens, attention_mask, positions, cache, /*logits=*/true);
+}
+
+ForwardOutput DecoderImpl::ForwardHidden(const torch::Tensor& tokens,
+                                         const torch::Tensor& attention_mask,
+                                         const torch::Tensor& positions) {
+  return Run(tokens, attention_mask, positions, /*cache=*/nullptr, /*logits=*/false);
+}
+
+torch::Tensor DecoderImpl::OutputWeight() const {
+  return config_.tie_word_embeddings ? model_->embed_tokens->weight : lm_head_->weight;
+}
+
+ForwardOutput DecoderImpl::Run(const torch::Tensor& tokens_in, const torch::Tensor& attention_mask,
+                               const torch::Tensor& positions_in, KVCache* cache, bool logits) {
   if (tokens_in.dim() != 2) Fail("tokens must be [B, T], got " + Shape(tokens_in));
   const auto device = model_->embed_tokens->weight.device();
   auto tokens = tokens_in.to(device, torch::kLong);
@@ -363,23 +385,33 @@ ForwardOutput DecoderImpl::Forward(const torch::Tensor& tokens_in,
   if (key_valid.defined()) allowed = allowed.logical_and(key_valid.unsqueeze(1));
   allowed = allowed.view({allowed.size(0), 1, 1, T, S});
 
+  // Generation (a cache) runs under no-grad, and a cache is written in place
+  // by the forward, so it is never checkpointed.
+  const bool checkpoint =
+      activation_checkpointing_ && torch::GradMode::is_enabled() && cache == nullptr;
   auto h = model_->embed_tokens(tokens);
   for (int64_t i = 0; i < config_.num_hidden_layers; ++i) {
-    auto& layer = model_->blocks[static_cast<size_t>(i)];
-    auto a = layer->self_attn->forward(layer->input_layernorm(h), cos, sin, allowed,
-                                       cache ? &cache->keys[static_cast<size_t>(i)] : nullptr,
-                                       cache ? &cache->values[static_cast<size_t>(i)] : nullptr,
-                                       start);
-    h = h + a;
-    h = h + layer->mlp(layer->post_attention_layernorm(h));
+    DecoderLayer& layer = model_->blocks[static_cast<size_t>(i)];
+    if (checkpoint) {
+      // cos, sin, allowed do not require grad (buffers, a bool mask), so the
+      // layer is differentiable only in h and its parameters.
+      h = Checkpoint(
+          [impl = layer.ptr(), cos, sin, allowed](const torch::Tensor& x) {
+            return impl->forward(x, cos, sin, allowed, nullptr, nullptr, 0);
+          },
+          h, layer->parameters());
+    } else {
+      h = layer->forward(h, cos, sin, allowed,
+                         cache ? &cache->keys[static_cast<size_t>(i)] : nullptr,
+                         cache ? &cache->values[static_cast<size_t>(i)] : nullptr, start);
+    }
   }
   h = model_->norm(h);
   if (cache) cache->length = S;
 
   ForwardOutput out;
   out.hidden = h;
-  out.logits = config_.tie_word_embeddings ? F::linear(h, model_->embed_tokens->weight)
-                                           : lm_head_(h);
+  if (logits) out.logits = F::linear(h, OutputWeight());
   return out;
 }
 
@@ -397,6 +429,7 @@ Decoder CloneDecoder(Decoder& source) {
   auto dst_buffers = copy->named_buffers();
   for (auto& b : src_buffers) dst_buffers[b.key()].copy_(b.value());
   copy->train(source->is_training());
+  copy->SetActivationCheckpointing(source->activation_checkpointing());
   return copy;
 }
 

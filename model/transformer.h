@@ -39,7 +39,7 @@ struct KVCache {
 };
 
 struct ForwardOutput {
-  torch::Tensor logits;  // [B, T, V]
+  torch::Tensor logits;  // [B, T, V]; undefined from ForwardHidden
   torch::Tensor hidden;  // [B, T, D] final hidden state (after the last norm)
 };
 
@@ -64,6 +64,34 @@ class DecoderImpl : public torch::nn::Module {
                         const torch::Tensor& positions = {},
                         KVCache* cache = nullptr);
 
+  // Forward without the output projection: `hidden` as Forward gives it
+  // (same graph, same checkpointing), `logits` undefined, for a caller that
+  // projects positions in chunks itself with OutputWeight(). No KV cache.
+  // Throws as Forward does.
+  ForwardOutput ForwardHidden(const torch::Tensor& tokens, const torch::Tensor& attention_mask = {},
+                              const torch::Tensor& positions = {});
+
+  // The output projection's weight [vocab_size, hidden_size]: the parameter
+  // itself (with its graph, so gradients of hidden @ OutputWeight().t()
+  // reach it), lm_head.weight, or model.embed_tokens.weight when the
+  // embeddings are tied. No bias: Forward's logits are exactly
+  // F::linear(hidden, OutputWeight()).
+  torch::Tensor OutputWeight() const;
+
+  // Activation checkpointing (off by default). When on, a Forward with grad
+  // mode enabled and no KV cache keeps only each decoder layer's input
+  // [B, T, D] for backward instead of the layer's activations (attention
+  // scores and probabilities, MLP intermediates, ...); each backward pass
+  // recomputes each layer once (model/activation_checkpoint.h), so a graph
+  // traversed k times (retain_graph, per-position autograd::grad) runs each
+  // layer's forward k extra times. Gradients equal the unchecked ones (the
+  // layers are deterministic); double backward (create_graph=true) throws
+  // std::invalid_argument. The embedding, the final norm and the output
+  // projection are not checkpointed. Not synchronized: set it while no
+  // Forward runs. CloneDecoder copies it.
+  void SetActivationCheckpointing(bool on) { activation_checkpointing_ = on; }
+  bool activation_checkpointing() const { return activation_checkpointing_; }
+
   // Convenience: logits only.
   torch::Tensor forward(const torch::Tensor& tokens) { return Forward(tokens).logits; }
 
@@ -72,6 +100,9 @@ class DecoderImpl : public torch::nn::Module {
   torch::nn::Linear& lm_head() { return lm_head_; }
 
  private:
+  ForwardOutput Run(const torch::Tensor& tokens, const torch::Tensor& attention_mask,
+                    const torch::Tensor& positions, KVCache* cache, bool logits);
+
   ModelConfig config_;
   std::shared_ptr<LlamaModelImpl> model_;
   // Tied: shares model.embed_tokens.weight and is not registered, so the
@@ -81,6 +112,7 @@ class DecoderImpl : public torch::nn::Module {
   // they follow .to(device).
   torch::Tensor rope_cos_;
   torch::Tensor rope_sin_;
+  bool activation_checkpointing_ = false;
 };
 TORCH_MODULE(Decoder);
 

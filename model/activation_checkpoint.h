@@ -1,0 +1,40 @@
+// Activation checkpointing for libtorch's C++ API, which (1.13) has no
+// torch::utils::checkpoint: a segment of the network runs forward without
+// keeping its intermediate activations, and is recomputed in backward.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <functional>
+#include <vector>
+
+namespace kappa::model {
+
+// Returns fn(input). With grad mode enabled, fn runs under no-grad and only
+// `input` and `params` are kept for backward (references, not copies); the
+// backward recomputes fn once from a detached copy of `input` and
+// backpropagates through the recomputation into `input` and every one of
+// `params` that requires grad. Without grad mode, it is fn(input) as is.
+//
+// Each backward pass through the result runs fn once more: a graph retained
+// (backward(retain_graph=true), or torch::autograd::grad called per output)
+// and traversed k times recomputes k times; the saved references stay valid
+// until the graph is freed.
+//
+// The contract on fn:
+//  - deterministic (no dropout, no sampling), so the recomputation equals the
+//    forward: the gradient is of the recomputed output;
+//  - differentiable only in `input` and `params`: any other tensor it
+//    captures (masks, tables) must not require grad, else its gradient is
+//    silently lost; a parameter missing from `params` gets none;
+//  - `params` are not modified in place between the forward and the
+//    backward (libtorch's version check throws c10::Error if they are);
+//  - returns one tensor.
+//
+// Throws std::invalid_argument if fn is empty or input undefined; a backward
+// through the result with create_graph=true (double backward) throws
+// std::invalid_argument: the recomputation's gradients carry no graph.
+torch::Tensor Checkpoint(std::function<torch::Tensor(const torch::Tensor&)> fn,
+                         const torch::Tensor& input, const std::vector<torch::Tensor>& params);
+
+}  // namespace kappa::model
