@@ -79,16 +79,13 @@ std::optional<std::pair<int64_t, int64_t>> FirstTrue(const torch::Tensor& mask) 
 }
 
 // SCORE_FORM_TOPK: teacher_logprobs [T, k] and teacher_topk_ids [T, k] with
-// k = min(top_k, V), distinct ids in [0, V) per row, log-probs in
-// (kTopkFill, 0]. The wire stays compact (k ids + k values per token instead
-// of V values; bench/README.md has the bytes per token); the learner
-// densifies each row here to [T, V] with kTopkFill outside the k tokens, the
-// form the loss (TopkReverseKlFromLogProbs / TopkIndices, RSTG's max_prob
-// confidence, the K_DR logit gradient) reads: the teacher's top-k of the
-// dense row are the wire's k tokens, renormalised there as before.
-absl::StatusOr<torch::Tensor> DecodeTopkTeacher(const kappa::v1::ScoredSample& in,
-                                                int64_t length, const std::string& field,
-                                                const GroupExpectations& expect) {
+// k = min(top_k, V), distinct ids in [0, V) per row, finite log-probs <= 0.
+// They stay compact through the learner (TrainBatch::teacher_topk_ids): the
+// top-k losses, their logit gradients, K_DR and RSTG read the k ids and
+// values; no [T, V] row is made (bench/README.md has the bytes per token).
+absl::Status DecodeTopkTeacher(const kappa::v1::ScoredSample& in, int64_t length,
+                               const std::string& field, const GroupExpectations& expect,
+                               ScoredSample& sample) {
   const int64_t vocab = expect.vocab_size;
   if (expect.teacher_top_k <= 0) {
     return absl::InvalidArgumentError(
@@ -134,14 +131,15 @@ absl::StatusOr<torch::Tensor> DecodeTopkTeacher(const kappa::v1::ScoredSample& i
     }
   }
   const torch::Tensor logprobs = values->to(torch::kFloat32);
-  if (const auto at = FirstTrue((logprobs > kMaxLogProb).logical_or(logprobs <= kTopkFill))) {
+  if (const auto at = FirstTrue((logprobs > kMaxLogProb).logical_or(~torch::isfinite(logprobs)))) {
     const auto [t, j] = *at;
     return absl::InvalidArgumentError(
-        absl::StrCat(field, ".teacher_logprobs[", t, ", ", j, "]: ",
-                     logprobs[t][j].item<float>(), " is not a log-probability (want (",
-                     kTopkFill, ", 0])"));
+        absl::StrCat(field, ".teacher_logprobs[", t, ", ", j, "]: ", logprobs[t][j].item<float>(),
+                     " is not a log-probability (want finite and <= 0)"));
   }
-  return torch::full({length, vocab}, kTopkFill, torch::kFloat32).scatter_(1, id64, logprobs);
+  sample.teacher_logprobs = logprobs.contiguous();
+  sample.teacher_topk_ids = id64.contiguous();
+  return absl::OkStatus();
 }
 
 // RSTG teacher SFT data: only for a work item that asked for it, only for a
@@ -235,9 +233,10 @@ absl::StatusOr<ScoredGroup> DecodeScoredGroup(const kappa::v1::ScoredGroup& mess
     sample.reward = in.reward();
     sample.truncated = in.truncated();
     if (expect.teacher_form == kappa::v1::SCORE_FORM_TOPK) {
-      auto dense = DecodeTopkTeacher(in, length, field, expect);
-      if (!dense.ok()) return dense.status();
-      sample.teacher_logprobs = *std::move(dense);
+      if (absl::Status status = DecodeTopkTeacher(in, length, field, expect, sample);
+          !status.ok()) {
+        return status;
+      }
     } else if (expect.teacher_form != 0) {
       auto teacher = DecodeLogProbs(in.teacher_logprobs(), field + ".teacher_logprobs");
       if (!teacher.ok()) return teacher.status();

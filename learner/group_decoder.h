@@ -12,18 +12,10 @@
 
 namespace kappa::learner {
 
-// The log-prob a TOPK row holds outside its k tokens once densified. Finite
-// (BuildTrainBatch refuses non-finite teacher rows, and -inf times a 0 mask
-// is NaN in RSTG's token_prob confidence), far below any real log-prob, and
-// still finite in bfloat16. exp() of it is 0, so the top-k picked from the
-// dense row (TopkIndices) are exactly the wire's k tokens, and the row's max
-// (RSTG max_prob) is the teacher's top-1.
-inline constexpr float kTopkFill = -1e30f;
-
 struct GroupExpectations {
   int64_t group_size = 0;
   // The vocabulary limit (model::VocabLimit: the tokenizer's size): every
-  // token id lies below it, and FULL / densified TOPK teacher rows are this
+  // token id lies below it, and FULL teacher rows are this
   // wide (padded embedding rows above it are in no distribution).
   int64_t vocab_size = 0;
   int64_t max_new_tokens = 0;
@@ -36,7 +28,8 @@ struct GroupExpectations {
 };
 
 // Teacher log-probs reach the loss as ScoredSample.teacher_logprobs: FULL as
-// [T, V], SAMPLED as [T], and TOPK densified to [T, V] (see kTopkFill).
+// [T, V], SAMPLED as [T], and TOPK as [T, k] with teacher_topk_ids [T, k]
+// (int64), compact as on the wire.
 absl::StatusOr<ScoredGroup> DecodeScoredGroup(const kappa::v1::ScoredGroup& message,
                                               const GroupExpectations& expect);
 

@@ -80,6 +80,15 @@ void LearnerMetrics::RecordStep(const StepRecord& step) {
   r.GetGauge("kappa_learner_entropy", "Mean student entropy over response tokens (nats).")
       .Set(report.entropy);
   r.GetGauge("kappa_learner_lambda", "Distillation weight lambda in force.").Set(report.lambda);
+  if (report.teacher_tail_mass) {
+    const char* help = "Top-k teacher rows: the teacher's mass outside its k ids, last batch.";
+    r.GetGauge("kappa_learner_teacher_tail_mass_ratio", help, {{"stat", "mean"}})
+        .Set(report.teacher_tail_mass->mean);
+    r.GetGauge("kappa_learner_teacher_tail_mass_ratio", help, {{"stat", "p95"}})
+        .Set(report.teacher_tail_mass->p95);
+  }
+  r.GetGauge("kappa_learner_teacher_bytes", "Bytes of the last batch's teacher rows.")
+      .Set(static_cast<double>(report.teacher_bytes));
   if (step.eval_accuracy) {
     r.GetGauge("kappa_learner_eval_accuracy_ratio", "Held-out greedy accuracy, last evaluation.")
         .Set(*step.eval_accuracy);

@@ -124,7 +124,11 @@ absl::Status PlaceStudent(const services::Config& config, const DataParallelSetu
                                              static_cast<int>(torch::cuda::device_count()))));
   }
   student->to(device);
-  spdlog::info("learner computes on {}", device.str());
+  // Policy snapshots for publication are clones; only the trained model's
+  // forward needs the recomputation.
+  student->SetActivationCheckpointing(config.trainer.activation_checkpointing);
+  spdlog::info("learner computes on {}{}", device.str(),
+               config.trainer.activation_checkpointing ? " with activation checkpointing" : "");
   return absl::OkStatus();
 }
 

@@ -75,6 +75,12 @@ inline constexpr char kDistillPositions[] = "distill_positions";
 inline constexpr char kRstgGatedGroups[] = "rstg_gated_groups";
 inline constexpr char kDemonstrations[] = "demonstrations";
 
+// The teacher rows: top-k rows' mass outside the k ids (null for other
+// rows) and the bytes the batch's rows held.
+inline constexpr char kTeacherTailMassMean[] = "teacher_tail_mass_mean";
+inline constexpr char kTeacherTailMassP95[] = "teacher_tail_mass_p95";
+inline constexpr char kTeacherBytes[] = "teacher_bytes";
+
 // Alarms and evaluation.
 inline constexpr char kAlarms[] = "alarms";  // [{kind, step, message, values}], when any fired
 inline constexpr char kAlarmActive[] = "alarm_active";    // {kind: 0|1}
@@ -134,6 +140,9 @@ inline constexpr const char* kAllKeys[] = {
     kDistillPositions,
     kRstgGatedGroups,
     kDemonstrations,
+    kTeacherTailMassMean,
+    kTeacherTailMassP95,
+    kTeacherBytes,
     kAlarms,
     kAlarmActive,
     kEvalAccuracy,

@@ -52,6 +52,11 @@ absl::StatusOr<HybridStepConfig> MakeHybridStepConfig(const services::Config& co
         "config key 'trainer.micro_batch_sequences' must be >= 0 (0: no micro-batches)");
   }
   step.micro_batch_sequences = trainer.micro_batch_sequences;
+  if (trainer.vocab_chunk_positions < 0) {
+    return absl::InvalidArgumentError(
+        "config key 'trainer.vocab_chunk_positions' must be >= 0 (0: no chunking)");
+  }
+  loss.vocab_chunk_positions = trainer.vocab_chunk_positions;
   KAPPA_RETURN_IF_ERROR(
       ParseKey("trainer.truncated", ParseTruncatedResponses, trainer.truncated, &step.truncated));
 

@@ -108,6 +108,10 @@ void AddMonitors(const HybridStepReport& report, nlohmann::json& line) {
   line[keys::kRstgGatedGroups] = report.gated_groups;
   line[keys::kM3MaskedPositions] = report.masked_positions;
   line[keys::kDemonstrations] = report.demonstrations;
+  const std::optional<TailMass>& tail = report.teacher_tail_mass;
+  line[keys::kTeacherTailMassMean] = tail ? nlohmann::json(tail->mean) : nlohmann::json(nullptr);
+  line[keys::kTeacherTailMassP95] = tail ? nlohmann::json(tail->p95) : nlohmann::json(nullptr);
+  line[keys::kTeacherBytes] = report.teacher_bytes;
 }
 
 void AddAlarms(const StepRecord& record, nlohmann::json& line) {

@@ -33,10 +33,11 @@ int32_t TeacherFormFor(const services::Config& config) {
     const bool needs_full = rstg && config.rstg.confidence == "max_prob";
     return needs_full ? kappa::v1::SCORE_FORM_FULL : kappa::v1::SCORE_FORM_SAMPLED;
   }
-  if (config.trainer.distill_loss == "topk_reverse_kl") {
-    // The loss reads only the teacher's top-k tokens, so the wire carries
-    // just those (k ids + k log-probs per token; the group decoder densifies
-    // them). RSTG's max_prob confidence reads the top-1, which is among
+  if (config.trainer.distill_loss == "topk_reverse_kl" ||
+      config.trainer.distill_loss == "topk_tail_reverse_kl") {
+    // The loss reads only the teacher's top-k tokens, so the wire and the
+    // learner carry just those (k ids + k log-probs per token; the tail
+    // bucket is 1 − their mass). RSTG's max_prob confidence reads the top-1, which is among
     // them; token_prob reads q(y_t) of the sampled token, which may lie
     // outside the top-k, so that combination needs the full rows.
     const bool needs_full = rstg && config.rstg.confidence == "token_prob";

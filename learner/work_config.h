@@ -38,7 +38,7 @@ struct WorkTemplate {
 
 // The kappa.v1.ScoreForm of teacher log-probs the loss will read; 0 when it
 // reads none, so workers skip Teacher.Score entirely.
-// topk_reverse_kl asks for SCORE_FORM_TOPK (FULL under RSTG's token_prob
+// topk_reverse_kl and topk_tail_reverse_kl ask for SCORE_FORM_TOPK (FULL under RSTG's token_prob
 // confidence, which needs q of tokens outside the top-k).
 int32_t TeacherFormFor(const services::Config& config);
 

@@ -189,6 +189,12 @@ constexpr Field kFields[] = {
                        "it a free port on `host`."),
     KAPPA_CONFIG_FIELD(verifier.max_items,
                        "Most items one Verify request may carry; a larger request is refused."),
+    KAPPA_CONFIG_FIELD(verifier.reward,
+                       "The reward every item is scored with, whatever its task field: empty or "
+                       "`task` (each item's own task family), `exact` (the arithmetic reward), "
+                       "`math`, `math_strict` or `code` ([grading.md](grading.md)); for a "
+                       "dataset whose lines name no family. Any other value: the verifier "
+                       "refuses to start."),
 
     KAPPA_CONFIG_FIELD(learner.address,
                        "HOST:PORT the learner serves on and the workers dial; `kappa run` gives "
@@ -277,9 +283,11 @@ constexpr Field kFields[] = {
                        "How the per-token terms are averaged: `token-mean`, "
                        "`seq-mean-token-mean` or `seq-mean-token-sum`."),
     KAPPA_CONFIG_FIELD(trainer.distill_loss,
-                       "L_D: `reverse_kl` (full vocabulary), `forward_kl`, `sampled_reverse_kl` "
-                       "or `topk_reverse_kl` (KL on the teacher's top `distill_topk` tokens, "
-                       "both distributions renormalised there)."),
+                       "L_D: `reverse_kl` (full vocabulary), `forward_kl`, `sampled_reverse_kl`, "
+                       "`topk_reverse_kl` (KL on the teacher's top `distill_topk` tokens, "
+                       "both distributions renormalised there) or `topk_tail_reverse_kl` (KL "
+                       "over the top-k tokens plus one bucket for the rest of each "
+                       "distribution)."),
     KAPPA_CONFIG_FIELD(trainer.norm_std,
                        "GRPO advantages divided by the group's reward std, A = (r − mean r) / "
                        "(std r + ε); false: only the mean is subtracted."),
@@ -296,6 +304,17 @@ constexpr Field kFields[] = {
                        "Gradient accumulation: > 0 splits each step's batch (this rank's share) "
                        "into micro-batches of at most this many sequences, bucketed by length; "
                        "0: the whole batch in one forward."),
+    KAPPA_CONFIG_FIELD(trainer.vocab_chunk_positions,
+                       "> 0: the output projection, log-softmax and every loss term over the "
+                       "vocabulary run in chunks of this many positions (response positions "
+                       "only), so the [B, L, V] logits of a micro-batch are never held; costs "
+                       "one more output projection per backward pass. 0: one [B, L, V] "
+                       "log-softmax per micro-batch (the fused CUDA kernels where built)."),
+    KAPPA_CONFIG_FIELD(trainer.activation_checkpointing,
+                       "Recompute each decoder layer in backward instead of keeping its "
+                       "activations: the same gradients, about one more forward pass of "
+                       "compute per backward pass, activation memory of one layer input per "
+                       "layer."),
     KAPPA_CONFIG_FIELD(trainer.clip_low, "PPO clip ε_low: the ratio's lower bound is 1 − ε_low."),
     KAPPA_CONFIG_FIELD(trainer.clip_high,
                        "PPO clip ε_high: the ratio's upper bound is 1 + ε_high."),
@@ -308,8 +327,8 @@ constexpr Field kFields[] = {
     KAPPA_CONFIG_FIELD(trainer.eval_examples, "Held-out examples per evaluation."),
     KAPPA_CONFIG_FIELD(trainer.checkpoint_every, "Steps between checkpoints; 0: only at the end."),
     KAPPA_CONFIG_FIELD(trainer.distill_topk,
-                       "k of `distill_loss: topk_reverse_kl` (> 0); the teacher sends only its "
-                       "top-k ids and log-probs."),
+                       "k of the top-k distillation losses (> 0); the teacher sends only its "
+                       "top-k ids and log-probs, and the learner keeps them compact."),
     KAPPA_CONFIG_FIELD(
         trainer.teacher_values,
         "Precision of the teacher log-probs on the wire: `fp32` or `bf16` (half the values' "

@@ -100,6 +100,9 @@ struct Config {
   struct Verifier {
     std::string address = "127.0.0.1:50053";
     int64_t max_items = 4096;          // per Verify request
+    // The reward of every item, whatever its task field: "" or task (each
+    // item's own family) | exact | math | math_strict | code (tasks::RewardFamily).
+    std::string reward;
   } verifier;
   struct Learner {
     std::string address = "127.0.0.1:50051";
@@ -157,7 +160,8 @@ struct Config {
     double lambda = 1.0;               // L = w_R L_R + λ L_D
     double reward_weight = 1.0;        // w_R: 0 trains on distillation alone (OPD only)
     std::string aggregation = "token-mean";
-    std::string distill_loss = "reverse_kl";  // reverse_kl | forward_kl | sampled_reverse_kl | topk_reverse_kl
+    // reverse_kl | forward_kl | sampled_reverse_kl | topk_reverse_kl | topk_tail_reverse_kl
+    std::string distill_loss = "reverse_kl";
     bool norm_std = true;
     // Responses that hit their token budget without a stop id or string:
     // keep (train on them as they are; verl's default) | mask (their tokens
@@ -170,7 +174,7 @@ struct Config {
     int64_t eval_every = 10;           // steps; 0 disables periodic eval
     int64_t eval_examples = 200;       // held-out examples per evaluation
     int64_t checkpoint_every = 20;     // steps; 0: only at the end
-    int64_t distill_topk = 8;          // k of distill_loss=topk_reverse_kl
+    int64_t distill_topk = 8;          // k of the top-k distillation losses
     // fp32 | bf16: the teacher log-probs' precision on the wire. bf16 halves
     // the values' bytes (top-64 over V = 152k: 384 instead of 512 B/token)
     // at about 3 significant digits per log-prob; the learner computes in fp32.
@@ -184,6 +188,13 @@ struct Config {
     // so each pads only to its own longest; one optimizer step over the sum.
     // 0: the whole batch in one forward.
     int64_t micro_batch_sequences = 0;
+    // > 0: the output projection, log-softmax and every loss term over the
+    // vocabulary run in chunks of this many positions (response positions
+    // only), so no [B, L, V] tensor is held; 0: one [B, L, V] per micro-batch.
+    int64_t vocab_chunk_positions = 0;
+    // Recompute each decoder layer in backward instead of keeping its
+    // activations (same gradients; more compute, less memory).
+    bool activation_checkpointing = false;
     // Seed of the RL phase alone (prompt order, worker sampling, K_DR
     // position sampling); 0: use the top-level `seed`. Varying it keeps the
     // dataset and the bootstrap checkpoints, which `seed` also determines.

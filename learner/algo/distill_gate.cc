@@ -47,9 +47,9 @@ DistillSelection SelectAll(const torch::Tensor& response_mask) {
 }
 
 DistillSelection RstgSelect(const torch::Tensor& rewards, const torch::Tensor& response_mask,
-                            const torch::Tensor& teacher_logprobs,
-                            const torch::Tensor& target_tokens, const torch::Tensor& entropy,
-                            const torch::Tensor& divergence, const RstgConfig& config) {
+                            const TeacherRows& teacher, const torch::Tensor& target_tokens,
+                            const torch::Tensor& entropy, const torch::Tensor& divergence,
+                            const RstgConfig& config) {
   torch::NoGradGuard no_grad;
   if (!(config.token_frac > 0 && config.token_frac <= 1) && config.threshold < 0) {
     throw std::invalid_argument("rstg.token_frac must be in (0, 1]");
@@ -64,17 +64,23 @@ DistillSelection RstgSelect(const torch::Tensor& rewards, const torch::Tensor& r
   torch::Tensor gated = mask * row_gated.unsqueeze(1);
 
   // Teacher confidence per sample, averaged over its response positions.
-  const bool full = teacher_logprobs.dim() == 3;
+  const torch::Tensor q = teacher.logprobs.detach();
+  const bool full = teacher.full(target_tokens);
   torch::Tensor per_position;
   if (config.confidence == RstgConfig::Confidence::kMaxProb) {
-    if (!full) {
+    if (!full && !teacher.topk()) {
       throw std::invalid_argument(
-          "rstg.confidence=max_prob needs full-vocabulary teacher log-probs; use token_prob");
+          "rstg.confidence=max_prob needs full-vocabulary or top-k teacher log-probs; use "
+          "token_prob");
     }
-    per_position = teacher_logprobs.detach().amax(-1).exp();
+    per_position = q.amax(-1).exp();  // the top-1 is among the top-k
   } else {
-    per_position = full ? GatherTokenLogProbs(teacher_logprobs.detach(), target_tokens)
-                        : teacher_logprobs.detach();
+    if (teacher.topk()) {
+      throw std::invalid_argument(
+          "rstg.confidence=token_prob needs q(y_t) of the sampled token, which top-k teacher "
+          "rows may not hold; use max_prob or full rows");
+    }
+    per_position = full ? GatherTokenLogProbs(q, target_tokens) : q;
   }
   const torch::Tensor length = mask.sum(1).clamp_min(1);
   torch::Tensor confidence = (per_position * mask).sum(1) / length;  // mean over positions

@@ -14,6 +14,8 @@
 #include <cstdint>
 #include <string>
 
+#include "learner/algo/losses.h"
+
 namespace kappa::learner {
 
 enum class DistillGate { kNone, kAll, kRstg };
@@ -47,13 +49,14 @@ struct DistillSelection {
 DistillSelection SelectAll(const torch::Tensor& response_mask);
 
 // RSTG. rewards [num_groups, G] (row b of the batch is group b / G, sample
-// b % G); response_mask, entropy, divergence: [B, T]; teacher_logprobs
-// [B, T, V] or [B, T] (sampled tokens); target_tokens [B, T]. Throws
-// std::invalid_argument when max_prob confidence meets sampled-only teacher
-// log-probs.
+// b % G); response_mask, entropy, divergence: [B, T]; teacher: full, top-k
+// or sampled rows; target_tokens [B, T]. max_prob reads the top-1 of full or
+// top-k rows; token_prob reads q(y_t) of full or sampled rows. Throws
+// std::invalid_argument for the other pairs (max_prob with sampled rows,
+// token_prob with top-k rows, which may not hold y_t).
 DistillSelection RstgSelect(const torch::Tensor& rewards, const torch::Tensor& response_mask,
-                            const torch::Tensor& teacher_logprobs,
-                            const torch::Tensor& target_tokens, const torch::Tensor& entropy,
-                            const torch::Tensor& divergence, const RstgConfig& config);
+                            const TeacherRows& teacher, const torch::Tensor& target_tokens,
+                            const torch::Tensor& entropy, const torch::Tensor& divergence,
+                            const RstgConfig& config);
 
 }  // namespace kappa::learner

@@ -79,8 +79,9 @@ torch::Tensor TorchBackward(const torch::Tensor& logprobs, const torch::Tensor& 
     const torch::Tensor y = targets.narrow(0, start, n);
     torch::Tensor g;
     if (grad_kl.defined()) {
-      g = DistillLogitGradient(lp, teacher.narrow(0, start, n).to(lp.scalar_type()), y,
-                               DistillLoss::kReverseKl, /*topk=*/0, temperature) *
+      g = DistillLogitGradient(lp,
+                               TeacherRows{teacher.narrow(0, start, n).to(lp.scalar_type()), {}}, y,
+                               DistillLoss::kReverseKl, temperature) *
           grad_kl.narrow(0, start, n).unsqueeze(-1).to(lp.scalar_type());
     }
     if (grad_token.defined()) {

@@ -13,32 +13,101 @@ namespace {
 
 torch::Tensor DistillTokenLoss(const torch::Tensor& logprobs, const torch::Tensor& token_logprobs,
                                const TrainBatch& batch, const LossConfig& config) {
-  const torch::Tensor& teacher = batch.teacher_logprobs;
-  if (teacher.dim() == 3) {
-    if (teacher.sizes() != logprobs.sizes()) {
-      throw std::invalid_argument("ComputeLossTerms: teacher log-probs " +
-                                  c10::str(teacher.sizes()) + " do not match student logits " +
-                                  c10::str(logprobs.sizes()));
+  const TeacherRows teacher = batch.teacher();
+  const torch::Tensor& q = teacher.logprobs;
+  if (teacher.topk() && IsTopkLoss(config.distill)) {
+    const torch::Tensor set_logprobs = logprobs.gather(-1, teacher.topk_ids);
+    return config.distill == DistillLoss::kTopkReverseKl
+               ? TopkReverseKl(set_logprobs, q.to(set_logprobs.scalar_type()))
+               : TopkTailReverseKl(set_logprobs, q.to(set_logprobs.scalar_type()));
+  }
+  if (!teacher.topk() && teacher.full(batch.target_tokens)) {
+    if (q.sizes() != logprobs.sizes()) {
+      throw std::invalid_argument("ComputeLossTerms: teacher log-probs " + c10::str(q.sizes()) +
+                                  " do not match student logits " + c10::str(logprobs.sizes()));
     }
     switch (config.distill) {
       case DistillLoss::kReverseKl:
-        return ReverseKlFromLogProbs(logprobs, teacher);
+        return ReverseKlFromLogProbs(logprobs, q);
       case DistillLoss::kForwardKl:
-        return ForwardKlFromLogProbs(logprobs, teacher);
+        return ForwardKlFromLogProbs(logprobs, q);
       case DistillLoss::kSampledReverseKl:
         return SampledReverseKlTokenLoss(token_logprobs,
-                                         GatherTokenLogProbs(teacher, batch.target_tokens));
-      case DistillLoss::kTopkReverseKl:
-        return TopkReverseKlFromLogProbs(logprobs, teacher, config.distill_topk);
+                                         GatherTokenLogProbs(q, batch.target_tokens));
+      default:
+        break;
     }
   }
-  if (teacher.dim() == 2 && config.distill == DistillLoss::kSampledReverseKl) {
-    return SampledReverseKlTokenLoss(token_logprobs, teacher);
+  if (!teacher.topk() && q.dim() == 2 && config.distill == DistillLoss::kSampledReverseKl) {
+    return SampledReverseKlTokenLoss(token_logprobs, q);
   }
   throw std::invalid_argument(
-      "ComputeLossTerms: teacher log-probs of shape " + c10::str(teacher.sizes()) +
-      " cannot feed this distillation loss (reverse_kl, forward_kl and topk_reverse_kl need "
-      "the full vocabulary [B, L, V]; sampled_reverse_kl takes [B, L] or [B, L, V])");
+      "ComputeLossTerms: teacher log-probs of shape " + c10::str(q.sizes()) +
+      (teacher.topk() ? " (top-k rows)" : "") +
+      " cannot feed this distillation loss (reverse_kl and forward_kl need the full "
+      "vocabulary [B, L, V]; the top-k losses top-k rows; sampled_reverse_kl takes [B, L] or "
+      "[B, L, V])");
+}
+
+// The output projection's rows of the ids p_n is over (LossConfig::vocab_limit).
+torch::Tensor OutputWeightRows(model::Decoder& model, const LossConfig& config) {
+  const torch::Tensor weight = model->OutputWeight();
+  const int64_t rows = weight.size(0);
+  if (config.vocab_limit < 0 || config.vocab_limit > rows) {
+    throw std::invalid_argument("vocab_limit " + std::to_string(config.vocab_limit) +
+                                " is outside [0, " + std::to_string(rows) +
+                                "] (the model's vocabulary rows)");
+  }
+  return config.vocab_limit == 0 ? weight : weight.narrow(0, 0, config.vocab_limit);
+}
+
+// The flat [B·L, D] hidden states at `positions`, with graph.
+torch::Tensor HiddenAt(const torch::Tensor& hidden, const torch::Tensor& positions) {
+  return hidden.reshape({-1, hidden.size(-1)}).index_select(0, positions);
+}
+
+// L_SFT of the demonstration rows through the chunked head: the mean NLL
+// over their teacher response tokens, as SftNll.
+void ChunkedSftNll(model::Decoder& model, const TrainBatch& batch, const LossConfig& config,
+                   TokenTerms* terms) {
+  const model::ForwardOutput out =
+      model->ForwardHidden(batch.sft_input_tokens, batch.sft_attention_mask);
+  const torch::Tensor positions = batch.sft_mask.reshape({-1}).nonzero().squeeze(-1);
+  VocabHeadInputs in;
+  in.hidden = HiddenAt(out.hidden, positions);
+  in.weight = OutputWeightRows(model, config);
+  in.targets = batch.sft_target_tokens.reshape({-1}).index_select(0, positions);
+  in.chunk_positions = config.vocab_chunk_positions;
+  const torch::Tensor logprobs = ComputeVocabHeadTerms(in).token_logprobs;
+  const torch::Tensor weight =
+      batch.sft_mask.reshape({-1}).index_select(0, positions).to(logprobs.scalar_type());
+  const torch::Tensor tokens = weight.sum();
+  terms->sft_count = tokens.detach();
+  terms->sft_nll = -(logprobs * weight).sum() / tokens.clamp_min(1);
+}
+
+// The chunked vocabulary head (vocab_head.h) at the response positions of
+// `batch`: no [B, L, V] tensor exists.
+void ChunkedTerms(const model::ForwardOutput& out, model::Decoder& model, const TrainBatch& batch,
+                  const LossConfig& config, TokenTerms* terms) {
+  terms->hidden = out.hidden;
+  terms->output_weight = OutputWeightRows(model, config);
+  terms->head_positions = batch.response_mask.reshape({-1}).nonzero().squeeze(-1);
+  VocabHeadInputs in = HeadInputs(*terms, batch, config);
+  in.hidden = HiddenAt(out.hidden, terms->head_positions);
+  in.weight = terms->output_weight;
+  const VocabHeadTerms head = ComputeVocabHeadTerms(in);
+  // Back to [B, L], zero outside the response positions.
+  const auto scatter = [&](const torch::Tensor& values) {
+    return torch::zeros({batch.response_mask.numel()}, values.options())
+        .index_put({terms->head_positions}, values)
+        .view(batch.response_mask.sizes());
+  };
+  terms->token_logprobs = scatter(head.token_logprobs);
+  terms->reward =
+      PpoTokenLoss(terms->token_logprobs, batch.old_logprobs, batch.advantages, config.ppo);
+  if (head.distill.defined()) terms->distill = scatter(head.distill);
+  terms->entropy = scatter(head.entropy);
 }
 
 // Every other distillation form (and no teacher): one shared log_softmax
@@ -70,11 +139,18 @@ TokenTerms ComputeTokenTerms(model::Decoder& model, const TrainBatch& batch,
                                 std::to_string(config.temperature));
   }
   TokenTerms terms;
+  if (config.vocab_chunk_positions > 0) {
+    ChunkedTerms(model->ForwardHidden(batch.input_tokens, batch.attention_mask), model, batch,
+                 config, &terms);
+    if (batch.sft_input_tokens.defined()) ChunkedSftNll(model, batch, config, &terms);
+    return terms;
+  }
   const model::ForwardOutput out = model->Forward(batch.input_tokens, batch.attention_mask);
   terms.logits = VocabLogits(out.logits, config.vocab_limit);
   terms.hidden = out.hidden;
   const torch::Tensor& teacher = batch.teacher_logprobs;
-  if (teacher.defined() && teacher.dim() == 3 && config.distill == DistillLoss::kReverseKl) {
+  if (teacher.defined() && !batch.teacher_topk_ids.defined() && teacher.dim() == 3 &&
+      config.distill == DistillLoss::kReverseKl) {
     // The default loss: one fused node for log p(y), the reverse KL and the
     // entropy, keeping one [B, L, V] (the log-probs, no graph) for both the
     // L_R and the L_D backward passes.
@@ -104,12 +180,26 @@ TokenTerms ComputeTokenTerms(model::Decoder& model, const TrainBatch& batch,
   return terms;
 }
 
+VocabHeadInputs HeadInputs(const TokenTerms& tokens, const TrainBatch& batch,
+                           const LossConfig& config) {
+  const torch::Tensor& positions = tokens.head_positions;
+  VocabHeadInputs in;
+  in.hidden = HiddenAt(tokens.hidden.detach(), positions);
+  in.weight = tokens.output_weight.detach();
+  in.targets = batch.target_tokens.reshape({-1}).index_select(0, positions);
+  in.teacher = batch.teacher().Flatten().Select(positions);
+  in.distill = config.distill;
+  in.temperature = config.temperature;
+  in.chunk_positions = config.vocab_chunk_positions;
+  return in;
+}
+
 LossTerms AggregateTerms(const TokenTerms& tokens, const TrainBatch& batch,
                          const LossConfig& config, const TermWeights& weights) {
   const torch::Tensor& mask = batch.response_mask;
   LossTerms terms;
   terms.logits = tokens.logits;
-  const torch::Tensor zero = torch::zeros({}, tokens.logprobs.options());
+  const torch::Tensor zero = torch::zeros({}, tokens.token_logprobs.options());
   terms.reward_loss = Aggregate(
       weights.reward.defined() ? tokens.reward * weights.reward : tokens.reward, mask,
       config.aggregation, &terms.reward_count);

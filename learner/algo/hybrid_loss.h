@@ -12,6 +12,7 @@
 
 #include "learner/algo/losses.h"
 #include "learner/algo/train_batch.h"
+#include "learner/algo/vocab_head.h"
 #include "model/transformer.h"
 
 namespace kappa::learner {
@@ -20,7 +21,7 @@ struct LossConfig {
   Aggregation aggregation = Aggregation::kTokenMean;
   PpoConfig ppo;
   DistillLoss distill = DistillLoss::kReverseKl;
-  int64_t distill_topk = 8;  // k of kTopkReverseKl
+  int64_t distill_topk = 8;  // k of the top-k losses (the teacher rows carry it)
   double lambda = 1.0;
   // Student log-probs are taken under softmax(logits / temperature), the
   // distribution the rollout sampled from (so the PPO ratio is 1 on-policy).
@@ -30,14 +31,25 @@ struct LossConfig {
   // every softmax, so they get no mass in L_R, L_D, the entropy or L_SFT,
   // and full teacher rows are this wide. 0: every row of the model.
   int64_t vocab_limit = 0;
+  // > 0: the output projection, log-softmax and every term over the
+  // vocabulary run in chunks of this many positions (vocab_head.h), at
+  // response positions only, so no [B, L, V] tensor is held; 0: one
+  // [B, L, V] log-softmax per micro-batch (the fused kernels on CUDA).
+  int64_t vocab_chunk_positions = 0;
 };
 
 // Per-position terms, aligned with batch.target_tokens; with graph unless noted.
 // V below is the vocabulary limit (LossConfig::vocab_limit), not the rows.
+// With the chunked vocabulary head (vocab_chunk_positions > 0) `logits` and
+// `logprobs` are undefined, the [B, L] terms are 0 outside the response
+// positions, and `output_weight` / `head_positions` say how to recompute a
+// chunk of the distribution (HeadInputs).
 struct TokenTerms {
   torch::Tensor logits;          // [B, L, V] raw model logits of the first V ids
   torch::Tensor hidden;          // [B, L, D] input of the output projection
   torch::Tensor logprobs;        // [B, L, V] log_softmax(logits / τ)
+  torch::Tensor output_weight;   // [V, D] the output projection's first V rows (chunked head)
+  torch::Tensor head_positions;  // [M] int64 flat indices into [B·L] (chunked head)
   torch::Tensor token_logprobs;  // [B, L] log π_θ(y_n)
   torch::Tensor reward;          // [B, L] ℓ_R(n)
   torch::Tensor distill;         // [B, L] ℓ_D(n); undefined without teacher log-probs
@@ -47,11 +59,18 @@ struct TokenTerms {
 };
 
 // Runs the model on `batch`, which must already be on the model's device.
-// Full-vocabulary teacher log-probs support every DistillLoss; sampled-token
-// teacher log-probs ([B, L]) only kSampledReverseKl (std::invalid_argument
-// otherwise, and on a teacher vocabulary that differs from the model's).
+// Full teacher rows feed reverse_kl, forward_kl and sampled_reverse_kl;
+// top-k rows the two top-k losses; sampled rows ([B, L]) only
+// sampled_reverse_kl (std::invalid_argument otherwise, and on a teacher
+// vocabulary that differs from the model's).
 TokenTerms ComputeTokenTerms(model::Decoder& model, const TrainBatch& batch,
                              const LossConfig& config);
+
+// The chunked head's inputs at tokens.head_positions of `batch`, without
+// graph: what VocabHeadLogitKernel recomputes the distribution from.
+// REQUIRES: `tokens` came from the chunked head (output_weight defined).
+VocabHeadInputs HeadInputs(const TokenTerms& tokens, const TrainBatch& batch,
+                           const LossConfig& config);
 
 // Which terms count, and how much, at each position. Undefined tensors mean
 // "every response position, weight 1".

@@ -23,6 +23,20 @@ int64_t ApplyConflictMask(const BalanceConfig& balance, const CheapKernels& kern
 
 }  // namespace
 
+std::optional<TailMass> TeacherTailMass(const TeacherRows& teacher,
+                                        const torch::Tensor& response_mask) {
+  if (!teacher.topk()) return std::nullopt;
+  torch::NoGradGuard no_grad;
+  const torch::Tensor tail = (1.0 - teacher.logprobs.to(torch::kFloat64).exp().sum(-1))
+                                 .clamp(0.0, 1.0)
+                                 .masked_select(response_mask > 0);
+  if (tail.numel() == 0) return std::nullopt;
+  TailMass mass;
+  mass.mean = tail.mean().item<double>();
+  mass.p95 = tail.quantile(0.95).item<double>();
+  return mass;
+}
+
 HybridStep::HybridStep(model::Decoder model, std::unique_ptr<PolicyOptimizer> optimizer,
                        HybridStepConfig config)
     : model_(std::move(model)), optimizer_(std::move(optimizer)), config_(std::move(config)) {
@@ -94,8 +108,8 @@ HybridStep::Gate HybridStep::DecideGate(const TrainBatch& batch,
         part.Scatter(pass.distill.to(mask.scalar_type()), divergence);
       }
     }
-    gate.selection = RstgSelect(batch.rewards, mask, batch.teacher_logprobs, batch.target_tokens,
-                                entropy, divergence, config_.rstg);
+    gate.selection = RstgSelect(batch.rewards, mask, batch.teacher(), batch.target_tokens, entropy,
+                                divergence, config_.rstg);
   }
   // Nothing selected (RSTG with no all-zero group): trains() is false, no L_D.
   return gate;
@@ -150,6 +164,8 @@ HybridStepReport HybridStep::Run(const TrainBatch& batch_in) {
   HybridStepReport report;
   report.lambda = lambda();
   report.demonstrations = batch.num_demonstrations;
+  report.teacher_tail_mass = TeacherTailMass(batch.teacher(), batch.response_mask);
+  report.teacher_bytes = batch.teacher_bytes();
 
   // D: the positions L_D trains on, decided over the whole batch.
   std::optional<TokenTerms> first_forward;

@@ -8,9 +8,20 @@
 #include <vector>
 
 #include "learner/algo/cross_kernel.h"
+#include "learner/algo/losses.h"
 #include "learner/algo/optimizer_step.h"
 
 namespace kappa::learner {
+
+struct TailMass {
+  double mean = 0.0;
+  double p95 = 0.0;
+};
+
+// The tail mass of top-k teacher rows at the response positions; nullopt
+// for other rows or an empty mask. logprobs [B, L, k], response_mask [B, L].
+std::optional<TailMass> TeacherTailMass(const TeacherRows& teacher,
+                                        const torch::Tensor& response_mask);
 
 struct HybridStepReport {
   StepStats stats;
@@ -31,6 +42,11 @@ struct HybridStepReport {
   int64_t gated_groups = 0;
   int64_t masked_positions = 0;  // m3_mask: positions with K_DR < 0
   int64_t demonstrations = 0;
+  // Top-k teacher rows: the teacher's mass outside its k ids, 1 − Σ_S q,
+  // over the response positions (what topk_reverse_kl renormalises away and
+  // topk_tail_reverse_kl keeps as its tail bucket). Unset for other rows.
+  std::optional<TailMass> teacher_tail_mass;
+  int64_t teacher_bytes = 0;  // the batch's teacher rows (TrainBatch::teacher_bytes)
 };
 
 }  // namespace kappa::learner

@@ -29,6 +29,26 @@ std::pair<std::vector<int64_t>, std::vector<Position>> RowsOf(
 
 }  // namespace
 
+torch::Tensor KdrMonitor::LogitKernel(const TokenTerms& tokens, const TrainBatch& sub,
+                                      const torch::Tensor& coefficient) const {
+  if (tokens.output_weight.defined()) {
+    // The chunked head: g_R·g_D one chunk of positions at a time, at the
+    // response positions the head computed.
+    const VocabHeadInputs in = HeadInputs(tokens, sub, loss_);
+    const torch::Tensor values =
+        VocabHeadLogitKernel(in, coefficient.reshape({-1}).index_select(0, tokens.head_positions));
+    return torch::zeros({sub.response_mask.numel()}, values.options())
+        .index_put_({tokens.head_positions}, values)
+        .view(sub.response_mask.sizes());
+  }
+  const torch::Tensor logprobs = tokens.logprobs.detach();
+  const torch::Tensor g_r =
+      RewardLogitGradient(logprobs, sub.target_tokens, coefficient, loss_.temperature);
+  const torch::Tensor g_d = DistillLogitGradient(logprobs, sub.teacher(), sub.target_tokens,
+                                                 loss_.distill, loss_.temperature);
+  return LogitCrossKernel(g_r, g_d);
+}
+
 KdrMonitor::KdrMonitor(const MonitorConfig& monitor, const LossConfig& loss, int64_t step,
                        bool has_distill, bool kernels_for_mask, const torch::Tensor& response_mask)
     : monitor_(monitor),
@@ -46,16 +66,10 @@ KdrMonitor::KdrMonitor(const MonitorConfig& monitor, const LossConfig& loss, int
 CheapKernels KdrMonitor::Observe(const MicroBatch& part, const TokenTerms& tokens) {
   torch::NoGradGuard no_grad;
   const TrainBatch& sub = part.batch;
-  const torch::Tensor logprobs = tokens.logprobs.detach();
   const torch::Tensor coefficient = RewardLogProbCoefficient(
       tokens.token_logprobs.detach(), sub.old_logprobs, sub.advantages, loss_.ppo);
-  const torch::Tensor g_r =
-      RewardLogitGradient(logprobs, sub.target_tokens, coefficient, loss_.temperature);
-  const torch::Tensor g_d =
-      DistillLogitGradient(logprobs, sub.teacher_logprobs, sub.target_tokens, loss_.distill,
-                           loss_.distill_topk, loss_.temperature);
   CheapKernels kernels;
-  kernels.logit = LogitCrossKernel(g_r, g_d) * sub.response_mask;
+  kernels.logit = LogitKernel(tokens, sub, coefficient) * sub.response_mask;
   kernels.last_layer = LastLayerCrossKernel(kernels.logit, tokens.hidden.detach());
   part.Scatter(kernels.logit.to(logit_.scalar_type()), logit_);
   part.Scatter(kernels.last_layer.to(last_layer_.scalar_type()), last_layer_);

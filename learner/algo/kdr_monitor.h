@@ -81,6 +81,10 @@ class KdrMonitor {
                     HybridStepReport* report) const;
 
  private:
+  // g_R(n)·g_D(n) at every position of `sub`, [b, l], without graph.
+  torch::Tensor LogitKernel(const TokenTerms& tokens, const TrainBatch& sub,
+                            const torch::Tensor& coefficient) const;
+
   const MonitorConfig monitor_;
   const LossConfig loss_;
   const int64_t step_;

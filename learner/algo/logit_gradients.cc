@@ -53,23 +53,24 @@ torch::Tensor RewardLogitGradient(const torch::Tensor& logprobs, const torch::Te
   return coefficient.unsqueeze(-1) * (OneHot(targets, p) - p) / temperature;
 }
 
-torch::Tensor DistillLogitGradient(const torch::Tensor& logprobs,
-                                   const torch::Tensor& teacher_logprobs,
-                                   const torch::Tensor& targets, DistillLoss kind, int64_t topk,
+torch::Tensor DistillLogitGradient(const torch::Tensor& logprobs, const TeacherRows& teacher,
+                                   const torch::Tensor& targets, DistillLoss kind,
                                    double temperature) {
-  const bool full = teacher_logprobs.dim() == logprobs.dim();
-  if (!full && kind != DistillLoss::kSampledReverseKl) {
-    throw std::invalid_argument(
-        "DistillLogitGradient: this distillation loss needs full-vocabulary teacher log-probs");
+  const torch::Tensor& q = teacher.logprobs;
+  if (IsTopkLoss(kind) != teacher.topk() ||
+      (kind != DistillLoss::kSampledReverseKl && !teacher.topk() && !teacher.full(targets))) {
+    throw std::invalid_argument("DistillLogitGradient: teacher rows " + c10::str(q.sizes()) +
+                                (teacher.topk() ? " (top-k)" : "") +
+                                " cannot feed this distillation loss");
   }
   switch (kind) {
     case DistillLoss::kReverseKl:
-      return ReverseKlGradient(logprobs, teacher_logprobs) / temperature;
+      return ReverseKlGradient(logprobs, q) / temperature;
     case DistillLoss::kForwardKl:
-      return (logprobs.exp() - teacher_logprobs.exp()) / temperature;
+      return (logprobs.exp() - q.exp()) / temperature;
     case DistillLoss::kSampledReverseKl: {
       const torch::Tensor teacher_token =
-          full ? GatherTokenLogProbs(teacher_logprobs, targets) : teacher_logprobs;
+          teacher.full(targets) ? GatherTokenLogProbs(q, targets) : q;
       const torch::Tensor k1 = GatherTokenLogProbs(logprobs, targets) - teacher_token;
       const torch::Tensor p = logprobs.exp();
       return k1.unsqueeze(-1) * (OneHot(targets, p) - p) / temperature;
@@ -77,10 +78,25 @@ torch::Tensor DistillLogitGradient(const torch::Tensor& logprobs,
     case DistillLoss::kTopkReverseKl: {
       // The restricted student distribution is the softmax of the logits on
       // the set, so the reverse-KL form applies there unchanged.
-      const torch::Tensor indices = TopkIndices(teacher_logprobs, topk);
-      const torch::Tensor on_set = ReverseKlGradient(RenormalizedOn(logprobs, indices),
-                                                     RenormalizedOn(teacher_logprobs, indices));
-      return torch::zeros_like(logprobs).scatter_(-1, indices, on_set) / temperature;
+      const torch::Tensor& ids = teacher.topk_ids;
+      const torch::Tensor on_set = ReverseKlGradient(Renormalized(logprobs.gather(-1, ids)),
+                                                     Renormalized(q.to(logprobs.scalar_type())));
+      return torch::zeros_like(logprobs).scatter_(-1, ids, on_set) / temperature;
+    }
+    case DistillLoss::kTopkTailReverseKl: {
+      // Buckets b: the k ids and the tail. ∂KL/∂s_u = p_u (r_b(u) − KL),
+      // the +1 of ∂(P log P)/∂P cancelling because Σ_b P_b = 1.
+      const torch::Tensor& ids = teacher.topk_ids;
+      const torch::Tensor set_logp = logprobs.gather(-1, ids);
+      const torch::Tensor set_logq = q.to(logprobs.scalar_type());
+      const torch::Tensor tail_logp = TailLogMass(set_logp);
+      const torch::Tensor tail_ratio = tail_logp - TailLogMass(set_logq);
+      const torch::Tensor set_ratio = set_logp - set_logq;
+      const torch::Tensor kl =
+          ((set_logp.exp() * set_ratio).sum(-1) + tail_logp.exp() * tail_ratio).unsqueeze(-1);
+      const torch::Tensor ratio =
+          tail_ratio.unsqueeze(-1).expand_as(logprobs).contiguous().scatter_(-1, ids, set_ratio);
+      return logprobs.exp() * (ratio - kl) / temperature;
     }
   }
   throw std::invalid_argument("DistillLogitGradient: unknown distillation loss");

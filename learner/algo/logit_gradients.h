@@ -26,15 +26,19 @@ torch::Tensor RewardLogitGradient(const torch::Tensor& logprobs, const torch::Te
                                   const torch::Tensor& coefficient, double temperature);
 
 // g_D(n) for the selected distillation loss, [B, T, V]:
-//   reverse_kl:         p ⊙ (log p − log q − KL(p‖q)) / τ
-//   forward_kl:         (p − q) / τ
-//   sampled_reverse_kl: k1 (e_y − p) / τ, k1 = log p(y) − log q(y) (held constant)
-//   topk_reverse_kl:    the reverse-KL form on the teacher's top-k set with both
-//                       distributions renormalised there, 0 off the set.
-// teacher_logprobs: [B, T, V], or [B, T] (sampled token only; sampled_reverse_kl).
-torch::Tensor DistillLogitGradient(const torch::Tensor& logprobs,
-                                   const torch::Tensor& teacher_logprobs,
-                                   const torch::Tensor& targets, DistillLoss kind, int64_t topk,
+//   reverse_kl:           p ⊙ (log p − log q − KL(p‖q)) / τ
+//   forward_kl:           (p − q) / τ
+//   sampled_reverse_kl:   k1 (e_y − p) / τ, k1 = log p(y) − log q(y) (held constant)
+//   topk_reverse_kl:      the reverse-KL form on the teacher's k ids with both
+//                         distributions renormalised there, 0 off the set
+//   topk_tail_reverse_kl: p_u (r_b(u) − KL_tail) / τ, where b(u) is u's own
+//                         bucket for u in the set and the tail bucket else,
+//                         r_b = log p_b − log q_b (exact where both tails
+//                         lie above kTailFloor)
+// logprobs [B, T, V] = log_softmax(z / τ). teacher: full or top-k rows, or
+// sampled ones (sampled_reverse_kl only; std::invalid_argument otherwise).
+torch::Tensor DistillLogitGradient(const torch::Tensor& logprobs, const TeacherRows& teacher,
+                                   const torch::Tensor& targets, DistillLoss kind,
                                    double temperature);
 
 }  // namespace kappa::learner

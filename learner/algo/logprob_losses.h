@@ -14,14 +14,29 @@ torch::Tensor ReverseKlFromLogProbs(const torch::Tensor& student_logprobs,
                                     const torch::Tensor& teacher_logprobs);
 torch::Tensor ForwardKlFromLogProbs(const torch::Tensor& student_logprobs,
                                     const torch::Tensor& teacher_logprobs);
-// KL(p̃ ‖ q̃) with both distributions restricted to the teacher's top-k
-// tokens at each position and renormalised there (docs/algorithms.md §2.2).
-torch::Tensor TopkReverseKlFromLogProbs(const torch::Tensor& student_logprobs,
-                                        const torch::Tensor& teacher_logprobs, int64_t k);
-// The teacher's top-k token ids per position, [B, T, min(k, V)].
-torch::Tensor TopkIndices(const torch::Tensor& teacher_logprobs, int64_t k);
-// log of the distribution restricted to `indices` and renormalised: [..., k].
-torch::Tensor RenormalizedOn(const torch::Tensor& logprobs, const torch::Tensor& indices);
+// The top-k losses read the student's log-probs at the teacher's k ids,
+// set_logprobs = log p gathered at topk_ids, [..., k], and the teacher's
+// there, [..., k] (TeacherRows in the top-k form; docs/algorithms.md §2.2).
+
+// KL(p̃ ‖ q̃) with both distributions restricted to the k ids and
+// renormalised there. A per-position constant added to either side cancels.
+torch::Tensor TopkReverseKl(const torch::Tensor& student_set_logprobs,
+                            const torch::Tensor& teacher_set_logprobs);
+// KL over k + 1 buckets, the k ids and one tail bucket holding the rest of
+// each distribution (p_T = 1 − Σ_S p, q_T = 1 − Σ_S q):
+//   Σ_{v∈S} p_v (log p_v − log q_v) + p_T (log p_T − log q_T).
+// The student's side must be exact log-probs (normalised over the whole
+// vocabulary).
+torch::Tensor TopkTailReverseKl(const torch::Tensor& student_set_logprobs,
+                                const torch::Tensor& teacher_set_logprobs);
+// log of the mass outside the set, log(1 − Σ exp(set_logprobs)), [...]. The
+// mass is floored at kTailFloor: a teacher whose k log-probs round to a sum
+// of 1 or more (bfloat16 rows) has an empty tail, not a negative one.
+inline constexpr double kTailFloor = 1e-12;
+torch::Tensor TailLogMass(const torch::Tensor& set_logprobs);
+// set_logprobs − logsumexp(set_logprobs): the distribution restricted to the
+// set and renormalised there, [..., k].
+torch::Tensor Renormalized(const torch::Tensor& set_logprobs);
 torch::Tensor EntropyFromLogProbs(const torch::Tensor& logprobs);
 // logprobs [B, T, V], targets [B, T] int64 -> [B, T].
 torch::Tensor GatherTokenLogProbs(const torch::Tensor& logprobs, const torch::Tensor& targets);

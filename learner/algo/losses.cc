@@ -37,9 +37,38 @@ DistillLoss ParseDistillLoss(const std::string& name) {
   if (name == "forward_kl") return DistillLoss::kForwardKl;
   if (name == "sampled_reverse_kl") return DistillLoss::kSampledReverseKl;
   if (name == "topk_reverse_kl") return DistillLoss::kTopkReverseKl;
+  if (name == "topk_tail_reverse_kl") return DistillLoss::kTopkTailReverseKl;
   throw std::invalid_argument("unknown distillation loss '" + name +
                               "' (allowed: reverse_kl, forward_kl, sampled_reverse_kl, "
-                              "topk_reverse_kl)");
+                              "topk_reverse_kl, topk_tail_reverse_kl)");
+}
+
+TeacherRows TeacherRows::Flatten() const {
+  if (!defined()) return *this;
+  TeacherRows out;
+  if (logprobs.dim() == 2) {
+    out.logprobs = logprobs.reshape({-1});
+  } else {
+    out.logprobs = logprobs.reshape({-1, logprobs.size(-1)});
+  }
+  if (topk()) out.topk_ids = topk_ids.reshape({-1, topk_ids.size(-1)});
+  return out;
+}
+
+TeacherRows TeacherRows::Select(const torch::Tensor& rows) const {
+  if (!defined()) return *this;
+  TeacherRows out;
+  out.logprobs = logprobs.index_select(0, rows);
+  if (topk()) out.topk_ids = topk_ids.index_select(0, rows);
+  return out;
+}
+
+TeacherRows TeacherRows::Narrow(int64_t start, int64_t n) const {
+  if (!defined()) return *this;
+  TeacherRows out;
+  out.logprobs = logprobs.narrow(0, start, n);
+  if (topk()) out.topk_ids = topk_ids.narrow(0, start, n);
+  return out;
 }
 
 torch::Tensor Aggregate(const torch::Tensor& per_position, const torch::Tensor& mask,
@@ -164,22 +193,29 @@ torch::Tensor ForwardKlFromLogProbs(const torch::Tensor& student_logprobs,
   return (teacher_logprobs.exp() * (teacher_logprobs - student_logprobs)).sum(-1);
 }
 
-torch::Tensor TopkIndices(const torch::Tensor& teacher_logprobs, int64_t k) {
-  if (k <= 0) throw std::invalid_argument("topk_reverse_kl: k must be > 0, got " + std::to_string(k));
-  return std::get<1>(teacher_logprobs.topk(std::min<int64_t>(k, teacher_logprobs.size(-1)), -1));
+torch::Tensor Renormalized(const torch::Tensor& set_logprobs) {
+  return set_logprobs - set_logprobs.logsumexp(-1, /*keepdim=*/true);
 }
 
-torch::Tensor RenormalizedOn(const torch::Tensor& logprobs, const torch::Tensor& indices) {
-  const torch::Tensor picked = logprobs.gather(-1, indices);
-  return picked - picked.logsumexp(-1, /*keepdim=*/true);
+torch::Tensor TopkReverseKl(const torch::Tensor& student_set_logprobs,
+                            const torch::Tensor& teacher_set_logprobs) {
+  CheckSameShape(student_set_logprobs, teacher_set_logprobs, "TopkReverseKl");
+  return ReverseKlFromLogProbs(Renormalized(student_set_logprobs),
+                               Renormalized(teacher_set_logprobs));
 }
 
-torch::Tensor TopkReverseKlFromLogProbs(const torch::Tensor& student_logprobs,
-                                        const torch::Tensor& teacher_logprobs, int64_t k) {
-  CheckSameShape(student_logprobs, teacher_logprobs, "TopkReverseKl");
-  const torch::Tensor indices = TopkIndices(teacher_logprobs, k);
-  return ReverseKlFromLogProbs(RenormalizedOn(student_logprobs, indices),
-                               RenormalizedOn(teacher_logprobs, indices));
+torch::Tensor TailLogMass(const torch::Tensor& set_logprobs) {
+  // 1 − e^x for x = log Σ_S p ≤ 0, as −expm1(x): exact where the set holds
+  // almost all the mass (x → 0⁻), where 1 − Σ_S p would cancel.
+  return (-torch::expm1(set_logprobs.logsumexp(-1))).clamp_min(kTailFloor).log();
+}
+
+torch::Tensor TopkTailReverseKl(const torch::Tensor& student_set_logprobs,
+                                const torch::Tensor& teacher_set_logprobs) {
+  CheckSameShape(student_set_logprobs, teacher_set_logprobs, "TopkTailReverseKl");
+  const torch::Tensor student_tail = TailLogMass(student_set_logprobs);
+  const torch::Tensor on_set = ReverseKlFromLogProbs(student_set_logprobs, teacher_set_logprobs);
+  return on_set + student_tail.exp() * (student_tail - TailLogMass(teacher_set_logprobs));
 }
 
 torch::Tensor EntropyFromLogProbs(const torch::Tensor& logprobs) {

@@ -11,13 +11,49 @@
 namespace kappa::learner {
 
 enum class Aggregation { kTokenMean, kSeqMeanTokenMean, kSeqMeanTokenSum };
-enum class DistillLoss { kReverseKl, kForwardKl, kSampledReverseKl, kTopkReverseKl };
+enum class DistillLoss {
+  kReverseKl,         // KL(p ‖ q) over the full vocabulary
+  kForwardKl,         // KL(q ‖ p) over the full vocabulary
+  kSampledReverseKl,  // the sampled token's log-ratio (on-policy distillation)
+  kTopkReverseKl,     // KL on the teacher's top-k, both renormalised there
+  kTopkTailReverseKl  // KL over the top-k ids plus one bucket for the rest
+};
 
 // Parses "token-mean" | "seq-mean-token-mean" | "seq-mean-token-sum";
 // throws std::invalid_argument listing the allowed values.
 Aggregation ParseAggregation(const std::string& name);
-// "reverse_kl" | "forward_kl" | "sampled_reverse_kl" | "topk_reverse_kl".
+// "reverse_kl" | "forward_kl" | "sampled_reverse_kl" | "topk_reverse_kl" |
+// "topk_tail_reverse_kl".
 DistillLoss ParseDistillLoss(const std::string& name);
+// Whether the loss reads only the teacher's top-k ids and log-probs (the
+// compact TOPK rows), not its full distribution.
+inline bool IsTopkLoss(DistillLoss loss) {
+  return loss == DistillLoss::kTopkReverseKl || loss == DistillLoss::kTopkTailReverseKl;
+}
+
+// The teacher's log-probs at each position in the form the teacher server
+// sent them (kappa.v1.ScoreForm), never densified:
+//   full     logprobs [..., V]
+//   sampled  logprobs [...], the sampled token's log q(y)
+//   top-k    logprobs [..., k] of topk_ids [..., k], the teacher's k most
+//            likely tokens (distinct per position)
+struct TeacherRows {
+  torch::Tensor logprobs;
+  torch::Tensor topk_ids;  // int64; defined exactly in the top-k form
+
+  bool defined() const { return logprobs.defined(); }
+  bool topk() const { return topk_ids.defined(); }
+  // REQUIRES: defined(). Full rows have one more dimension than the targets.
+  bool full(const torch::Tensor& targets) const {
+    return !topk() && logprobs.dim() == targets.dim() + 1;
+  }
+  // [B, L, ...] → [B·L, ...]. REQUIRES: the batch form (sampled rows [B, L]).
+  TeacherRows Flatten() const;
+  // Rows [start, start + n) along dimension 0.
+  TeacherRows Narrow(int64_t start, int64_t n) const;
+  // Rows `rows` (int64 indices) along dimension 0.
+  TeacherRows Select(const torch::Tensor& rows) const;
+};
 
 // agg over valid positions. per_position, mask: [B, T]; mask is 1.0 at valid
 // response positions, 0.0 elsewhere. token-mean: sum / #valid tokens;

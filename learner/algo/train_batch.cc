@@ -10,26 +10,48 @@
 namespace kappa::learner {
 namespace {
 
-enum class TeacherForm { kNone, kSampled, kFull };
+enum class TeacherForm { kNone, kSampled, kFull, kTopk };
 
 [[noreturn]] void Fail(size_t group, size_t sample, const std::string& what) {
   throw std::invalid_argument("BuildTrainBatch: group " + std::to_string(group) + " sample " +
                               std::to_string(sample) + ": " + what);
 }
 
-TeacherForm FormOf(const torch::Tensor& t) {
-  if (!t.defined()) return TeacherForm::kNone;
-  return t.dim() == 1 ? TeacherForm::kSampled : TeacherForm::kFull;
+TeacherForm FormOf(const ScoredSample& s) {
+  if (!s.teacher_logprobs.defined()) return TeacherForm::kNone;
+  if (s.teacher_topk_ids.defined()) return TeacherForm::kTopk;
+  return s.teacher_logprobs.dim() == 1 ? TeacherForm::kSampled : TeacherForm::kFull;
 }
 
-// Checks every group against the first one and returns (teacher form, V).
+// A top-k row's ids: int64 [T, k] matching its log-probs, distinct per row.
+void ValidateTopkIds(const ScoredSample& s, size_t g, size_t i) {
+  const torch::Tensor& ids = s.teacher_topk_ids;
+  if (ids.scalar_type() != torch::kInt64 || ids.sizes() != s.teacher_logprobs.sizes()) {
+    Fail(g, i,
+         "teacher_topk_ids " + c10::str(ids.sizes()) + " " +
+             std::string(c10::toString(ids.scalar_type())) +
+             " must be int64 of the shape of teacher_logprobs " +
+             c10::str(s.teacher_logprobs.sizes()));
+  }
+  if ((ids < 0).any().item<bool>()) Fail(g, i, "negative teacher_topk_ids");
+  const int64_t k = ids.size(1);
+  if (k > 1) {
+    const torch::Tensor sorted = std::get<0>(ids.sort(1));
+    if ((sorted.narrow(1, 1, k - 1) == sorted.narrow(1, 0, k - 1)).any().item<bool>()) {
+      Fail(g, i, "teacher_topk_ids repeat an id within a row");
+    }
+  }
+}
+
+// Checks every group against the first one and returns (teacher form, V or k).
 std::pair<TeacherForm, int64_t> Validate(const std::vector<ScoredGroup>& groups) {
   if (groups.empty()) throw std::invalid_argument("BuildTrainBatch: no groups");
   const size_t group_size = groups[0].samples.size();
-  const TeacherForm form = group_size > 0 ? FormOf(groups[0].samples[0].teacher_logprobs)
-                                          : TeacherForm::kNone;
-  int64_t vocab = 0;
-  if (form == TeacherForm::kFull) vocab = groups[0].samples[0].teacher_logprobs.size(1);
+  const TeacherForm form = group_size > 0 ? FormOf(groups[0].samples[0]) : TeacherForm::kNone;
+  int64_t vocab = 0;  // V of full rows, k of top-k rows
+  if (form == TeacherForm::kFull || form == TeacherForm::kTopk) {
+    vocab = groups[0].samples[0].teacher_logprobs.size(1);
+  }
   for (size_t g = 0; g < groups.size(); ++g) {
     const ScoredGroup& group = groups[g];
     if (group.samples.empty()) Fail(g, 0, "group has no samples");
@@ -57,7 +79,7 @@ std::pair<TeacherForm, int64_t> Validate(const std::vector<ScoredGroup>& groups)
       }
       if (!std::isfinite(s.reward)) Fail(g, i, "non-finite reward");
       const torch::Tensor& t = s.teacher_logprobs;
-      if (FormOf(t) != form) {
+      if (FormOf(s) != form) {
         Fail(g, i, "teacher_logprobs must be given for all samples or for none, in one form");
       }
       if (!t.defined()) continue;
@@ -69,6 +91,14 @@ std::pair<TeacherForm, int64_t> Validate(const std::vector<ScoredGroup>& groups)
       if (form == TeacherForm::kFull && t.size(1) != vocab) {
         Fail(g, i, "teacher vocabulary " + std::to_string(t.size(1)) + " differs from " +
                        std::to_string(vocab));
+      }
+      if (form == TeacherForm::kTopk) {
+        if (t.size(1) != vocab) {
+          Fail(g, i,
+               "teacher top-k rows of k " + std::to_string(t.size(1)) +
+                   " differ from the first sample's " + std::to_string(vocab));
+        }
+        ValidateTopkIds(s, g, i);
       }
       if (!torch::isfinite(t).all().item<bool>()) Fail(g, i, "non-finite teacher_logprobs");
     }
@@ -85,6 +115,14 @@ std::pair<TeacherForm, int64_t> Validate(const std::vector<ScoredGroup>& groups)
 
 }  // namespace
 
+int64_t TrainBatch::teacher_bytes() const {
+  int64_t bytes = 0;
+  for (const torch::Tensor* t : {&teacher_logprobs, &teacher_topk_ids}) {
+    if (t->defined()) bytes += static_cast<int64_t>(t->nbytes());
+  }
+  return bytes;
+}
+
 TrainBatch TrainBatch::To(const torch::Device& device) const {
   auto move = [&](const torch::Tensor& t) { return t.defined() ? t.to(device) : t; };
   TrainBatch out = *this;
@@ -95,6 +133,7 @@ TrainBatch TrainBatch::To(const torch::Device& device) const {
   out.old_logprobs = move(old_logprobs);
   out.advantages = move(advantages);
   out.teacher_logprobs = move(teacher_logprobs);
+  out.teacher_topk_ids = move(teacher_topk_ids);
   out.rewards = move(rewards);
   out.sft_input_tokens = move(sft_input_tokens);
   out.sft_attention_mask = move(sft_attention_mask);
@@ -115,6 +154,7 @@ TrainBatch TrainBatch::SelectRows(const torch::Tensor& rows) const {
   out.old_logprobs = pick(old_logprobs);
   out.advantages = pick(advantages);
   out.teacher_logprobs = pick(teacher_logprobs);
+  out.teacher_topk_ids = pick(teacher_topk_ids);
   out.group_size = group_size;
   return out;
 }
@@ -153,10 +193,10 @@ std::vector<MicroBatch> SplitMicroBatches(const TrainBatch& batch, int64_t max_s
     micro.rows = order.narrow(0, start, std::min(max_sequences, num_rows - start)).contiguous();
     micro.length = lengths.index_select(0, micro.rows).max().item<int64_t>();
     micro.batch = batch.SelectRows(micro.rows);
-    for (torch::Tensor* t : {&micro.batch.input_tokens, &micro.batch.attention_mask,
-                             &micro.batch.target_tokens, &micro.batch.response_mask,
-                             &micro.batch.old_logprobs, &micro.batch.advantages,
-                             &micro.batch.teacher_logprobs}) {
+    for (torch::Tensor* t :
+         {&micro.batch.input_tokens, &micro.batch.attention_mask, &micro.batch.target_tokens,
+          &micro.batch.response_mask, &micro.batch.old_logprobs, &micro.batch.advantages,
+          &micro.batch.teacher_logprobs, &micro.batch.teacher_topk_ids}) {
       if (t->defined() && t->dim() >= 2) *t = t->narrow(1, 0, micro.length);
     }
     micro.batch.num_groups = 0;  // rows of several groups: no group structure
@@ -262,6 +302,13 @@ TrainBatch BuildTrainBatch(const std::vector<ScoredGroup>& groups, bool norm_std
     out.teacher_logprobs = torch::zeros({batch, max_len, vocab}, torch::kFloat32);
   } else if (form == TeacherForm::kSampled) {
     out.teacher_logprobs = torch::zeros({batch, max_len}, torch::kFloat32);
+  } else if (form == TeacherForm::kTopk) {
+    // Padding: k distinct ids of probability 1/(k+1) each, finite in every
+    // top-k loss and its gradient.
+    const int64_t k = vocab;
+    out.teacher_logprobs =
+        torch::full({batch, max_len, k}, -std::log(static_cast<double>(k + 1)), torch::kFloat32);
+    out.teacher_topk_ids = torch::arange(k, torch::kInt64).expand({batch, max_len, k}).contiguous();
   }
   auto input = out.input_tokens.accessor<int64_t, 2>();
   auto target = out.target_tokens.accessor<int64_t, 2>();
@@ -296,6 +343,9 @@ TrainBatch BuildTrainBatch(const std::vector<ScoredGroup>& groups, bool norm_std
       }
       if (form != TeacherForm::kNone) {
         out.teacher_logprobs[b].narrow(0, first, resp_len).copy_(s.teacher_logprobs);
+      }
+      if (form == TeacherForm::kTopk) {
+        out.teacher_topk_ids[b].narrow(0, first, resp_len).copy_(s.teacher_topk_ids);
       }
     }
   }

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "learner/algo/losses.h"
+
 namespace kappa::learner {
 
 struct ScoredSample {
@@ -15,8 +17,10 @@ struct ScoredSample {
   std::vector<float> behavior_logprobs;  // log π_old(y_t), one per response token
   float reward = 0.0f;
   // Teacher log-probs per response position: [T, V] full vocabulary, [T] of
-  // the sampled tokens only, or undefined (no distillation).
+  // the sampled tokens only, [T, k] of the ids teacher_topk_ids [T, k] (the
+  // teacher's top k; distinct per row), or undefined (no distillation).
   torch::Tensor teacher_logprobs;
+  torch::Tensor teacher_topk_ids;  // int64; defined exactly in the top-k form
   // The response hit its token budget without a stop id (see TruncatedResponses).
   bool truncated = false;
 };
@@ -40,7 +44,13 @@ struct TrainBatch {
   torch::Tensor response_mask;     // [B, L] float32, 1 where the target is a response token
   torch::Tensor old_logprobs;      // [B, L] float32
   torch::Tensor advantages;        // [B, L] float32, the group advantage of the row
-  torch::Tensor teacher_logprobs;  // [B, L, V] or [B, L] float32, or undefined
+  // Teacher rows as the teacher sent them (TeacherRows): [B, L, V] full,
+  // [B, L] sampled, or [B, L, k] top-k with teacher_topk_ids [B, L, k]; or
+  // undefined. Top-k rows are never densified: a [B, L, V] teacher tensor
+  // exists only for the full-vocabulary losses. Padded top-k positions hold
+  // ids 0..k-1 with log-probs log(1/(k+1)) (finite, a non-empty tail).
+  torch::Tensor teacher_logprobs;
+  torch::Tensor teacher_topk_ids;
   torch::Tensor rewards;           // [num_groups, G] float32, as the advantages saw them
   int64_t num_groups = 0;
   int64_t group_size = 0;
@@ -53,6 +63,10 @@ struct TrainBatch {
   torch::Tensor sft_target_tokens;   // [S, L'] int64
   torch::Tensor sft_mask;            // [S, L'] float32, 1 at teacher response tokens
   int64_t num_demonstrations = 0;
+
+  TeacherRows teacher() const { return {teacher_logprobs, teacher_topk_ids}; }
+  // Bytes of the teacher rows (log-probs and ids) this batch holds.
+  int64_t teacher_bytes() const;
 
   // Same batch with every tensor on `device` (no copy for tensors already there).
   TrainBatch To(const torch::Device& device) const;
@@ -100,8 +114,9 @@ TruncatedResponses ParseTruncatedResponses(const std::string& name);
 // input: no groups, unequal group sizes, empty prompts or responses,
 // behavior log-prob count != response length, negative token ids, teacher
 // log-probs of the wrong shape, teacher log-probs present on some samples
-// but not others, or empty demonstrations. `truncated` applies to samples
-// with ScoredSample.truncated (kKeep: the batch is as if none were).
+// but not others or in different forms (top-k rows of different k, top-k
+// ids that are not int64 or repeat within a row), or empty demonstrations. `truncated` applies to
+// samples with ScoredSample.truncated (kKeep: the batch is as if none were).
 TrainBatch BuildTrainBatch(const std::vector<ScoredGroup>& groups, bool norm_std, int64_t pad_id,
                            TruncatedResponses truncated = TruncatedResponses::kKeep);
 

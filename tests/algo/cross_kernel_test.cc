@@ -66,8 +66,8 @@ struct Float64Fixture : ::testing::Test {
     const torch::Tensor coefficient = RewardLogProbCoefficient(
         tokens.token_logprobs.detach(), batch.old_logprobs, batch.advantages, config.ppo);
     return {RewardLogitGradient(lp, batch.target_tokens, coefficient, 1.0),
-            DistillLogitGradient(lp, batch.teacher_logprobs, batch.target_tokens,
-                                 DistillLoss::kReverseKl, 8, 1.0)};
+            DistillLogitGradient(lp, batch.teacher(), batch.target_tokens, DistillLoss::kReverseKl,
+                                 1.0)};
   }
 
   model::Decoder model{nullptr};
@@ -129,6 +129,9 @@ TEST(LogitGradients, ClosedFormsEqualAutograd) {
   const torch::Tensor targets = torch::randint(0, V, {B, T});
   const torch::Tensor adv = torch::randn({B, T}, torch::kFloat64);
   PpoConfig ppo;
+  // The teacher's top 3 ids, compact (TeacherRows in the top-k form).
+  const torch::Tensor topk_ids = std::get<1>(teacher.topk(3, -1));
+  const torch::Tensor topk_logq = teacher.gather(-1, topk_ids);
   for (const double temperature : {1.0, 0.7}) {
     auto logprobs_of = [&](const torch::Tensor& z) { return torch::log_softmax(z / temperature, -1); };
     const torch::Tensor lp = logprobs_of(logits);
@@ -158,12 +161,18 @@ TEST(LogitGradients, ClosedFormsEqualAutograd) {
          }},
         {DistillLoss::kTopkReverseKl,
          [&](const torch::Tensor& z) {
-           return TopkReverseKlFromLogProbs(logprobs_of(z), teacher, 3);
+           return TopkReverseKl(logprobs_of(z).gather(-1, topk_ids), topk_logq);
+         }},
+        {DistillLoss::kTopkTailReverseKl,
+         [&](const torch::Tensor& z) {
+           return TopkTailReverseKl(logprobs_of(z).gather(-1, topk_ids), topk_logq);
          }},
     };
     for (const Case& c : cases) {
       const torch::Tensor want = AutogradLogitGradient(logits, c.loss);
-      const torch::Tensor got = DistillLogitGradient(lp, teacher, targets, c.kind, 3, temperature);
+      const TeacherRows rows =
+          IsTopkLoss(c.kind) ? TeacherRows{topk_logq, topk_ids} : TeacherRows{teacher, {}};
+      const torch::Tensor got = DistillLogitGradient(lp, rows, targets, c.kind, temperature);
       EXPECT_TRUE(torch::allclose(got, want, 1e-9, 1e-12))
           << "g_D kind " << static_cast<int>(c.kind) << " temperature " << temperature
           << " max diff " << (got - want).abs().max().item<double>();

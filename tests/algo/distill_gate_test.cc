@@ -45,7 +45,7 @@ TEST_F(RstgFixture, GatesNegativeZeroVarianceGroupsAndTopEntropyTokens) {
   RstgConfig config;
   config.token_frac = 0.5;
   const DistillSelection s =
-      RstgSelect(rewards, mask, teacher, targets, entropy, divergence, config);
+      RstgSelect(rewards, mask, {teacher, {}}, targets, entropy, divergence, config);
   EXPECT_EQ(s.gated_groups, 2);
   // Gated rows 0, 1, 4, 5 have 3+3+3+2 = 11 response positions; ceil(5.5) = 6
   // kept by entropy: 1.0 (5,2), 0.9 (1,2), 0.8 (4,3), 0.7 (0,2), 0.6 (4,1), 0.5 (4,2).
@@ -70,7 +70,7 @@ TEST_F(RstgFixture, AbsoluteThresholdAndDivergenceScore) {
   config.threshold = 1.0;
   divergence = entropy.clone();  // same numbers, other score
   const DistillSelection s =
-      RstgSelect(rewards, mask, teacher, targets, entropy * 0, divergence, config);
+      RstgSelect(rewards, mask, {teacher, {}}, targets, entropy * 0, divergence, config);
   // Gated response positions with score >= 1.0: only (5, 2) (row 5 position 3 is padding).
   EXPECT_EQ(s.selected_positions, 1);
   EXPECT_EQ(s.selected[5][2].item<float>(), 1.0f);
@@ -79,23 +79,48 @@ TEST_F(RstgFixture, AbsoluteThresholdAndDivergenceScore) {
 TEST_F(RstgFixture, NoGatedGroupSelectsNothingAndTokenProbConfidence) {
   const torch::Tensor mixed = torch::tensor({{1.f, 0.f}, {1.f, 0.f}, {0.f, 1.f}});
   RstgConfig config;
-  EXPECT_EQ(RstgSelect(mixed, mask, teacher, targets, entropy, divergence, config).selected_positions, 0);
+  EXPECT_EQ(RstgSelect(mixed, mask, {teacher, {}}, targets, entropy, divergence, config)
+                .selected_positions,
+            0);
 
   config.confidence = RstgConfig::Confidence::kTokenProb;
   config.token_frac = 1.0;
-  const DistillSelection s = RstgSelect(rewards, mask, teacher, targets, entropy, divergence, config);
+  const DistillSelection s =
+      RstgSelect(rewards, mask, {teacher, {}}, targets, entropy, divergence, config);
   EXPECT_EQ(s.selected_positions, 11);
   // Targets are token 0, whose teacher probability is m: exp(mean log m) = m.
   EXPECT_NEAR(s.weights[4][1].item<double>(), 0.8, 1e-6);
   // Sampled-token teacher rows cannot give max_prob confidence.
   config.confidence = RstgConfig::Confidence::kMaxProb;
-  EXPECT_THROW(RstgSelect(rewards, mask, teacher.select(2, 0), targets, entropy, divergence, config),
-               std::invalid_argument);
+  EXPECT_THROW(
+      RstgSelect(rewards, mask, {teacher.select(2, 0), {}}, targets, entropy, divergence, config),
+      std::invalid_argument);
 }
 
 TEST(DistillGateParse, Names) {
   EXPECT_EQ(ParseDistillGate("rstg"), DistillGate::kRstg);
   EXPECT_THROW(ParseDistillGate("some"), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace kappa::learner
+
+namespace kappa::learner {
+namespace {
+
+TEST_F(RstgFixture, TopkRowsGiveTheFullRowsMaxProbAndRefuseTokenProb) {
+  RstgConfig config;
+  config.token_frac = 0.5;
+  const auto [values, ids] = teacher.topk(2, -1);
+  const TeacherRows topk{values, ids};
+  const DistillSelection full =
+      RstgSelect(rewards, mask, {teacher, {}}, targets, entropy, divergence, config);
+  const DistillSelection compact =
+      RstgSelect(rewards, mask, topk, targets, entropy, divergence, config);
+  EXPECT_TRUE(torch::allclose(compact.weights, full.weights)) << compact.weights;
+  config.confidence = RstgConfig::Confidence::kTokenProb;
+  EXPECT_THROW(RstgSelect(rewards, mask, topk, targets, entropy, divergence, config),
+               std::invalid_argument);
 }
 
 }  // namespace

@@ -117,8 +117,8 @@ TEST_F(StepFixture, MaskDropsTheRewardTermExactlyWhereTheLogitKernelIsNegative) 
     const torch::Tensor c = RewardLogProbCoefficient(tokens.token_logprobs.detach(),
                                                      b.old_logprobs, b.advantages, config.loss.ppo);
     kernel = LogitCrossKernel(RewardLogitGradient(lp, b.target_tokens, c, 1.0),
-                              DistillLogitGradient(lp, b.teacher_logprobs, b.target_tokens,
-                                                   DistillLoss::kReverseKl, 8, 1.0)) *
+                              DistillLogitGradient(lp, b.teacher(), b.target_tokens,
+                                                   DistillLoss::kReverseKl, 1.0)) *
              b.response_mask;
   }
   const torch::Tensor conflicting = (kernel < 0) & (b.response_mask > 0);

@@ -179,30 +179,23 @@ kappa::v1::ScoredGroup TopkGroup(const std::vector<std::vector<int64_t>>& ids,
 const std::vector<std::vector<int64_t>> kIds = {{5, 1, 50}, {0, 2, 33}};
 const std::vector<std::vector<float>> kLogProbs = {{-0.2f, -2.0f, -3.5f}, {-0.7f, -1.0f, -4.0f}};
 
-TEST(GroupDecoderTopk, RowsAreDensifiedWithTheFillOutsideTheTopk) {
+TEST(GroupDecoderTopk, RowsStayCompactAsIdsAndValues) {
   const absl::StatusOr<ScoredGroup> decoded =
       DecodeScoredGroup(TopkGroup(kIds, kLogProbs), ExpectTopk(3));
   ASSERT_TRUE(decoded.ok()) << decoded.status();
   ASSERT_EQ(decoded->samples.size(), 2u);
   for (int s = 0; s < 2; ++s) {
-    const torch::Tensor& dense = decoded->samples[s].teacher_logprobs;
-    ASSERT_EQ(dense.sizes(), (std::vector<int64_t>{2, kVocab}));
-    ASSERT_EQ(dense.scalar_type(), torch::kFloat32);
-    EXPECT_TRUE(torch::isfinite(dense).all().item<bool>());
+    const torch::Tensor& values = decoded->samples[s].teacher_logprobs;
+    const torch::Tensor& ids = decoded->samples[s].teacher_topk_ids;
+    // [T, k], never [T, V]: the wire's ids and values as they came.
+    ASSERT_EQ(values.sizes(), (std::vector<int64_t>{2, 3}));
+    ASSERT_EQ(values.scalar_type(), torch::kFloat32);
+    ASSERT_EQ(ids.scalar_type(), torch::kInt64);
     for (int64_t t = 0; t < 2; ++t) {
-      torch::Tensor expected = torch::full({kVocab}, kTopkFill);
       for (int64_t j = 0; j < 3; ++j) {
-        expected[kIds[t][j]] = kLogProbs[t][j] - 0.1f * static_cast<float>(s);
+        EXPECT_EQ(ids[t][j].item<int64_t>(), kIds[t][j]) << s << " " << t << " " << j;
+        EXPECT_FLOAT_EQ(values[t][j].item<float>(), kLogProbs[t][j] - 0.1f * static_cast<float>(s));
       }
-      EXPECT_TRUE(torch::equal(dense[t], expected)) << "sample " << s << " row " << t;
-      // The top-k of the dense row are the wire's ids; the max is the top-1.
-      const torch::Tensor top = std::get<0>(std::get<1>(dense[t].topk(3)).sort());
-      EXPECT_TRUE(torch::equal(top, std::get<0>(torch::tensor(kIds[t]).sort()))) << t;
-      EXPECT_FLOAT_EQ(dense[t].max().item<float>(),
-                      kLogProbs[t][0] - 0.1f * static_cast<float>(s));
-      // exp() of the fill is 0: the dense row's mass is the top-k's.
-      EXPECT_EQ(dense[t].exp().index_fill(0, torch::tensor(kIds[t]), 0).sum().item<float>(),
-                0.0f);
     }
   }
 }
@@ -222,11 +215,10 @@ TEST(GroupDecoderTopk, BfloatValuesDecodeToTheirFloat32Values) {
   const absl::StatusOr<ScoredGroup> decoded = DecodeScoredGroup(group, ExpectTopk(3));
   ASSERT_TRUE(decoded.ok()) << decoded.status();
   for (int s = 0; s < 2; ++s) {
-    const torch::Tensor& dense = decoded->samples[s].teacher_logprobs;
-    ASSERT_EQ(dense.scalar_type(), torch::kFloat32);
+    const torch::Tensor& values = decoded->samples[s].teacher_logprobs;
+    ASSERT_EQ(values.scalar_type(), torch::kFloat32);
     for (int64_t t = 0; t < 2; ++t) {
-      const torch::Tensor ids = torch::tensor(kIds[t]);
-      EXPECT_TRUE(torch::equal(dense[t].index_select(0, ids), sent[s][t])) << s << " " << t;
+      EXPECT_TRUE(torch::equal(values[t], sent[s][t])) << s << " " << t;
       // Rounded, not garbled: within bfloat16's 2^-8 relative step.
       for (int64_t j = 0; j < 3; ++j) {
         const float exact = kLogProbs[t][j] - 0.1f * static_cast<float>(s);
@@ -249,7 +241,7 @@ TEST(GroupDecoderTopk, KPastTheVocabularyMeansTheWholeRow) {
   const absl::StatusOr<ScoredGroup> decoded =
       DecodeScoredGroup(TopkGroup(ids, logprobs), ExpectTopk(100));
   ASSERT_TRUE(decoded.ok()) << decoded.status();
-  EXPECT_TRUE((decoded->samples[0].teacher_logprobs > kTopkFill).all().item<bool>());
+  EXPECT_EQ(decoded->samples[0].teacher_topk_ids.size(1), kVocab);
   // k = V exactly is the same request.
   EXPECT_TRUE(DecodeScoredGroup(TopkGroup(ids, logprobs), ExpectTopk(kVocab)).ok());
 }
@@ -320,14 +312,16 @@ TEST(GroupDecoderTopk, RepeatedIdInARowIsRejected) {
 TEST(GroupDecoderTopk, ValuesThatAreNoLogProbsAreRejected) {
   ExpectRejected(TopkGroup(kIds, {{-0.2f, 0.5f, -3.5f}, {-0.7f, -1.0f, -4.0f}}), ExpectTopk(3),
                  "samples[0].teacher_logprobs[0, 1]", "0.5 is not a log-probability");
-  ExpectRejected(TopkGroup(kIds, {{-0.2f, -2.0f, -3.5f}, {-0.7f, -1.0f, -2e30f}}), ExpectTopk(3),
-                 "samples[0].teacher_logprobs[1, 2]", "is not a log-probability");
   ExpectRejected(TopkGroup(kIds, {{-0.2f, -2.0f, std::nanf("")}, {-0.7f, -1.0f, -4.0f}}),
                  ExpectTopk(3), "samples[0].teacher_logprobs", "non-finite value nan");
   ExpectRejected(TopkGroup(kIds, {{-0.2f, -2.0f, -3.5f}, {-INFINITY, -1.0f, -4.0f}}),
                  ExpectTopk(3), "samples[0].teacher_logprobs", "non-finite value -inf");
-  // 0 (a one-hot teacher) is a log-prob.
+  // 0 (a one-hot teacher) is a log-prob, and so is any finite negative
+  // value (the rows are kept as sent; nothing is filled in beside them).
   EXPECT_TRUE(DecodeScoredGroup(TopkGroup(kIds, {{0.0f, -2.0f, -3.5f}, {0.0f, -1.0f, -4.0f}}),
+                                ExpectTopk(3))
+                  .ok());
+  EXPECT_TRUE(DecodeScoredGroup(TopkGroup(kIds, {{-0.2f, -2.0f, -3.5f}, {-0.7f, -1.0f, -2e30f}}),
                                 ExpectTopk(3))
                   .ok());
 }

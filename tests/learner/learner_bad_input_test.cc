@@ -458,11 +458,13 @@ TEST_F(LearnerBadTopkInputTest, TopkRowsAreCheckedAgainstTheWorkItem) {
   const std::vector<BufferedGroup> batch =
       coordinator_->TakeBatch(2, kPublishedVersion, absl::Now() + absl::Seconds(1));
   ASSERT_EQ(batch.size(), 2u);
-  // Densified for the loss: [T, V], the k log-probs at their ids.
+  // Compact for the loss: [T, k] log-probs of [T, k] ids.
   const torch::Tensor& teacher = batch[0].group.samples[0].teacher_logprobs;
-  ASSERT_EQ(teacher.sizes(), (std::vector<int64_t>{kResponseLength, kVocab}));
-  EXPECT_FLOAT_EQ(teacher[1][2].item<float>(), -2.0f);  // row 1, j = 1: id 2
-  EXPECT_FLOAT_EQ(teacher[1][5].item<float>(), kTopkFill);
+  const torch::Tensor& ids = batch[0].group.samples[0].teacher_topk_ids;
+  ASSERT_EQ(teacher.sizes(), ids.sizes());
+  ASSERT_EQ(teacher.size(0), kResponseLength);
+  EXPECT_EQ(ids[1][1].item<int64_t>(), 2);  // row 1, j = 1: id 2
+  EXPECT_FLOAT_EQ(teacher[1][1].item<float>(), -2.0f);
 }
 
 // Exposes the fixture's helpers to the stream rows.

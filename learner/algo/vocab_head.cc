@@ -1,0 +1,250 @@
+#include "learner/algo/vocab_head.h"
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+#include "learner/algo/logit_gradients.h"
+#include "learner/algo/logprob_losses.h"
+
+namespace kappa::learner {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// What the node reduces over the vocabulary itself: the full-vocabulary
+// KLs. Every other loss is formed outside it from small tensors.
+enum class FullKl : int64_t { kNone, kReverse, kForward };
+
+FullKl FullKlOf(DistillLoss loss, const TeacherRows& teacher, const torch::Tensor& targets) {
+  if (!teacher.defined() || !teacher.full(targets)) return FullKl::kNone;
+  if (loss == DistillLoss::kReverseKl) return FullKl::kReverse;
+  if (loss == DistillLoss::kForwardKl) return FullKl::kForward;
+  return FullKl::kNone;
+}
+
+// float32 at least: half-precision logits lose too much in the normalizer.
+torch::ScalarType ComputeType(torch::ScalarType hidden) {
+  return hidden == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
+}
+
+// One chunk's scaled logits s = h W^T / τ in the compute type. The product
+// runs in the hidden states' type (bfloat16 under autocast), as the model's
+// own output projection would: `weight` is already in that type.
+torch::Tensor ScaledLogits(const torch::Tensor& hidden_chunk, const torch::Tensor& weight,
+                           double temperature) {
+  const torch::Tensor z =
+      torch::matmul(hidden_chunk, weight.t()).to(ComputeType(hidden_chunk.scalar_type()));
+  return temperature == 1.0 ? z : z / temperature;
+}
+
+// Inputs: hidden [N, D], weight [V, D] (differentiable), targets [N],
+// teacher log-probs ([N, V] for a full KL, else empty), top-k ids ([N, k],
+// else empty). Outputs: logsumexp(s) [N], s at the target [N], s at the ids
+// [N, k] (or empty), the full KL [N] (or empty), the entropy [N].
+class VocabHeadFunction : public torch::autograd::Function<VocabHeadFunction> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const torch::Tensor& hidden,
+                               const torch::Tensor& weight, const torch::Tensor& targets,
+                               const torch::Tensor& full_teacher, const torch::Tensor& topk_ids,
+                               int64_t full_kl, double temperature, int64_t chunk) {
+    torch::NoGradGuard no_grad;
+    const int64_t rows = hidden.size(0);
+    const auto options = hidden.options().dtype(ComputeType(hidden.scalar_type()));
+    const bool with_set = topk_ids.numel() > 0;
+    const auto kl_kind = static_cast<FullKl>(full_kl);
+    torch::Tensor lse = torch::empty({rows}, options);
+    torch::Tensor target_logit = torch::empty({rows}, options);
+    torch::Tensor set_logits =
+        with_set ? torch::empty({rows, topk_ids.size(1)}, options) : torch::empty({0}, options);
+    torch::Tensor kl =
+        kl_kind != FullKl::kNone ? torch::empty({rows}, options) : torch::empty({0}, options);
+    torch::Tensor entropy = torch::empty({rows}, options);
+    const torch::Tensor w = weight.to(hidden.scalar_type());
+    for (int64_t start = 0; start < rows; start += chunk) {
+      const int64_t n = std::min(chunk, rows - start);
+      const torch::Tensor s = ScaledLogits(hidden.narrow(0, start, n), w, temperature);
+      const torch::Tensor chunk_lse = s.logsumexp(-1);
+      const torch::Tensor lp = s - chunk_lse.unsqueeze(-1);
+      lse.narrow(0, start, n).copy_(chunk_lse);
+      target_logit.narrow(0, start, n)
+          .copy_(s.gather(-1, targets.narrow(0, start, n).unsqueeze(-1)).squeeze(-1));
+      if (with_set)
+        set_logits.narrow(0, start, n).copy_(s.gather(-1, topk_ids.narrow(0, start, n)));
+      if (kl_kind != FullKl::kNone) {
+        const torch::Tensor q = full_teacher.narrow(0, start, n).to(lp.scalar_type());
+        kl.narrow(0, start, n)
+            .copy_(kl_kind == FullKl::kReverse ? ReverseKlFromLogProbs(lp, q)
+                                               : ForwardKlFromLogProbs(lp, q));
+      }
+      entropy.narrow(0, start, n).copy_(EntropyFromLogProbs(lp));
+    }
+    ctx->saved_data["full_kl"] = full_kl;
+    ctx->saved_data["temperature"] = temperature;
+    ctx->saved_data["chunk"] = chunk;
+    ctx->save_for_backward({hidden, weight, targets, full_teacher, topk_ids, lse, kl});
+    ctx->mark_non_differentiable({entropy});
+    // The L_R and L_D passes each bring some of the gradients, never all.
+    ctx->set_materialize_grads(false);
+    return {lse, target_logit, set_logits, kl, entropy};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list saved = ctx->get_saved_variables();
+    const torch::Tensor &hidden = saved[0], &weight = saved[1], &targets = saved[2];
+    const torch::Tensor &full_teacher = saved[3], &topk_ids = saved[4];
+    const torch::Tensor &lse = saved[5], &kl = saved[6];
+    const auto kl_kind = static_cast<FullKl>(ctx->saved_data["full_kl"].toInt());
+    const double temperature = ctx->saved_data["temperature"].toDouble();
+    const int64_t chunk = ctx->saved_data["chunk"].toInt();
+    const torch::Tensor &g_lse = grads[0], &g_target = grads[1], &g_set = grads[2],
+                        &g_kl = grads[3];
+    const bool any = g_lse.defined() || g_target.defined() ||
+                     (g_set.defined() && g_set.numel() > 0) || (g_kl.defined() && g_kl.numel() > 0);
+    if (!any) return {torch::Tensor(), torch::Tensor(), {}, {}, {}, {}, {}, {}};
+
+    torch::NoGradGuard no_grad;
+    const int64_t rows = hidden.size(0);
+    torch::Tensor grad_hidden = torch::empty_like(hidden);
+    torch::Tensor grad_weight = torch::zeros_like(weight);
+    const torch::Tensor w = weight.to(hidden.scalar_type());
+    for (int64_t start = 0; start < rows; start += chunk) {
+      const int64_t n = std::min(chunk, rows - start);
+      const torch::Tensor h = hidden.narrow(0, start, n);
+      const torch::Tensor s = ScaledLogits(h, w, temperature);
+      const torch::Tensor lp = s - lse.narrow(0, start, n).unsqueeze(-1);
+      const torch::Tensor p = lp.exp();
+      // ∂/∂s of everything the node gave out, one chunk [n, V].
+      torch::Tensor ds = torch::zeros_like(s);
+      if (g_lse.defined()) ds += g_lse.narrow(0, start, n).unsqueeze(-1) * p;
+      if (g_target.defined()) {
+        ds.scatter_add_(-1, targets.narrow(0, start, n).unsqueeze(-1),
+                        g_target.narrow(0, start, n).unsqueeze(-1).to(ds.scalar_type()));
+      }
+      if (g_set.defined() && g_set.numel() > 0) {
+        ds.scatter_add_(-1, topk_ids.narrow(0, start, n),
+                        g_set.narrow(0, start, n).to(ds.scalar_type()));
+      }
+      if (g_kl.defined() && g_kl.numel() > 0) {
+        const torch::Tensor q = full_teacher.narrow(0, start, n).to(lp.scalar_type());
+        const torch::Tensor form =
+            kl_kind == FullKl::kReverse
+                ? p * (lp - q - kl.narrow(0, start, n).unsqueeze(-1))  // reverse KL
+                : p - q.exp();                                         // forward KL
+        ds += g_kl.narrow(0, start, n).unsqueeze(-1) * form;
+      }
+      // s = z / τ and z = h W^T.
+      const torch::Tensor dz = (temperature == 1.0 ? ds : ds / temperature).to(h.scalar_type());
+      grad_hidden.narrow(0, start, n).copy_(torch::matmul(dz, w));
+      grad_weight += torch::matmul(dz.t(), h).to(grad_weight.scalar_type());
+    }
+    return {grad_hidden, grad_weight, {}, {}, {}, {}, {}, {}};
+  }
+};
+
+void CheckInputs(const VocabHeadInputs& in) {
+  if (!(in.temperature > 0)) {
+    throw std::invalid_argument("vocab head: temperature must be > 0, got " +
+                                std::to_string(in.temperature));
+  }
+  if (in.chunk_positions <= 0) {
+    throw std::invalid_argument(
+        "trainer.vocab_chunk_positions must be > 0 for the chunked "
+        "vocabulary head, got " +
+        std::to_string(in.chunk_positions));
+  }
+  if (in.hidden.dim() != 2 || in.weight.dim() != 2 || in.hidden.size(1) != in.weight.size(1) ||
+      in.targets.dim() != 1 || in.targets.size(0) != in.hidden.size(0)) {
+    throw std::invalid_argument("vocab head: want hidden [N, D], weight [V, D], targets [N]; got " +
+                                c10::str(in.hidden.sizes()) + ", " + c10::str(in.weight.sizes()) +
+                                ", " + c10::str(in.targets.sizes()));
+  }
+  const TeacherRows& t = in.teacher;
+  if (!t.defined()) return;
+  const int64_t rows = in.hidden.size(0), vocab = in.weight.size(0);
+  const bool full_shape = t.logprobs.dim() == 2 && t.logprobs.size(1) == vocab;
+  const bool ok = t.logprobs.size(0) == rows &&
+                  (t.topk() ? IsTopkLoss(in.distill) && t.topk_ids.sizes() == t.logprobs.sizes() &&
+                                  t.logprobs.dim() == 2
+                            : (in.distill == DistillLoss::kSampledReverseKl
+                                   ? t.logprobs.dim() == 1 || full_shape
+                                   : !IsTopkLoss(in.distill) && full_shape));
+  if (!ok) {
+    throw std::invalid_argument(
+        "vocab head: teacher log-probs " + c10::str(t.logprobs.sizes()) +
+        (t.topk() ? " (top-k)" : "") + " cannot feed this distillation loss over " +
+        std::to_string(rows) + " positions and " + std::to_string(vocab) +
+        " ids (full rows [N, V] for reverse_kl/forward_kl, top-k rows for the top-k losses, "
+        "[N] or [N, V] for sampled_reverse_kl)");
+  }
+}
+
+}  // namespace
+
+VocabHeadTerms ComputeVocabHeadTerms(const VocabHeadInputs& in) {
+  CheckInputs(in);
+  const TeacherRows& teacher = in.teacher;
+  const FullKl full_kl = FullKlOf(in.distill, teacher, in.targets);
+  const torch::Tensor none = torch::empty({0}, in.targets.options());
+  const variable_list out = VocabHeadFunction::apply(
+      in.hidden, in.weight, in.targets, full_kl != FullKl::kNone ? teacher.logprobs.detach() : none,
+      teacher.topk() ? teacher.topk_ids : none, static_cast<int64_t>(full_kl), in.temperature,
+      in.chunk_positions);
+  const torch::Tensor &lse = out[0], &target_logit = out[1], &set_logits = out[2];
+
+  VocabHeadTerms terms;
+  terms.token_logprobs = target_logit - lse;
+  terms.entropy = out[4];
+  if (!teacher.defined()) return terms;
+  const torch::Tensor q = teacher.logprobs.detach();
+  switch (in.distill) {
+    case DistillLoss::kReverseKl:
+    case DistillLoss::kForwardKl:
+      terms.distill = out[3];
+      break;
+    case DistillLoss::kSampledReverseKl:
+      terms.distill = SampledReverseKlTokenLoss(
+                          terms.token_logprobs,
+                          teacher.full(in.targets) ? GatherTokenLogProbs(q, in.targets) : q)
+                          .to(terms.token_logprobs.scalar_type());
+      break;
+    case DistillLoss::kTopkReverseKl:
+      // The renormalisation on the set makes the logsumexp cancel.
+      terms.distill = TopkReverseKl(set_logits, q.to(set_logits.scalar_type()));
+      break;
+    case DistillLoss::kTopkTailReverseKl:
+      terms.distill =
+          TopkTailReverseKl(set_logits - lse.unsqueeze(-1), q.to(set_logits.scalar_type()));
+      break;
+  }
+  return terms;
+}
+
+torch::Tensor VocabHeadLogitKernel(const VocabHeadInputs& in,
+                                   const torch::Tensor& reward_coefficient) {
+  CheckInputs(in);
+  if (!in.teacher.defined()) {
+    throw std::invalid_argument("VocabHeadLogitKernel: needs teacher rows");
+  }
+  torch::NoGradGuard no_grad;
+  const torch::Tensor hidden = in.hidden.detach();
+  const torch::Tensor weight = in.weight.detach().to(hidden.scalar_type());
+  const int64_t rows = hidden.size(0);
+  torch::Tensor kernel =
+      torch::empty({rows}, hidden.options().dtype(ComputeType(hidden.scalar_type())));
+  for (int64_t start = 0; start < rows; start += in.chunk_positions) {
+    const int64_t n = std::min(in.chunk_positions, rows - start);
+    const torch::Tensor lp =
+        torch::log_softmax(ScaledLogits(hidden.narrow(0, start, n), weight, in.temperature), -1);
+    const torch::Tensor y = in.targets.narrow(0, start, n);
+    const torch::Tensor g_r = RewardLogitGradient(
+        lp, y, reward_coefficient.narrow(0, start, n).to(lp.scalar_type()), in.temperature);
+    const torch::Tensor g_d =
+        DistillLogitGradient(lp, in.teacher.Narrow(start, n), y, in.distill, in.temperature);
+    kernel.narrow(0, start, n).copy_((g_r * g_d).sum(-1));
+  }
+  return kernel;
+}
+
+}  // namespace kappa::learner

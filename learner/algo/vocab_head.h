@@ -1,0 +1,54 @@
+// The student's per-position terms over the vocabulary (log p(y_n), ℓ_D(n),
+// H(p_n)) computed from the hidden states in chunks of positions
+// (trainer.vocab_chunk_positions, docs/algorithms.md §2.4), so the [N, V]
+// logits of a whole micro-batch never exist.
+//
+// The output projection is part of the node: forward multiplies one chunk
+// of hidden states by the output weight at a time and keeps only [N]-sized
+// results; backward recomputes each chunk's logits from the saved hidden
+// states and weight and returns ∂/∂h and ∂/∂W through the closed forms of
+// logit_gradients.h (the fused linear-cross-entropy of Liger and
+// torchtune). The price is one more output projection per backward pass.
+//
+// What reaches the distillation loss from the node is small: the logsumexp
+// per position, the target's logit and, for the top-k losses, the k logits
+// at the teacher's ids; the full-vocabulary KLs are reduced inside it.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+
+#include "learner/algo/losses.h"
+
+namespace kappa::learner {
+
+struct VocabHeadInputs {
+  torch::Tensor hidden;   // [N, D] with graph: the input of the output projection
+  torch::Tensor weight;   // [V, D] with graph: the projection's rows of the vocabulary
+  torch::Tensor targets;  // [N] int64 in [0, V)
+  TeacherRows teacher;    // [N, ...] (TeacherRows::Flatten), or undefined: no ℓ_D
+  DistillLoss distill = DistillLoss::kReverseKl;
+  double temperature = 1.0;
+  int64_t chunk_positions = 1024;  // > 0: positions per chunk of logits
+};
+
+struct VocabHeadTerms {
+  torch::Tensor token_logprobs;  // [N] log p(y_n), with graph
+  torch::Tensor distill;         // [N] ℓ_D(n), with graph; undefined without teacher rows
+  torch::Tensor entropy;         // [N] H(p_n), no graph
+};
+
+// The terms at every one of the N positions, with p = softmax(h W^T / τ)
+// computed in float32 at least. Throws std::invalid_argument on mismatched
+// shapes, τ <= 0, chunk_positions <= 0, or teacher rows the loss cannot read.
+VocabHeadTerms ComputeVocabHeadTerms(const VocabHeadInputs& in);
+
+// The logit estimator of K_DR, g_R(n)·g_D(n) per position, [N], without
+// graph: both closed-form logit gradients one chunk at a time.
+// reward_coefficient [N] is c_n (RewardLogProbCoefficient).
+// REQUIRES: in.teacher defined.
+torch::Tensor VocabHeadLogitKernel(const VocabHeadInputs& in,
+                                   const torch::Tensor& reward_coefficient);
+
+}  // namespace kappa::learner

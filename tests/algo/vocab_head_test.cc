@@ -1,0 +1,356 @@
+// The chunked vocabulary head (trainer.vocab_chunk_positions) against the
+// one-[B, L, V] path, the compact top-k teacher rows, and the tail-bucket
+// loss topk_tail_reverse_kl against a reference built from its definition.
+#include "learner/algo/vocab_head.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "learner/algo/hybrid_loss.h"
+#include "learner/algo/hybrid_step.h"
+#include "learner/algo/logit_gradients.h"
+#include "learner/algo/logprob_losses.h"
+#include "learner/algo/train_batch.h"
+#include "tests/algo/tiny_model.h"
+
+namespace kappa::learner {
+namespace {
+
+using testing::Grads;
+using testing::RandomGroups;
+using testing::TinyModel;
+using testing::ZeroGrads;
+
+constexpr int64_t kVocab = 16;  // TinyConfig's rows
+
+// Compact top-k rows of each sample's full teacher row: its k most likely
+// ids (in a shuffled order, so nothing relies on them being sorted) and
+// their log-probs.
+std::vector<ScoredGroup> ToTopk(std::vector<ScoredGroup> groups, int64_t k) {
+  for (ScoredGroup& g : groups) {
+    for (ScoredSample& s : g.samples) {
+      const auto [values, ids] = s.teacher_logprobs.topk(k, -1);
+      const torch::Tensor order = torch::randperm(k, torch::kInt64);
+      s.teacher_topk_ids = ids.index_select(1, order).contiguous();
+      s.teacher_logprobs = values.index_select(1, order).contiguous();
+    }
+  }
+  return groups;
+}
+
+std::vector<ScoredGroup> ToSampled(std::vector<ScoredGroup> groups) {
+  for (ScoredGroup& g : groups) {
+    for (ScoredSample& s : g.samples) {
+      const torch::Tensor y = torch::tensor(s.response_tokens, torch::kInt64);
+      s.teacher_logprobs = s.teacher_logprobs.gather(1, y.unsqueeze(1)).squeeze(1).contiguous();
+    }
+  }
+  return groups;
+}
+
+// TinyModel with 20 embedding rows for the 16 ids the batches use.
+model::Decoder PaddedTinyModel(uint64_t seed) {
+  torch::manual_seed(seed);
+  model::ModelConfig config = testing::TinyConfig();
+  config.vocab_size = kVocab + 4;
+  model::Decoder m(config);
+  torch::NoGradGuard no_grad;
+  for (auto& p : m->parameters()) {
+    if (p.dim() == 2) p.mul_(25.0);
+  }
+  return m;
+}
+
+struct Case {
+  std::string name;
+  DistillLoss loss;
+  std::string rows;  // full | sampled | topk
+};
+
+TrainBatch BatchFor(const Case& c, uint64_t seed) {
+  std::vector<ScoredGroup> groups = RandomGroups(3, 2, /*with_teacher=*/true, seed);
+  if (c.rows == "topk") groups = ToTopk(std::move(groups), 5);
+  if (c.rows == "sampled") groups = ToSampled(std::move(groups));
+  return BuildTrainBatch(groups, /*norm_std=*/true, /*pad_id=*/0);
+}
+
+struct Measured {
+  double reward_loss = 0, distill_loss = 0, entropy = 0;
+  std::vector<torch::Tensor> reward_grads, distill_grads;
+  torch::Tensor token_logprobs, distill, entropy_per_position;  // at response positions
+};
+
+Measured Measure(model::Decoder& m, const TrainBatch& batch, const LossConfig& config) {
+  Measured out;
+  const TokenTerms tokens = ComputeTokenTerms(m, batch, config);
+  const LossTerms terms = AggregateTerms(tokens, batch, config);
+  const torch::Tensor at = batch.response_mask > 0;
+  out.token_logprobs = tokens.token_logprobs.detach().masked_select(at);
+  out.distill = tokens.distill.detach().masked_select(at);
+  out.entropy_per_position = tokens.entropy.masked_select(at);
+  out.reward_loss = terms.reward_loss.item<double>();
+  out.distill_loss = terms.distill_loss.item<double>();
+  out.entropy = terms.entropy;
+  ZeroGrads(m);
+  terms.reward_loss.backward({}, /*retain_graph=*/true);
+  out.reward_grads = Grads(m);
+  ZeroGrads(m);
+  terms.distill_loss.backward();
+  out.distill_grads = Grads(m);
+  ZeroGrads(m);
+  return out;
+}
+
+void ExpectClose(const torch::Tensor& a, const torch::Tensor& b, double tol,
+                 const std::string& what) {
+  ASSERT_EQ(a.sizes(), b.sizes()) << what;
+  const double diff = (a.to(torch::kFloat64) - b.to(torch::kFloat64)).abs().max().item<double>();
+  const double scale = std::max(1.0, b.to(torch::kFloat64).abs().max().item<double>());
+  EXPECT_LT(diff, tol * scale) << what;
+}
+
+void ExpectSame(const Measured& chunked, const Measured& whole, const std::string& what) {
+  constexpr double kTol = 1e-5;
+  EXPECT_NEAR(chunked.reward_loss, whole.reward_loss, kTol) << what;
+  EXPECT_NEAR(chunked.distill_loss, whole.distill_loss, kTol * std::max(1.0, whole.distill_loss))
+      << what;
+  EXPECT_NEAR(chunked.entropy, whole.entropy, kTol) << what;
+  ExpectClose(chunked.token_logprobs, whole.token_logprobs, kTol, what + " log p(y)");
+  ExpectClose(chunked.distill, whole.distill, kTol, what + " ℓ_D");
+  ExpectClose(chunked.entropy_per_position, whole.entropy_per_position, kTol, what + " H");
+  ASSERT_EQ(chunked.reward_grads.size(), whole.reward_grads.size());
+  for (size_t i = 0; i < whole.reward_grads.size(); ++i) {
+    ExpectClose(chunked.reward_grads[i], whole.reward_grads[i], kTol,
+                what + " ∇L_R param " + std::to_string(i));
+    ExpectClose(chunked.distill_grads[i], whole.distill_grads[i], kTol,
+                what + " ∇L_D param " + std::to_string(i));
+  }
+}
+
+const std::vector<Case>& Cases() {
+  static const std::vector<Case> cases = {
+      {"reverse_kl", DistillLoss::kReverseKl, "full"},
+      {"forward_kl", DistillLoss::kForwardKl, "full"},
+      {"sampled_reverse_kl/full", DistillLoss::kSampledReverseKl, "full"},
+      {"sampled_reverse_kl/sampled", DistillLoss::kSampledReverseKl, "sampled"},
+      {"topk_reverse_kl", DistillLoss::kTopkReverseKl, "topk"},
+      {"topk_tail_reverse_kl", DistillLoss::kTopkTailReverseKl, "topk"},
+  };
+  return cases;
+}
+
+TEST(VocabHead, ChunkedTermsAndGradientsEqualTheWholeVocabularyPath) {
+  for (const Case& c : Cases()) {
+    for (const double temperature : {1.0, 0.7}) {
+      // limit 16: a model with 4 padded embedding rows above the ids.
+      for (const int64_t vocab_limit : {int64_t{0}, kVocab}) {
+        model::Decoder m = vocab_limit == 0 ? TinyModel(3) : PaddedTinyModel(3);
+        const TrainBatch batch = BatchFor(c, 11);
+        LossConfig config;
+        config.distill = c.loss;
+        config.temperature = temperature;
+        config.vocab_limit = vocab_limit;
+        const Measured whole = Measure(m, batch, config);
+        for (const int64_t chunk : {int64_t{1}, int64_t{3}, int64_t{1000}}) {
+          config.vocab_chunk_positions = chunk;
+          const std::string what = c.name + " τ=" + std::to_string(temperature) +
+                                   " limit=" + std::to_string(vocab_limit) +
+                                   " chunk=" + std::to_string(chunk);
+          ExpectSame(Measure(m, batch, config), whole, what);
+        }
+      }
+    }
+  }
+}
+
+TEST(VocabHead, SftRowsThroughTheChunkedHeadEqualSftNll) {
+  std::vector<ScoredGroup> groups = RandomGroups(2, 2, /*with_teacher=*/true, 5);
+  for (ScoredSample& s : groups[0].samples) s.reward = 0.0f;
+  groups[0].teacher_demonstrations = {{5, 6, 7}, {8, 9}};
+  const TrainBatch batch = BuildTrainBatch(groups, true, 0);
+  model::Decoder m = TinyModel(4);
+  LossConfig config;
+  const TokenTerms whole = ComputeTokenTerms(m, batch, config);
+  config.vocab_chunk_positions = 2;
+  const TokenTerms chunked = ComputeTokenTerms(m, batch, config);
+  ASSERT_TRUE(chunked.sft_nll.defined());
+  EXPECT_NEAR(chunked.sft_nll.item<double>(), whole.sft_nll.item<double>(), 1e-5);
+  EXPECT_EQ(chunked.sft_count.item<double>(), whole.sft_count.item<double>());
+}
+
+// The whole step (gate, K_DR monitors, κ, update) is the same with the
+// chunked head: the cheap kernels it reports come from VocabHeadLogitKernel.
+TEST(VocabHead, HybridStepReportsTheSameKdrAndGradientNorms) {
+  for (const Case& c : Cases()) {
+    if (c.rows == "sampled") continue;
+    const TrainBatch batch = BatchFor(c, 17);
+    HybridStepReport reports[2];
+    for (int chunked = 0; chunked < 2; ++chunked) {
+      model::Decoder m = TinyModel(9);
+      HybridStepConfig config;
+      config.loss.distill = c.loss;
+      config.loss.vocab_chunk_positions = chunked ? 4 : 0;
+      config.micro_batch_sequences = 4;
+      config.monitor.kdr_estimator = KdrEstimator::kLogit;
+      config.monitor.kdr_exact_every = 1;
+      config.monitor.kdr_exact_positions = 4;
+      auto optimizer = std::make_unique<PolicyOptimizer>(m, 1e-6, 0.0, /*max_grad_norm=*/0.0);
+      HybridStep step(m, std::move(optimizer), config);
+      reports[chunked] = step.Run(batch);
+    }
+    const HybridStepReport &whole = reports[0], &chunked = reports[1];
+    ASSERT_TRUE(whole.kdr && chunked.kdr) << c.name;
+    EXPECT_NEAR(chunked.kdr->mean, whole.kdr->mean, 1e-5 * std::max(1.0, std::abs(whole.kdr->mean)))
+        << c.name;
+    EXPECT_EQ(chunked.kdr->negative_fraction, whole.kdr->negative_fraction) << c.name;
+    ASSERT_EQ(chunked.kdr_values.size(), whole.kdr_values.size());
+    for (size_t i = 0; i < whole.kdr_values.size(); ++i) {
+      EXPECT_NEAR(chunked.kdr_values[i], whole.kdr_values[i],
+                  1e-5 * std::max(1.0f, std::abs(whole.kdr_values[i])))
+          << c.name << " position " << i;
+    }
+    ASSERT_TRUE(whole.kdr_exact && chunked.kdr_exact) << c.name;
+    EXPECT_NEAR(chunked.kdr_exact->mean, whole.kdr_exact->mean,
+                1e-5 * std::max(1.0, std::abs(whole.kdr_exact->mean)))
+        << c.name;
+    EXPECT_NEAR(chunked.stats.reward_grad_norm, whole.stats.reward_grad_norm,
+                1e-5 * whole.stats.reward_grad_norm)
+        << c.name;
+    EXPECT_NEAR(chunked.stats.distill_grad_norm, whole.stats.distill_grad_norm,
+                1e-5 * whole.stats.distill_grad_norm)
+        << c.name;
+  }
+}
+
+TEST(VocabHead, RefusesTeacherRowsTheLossCannotRead) {
+  model::Decoder m = TinyModel(1);
+  LossConfig config;
+  config.vocab_chunk_positions = 4;
+  config.distill = DistillLoss::kReverseKl;
+  const TrainBatch topk = BatchFor({"", DistillLoss::kTopkReverseKl, "topk"}, 2);
+  EXPECT_THROW(ComputeTokenTerms(m, topk, config), std::invalid_argument);
+  config.distill = DistillLoss::kTopkTailReverseKl;
+  const TrainBatch full = BatchFor({"", DistillLoss::kReverseKl, "full"}, 2);
+  EXPECT_THROW(ComputeTokenTerms(m, full, config), std::invalid_argument);
+}
+
+// ---- topk_tail_reverse_kl from its definition ----
+
+// p, q over V ids at one position, the set S: the (k+1)-bucket KL written
+// out term by term in float64.
+double BucketKlReference(const torch::Tensor& p, const torch::Tensor& q,
+                         const std::vector<int64_t>& set) {
+  double kl = 0, p_set = 0, q_set = 0;
+  for (int64_t v : set) {
+    const double pv = p[v].item<double>(), qv = q[v].item<double>();
+    kl += pv * (std::log(pv) - std::log(qv));
+    p_set += pv;
+    q_set += qv;
+  }
+  const double p_tail = 1 - p_set, q_tail = 1 - q_set;
+  return kl + p_tail * (std::log(p_tail) - std::log(q_tail));
+}
+
+TEST(TopkTailReverseKl, EqualsTheBucketKlWrittenOut) {
+  torch::manual_seed(2);
+  const int64_t rows = 6, vocab = 40, k = 7;
+  const torch::Tensor logp = torch::log_softmax(torch::randn({rows, vocab}, torch::kFloat64), -1);
+  const torch::Tensor logq =
+      torch::log_softmax(2 * torch::randn({rows, vocab}, torch::kFloat64), -1);
+  const torch::Tensor ids = std::get<1>(logq.topk(k, -1));
+  const torch::Tensor kl = TopkTailReverseKl(logp.gather(-1, ids), logq.gather(-1, ids));
+  for (int64_t r = 0; r < rows; ++r) {
+    const torch::Tensor row_ids = ids[r].contiguous();
+    std::vector<int64_t> set(row_ids.data_ptr<int64_t>(), row_ids.data_ptr<int64_t>() + k);
+    EXPECT_NEAR(kl[r].item<double>(), BucketKlReference(logp[r].exp(), logq[r].exp(), set), 1e-12)
+        << "row " << r;
+  }
+  // k = V: no tail, the full reverse KL.
+  const torch::Tensor all = torch::arange(vocab, torch::kInt64).expand({rows, vocab});
+  const torch::Tensor full = TopkTailReverseKl(logp.gather(-1, all), logq.gather(-1, all));
+  ExpectClose(full, ReverseKlFromLogProbs(logp, logq), 1e-9, "k = V");
+}
+
+TEST(TopkTailReverseKl, ClosedFormLogitGradientEqualsAutograd) {
+  for (const double temperature : {1.0, 0.6}) {
+    torch::manual_seed(4);
+    const int64_t rows = 5, vocab = 30, k = 6;
+    const torch::Tensor z = (3 * torch::randn({rows, vocab}, torch::kFloat64)).requires_grad_();
+    const torch::Tensor logq =
+        torch::log_softmax(2 * torch::randn({rows, vocab}, torch::kFloat64), -1);
+    const torch::Tensor ids = std::get<1>(logq.topk(k, -1));
+    const TeacherRows teacher{logq.gather(-1, ids), ids};
+    const torch::Tensor targets = torch::randint(vocab, {rows}, torch::kInt64);
+    for (const DistillLoss loss : {DistillLoss::kTopkTailReverseKl, DistillLoss::kTopkReverseKl}) {
+      const torch::Tensor logp = torch::log_softmax(z / temperature, -1);
+      const torch::Tensor set = logp.gather(-1, ids);
+      const torch::Tensor per_row = loss == DistillLoss::kTopkTailReverseKl
+                                        ? TopkTailReverseKl(set, teacher.logprobs)
+                                        : TopkReverseKl(set, teacher.logprobs);
+      const torch::Tensor autograd = torch::autograd::grad({per_row.sum()}, {z})[0];
+      const torch::Tensor closed =
+          DistillLogitGradient(logp.detach(), teacher, targets, loss, temperature);
+      ExpectClose(closed, autograd, 1e-10,
+                  "τ=" + std::to_string(temperature) +
+                      (loss == DistillLoss::kTopkTailReverseKl ? " tail" : " renormalised"));
+    }
+  }
+}
+
+TEST(TopkTailReverseKl, AnEmptyTeacherTailIsFiniteNotNan) {
+  // bfloat16 teacher values whose k probabilities round to a sum above 1.
+  const torch::Tensor logq = torch::tensor({{std::log(0.7), std::log(0.31)}}, torch::kFloat32);
+  const torch::Tensor logp = torch::tensor({{std::log(0.5), std::log(0.3)}}, torch::kFloat32);
+  const torch::Tensor kl = TopkTailReverseKl(logp, logq);
+  EXPECT_TRUE(torch::isfinite(kl).all().item<bool>());
+  EXPECT_GT(kl.item<float>(), 0.0f);  // the student's 0.2 tail against a floored one
+}
+
+TEST(TeacherTailMass, MeanAndP95OverResponsePositions) {
+  // Tails 0.5, 0.25, 0.0 (floored, 1.1 > 1), and one masked position.
+  const torch::Tensor logprobs = torch::tensor({{{std::log(0.25), std::log(0.25)},
+                                                 {std::log(0.5), std::log(0.25)},
+                                                 {std::log(0.6), std::log(0.5)},
+                                                 {std::log(0.01), std::log(0.01)}}},
+                                               torch::kFloat32);
+  const torch::Tensor ids = torch::tensor({{{0, 1}, {0, 1}, {0, 1}, {0, 1}}}, torch::kInt64);
+  const torch::Tensor mask = torch::tensor({{1.0f, 1.0f, 1.0f, 0.0f}});
+  const std::optional<TailMass> mass = TeacherTailMass({logprobs, ids}, mask);
+  ASSERT_TRUE(mass.has_value());
+  EXPECT_NEAR(mass->mean, 0.25, 1e-6);
+  EXPECT_NEAR(mass->p95, 0.475, 1e-6);  // linear interpolation between 0.25 and 0.5
+  EXPECT_FALSE(TeacherTailMass({logprobs.select(2, 0), {}}, mask).has_value());
+}
+
+// Compact top-k rows against the dense form the group decoder used to make
+// (each row densified, -inf outside the k ids): topk_reverse_kl is the same.
+TEST(CompactTopkRows, TopkReverseKlEqualsTheDensifiedRowForm) {
+  std::vector<ScoredGroup> full = RandomGroups(2, 2, true, 8);
+  const TrainBatch compact = BuildTrainBatch(ToTopk(full, 4), true, 0);
+  model::Decoder m = TinyModel(2);
+  LossConfig config;
+  config.distill = DistillLoss::kTopkReverseKl;
+  const TokenTerms terms = ComputeTokenTerms(m, compact, config);
+  // Reference: renormalise p and q on the k ids of each dense row.
+  const torch::Tensor dense =
+      torch::full({compact.teacher_logprobs.size(0), compact.teacher_logprobs.size(1), kVocab},
+                  -std::numeric_limits<float>::infinity())
+          .scatter_(2, compact.teacher_topk_ids, compact.teacher_logprobs);
+  const torch::Tensor on_set = torch::isfinite(dense);
+  const torch::Tensor logp = terms.logprobs.detach();
+  const torch::Tensor p_set = torch::log_softmax(logp.masked_fill(~on_set, -INFINITY), -1);
+  const torch::Tensor q_set = torch::log_softmax(dense, -1);
+  const torch::Tensor reference = (p_set.exp() * (p_set - q_set).masked_fill(~on_set, 0)).sum(-1);
+  const torch::Tensor at = compact.response_mask > 0;
+  ExpectClose(terms.distill.detach().masked_select(at), reference.masked_select(at), 1e-5,
+              "compact vs dense");
+  EXPECT_EQ(compact.teacher_bytes(),
+            compact.teacher_logprobs.numel() * 4 + compact.teacher_topk_ids.numel() * 8);
+}
+
+}  // namespace
+}  // namespace kappa::learner
