@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <string>
 #include <vector>
 
 #include "learner/algo/hybrid_loss.h"
@@ -63,40 +64,68 @@ TEST(VocabLimit, LossTermsPutNoMassOnPaddedRowsAndEqualTheUnpaddedModel) {
     padded->lm_head()->weight.narrow(0, kIds, kRows - kIds).normal_(0.0, 30.0);
   }
   model::Decoder unpadded = Unpadded(padded);
-  const TrainBatch batch = BuildTrainBatch(Groups(), true, 0);
-  for (DistillLoss loss : {DistillLoss::kReverseKl, DistillLoss::kForwardKl,
-                           DistillLoss::kTopkReverseKl, DistillLoss::kSampledReverseKl}) {
-    LossConfig config;
-    config.distill = loss;
-    config.distill_topk = 5;
-    config.temperature = 0.8;
-    config.vocab_limit = kIds;
-    const TokenTerms limited = ComputeTokenTerms(padded, batch, config);
-    config.vocab_limit = 0;
-    const TokenTerms reference = ComputeTokenTerms(unpadded, batch, config);
-    ASSERT_EQ(limited.logprobs.size(-1), kIds);
-    EXPECT_TRUE(torch::allclose(limited.logprobs.exp().sum(-1),
-                                torch::ones_like(batch.response_mask), 0, 1e-5));
-    const auto close = [](const torch::Tensor& a, const torch::Tensor& b) {
-      return torch::allclose(a.detach(), b.detach(), 1e-4, 1e-5);
-    };
-    EXPECT_TRUE(close(limited.logprobs, reference.logprobs)) << static_cast<int>(loss);
-    EXPECT_TRUE(close(limited.reward, reference.reward)) << static_cast<int>(loss);
-    EXPECT_TRUE(close(limited.distill, reference.distill)) << static_cast<int>(loss);
-    EXPECT_TRUE(close(limited.entropy, reference.entropy)) << static_cast<int>(loss);
-    // And the padded rows take no gradient.
-    padded->zero_grad();
-    const LossTerms terms = AggregateTerms(limited, batch, LossConfig{});
-    (terms.reward_loss + terms.distill_loss).backward();
-    EXPECT_EQ(
-        padded->lm_head()->weight.grad().narrow(0, kIds, kRows - kIds).abs().max().item<float>(),
-        0.0f);
+  const TrainBatch full_rows = BuildTrainBatch(Groups(), true, 0);
+  // The top-k losses read compact rows: each full row's top 5.
+  std::vector<ScoredGroup> topk_groups = Groups();
+  for (ScoredGroup& group : topk_groups) {
+    for (ScoredSample& s : group.samples) {
+      auto [values, ids] = s.teacher_logprobs.topk(5, -1);
+      s.teacher_logprobs = values.contiguous();
+      s.teacher_topk_ids = ids.contiguous();
+    }
+  }
+  const TrainBatch topk_rows = BuildTrainBatch(topk_groups, true, 0);
+  for (DistillLoss loss :
+       {DistillLoss::kReverseKl, DistillLoss::kForwardKl, DistillLoss::kTopkReverseKl,
+        DistillLoss::kTopkTailReverseKl, DistillLoss::kSampledReverseKl}) {
+    for (const int64_t chunk : {int64_t{0}, int64_t{4}}) {
+      const TrainBatch& batch = IsTopkLoss(loss) ? topk_rows : full_rows;
+      LossConfig config;
+      config.distill = loss;
+      config.temperature = 0.8;
+      config.vocab_chunk_positions = chunk;
+      config.vocab_limit = kIds;
+      const TokenTerms limited = ComputeTokenTerms(padded, batch, config);
+      config.vocab_limit = 0;
+      config.vocab_chunk_positions = 0;
+      const TokenTerms reference = ComputeTokenTerms(unpadded, batch, config);
+      const std::string what =
+          std::to_string(static_cast<int>(loss)) + " chunk " + std::to_string(chunk);
+      // The chunked head computes response positions only.
+      const torch::Tensor at = batch.response_mask > 0;
+      const auto close = [&](const torch::Tensor& a, const torch::Tensor& b) {
+        return torch::allclose(a.detach().masked_select(at), b.detach().masked_select(at), 1e-4,
+                               1e-5);
+      };
+      if (chunk == 0) {
+        ASSERT_EQ(limited.logprobs.size(-1), kIds);
+        EXPECT_TRUE(torch::allclose(limited.logprobs.exp().sum(-1),
+                                    torch::ones_like(batch.response_mask), 0, 1e-5));
+        EXPECT_TRUE(torch::allclose(limited.logprobs, reference.logprobs, 1e-4, 1e-5)) << what;
+      } else {
+        EXPECT_EQ(limited.output_weight.size(0), kIds) << what;
+      }
+      EXPECT_TRUE(close(limited.token_logprobs, reference.token_logprobs)) << what;
+      EXPECT_TRUE(close(limited.reward, reference.reward)) << what;
+      EXPECT_TRUE(close(limited.distill, reference.distill)) << what;
+      EXPECT_TRUE(close(limited.entropy, reference.entropy)) << what;
+      // And the padded rows take no gradient.
+      padded->zero_grad();
+      const LossTerms terms = AggregateTerms(limited, batch, LossConfig{});
+      (terms.reward_loss + terms.distill_loss).backward();
+      EXPECT_EQ(
+          padded->lm_head()->weight.grad().narrow(0, kIds, kRows - kIds).abs().max().item<float>(),
+          0.0f)
+          << what;
+    }
   }
   // Without the limit the teacher rows (32 wide) no longer fit the logits.
-  EXPECT_THROW(ComputeTokenTerms(padded, batch, LossConfig{}), std::invalid_argument);
+  EXPECT_THROW(ComputeTokenTerms(padded, full_rows, LossConfig{}), std::invalid_argument);
   LossConfig too_wide;
   too_wide.vocab_limit = kRows + 1;
-  EXPECT_THROW(ComputeTokenTerms(padded, batch, too_wide), std::invalid_argument);
+  EXPECT_THROW(ComputeTokenTerms(padded, full_rows, too_wide), std::invalid_argument);
+  too_wide.vocab_chunk_positions = 4;
+  EXPECT_THROW(ComputeTokenTerms(padded, full_rows, too_wide), std::invalid_argument);
 }
 
 }  // namespace
