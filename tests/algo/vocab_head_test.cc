@@ -226,6 +226,34 @@ TEST(VocabHead, HybridStepReportsTheSameKdrAndGradientNorms) {
   }
 }
 
+// trainer.activation_checkpointing under the whole step: the two backward
+// passes of κ and exact K_DR's per-position autograd::grad go through the
+// recomputed layers and give what the stored activations give.
+TEST(VocabHead, ActivationCheckpointingGivesTheSameStep) {
+  const TrainBatch batch = BatchFor({"", DistillLoss::kTopkTailReverseKl, "topk"}, 21);
+  HybridStepReport reports[2];
+  for (int checkpointing = 0; checkpointing < 2; ++checkpointing) {
+    model::Decoder m = TinyModel(9);
+    m->SetActivationCheckpointing(checkpointing == 1);
+    HybridStepConfig config;
+    config.loss.distill = DistillLoss::kTopkTailReverseKl;
+    config.loss.vocab_chunk_positions = 4;
+    config.monitor.kdr_exact_every = 1;
+    config.monitor.kdr_exact_positions = 4;
+    auto optimizer = std::make_unique<PolicyOptimizer>(m, 1e-6, 0.0, /*max_grad_norm=*/0.0);
+    HybridStep step(m, std::move(optimizer), config);
+    reports[checkpointing] = step.Run(batch);
+  }
+  const HybridStepReport &plain = reports[0], &recomputed = reports[1];
+  EXPECT_NEAR(recomputed.stats.reward_grad_norm, plain.stats.reward_grad_norm,
+              1e-6 * plain.stats.reward_grad_norm);
+  EXPECT_NEAR(recomputed.stats.distill_grad_norm, plain.stats.distill_grad_norm,
+              1e-6 * plain.stats.distill_grad_norm);
+  ASSERT_TRUE(plain.kdr_exact && recomputed.kdr_exact);
+  EXPECT_NEAR(recomputed.kdr_exact->mean, plain.kdr_exact->mean,
+              1e-6 * std::max(1.0, std::abs(plain.kdr_exact->mean)));
+}
+
 TEST(VocabHead, RefusesTeacherRowsTheLossCannotRead) {
   model::Decoder m = TinyModel(1);
   LossConfig config;
