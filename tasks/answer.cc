@@ -74,6 +74,16 @@ absl::StatusOr<float> ExactAnswerReward(std::string_view task, std::string_view 
   return got.has_value() && *got == *expected ? 1.0f : 0.0f;
 }
 
+absl::StatusOr<std::optional<std::string_view>> RewardFamily(std::string_view reward) {
+  if (reward.empty() || reward == "task") return std::optional<std::string_view>();
+  if (reward == "exact") return std::optional<std::string_view>("arithmetic");
+  for (std::string_view family : {kMathTask, kMathStrictTask, kCodeTask}) {
+    if (reward == family) return std::optional<std::string_view>(family);
+  }
+  return absl::InvalidArgumentError(absl::StrCat("unknown reward '", std::string(reward),
+                                                 "' (known: ", std::string(kRewardNames), ")"));
+}
+
 std::string_view ExtractPythonCode(std::string_view response) {
   // Fences open at the start of a line: "```" then the info string up to the
   // end of the line.

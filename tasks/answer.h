@@ -53,6 +53,17 @@ inline bool IsMathTask(std::string_view task) {
 inline constexpr std::string_view kCodeTask = "code";
 inline bool IsCodeTask(std::string_view task) { return task == kCodeTask; }
 
+// The reward names that the config key `verifier.reward` and `kappa grade
+// --reward` accept: "" and "task" (each item is scored by its own task
+// family), "exact" (the arithmetic reward), "math", "math_strict" and "code"
+// (that family for every item, whatever its task field says).
+inline constexpr std::string_view kRewardNames = "\"\" or task, exact, math, math_strict, code";
+
+// The task family that `reward` scores every item as ("exact" ->
+// "arithmetic"); nullopt for "" and "task" (each item's own family).
+// INVALID_ARGUMENT "unknown reward 'x' (known: <kRewardNames>)" otherwise.
+absl::StatusOr<std::optional<std::string_view>> RewardFamily(std::string_view reward);
+
 // The solution inside a model response: the body of the first fenced block
 // whose info string is python, python3 or py (any case; an unclosed fence runs
 // to the end), else the whole response.

@@ -103,7 +103,10 @@ int main(int argc, char** argv) {
   }
   const std::string address = flags->address.empty() ? config->verifier.address : flags->address;
 
-  options.max_items = config->verifier.max_items;
+  if (absl::Status status = kappa::verifier::ApplyVerifierConfig(*config, &options); !status.ok()) {
+    spdlog::error("{}", status.ToString());
+    return 2;
+  }
   services::metrics::Registry registry;
   kappa::verifier::VerifierMetrics metrics(registry);
   kappa::verifier::VerifierService service(options, &metrics);
@@ -128,6 +131,10 @@ int main(int argc, char** argv) {
   spdlog::info("serving kappa.v1.Verifier on {} (port {}, {}, max_items {})", address,
                (*server)->port(), services::DescribeTransport(server_options->security),
                config->verifier.max_items);
+  if (options.reward_family.has_value()) {
+    spdlog::info("every item is scored as task family '{}' (verifier.reward: {})",
+                 *options.reward_family, config->verifier.reward);
+  }
 
   services::WaitForTerminationSignal();
   spdlog::info("termination requested; shutting down");

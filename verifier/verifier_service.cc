@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -21,15 +23,27 @@ absl::Status FieldError(int index, const char* field, absl::string_view message)
   return absl::InvalidArgumentError(absl::StrCat("items[", index, "].", field, ": ", message));
 }
 
+// The item's task family: the verifier's override, else its own task field.
+std::string_view FamilyOf(const kappa::v1::VerifyItem& item, const VerifierOptions& options) {
+  return options.reward_family.has_value() ? std::string_view(*options.reward_family)
+                                           : std::string_view(item.task());
+}
+
+// What chose an item's family, for messages: "items[3].task" or the key.
+std::string FamilySource(int index, const VerifierOptions& options) {
+  return options.reward_family.has_value() ? std::string("verifier.reward")
+                                           : absl::StrCat("items[", index, "].task");
+}
+
 absl::Status ValidateCodeItem(const kappa::v1::VerifyItem& item, int index,
-                              const CodeRewarder* code) {
+                              const VerifierOptions& options, const CodeRewarder* code) {
   if (code == nullptr) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "items[", index, "].task: code tasks are disabled on this verifier"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(FamilySource(index, options), ": code tasks are disabled on this verifier"));
   }
   if (!code->available().ok()) {
     return absl::FailedPreconditionError(
-        absl::StrCat("items[", index, "].task: ", code->available().message()));
+        absl::StrCat(FamilySource(index, options), ": ", code->available().message()));
   }
   if (!model::IsValidUtf8(item.reference_answer())) {
     return FieldError(index, "reference_answer", "not valid UTF-8");
@@ -46,18 +60,23 @@ absl::Status ValidateCodeItem(const kappa::v1::VerifyItem& item, int index,
   return absl::OkStatus();
 }
 
-absl::Status ValidateItem(const kappa::v1::VerifyItem& item, int index, const CodeRewarder* code) {
+absl::Status ValidateItem(const kappa::v1::VerifyItem& item, int index,
+                          const VerifierOptions& options, const CodeRewarder* code) {
   // The text fields are bytes on the wire (verifier.proto): UTF-8 is checked
-  // here, so the caller learns which field of which item is wrong.
-  if (!model::IsValidUtf8(item.task())) return FieldError(index, "task", "not valid UTF-8");
-  if (tasks::IsCodeTask(item.task())) return ValidateCodeItem(item, index, code);
-  if (absl::Status status = tasks::ValidateTask(item.task()); !status.ok()) {
+  // here, so the caller learns which field of which item is wrong. Under
+  // verifier.reward the task field is not read, so not checked either.
+  if (!options.reward_family.has_value() && !model::IsValidUtf8(item.task())) {
+    return FieldError(index, "task", "not valid UTF-8");
+  }
+  const std::string_view family = FamilyOf(item, options);
+  if (tasks::IsCodeTask(family)) return ValidateCodeItem(item, index, options, code);
+  if (absl::Status status = tasks::ValidateTask(family); !status.ok()) {
     return FieldError(index, "task", status.message());
   }
   if (!model::IsValidUtf8(item.reference_answer())) {
     return FieldError(index, "reference_answer", "not valid UTF-8");
   }
-  if (absl::Status status = tasks::ValidateReference(item.task(), item.reference_answer());
+  if (absl::Status status = tasks::ValidateReference(family, item.reference_answer());
       !status.ok()) {
     return FieldError(index, "reference_answer", status.message());
   }
@@ -87,6 +106,22 @@ void ScoreCodeItems(const kappa::v1::VerifyRequest& request, const std::vector<i
 
 }  // namespace
 
+absl::Status ApplyVerifierConfig(const services::Config& config, VerifierOptions* options) {
+  options->max_items = config.verifier.max_items;
+  absl::StatusOr<std::optional<std::string_view>> family =
+      tasks::RewardFamily(config.verifier.reward);
+  if (!family.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("verifier.reward: ", family.status().message()));
+  }
+  if (family->has_value() && tasks::IsCodeTask(**family) && !options->code.enabled) {
+    return absl::InvalidArgumentError(
+        "verifier.reward: 'code' needs the code sandbox, but --code-enabled is false");
+  }
+  options->reward_family =
+      family->has_value() ? std::optional<std::string>(**family) : std::nullopt;
+  return absl::OkStatus();
+}
+
 VerifierService::VerifierService(VerifierOptions options, VerifierMetrics* metrics)
     : options_(options), metrics_(metrics) {
   if (options_.code.enabled) code_ = std::make_unique<CodeRewarder>(options_.code, metrics_);
@@ -103,7 +138,7 @@ absl::StatusOr<std::vector<float>> ScoreRequest(const kappa::v1::VerifyRequest& 
   }
   // Validate everything first: a malformed item fails the whole request.
   for (int i = 0; i < request.items_size(); ++i) {
-    if (absl::Status status = ValidateItem(request.items(i), i, code); !status.ok()) {
+    if (absl::Status status = ValidateItem(request.items(i), i, options, code); !status.ok()) {
       return status;
     }
   }
@@ -111,12 +146,13 @@ absl::StatusOr<std::vector<float>> ScoreRequest(const kappa::v1::VerifyRequest& 
   std::vector<int> code_items;
   for (int i = 0; i < request.items_size(); ++i) {
     const kappa::v1::VerifyItem& item = request.items(i);
-    if (tasks::IsCodeTask(item.task())) {
+    const std::string_view family = FamilyOf(item, options);
+    if (tasks::IsCodeTask(family)) {
       code_items.push_back(i);
       continue;
     }
     absl::StatusOr<float> reward =
-        tasks::ExactAnswerReward(item.task(), item.reference_answer(), item.response_text());
+        tasks::ExactAnswerReward(family, item.reference_answer(), item.response_text());
     if (!reward.ok()) return FieldError(i, "reference_answer", reward.status().message());
     rewards[i] = *reward;
   }

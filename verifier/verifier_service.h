@@ -1,14 +1,19 @@
 // kappa.v1.Verifier: one exact-answer reward per item (tasks/answer.h), so the
 // learner's held-out evaluation and the verifier agree by construction; "code"
-// items are run in the sandbox instead (verifier/code_reward.h).
+// items are run in the sandbox instead (verifier/code_reward.h). The item's
+// task field picks the reward, unless verifier.reward names one for every
+// item (VerifierOptions::reward_family).
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "kappa/v1/verifier.grpc.pb.h"
+#include "services/config.h"
 #include "verifier/code_reward.h"
 #include "verifier/verifier_metrics.h"
 
@@ -16,13 +21,27 @@ namespace kappa::verifier {
 
 struct VerifierOptions {
   int64_t max_items = 4096;  // per request (config verifier.max_items)
-  CodeOptions code;          // "code" items (flags --code-* of kappa-verifier)
+  // The task family every item is scored as, whatever its own task field
+  // (config verifier.reward, through tasks::RewardFamily: "exact" is
+  // "arithmetic"); nullopt: each item's own family.
+  std::optional<std::string> reward_family;
+  CodeOptions code;  // "code" items (flags --code-* of kappa-verifier)
 };
+
+// Sets max_items and reward_family from the configuration's verifier.* keys.
+// INVALID_ARGUMENT naming the key: "verifier.reward: unknown reward 'x'
+// (known: ...)", or "verifier.reward: 'code' needs the code sandbox, but
+// --code-enabled is false" when options->code.enabled is (so apply the code
+// options first).
+absl::Status ApplyVerifierConfig(const services::Config& config, VerifierOptions* options);
 
 // Rewards for every item, in order; or INVALID_ARGUMENT naming the first bad
 // field ("items[3].reference_answer: ..."), in which case no item is scored.
-// Code items need `code` (FAILED_PRECONDITION naming items[i].task when it is
-// null or unavailable); they run concurrently, up to code->capacity() at once.
+// An item's family is options.reward_family when set (its task field is then
+// ignored, unchecked), else its task field. Code items need `code`
+// (FAILED_PRECONDITION naming items[i].task, or verifier.reward when that
+// chose code, when it is null or unavailable); they run concurrently, up to
+// code->capacity() at once.
 absl::StatusOr<std::vector<float>> ScoreRequest(const kappa::v1::VerifyRequest& request,
                                                 const VerifierOptions& options,
                                                 CodeRewarder* code = nullptr);

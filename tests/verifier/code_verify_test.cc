@@ -5,6 +5,7 @@
 
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "tests/services/promtool.h"
@@ -112,6 +113,26 @@ TEST_F(CodeVerifyTest, InvalidCodeItemsNameTheField) {
     EXPECT_EQ(status.error_message(), c.expected);
     EXPECT_EQ(response.rewards_size(), 0);
   }
+}
+
+TEST_F(CodeVerifyTest, RewardCodeRunsEveryItemInTheSandbox) {
+  // verifier.reward=code through ScoreRequest with a sandbox of its own: the
+  // items' task fields (arithmetic, math, empty) are not read.
+  VerifierOptions options;
+  options.code.max_concurrent = 2;
+  options.code.sandbox.cpu_seconds = 2;
+  options.code.sandbox.wall_timeout = absl::Seconds(5);
+  options.code.sandbox.address_space_bytes = int64_t{256} << 20;
+  options.reward_family = "code";
+  CodeRewarder code(options.code, nullptr);
+  ASSERT_TRUE(code.available().ok()) << code.available();
+  kappa::v1::VerifyRequest request;
+  AddItem(&request, "arithmetic", kTests, kGood);
+  AddItem(&request, "math", kTests, "def add(a, b):\n    return a * b\n");
+  AddItem(&request, "", kTests, kGood);
+  absl::StatusOr<std::vector<float>> rewards = ScoreRequest(request, options, &code);
+  ASSERT_TRUE(rewards.ok()) << rewards.status();
+  EXPECT_EQ(*rewards, (std::vector<float>{1, 0, 1}));
 }
 
 TEST(CodeVerifyDisabledTest, CodeItemsAreRefusedWhenDisabled) {

@@ -29,8 +29,8 @@ int ExitCode(pid_t pid) {
 TEST(VerifierBinaryTest, ServesUntilSigterm) {
   const std::string log = ::testing::TempDir() + "/verifier_binary_test.log";
   std::remove(log.c_str());
-  const pid_t pid = Spawn({KAPPA_VERIFIER_BINARY, "verifier.max_items=16", "--address",
-                           "127.0.0.1:0", "--log-file", log});
+  const pid_t pid = Spawn({KAPPA_VERIFIER_BINARY, "verifier.max_items=16", "verifier.reward=math",
+                           "--address", "127.0.0.1:0", "--log-file", log});
   // The picked port appears in the log once the server is up.
   int port = 0;
   const std::regex port_pattern(R"(\(port (\d+), plain text, max_items 16\))");
@@ -41,6 +41,10 @@ TEST(VerifierBinaryTest, ServesUntilSigterm) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   ASSERT_GT(port, 0) << ReadFile(log);
+  EXPECT_NE(
+      ReadFile(log).find("every item is scored as task family 'math' (verifier.reward: math)"),
+      std::string::npos)
+      << ReadFile(log);
   const std::string address = absl::StrCat("127.0.0.1:", port);
   EXPECT_EQ(ExitCode(Spawn({KAPPA_VERIFIER_BINARY, "--health-check", address})), 0);
 
@@ -54,6 +58,10 @@ TEST(VerifierBinaryTest, BadArgumentsExitWithUsageError) {
   EXPECT_EQ(ExitCode(Spawn({KAPPA_VERIFIER_BINARY, "--bogus"})), 2);
   EXPECT_EQ(ExitCode(Spawn({KAPPA_VERIFIER_BINARY, "trainer.stepz=1"})), 2);
   EXPECT_EQ(ExitCode(Spawn({KAPPA_VERIFIER_BINARY, "--config", "/nonexistent.yaml"})), 2);
+  EXPECT_EQ(ExitCode(Spawn({KAPPA_VERIFIER_BINARY, "verifier.reward=maths"})), 2);
+  EXPECT_EQ(
+      ExitCode(Spawn({KAPPA_VERIFIER_BINARY, "verifier.reward=code", "--code-enabled", "false"})),
+      2);
 }
 
 }  // namespace

@@ -3,9 +3,13 @@
 
 #include <gtest/gtest.h>
 
+#include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "services/config.h"
 #include "services/grpc_util.h"
 #include "tests/services/promtool.h"
 #include "tests/verifier/served_verifier.h"
@@ -122,6 +126,128 @@ TEST_F(VerifierServiceTest, NonUtf8ResponseIsRejected) {
   absl::StatusOr<std::vector<float>> rewards = ScoreRequest(request, options);
   EXPECT_EQ(rewards.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(rewards.status().message(), "items[1].response_text: not valid UTF-8");
+}
+
+// verifier.reward: the configuration's reward for every item, over the wire.
+class VerifierRewardTest : public testing::ServedVerifierTest {
+ protected:
+  // Starts the verifier from a configuration with these overrides.
+  void StartWithConfig(const std::vector<std::string>& overrides) {
+    absl::StatusOr<services::Config> config = services::ParseConfig("", "<test>", overrides);
+    ASSERT_TRUE(config.ok()) << config.status();
+    VerifierOptions options;
+    options.code.enabled = false;  // no sandbox probe: these items are answers
+    const absl::Status status = ApplyVerifierConfig(*config, &options);
+    ASSERT_TRUE(status.ok()) << status;
+    StartVerifier(options);
+  }
+
+  // The rewards of `request`, or the failure's message.
+  std::vector<float> Rewards(const kappa::v1::VerifyRequest& request) {
+    kappa::v1::VerifyResponse response;
+    const grpc::Status status = Verify(request, &response);
+    EXPECT_TRUE(status.ok()) << status.error_message();
+    return {response.rewards().begin(), response.rewards().end()};
+  }
+
+  // A boxed 2 under each family; the reference is 2 throughout.
+  static kappa::v1::VerifyRequest BoxedTwo() {
+    kappa::v1::VerifyRequest request;
+    AddItem(&request, "arithmetic", "2", "so $\\boxed{2}$");
+    AddItem(&request, "", "2", "so $\\boxed{2}$");
+    AddItem(&request, "math", "2", "so $\\boxed{2}$");
+    AddItem(&request, "math_strict", "2", "the answer is 2");
+    return request;
+  }
+};
+
+TEST_F(VerifierRewardTest, MathScoresEveryItemAsMath) {
+  StartWithConfig({"verifier.reward=math"});
+  EXPECT_EQ(Rewards(BoxedTwo()), (std::vector<float>{1, 1, 1, 1}));
+  // The task field is not read at all: an unknown family is scored as math too.
+  kappa::v1::VerifyRequest request;
+  AddItem(&request, "chess", "\\frac{1}{2}", "\\boxed{0.5}");
+  EXPECT_EQ(Rewards(request), std::vector<float>{1});
+}
+
+TEST_F(VerifierRewardTest, DefaultKeepsEachItemsFamily) {
+  StartWithConfig({});
+  EXPECT_EQ(Rewards(BoxedTwo()), (std::vector<float>{0, 0, 1, 0}));
+}
+
+TEST_F(VerifierRewardTest, TaskIsTheDefault) {
+  StartWithConfig({"verifier.reward=task"});
+  EXPECT_EQ(Rewards(BoxedTwo()), (std::vector<float>{0, 0, 1, 0}));
+}
+
+TEST_F(VerifierRewardTest, MathStrictRequiresTheBoxOfEveryItem) {
+  StartWithConfig({"verifier.reward=math_strict"});
+  EXPECT_EQ(Rewards(BoxedTwo()), (std::vector<float>{1, 1, 1, 0}));
+}
+
+TEST_F(VerifierRewardTest, ExactScoresEveryItemAsArithmetic) {
+  StartWithConfig({"verifier.reward=exact"});
+  EXPECT_EQ(Rewards(BoxedTwo()), (std::vector<float>{0, 0, 0, 1}));
+  // A reference is checked as the override's: a math answer is no integer.
+  kappa::v1::VerifyRequest request;
+  AddItem(&request, "math", "\\frac{1}{2}", "\\boxed{0.5}");
+  kappa::v1::VerifyResponse response;
+  const grpc::Status status = Verify(request, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(status.error_message(),
+            "items[0].reference_answer: '\\frac{1}{2}' is not an integer answer");
+}
+
+TEST(VerifierRewardConfigTest, BadValuesAreRefusedNamingTheKey) {
+  for (const char* value : {"maths", "Math", "arithmetic", "exact_match"}) {
+    absl::StatusOr<services::Config> config =
+        services::ParseConfig(absl::StrCat("verifier:\n  reward: ", value, "\n"), "run.yaml");
+    ASSERT_TRUE(config.ok()) << config.status();  // any string parses; the verifier checks it
+    VerifierOptions options;
+    const absl::Status status = ApplyVerifierConfig(*config, &options);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << value;
+    EXPECT_EQ(status.message(),
+              absl::StrCat("verifier.reward: unknown reward '", value,
+                           "' (known: \"\" or task, exact, math, math_strict, code)"));
+  }
+}
+
+TEST(VerifierRewardConfigTest, NamesMapToFamilies) {
+  const std::pair<const char*, std::optional<std::string>> cases[] = {
+      {"", std::nullopt}, {"task", std::nullopt},         {"exact", "arithmetic"},
+      {"math", "math"},   {"math_strict", "math_strict"}, {"code", "code"},
+  };
+  for (const auto& [reward, family] : cases) {
+    services::Config config;
+    config.verifier.reward = reward;
+    config.verifier.max_items = 5;
+    VerifierOptions options;
+    ASSERT_TRUE(ApplyVerifierConfig(config, &options).ok()) << reward;
+    EXPECT_EQ(options.reward_family, family) << reward;
+    EXPECT_EQ(options.max_items, 5);
+  }
+}
+
+TEST(VerifierRewardConfigTest, CodeNeedsTheSandbox) {
+  services::Config config;
+  config.verifier.reward = "code";
+  VerifierOptions options;
+  options.code.enabled = false;
+  const absl::Status status = ApplyVerifierConfig(config, &options);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(status.message(),
+            "verifier.reward: 'code' needs the code sandbox, but --code-enabled is false");
+  // ScoreRequest without a sandbox names the key, not the item's task.
+  options.reward_family = "code";
+  kappa::v1::VerifyRequest request;
+  kappa::v1::VerifyItem* item = request.add_items();
+  item->set_task("math");
+  item->set_reference_answer("assert True\n");
+  item->set_response_text("pass\n");
+  const absl::StatusOr<std::vector<float>> rewards = ScoreRequest(request, options);
+  EXPECT_EQ(rewards.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(rewards.status().message(),
+            "verifier.reward: code tasks are disabled on this verifier");
 }
 
 TEST_F(VerifierServiceTest, ShutdownStopsServing) {
