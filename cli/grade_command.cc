@@ -14,19 +14,18 @@ namespace kappa::cli {
 namespace {
 
 constexpr const char* kUsage =
-    "usage: kappa grade --reward math|math_strict|exact < lines.jsonl\n"
-    "  stdin: one {\"response\": ..., \"answer\": ...} per line; stdout: its reward, 1 or 0\n";
+    "usage: kappa grade --reward math|math_strict|exact|task < lines.jsonl\n"
+    "  stdin: one {\"response\": ..., \"answer\": ...} per line (task: also \"task\", the\n"
+    "  line's family, default arithmetic); stdout: its reward, 1 or 0\n";
 
-// The task family each --reward grades as.
-std::optional<std::string_view> TaskOf(const std::string& reward) {
-  if (reward == "math") return tasks::kMathTask;
-  if (reward == "math_strict") return tasks::kMathStrictTask;
-  if (reward == "exact") return std::string_view("arithmetic");
-  return std::nullopt;
-}
+constexpr const char* kNoCode =
+    "runs Python tests in the verifier's code sandbox, which kappa grade does not; score "
+    "code with kappa-verifier";
 
-// The --reward value; nullopt (after printing why) for anything else.
-std::optional<std::string> ParseReward(const std::vector<std::string>& args) {
+// The --reward value, as verifier.reward reads it (tasks::RewardFamily): the
+// task family every line is graded as, or nullopt for each line's own;
+// nullopt (after printing why) for a bad command line.
+std::optional<std::optional<std::string_view>> ParseReward(const std::vector<std::string>& args) {
   std::optional<std::string> reward;
   std::string error;
   for (size_t i = 0; i < args.size() && error.empty(); ++i) {
@@ -40,10 +39,13 @@ std::optional<std::string> ParseReward(const std::vector<std::string>& args) {
     }
   }
   if (error.empty() && !reward.has_value()) error = "--reward is required";
-  if (error.empty() && !TaskOf(*reward).has_value()) {
-    error = absl::StrCat("unknown reward '", *reward, "' (known: math, math_strict, exact)");
+  absl::StatusOr<std::optional<std::string_view>> family = std::optional<std::string_view>();
+  if (error.empty()) family = tasks::RewardFamily(*reward);
+  if (error.empty() && !family.ok()) error = std::string(family.status().message());
+  if (error.empty() && family->has_value() && tasks::IsCodeTask(**family)) {
+    error = absl::StrCat("reward 'code' ", kNoCode);
   }
-  if (error.empty()) return reward;
+  if (error.empty()) return *family;
   std::cerr << "kappa grade: " << error << "\n" << kUsage;
   return std::nullopt;
 }
@@ -62,15 +64,28 @@ std::string StringMember(const nlohmann::json& line, const char* key) {
   return it->get<std::string>();
 }
 
+// --reward task: the line's "task" member, "" (arithmetic) when absent.
+std::string TaskMember(const nlohmann::json& line) {
+  if (!line.is_object() || !line.contains("task")) return "";
+  const std::string task = StringMember(line, "task");
+  if (tasks::IsCodeTask(task)) {
+    throw std::invalid_argument(absl::StrCat("\"task\": code ", kNoCode));
+  }
+  if (absl::Status status = tasks::ValidateTask(task); !status.ok()) {
+    throw std::invalid_argument(absl::StrCat("\"task\": ", status.message()));
+  }
+  return task;
+}
+
 }  // namespace
 
 int GradeCommand(const std::vector<std::string>& args, std::istream& in, std::ostream& out) {
-  const std::optional<std::string> reward = ParseReward(args);
+  const std::optional<std::optional<std::string_view>> reward = ParseReward(args);
   if (!reward) return 2;
-  const std::string_view task = *TaskOf(*reward);
   return ForEachJsonLine("grade", in, out, [&](const nlohmann::json& line) -> std::string {
     const std::string response = StringMember(line, "response");
     const std::string answer = StringMember(line, "answer");
+    const std::string task = reward->has_value() ? std::string(**reward) : TaskMember(line);
     const absl::StatusOr<float> score = tasks::ExactAnswerReward(task, answer, response);
     if (!score.ok()) {
       throw std::invalid_argument(absl::StrCat("\"answer\": ", score.status().message()));

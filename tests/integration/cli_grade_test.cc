@@ -1,7 +1,8 @@
 // `kappa grade`: the binary prints the reward of every line of the math
 // grader's case table (tests/tasks/math_grader_cases.jsonl: its extra members
-// are ignored) as the table expects, grades "exact" as the arithmetic task,
-// and stops at a bad line naming it after printing every earlier line.
+// are ignored) as the table expects, grades "exact" as the arithmetic task and
+// "task" by each line's own family, refuses "code", and stops at a bad line
+// naming it after printing every earlier line.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -59,6 +60,38 @@ TEST(GradeCommandTest, ExactIsTheArithmeticReward) {
   EXPECT_EQ(math.lines, (std::vector<std::string>{"1", "1", "1", "1"})) << math.errors;
 }
 
+std::string TaskLine(const std::string& response, const std::string& answer,
+                     const std::string& task) {
+  return nlohmann::json{{"response", response}, {"answer", answer}, {"task", task}}.dump() + "\n";
+}
+
+TEST(GradeCommandTest, TaskGradesEachLineByItsOwnFamily) {
+  // verifier.reward's names: "task" (or empty) is the verifier's default.
+  const std::string input = TaskLine("\\boxed{x=2}", "2", "math") + Line("\\boxed{2}", "2") +
+                            TaskLine("so 2", "2", "arithmetic") +
+                            TaskLine("the answer is 2", "2", "math_strict") +
+                            TaskLine("#### 72", "Natalia ... #### 72", "math");
+  for (const std::vector<std::string>& args :
+       std::vector<std::vector<std::string>>{{"--reward", "task"}, {"--reward="}}) {
+    const Result result = Grade(args, input);
+    EXPECT_EQ(result.exit_code, 0) << result.errors;
+    EXPECT_EQ(result.lines, (std::vector<std::string>{"1", "0", "1", "0", "1"}));
+  }
+  // A fixed reward ignores the member.
+  const Result math = Grade({"--reward", "math"}, input);
+  EXPECT_EQ(math.lines, (std::vector<std::string>{"1", "1", "1", "1", "1"})) << math.errors;
+}
+
+TEST(GradeCommandTest, CodeIsRefused) {
+  const Result result = Grade({"--reward", "code"}, Line("5", "5"));
+  EXPECT_EQ(result.exit_code, 2);
+  EXPECT_TRUE(result.lines.empty());
+  EXPECT_NE(result.errors.find("kappa grade: reward 'code' runs Python tests in the verifier's "
+                               "code sandbox, which kappa grade does not"),
+            std::string::npos)
+      << result.errors;
+}
+
 TEST(GradeCommandTest, BadLineStopsWithItsNumber) {
   struct Case {
     std::string reward, bad_line, message;
@@ -76,6 +109,15 @@ TEST(GradeCommandTest, BadLineStopsWithItsNumber) {
        "stdin line 2: \"response\" must be a string, got number"},
       {"math", Line("5", "#### "), "stdin line 2: \"answer\": '#### ' has no math answer"},
       {"exact", Line("5", "0.5"), "stdin line 2: \"answer\": '0.5' is not an integer answer"},
+      {"task", TaskLine("5", "5", "chess"), "stdin line 2: \"task\": unknown task 'chess'"},
+      {"task", TaskLine("5", "5", "code"),
+       "stdin line 2: \"task\": code runs Python tests in the verifier's code sandbox"},
+      {"task", TaskLine("5", "0.5", ""),
+       "stdin line 2: \"answer\": '0.5' is not an integer answer"},
+      {"task",
+       R"({"response": "5", "answer": "5", "task": 1})"
+       "\n",
+       "stdin line 2: \"task\" must be a string, got number"},
   };
   for (const Case& c : cases) {
     const Result result =
@@ -96,7 +138,9 @@ TEST(GradeCommandTest, BadArguments) {
     EXPECT_NE(result.errors.find("usage: kappa grade --reward"), std::string::npos)
         << result.errors;
   }
-  EXPECT_NE(Grade({"--reward", "maths"}, "").errors.find("unknown reward 'maths'"),
+  EXPECT_NE(Grade({"--reward", "maths"}, "")
+                .errors.find("unknown reward 'maths' (known: \"\" or task, exact, math, "
+                             "math_strict, code)"),
             std::string::npos);
 }
 
