@@ -52,7 +52,9 @@ class VocabHeadFunction : public torch::autograd::Function<VocabHeadFunction> {
     torch::NoGradGuard no_grad;
     const int64_t rows = hidden.size(0);
     const auto options = hidden.options().dtype(ComputeType(hidden.scalar_type()));
-    const bool with_set = topk_ids.numel() > 0;
+    // [N, k] ids (N may be 0: a micro-batch with no trainable position);
+    // the placeholder for no ids is 1-D.
+    const bool with_set = topk_ids.dim() == 2;
     const auto kl_kind = static_cast<FullKl>(full_kl);
     torch::Tensor lse = torch::empty({rows}, options);
     torch::Tensor target_logit = torch::empty({rows}, options);

@@ -254,6 +254,24 @@ TEST(VocabHead, ActivationCheckpointingGivesTheSameStep) {
               1e-6 * std::max(1.0, std::abs(plain.kdr_exact->mean)));
 }
 
+// A micro-batch with no trainable position (every response truncated under
+// trainer.truncated: mask): the head computes over zero positions.
+TEST(VocabHead, NoResponsePositionGivesZeroTermsForEveryLoss) {
+  for (const Case& c : Cases()) {
+    TrainBatch batch = BatchFor(c, 13);
+    batch.response_mask = torch::zeros_like(batch.response_mask);
+    model::Decoder m = TinyModel(2);
+    LossConfig config;
+    config.distill = c.loss;
+    config.vocab_chunk_positions = 4;
+    const TokenTerms tokens = ComputeTokenTerms(m, batch, config);
+    const LossTerms terms = AggregateTerms(tokens, batch, config);
+    EXPECT_EQ(terms.reward_loss.item<double>(), 0.0) << c.name;
+    EXPECT_EQ(terms.distill_loss.item<double>(), 0.0) << c.name;
+    EXPECT_EQ(tokens.distill.sizes(), batch.response_mask.sizes()) << c.name;
+  }
+}
+
 TEST(VocabHead, RefusesTeacherRowsTheLossCannotRead) {
   model::Decoder m = TinyModel(1);
   LossConfig config;
