@@ -51,7 +51,7 @@ struct TrainBatch {
   // ids 0..k-1 with log-probs log(1/(k+1)) (finite, a non-empty tail).
   torch::Tensor teacher_logprobs;
   torch::Tensor teacher_topk_ids;
-  torch::Tensor rewards;           // [num_groups, G] float32, as the advantages saw them
+  torch::Tensor rewards;  // [num_groups, G] float32, as the advantages saw them
   int64_t num_groups = 0;
   int64_t group_size = 0;
   int64_t num_truncated = 0;  // samples that hit their token budget (ScoredSample.truncated)
