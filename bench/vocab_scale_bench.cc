@@ -1,0 +1,353 @@
+// Memory and time of one monitored learner step at a real vocabulary: the
+// Qwen2.5-0.5B shape (vocab 151,936) with random fp32 weights on the CPU,
+// 8 sequences × 512 tokens, full-vocabulary or top-64 teacher rows, with and
+// without the chunked vocabulary head (trainer.vocab_chunk_positions) and
+// activation checkpointing.
+//
+// ONE configuration per process, since peak RSS (getrusage's ru_maxrss) is
+// the process's high-water mark; bench/vocab_scale_bench.sh runs the matrix.
+// The process builds what the learner holds, in the learner's order: the
+// model, then the scored groups with their teacher rows per sample ([T, V]
+// each for --teacher full, [T, 64] log-probs + ids for topk), the TrainBatch
+// from them (the groups are then dropped), then --steps HybridStep::Run
+// steps with κ and the cheap K_DR every step (monitor.kappa_every=1,
+// kdr_every=1: the monitored step, two backward passes).
+//
+// Prints one JSON line: the configuration, each step's seconds (the first
+// includes allocator and thread-pool warm-up: compare the last), peak RSS
+// after the batch was built and at the end, the batch's teacher bytes, and
+// the first step's losses (all configurations start from the same weights
+// and rows, so chunked and unchunked, with and without checkpointing, must
+// agree to rounding). A failed allocation (the memory cap the script sets
+// with ulimit -v) prints {"oom": true, ...} and exits 3.
+//
+// Usage: kappa_bench_vocab_scale --teacher full|topk [--chunk N] [--checkpointing 0|1]
+//        [--layers 24] [--rows 8] [--group-size 4] [--prompt 64] [--response 448]
+//        [--threads 2] [--steps 2] [--topk 64]
+#include <dlfcn.h>
+#include <sys/resource.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <memory>
+#include <new>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "learner/algo/hybrid_step.h"
+#include "learner/algo/train_batch.h"
+#include "model/model_config.h"
+#include "model/transformer.h"
+
+namespace {
+
+using namespace kappa;
+
+struct Options {
+  std::string teacher = "full";
+  int64_t chunk = 0;
+  bool checkpointing = false;
+  int64_t layers = 24;
+  int64_t rows = 8;
+  int64_t group_size = 4;
+  int64_t prompt = 64;
+  int64_t response = 448;
+  int threads = 2;
+  int steps = 2;
+  int64_t topk = 64;
+};
+
+// Qwen2.5-0.5B's config.json, with the number of layers a flag.
+model::ModelConfig Qwen25HalfB(int64_t layers) {
+  model::ModelConfig c;
+  c.architecture = model::Architecture::kQwen2;
+  c.name = "qwen2.5-0.5b-shape";
+  c.vocab_size = 151936;
+  c.hidden_size = 896;
+  c.intermediate_size = 4864;
+  c.num_hidden_layers = layers;
+  c.num_attention_heads = 14;
+  c.num_key_value_heads = 2;
+  c.max_position_embeddings = 32768;
+  c.rope_theta = 1000000.0;
+  c.rms_norm_eps = 1e-6;
+  c.tie_word_embeddings = true;
+  c.bos_token_id = 151643;
+  c.eos_token_ids = {151643};
+  c.pad_token_id = 151643;
+  return c;
+}
+
+double PeakRssMiB() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<double>(usage.ru_maxrss) / 1024.0;  // KiB on Linux
+}
+
+// A "VmRSS:"-style field of /proc/self/status, in MiB (-1 if absent).
+double StatusMiB(const std::string& field) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(field + ":", 0) == 0) {
+      std::istringstream fields(line.substr(field.size() + 1));
+      double kib = 0;
+      fields >> kib;
+      return kib / 1024.0;
+    }
+  }
+  return -1;
+}
+
+// Random groups of `group_size` samples with 0/1 rewards, mixed in every
+// group (so the advantages are non-zero), and random teacher rows generated
+// per sample as the learner receives them: log_softmax(2·N(0,1)) rows over
+// the vocabulary, whole ([T, V]) or their top k ([T, k] log-probs and ids).
+// Both forms draw the same random numbers (chunks of 64 positions), so the
+// top-k rows are exactly the top k of the full ones; the top-k form never
+// holds more than one chunk of a full row.
+std::vector<learner::ScoredGroup> SyntheticGroups(const Options& o, int64_t vocab) {
+  torch::manual_seed(7);
+  const bool full = o.teacher == "full";
+  const int64_t num_groups = o.rows / o.group_size;
+  std::vector<learner::ScoredGroup> groups(static_cast<size_t>(num_groups));
+  for (int64_t g = 0; g < num_groups; ++g) {
+    auto& group = groups[static_cast<size_t>(g)];
+    const auto prompt = torch::randint(0, vocab, {o.prompt}, torch::kInt64);
+    group.prompt_tokens.assign(prompt.data_ptr<int64_t>(), prompt.data_ptr<int64_t>() + o.prompt);
+    const auto rewards = torch::randint(0, 2, {o.group_size}, torch::kInt64);
+    for (int64_t i = 0; i < o.group_size; ++i) {
+      learner::ScoredSample sample;
+      const auto tokens = torch::randint(0, vocab, {o.response}, torch::kInt64);
+      sample.response_tokens.assign(tokens.data_ptr<int64_t>(),
+                                    tokens.data_ptr<int64_t>() + o.response);
+      // Near the random student's log-probs (≈ −ln V), so the PPO ratio is ≈ 1.
+      const auto behavior =
+          -std::log(static_cast<double>(vocab)) + 0.1 * torch::randn({o.response});
+      sample.behavior_logprobs.assign(behavior.data_ptr<float>(),
+                                      behavior.data_ptr<float>() + o.response);
+      int64_t reward = rewards[i].item<int64_t>();
+      if (i == o.group_size - 1 && rewards.sum().item<int64_t>() % o.group_size == 0) {
+        reward = 1 - reward;  // all equal so far: mix the group
+      }
+      sample.reward = static_cast<float>(reward);
+      if (full) {
+        sample.teacher_logprobs = torch::empty({o.response, vocab});
+      } else {
+        sample.teacher_logprobs = torch::empty({o.response, o.topk});
+        sample.teacher_topk_ids = torch::empty({o.response, o.topk}, torch::kInt64);
+      }
+      for (int64_t t = 0; t < o.response; t += 64) {
+        const int64_t n = std::min<int64_t>(64, o.response - t);
+        const auto rows = torch::log_softmax(2 * torch::randn({n, vocab}), -1);
+        if (full) {
+          sample.teacher_logprobs.narrow(0, t, n).copy_(rows);
+        } else {
+          auto [values, ids] = rows.topk(o.topk, -1);
+          sample.teacher_logprobs.narrow(0, t, n).copy_(values);
+          sample.teacher_topk_ids.narrow(0, t, n).copy_(ids);
+        }
+      }
+      group.samples.push_back(std::move(sample));
+    }
+  }
+  return groups;
+}
+
+std::string ConfigJson(const Options& o) {
+  char buffer[512];
+  std::snprintf(buffer, sizeof buffer,
+                "\"teacher\": \"%s\", \"chunk\": %lld, \"checkpointing\": %d, \"layers\": %lld, "
+                "\"rows\": %lld, \"group_size\": %lld, \"prompt\": %lld, \"response\": %lld, "
+                "\"threads\": %d, \"steps\": %d, \"topk\": %lld",
+                o.teacher.c_str(), static_cast<long long>(o.chunk), o.checkpointing ? 1 : 0,
+                static_cast<long long>(o.layers), static_cast<long long>(o.rows),
+                static_cast<long long>(o.group_size), static_cast<long long>(o.prompt),
+                static_cast<long long>(o.response), o.threads, o.steps,
+                static_cast<long long>(o.topk));
+  return buffer;
+}
+
+std::string Number(std::optional<double> x) {
+  if (!x || !std::isfinite(*x)) return "null";
+  char buffer[64];
+  std::snprintf(buffer, sizeof buffer, "%.9g", *x);
+  return buffer;
+}
+
+// How far a run got, for the out-of-memory line.
+struct Progress {
+  const char* phase = "start";
+  std::vector<double> seconds;  // of the steps completed
+};
+
+std::string SecondsJson(const std::vector<double>& seconds);
+
+int Run(const Options& o, Progress* progress) {
+  const char** phase = &progress->phase;
+  *phase = "model";
+  const model::ModelConfig config = Qwen25HalfB(o.layers);
+  torch::manual_seed(1);
+  model::Decoder model(config);
+  model->SetActivationCheckpointing(o.checkpointing);
+  int64_t parameters = 0;
+  for (const auto& p : model->parameters()) parameters += p.numel();
+  const double rss_model = StatusMiB("VmRSS");
+
+  *phase = "batch";
+  learner::TrainBatch batch;
+  {
+    std::vector<learner::ScoredGroup> groups = SyntheticGroups(o, config.vocab_size);
+    batch = learner::BuildTrainBatch(groups, true, config.pad_token_id);
+  }  // the groups (and their per-sample rows) go, as the learner drops them
+  const double peak_build = PeakRssMiB();
+  const double rss_batch = StatusMiB("VmRSS");
+
+  *phase = "step";
+  learner::HybridStepConfig step_config;
+  step_config.loss.lambda = 1.0;
+  step_config.loss.distill = o.teacher == "full" ? learner::DistillLoss::kReverseKl
+                                                 : learner::DistillLoss::kTopkTailReverseKl;
+  step_config.loss.distill_topk = o.topk;
+  step_config.loss.vocab_chunk_positions = o.chunk;
+  step_config.monitor.kappa_every = 1;
+  step_config.monitor.kdr_every = 1;
+  // A tiny learning rate: the second step runs on (nearly) the first's weights.
+  learner::HybridStep step(model, std::make_unique<learner::PolicyOptimizer>(model, 1e-7, 0.0, 1.0),
+                           step_config);
+  std::vector<double>& seconds = progress->seconds;
+  std::optional<learner::HybridStepReport> first;
+  for (int s = 0; s < o.steps; ++s) {
+    const auto start = std::chrono::steady_clock::now();
+    learner::HybridStepReport report = step.Run(batch);
+    seconds.push_back(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    std::fprintf(stderr, "step %d: %.1f s, peak RSS %.0f MiB\n", s + 1, seconds.back(),
+                 PeakRssMiB());
+    if (!first) first = std::move(report);
+  }
+
+  const std::string steps_json = SecondsJson(seconds);
+  const learner::StepStats& stats = first->stats;
+  std::printf(
+      "{%s, \"oom\": false, \"parameters\": %lld, \"batch_positions\": %lld, "
+      "\"step_s\": [%s], \"last_step_s\": %s, \"peak_rss_mib\": %.1f, "
+      "\"peak_rss_after_build_mib\": %.1f, \"rss_model_mib\": %.1f, \"rss_batch_mib\": %.1f, "
+      "\"vm_peak_mib\": %.1f, \"teacher_bytes\": %lld, \"reward_loss\": %s, "
+      "\"distill_loss\": %s, \"grad_norm\": %s, \"reward_grad_norm\": %s, "
+      "\"distill_grad_norm\": %s, \"kappa\": %s, \"entropy\": %s, \"kdr_mean\": %s, "
+      "\"teacher_tail_mass\": %s}\n",
+      ConfigJson(o).c_str(), static_cast<long long>(parameters),
+      static_cast<long long>(batch.input_tokens.numel()), steps_json.c_str(),
+      Number(seconds.back()).c_str(), PeakRssMiB(), peak_build, rss_model, rss_batch,
+      StatusMiB("VmPeak"), static_cast<long long>(batch.teacher_bytes()),
+      Number(stats.reward_loss).c_str(), Number(stats.distill_loss).c_str(),
+      Number(stats.grad_norm).c_str(), Number(stats.reward_grad_norm).c_str(),
+      Number(stats.distill_grad_norm).c_str(), Number(stats.kappa()).c_str(),
+      Number(first->entropy).c_str(),
+      Number(first->kdr ? std::optional<double>(first->kdr->mean) : std::nullopt).c_str(),
+      Number(first->teacher_tail_mass ? std::optional<double>(first->teacher_tail_mass->mean)
+                                      : std::nullopt)
+          .c_str());
+  return 0;
+}
+
+std::string SecondsJson(const std::vector<double>& seconds) {
+  std::string json;
+  for (size_t i = 0; i < seconds.size(); ++i) json += (i ? ", " : "") + Number(seconds[i]);
+  return json;
+}
+
+bool IsAllocationFailure(const std::string& what) {
+  return what.find("can't allocate memory") != std::string::npos ||
+         what.find("bad_alloc") != std::string::npos ||
+         what.find("Cannot allocate memory") != std::string::npos;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string flag = argv[i];
+    const char* value = argv[i + 1];
+    if (flag == "--teacher")
+      o.teacher = value;
+    else if (flag == "--chunk")
+      o.chunk = std::atoll(value);
+    else if (flag == "--checkpointing")
+      o.checkpointing = std::string(value) == "1";
+    else if (flag == "--layers")
+      o.layers = std::atoll(value);
+    else if (flag == "--rows")
+      o.rows = std::atoll(value);
+    else if (flag == "--group-size")
+      o.group_size = std::atoll(value);
+    else if (flag == "--prompt")
+      o.prompt = std::atoll(value);
+    else if (flag == "--response")
+      o.response = std::atoll(value);
+    else if (flag == "--threads")
+      o.threads = std::atoi(value);
+    else if (flag == "--steps")
+      o.steps = std::atoi(value);
+    else if (flag == "--topk")
+      o.topk = std::atoll(value);
+    else {
+      std::fprintf(stderr, "unknown flag %s\n", flag.c_str());
+      return 2;
+    }
+  }
+  if (argc % 2 == 0) {
+    std::fprintf(stderr, "flag %s has no value\n", argv[argc - 1]);
+    return 2;
+  }
+  if ((o.teacher != "full" && o.teacher != "topk") || o.chunk < 0 || o.layers < 1 ||
+      o.group_size < 2 || o.rows < o.group_size || o.rows % o.group_size != 0 || o.prompt < 1 ||
+      o.response < 1 || o.steps < 1 || o.topk < 1) {
+    std::fprintf(stderr,
+                 "bad flags: --teacher full|topk, --chunk >= 0, --group-size >= 2 dividing "
+                 "--rows, --layers/--prompt/--response/--steps/--topk >= 1\n");
+    return 2;
+  }
+  if (o.threads > 0) {
+    torch::set_num_threads(o.threads);
+    // Debian's libtorch calls a pthread OpenBLAS, whose pool
+    // torch::set_num_threads does not reach.
+    using SetThreads = void (*)(int);
+    if (auto set_blas =
+            reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"))) {
+      set_blas(o.threads);
+    }
+  }
+  Progress progress;
+  std::string failure;
+  try {
+    return Run(o, &progress);
+  } catch (const std::bad_alloc& e) {
+    failure = std::string("bad_alloc: ") + e.what();
+  } catch (const std::exception& e) {
+    failure = e.what();
+    if (!IsAllocationFailure(failure)) {
+      std::fprintf(stderr, "error (%s): %s\n", progress.phase, failure.c_str());
+      return 1;
+    }
+  }
+  // Out of memory (the address-space cap of the script, or the machine's).
+  const std::string first_line = failure.substr(0, failure.find('\n'));
+  std::fprintf(stderr, "out of memory (%s %zu): %s\n", progress.phase, progress.seconds.size() + 1,
+               first_line.c_str());
+  std::printf(
+      "{%s, \"oom\": true, \"phase\": \"%s\", \"oom_step\": %zu, \"step_s\": [%s], "
+      "\"peak_rss_mib\": %.1f, \"vm_peak_mib\": %.1f}\n",
+      ConfigJson(o).c_str(), progress.phase, progress.seconds.size() + 1,
+      SecondsJson(progress.seconds).c_str(), PeakRssMiB(), StatusMiB("VmPeak"));
+  return 3;
+}
