@@ -66,6 +66,23 @@ torch::Tensor HiddenAt(const torch::Tensor& hidden, const torch::Tensor& positio
   return hidden.reshape({-1, hidden.size(-1)}).index_select(0, positions);
 }
 
+// The chunked head's inputs at the response positions `positions` (flat
+// indices into [B·L]) of `batch`, from hidden [B, L, D] and `weight` as
+// given (with graph for the loss, detached for the K_DR recomputation).
+VocabHeadInputs ResponseHeadInputs(const torch::Tensor& hidden, const torch::Tensor& weight,
+                                   const torch::Tensor& positions, const TrainBatch& batch,
+                                   const LossConfig& config) {
+  VocabHeadInputs in;
+  in.hidden = HiddenAt(hidden, positions);
+  in.weight = weight;
+  in.targets = batch.target_tokens.reshape({-1}).index_select(0, positions);
+  in.teacher = batch.teacher().Flatten().Select(positions);
+  in.distill = config.distill;
+  in.temperature = config.temperature;
+  in.chunk_positions = config.vocab_chunk_positions;
+  return in;
+}
+
 // L_SFT of the demonstration rows through the chunked head: the mean NLL
 // over their teacher response tokens, as SftNll.
 void ChunkedSftNll(model::Decoder& model, const TrainBatch& batch, const LossConfig& config,
@@ -93,10 +110,8 @@ void ChunkedTerms(const model::ForwardOutput& out, model::Decoder& model, const 
   terms->hidden = out.hidden;
   terms->output_weight = OutputWeightRows(model, config);
   terms->head_positions = batch.response_mask.reshape({-1}).nonzero().squeeze(-1);
-  VocabHeadInputs in = HeadInputs(*terms, batch, config);
-  in.hidden = HiddenAt(out.hidden, terms->head_positions);
-  in.weight = terms->output_weight;
-  const VocabHeadTerms head = ComputeVocabHeadTerms(in);
+  const VocabHeadTerms head = ComputeVocabHeadTerms(
+      ResponseHeadInputs(out.hidden, terms->output_weight, terms->head_positions, batch, config));
   // Back to [B, L], zero outside the response positions.
   const auto scatter = [&](const torch::Tensor& values) {
     return torch::zeros({batch.response_mask.numel()}, values.options())
@@ -182,16 +197,8 @@ TokenTerms ComputeTokenTerms(model::Decoder& model, const TrainBatch& batch,
 
 VocabHeadInputs HeadInputs(const TokenTerms& tokens, const TrainBatch& batch,
                            const LossConfig& config) {
-  const torch::Tensor& positions = tokens.head_positions;
-  VocabHeadInputs in;
-  in.hidden = HiddenAt(tokens.hidden.detach(), positions);
-  in.weight = tokens.output_weight.detach();
-  in.targets = batch.target_tokens.reshape({-1}).index_select(0, positions);
-  in.teacher = batch.teacher().Flatten().Select(positions);
-  in.distill = config.distill;
-  in.temperature = config.temperature;
-  in.chunk_positions = config.vocab_chunk_positions;
-  return in;
+  return ResponseHeadInputs(tokens.hidden.detach(), tokens.output_weight.detach(),
+                            tokens.head_positions, batch, config);
 }
 
 LossTerms AggregateTerms(const TokenTerms& tokens, const TrainBatch& batch,
