@@ -27,6 +27,8 @@
 // Usage: kappa_bench_generation [--lengths 32,128,512] [--prompts 8]
 //        [--group-size 8] [--reps 3] [--threads T] [--device cpu|cuda]
 //        [--modes nocache,per_prompt]   (the batched cache path always runs)
+// With --modes static,engine it runs the continuous decode engine against
+// the static path instead (bench/generation_engine_bench.cc).
 #include <dlfcn.h>
 #include <torch/torch.h>
 
@@ -40,6 +42,7 @@
 #include <vector>
 
 #include "bench/demo_shape.h"
+#include "bench/generation_engine_bench.h"
 #include "model/model_config.h"
 #include "model/sampling.h"
 #include "model/transformer.h"
@@ -166,6 +169,9 @@ std::vector<std::vector<int64_t>> SamplePerPrompt(model::Decoder& model,
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (kappa::bench::WantsEngineComparison(argc, argv)) {
+    return kappa::bench::RunEngineComparison(argc, argv);
+  }
   std::string device_name = "cpu", lengths_text = "32,128,512", modes_text = "nocache";
   int reps = 3, threads = 0;
   int64_t num_prompts = 8, group_size = 8;

@@ -63,6 +63,9 @@ WorkTemplate WorkTemplateFor(const services::Config& config) {
   work.max_new_tokens = static_cast<int32_t>(config.rollout.max_new_tokens);
   work.temperature = static_cast<float>(config.rollout.temperature);
   work.top_p = static_cast<float>(config.rollout.top_p);
+  work.top_k = static_cast<int32_t>(config.rollout.top_k);
+  work.min_p = static_cast<float>(config.rollout.min_p);
+  work.sampling_seed = services::RlSeed(config);
   work.teacher_form = TeacherFormFor(config);
   work.teacher_top_k = TeacherTopKFor(config);
   work.teacher_demonstrations = TeacherDemonstrationsFor(config);

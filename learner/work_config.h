@@ -19,6 +19,9 @@ struct WorkTemplate {
   int32_t max_new_tokens = 8;
   float temperature = 1.0f;
   float top_p = 1.0f;
+  int32_t top_k = 0;
+  float min_p = 0.0f;
+  uint64_t sampling_seed = 0;  // the RL seed: each item's seed mixes it with its lease id
   int32_t teacher_form = 0;  // kappa.v1.ScoreForm; 0 = no teacher data
   int32_t teacher_top_k = 0;  // k of SCORE_FORM_TOPK (trainer.distill_topk); 0 otherwise
   // RSTG teacher SFT: K teacher responses for negative zero-variance groups; 0 = never.

@@ -7,6 +7,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "model/token_sampler.h"
+
 namespace kappa::model {
 namespace {
 
@@ -73,6 +75,20 @@ std::vector<SampledSequence> Sample(Decoder& model,
   const int64_t sampleable =
       params.sampleable_vocab_size > 0 ? params.sampleable_vocab_size : vocab_size;
   const int64_t B = static_cast<int64_t>(prompts.size());
+  if (!params.row_seeds.empty() && static_cast<int64_t>(params.row_seeds.size()) != B) {
+    throw std::invalid_argument("Sample: " + std::to_string(params.row_seeds.size()) +
+                                " row_seeds for " + std::to_string(B) + " prompts");
+  }
+  TokenSampling row_sampling;
+  row_sampling.temperature = params.temperature;
+  row_sampling.top_p = params.top_p;
+  row_sampling.top_k = params.top_k;
+  row_sampling.min_p = params.min_p;
+  row_sampling.sampleable_vocab_size = sampleable;
+  ValidateTokenSampling(row_sampling, vocab_size);
+  const bool per_row = !params.row_seeds.empty() || params.top_k > 0 || params.min_p > 0;
+  std::vector<RowRandom> row_random;
+  for (uint64_t seed : params.row_seeds) row_random.emplace_back(seed);
   std::vector<SampledSequence> results(prompts.size());
   if (B == 0) return results;
 
@@ -150,7 +166,23 @@ std::vector<SampledSequence> Sample(Decoder& model,
     auto real = sampleable < vocab_size ? logits.narrow(-1, 0, sampleable) : logits;
     auto scaled = real.to(torch::kFloat32) / temperature;
     auto logp = torch::log_softmax(scaled, -1);
-    auto next = greedy ? scaled.argmax(-1) : SampleTopP(scaled, params.top_p, gen);
+    torch::Tensor next;
+    if (per_row && !greedy) {
+      std::vector<double> uniforms;
+      if (!row_random.empty()) {
+        for (RowRandom& random : row_random) uniforms.push_back(random.NextUniform());
+      } else {
+        auto drawn =
+            torch::rand({B}, gen, torch::TensorOptions().dtype(torch::kFloat64).device(device))
+                .cpu();
+        uniforms.assign(drawn.data_ptr<double>(), drawn.data_ptr<double>() + B);
+      }
+      const SampledTokens sampled = SampleTokens(
+          logits, std::vector<TokenSampling>(static_cast<size_t>(B), row_sampling), uniforms);
+      next = torch::tensor(sampled.tokens, long_opts).to(device);
+    } else {
+      next = greedy ? scaled.argmax(-1) : SampleTopP(scaled, params.top_p, gen);
+    }
     auto active = finished.logical_not();
     step_tokens.push_back(next);
     step_logprobs.push_back(logp.gather(-1, next.unsqueeze(-1)).squeeze(-1));

@@ -15,6 +15,14 @@ struct SamplingParams {
   int64_t max_new_tokens = 16;
   double temperature = 1.0;  // 0 = greedy (argmax)
   double top_p = 1.0;        // nucleus sampling; 1 = full distribution
+  int64_t top_k = 0;         // the k most likely tokens only; 0 = off
+  double min_p = 0.0;        // drop tokens below min_p × the top probability; 0 = off
+  // One seed per prompt row: row b draws its tokens with model::SampleTokens
+  // from RowRandom(row_seeds[b]) (model/token_sampler.h), independent of the
+  // other rows, as the decode engine does. Empty: the rows draw from
+  // `generator` together (torch::multinomial), unless top_k or min_p is set,
+  // which also selects SampleTokens (with uniforms drawn from `generator`).
+  std::vector<uint64_t> row_seeds;
   // A row ends at the first of these it samples (kept as its last token):
   // model::StopTokenIds of the model (generation_config.json's eos_token_id,
   // else config.json's). Empty: rows end only at their budget. Each in

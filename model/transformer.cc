@@ -2,6 +2,7 @@
 
 #include <torch/version.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <stdexcept>
@@ -83,12 +84,10 @@ class AttentionImpl : public torch::nn::Module {
     }
   }
 
-  // x: [B, T, D]; allowed: [B, 1, 1, T, S] bool. With a cache, this layer's
-  // new keys/values are written at slots [start, start + T) and the first
-  // S = start + T slots are attended.
+  // x: [B, T, D]; allowed: [B, 1, 1, T, S] bool. `write` says where this
+  // layer's new keys/values go and which columns are attended (CacheWrite).
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
-                        const torch::Tensor& allowed, torch::Tensor* cache_k,
-                        torch::Tensor* cache_v, int64_t start) {
+                        const torch::Tensor& allowed, const CacheWrite& write) {
     const int64_t B = x.size(0), T = x.size(1);
     auto q = q_proj(x).view({B, T, heads_, head_dim_});
     auto k = k_proj(x).view({B, T, kv_heads_, head_dim_});
@@ -101,11 +100,21 @@ class AttentionImpl : public torch::nn::Module {
     auto v = v_proj(x).view({B, T, kv_heads_, head_dim_}).transpose(1, 2);
     q = ApplyRope(q, cos, sin);
     k = ApplyRope(k, cos, sin);
-    if (cache_k != nullptr) {
-      cache_k->narrow(2, start, T).copy_(k);
-      cache_v->narrow(2, start, T).copy_(v);
-      k = cache_k->narrow(2, 0, start + T);
-      v = cache_v->narrow(2, 0, start + T);
+    if (write.columns.defined()) {
+      // One token per row: row r's key/value go to column columns[r] of slot
+      // r, and the first `width` columns of each slot are attended.
+      auto cache_k = write.keys->narrow(0, 0, B);
+      auto cache_v = write.values->narrow(0, 0, B);
+      auto index = write.columns.view({B, 1, 1, 1}).expand({B, kv_heads_, 1, head_dim_});
+      cache_k.scatter_(2, index, k);
+      cache_v.scatter_(2, index, v);
+      k = cache_k.narrow(2, 0, write.width);
+      v = cache_v.narrow(2, 0, write.width);
+    } else if (write.keys != nullptr) {
+      write.keys->narrow(2, write.start, T).copy_(k);
+      write.values->narrow(2, write.start, T).copy_(v);
+      k = write.keys->narrow(2, 0, write.start + T);
+      v = write.values->narrow(2, 0, write.start + T);
     }
     auto out = UseSdpa() ? SdpaAttention(q, k, v, allowed) : ExplicitAttention(q, k, v, allowed);
     return o_proj(out.transpose(1, 2).reshape({B, T, heads_ * head_dim_}));
@@ -182,11 +191,10 @@ class DecoderLayerImpl : public torch::nn::Module {
         register_module("post_attention_layernorm", RMSNorm(c.hidden_size, c.rms_norm_eps));
     mlp = register_module("mlp", Mlp(c));
   }
-  // h: [B, T, D] -> [B, T, D]; the cache arguments as AttentionImpl's.
+  // h: [B, T, D] -> [B, T, D]; `write` as AttentionImpl's.
   torch::Tensor forward(const torch::Tensor& h, const torch::Tensor& cos, const torch::Tensor& sin,
-                        const torch::Tensor& allowed, torch::Tensor* cache_k,
-                        torch::Tensor* cache_v, int64_t start) {
-    auto x = h + self_attn->forward(input_layernorm(h), cos, sin, allowed, cache_k, cache_v, start);
+                        const torch::Tensor& allowed, const CacheWrite& write) {
+    auto x = h + self_attn->forward(input_layernorm(h), cos, sin, allowed, write);
     return x + mlp(post_attention_layernorm(x));
   }
   RMSNorm input_layernorm{nullptr};
@@ -295,8 +303,79 @@ ForwardOutput DecoderImpl::Forward(const torch::Tensor& tokens, const torch::Ten
 
 ForwardOutput DecoderImpl::ForwardHidden(const torch::Tensor& tokens,
                                          const torch::Tensor& attention_mask,
-                                         const torch::Tensor& positions) {
-  return Run(tokens, attention_mask, positions, /*cache=*/nullptr, /*logits=*/false);
+                                         const torch::Tensor& positions, KVCache* cache) {
+  return Run(tokens, attention_mask, positions, cache, /*logits=*/false);
+}
+
+SlotKVCache DecoderImpl::NewSlotCache(int64_t slots, int64_t capacity) const {
+  if (slots <= 0 || capacity <= 0) Fail("NewSlotCache needs slots > 0 and capacity > 0");
+  const auto& w = model_->embed_tokens->weight;
+  auto opts = w.options().requires_grad(false);
+  SlotKVCache cache;
+  for (int64_t i = 0; i < config_.num_hidden_layers; ++i) {
+    cache.keys.push_back(
+        torch::zeros({slots, config_.num_key_value_heads, capacity, config_.head_dim()}, opts));
+    cache.values.push_back(
+        torch::zeros({slots, config_.num_key_value_heads, capacity, config_.head_dim()}, opts));
+  }
+  return cache;
+}
+
+torch::Tensor DecoderImpl::DecodeSlots(const std::vector<int64_t>& tokens,
+                                       const std::vector<int64_t>& lengths, SlotKVCache* cache) {
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  if (n == 0 || lengths.size() != tokens.size()) {
+    Fail("DecodeSlots needs one length per token and at least one token, got " +
+         std::to_string(tokens.size()) + " tokens and " + std::to_string(lengths.size()) +
+         " lengths");
+  }
+  if (cache == nullptr || static_cast<int64_t>(cache->keys.size()) != config_.num_hidden_layers ||
+      n > cache->slots()) {
+    Fail("slot cache does not match this model or has fewer than " + std::to_string(n) +
+         " slots (use NewSlotCache)");
+  }
+  int64_t width = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t length = lengths[static_cast<size_t>(i)];
+    const int64_t token = tokens[static_cast<size_t>(i)];
+    if (length < 0 || length >= cache->capacity() || length >= config_.max_position_embeddings) {
+      Fail("slot " + std::to_string(i) + " length " + std::to_string(length) +
+           " leaves no column in a slot of " + std::to_string(cache->capacity()) +
+           " (max_position_embeddings " + std::to_string(config_.max_position_embeddings) + ")");
+    }
+    if (token < 0 || token >= config_.vocab_size) {
+      Fail("slot " + std::to_string(i) + " token " + std::to_string(token) +
+           " outside the vocabulary");
+    }
+    width = std::max(width, length + 1);
+  }
+  const auto device = model_->embed_tokens->weight.device();
+  auto long_opts = torch::TensorOptions().dtype(torch::kLong);
+  auto token_t = torch::tensor(tokens, long_opts).to(device).view({n, 1});
+  auto columns = torch::tensor(lengths, long_opts).to(device);
+
+  // A row's new token sits at column lengths[r] (also its RoPE position:
+  // slots hold their sequence from column 0) and sees columns <= that one.
+  auto cos = rope_cos_.index_select(0, columns).view({n, 1, 1, -1});
+  auto sin = rope_sin_.index_select(0, columns).view({n, 1, 1, -1});
+  const auto dtype = model_->embed_tokens->weight.scalar_type();
+  cos = cos.to(dtype);
+  sin = sin.to(dtype);
+  auto allowed =
+      torch::arange(width, long_opts.device(device)).unsqueeze(0) <= columns.unsqueeze(1);
+  allowed = allowed.view({n, 1, 1, 1, width});
+
+  auto h = model_->embed_tokens(token_t);
+  for (int64_t i = 0; i < config_.num_hidden_layers; ++i) {
+    CacheWrite write;
+    write.keys = &cache->keys[static_cast<size_t>(i)];
+    write.values = &cache->values[static_cast<size_t>(i)];
+    write.columns = columns;
+    write.width = width;
+    h = model_->blocks[static_cast<size_t>(i)]->forward(h, cos, sin, allowed, write);
+  }
+  h = model_->norm(h);
+  return F::linear(h.select(1, 0), OutputWeight());
 }
 
 torch::Tensor DecoderImpl::OutputWeight() const {
@@ -397,13 +476,17 @@ ForwardOutput DecoderImpl::Run(const torch::Tensor& tokens_in, const torch::Tens
       // layer is differentiable only in h and its parameters.
       h = Checkpoint(
           [impl = layer.ptr(), cos, sin, allowed](const torch::Tensor& x) {
-            return impl->forward(x, cos, sin, allowed, nullptr, nullptr, 0);
+            return impl->forward(x, cos, sin, allowed, CacheWrite{});
           },
           h, layer->parameters());
     } else {
-      h = layer->forward(h, cos, sin, allowed,
-                         cache ? &cache->keys[static_cast<size_t>(i)] : nullptr,
-                         cache ? &cache->values[static_cast<size_t>(i)] : nullptr, start);
+      CacheWrite write;
+      if (cache) {
+        write.keys = &cache->keys[static_cast<size_t>(i)];
+        write.values = &cache->values[static_cast<size_t>(i)];
+        write.start = start;
+      }
+      h = layer->forward(h, cos, sin, allowed, write);
     }
   }
   h = model_->norm(h);

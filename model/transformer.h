@@ -38,6 +38,34 @@ struct KVCache {
   torch::Tensor key_valid;
 };
 
+// Per-slot key/value buffers for continuous batching (model/decode_engine.h):
+// keys/values [slots, n_kv_heads, capacity, head_dim] per layer; slot s holds
+// one sequence from column 0, so a token's column is its position. Which
+// columns are filled is the caller's bookkeeping (DecodeSlots' `lengths`).
+struct SlotKVCache {
+  std::vector<torch::Tensor> keys;
+  std::vector<torch::Tensor> values;
+  int64_t slots() const { return keys.empty() ? 0 : keys.front().size(0); }
+  int64_t capacity() const { return keys.empty() ? 0 : keys.front().size(2); }
+  int64_t bytes() const {
+    int64_t total = 0;
+    for (const auto& k : keys) total += static_cast<int64_t>(k.nbytes());
+    return 2 * total;
+  }
+};
+
+// Where one layer's new keys/values go (no cache: nowhere): columns
+// [start, start + T) of every row of a KVCache, attending columns
+// [0, start + T); or, when `columns` [B] is defined (DecodeSlots, T = 1),
+// column columns[r] of slot r, attending columns [0, width).
+struct CacheWrite {
+  torch::Tensor* keys = nullptr;
+  torch::Tensor* values = nullptr;
+  int64_t start = 0;
+  torch::Tensor columns;
+  int64_t width = 0;
+};
+
 struct ForwardOutput {
   torch::Tensor logits;  // [B, T, V]; undefined from ForwardHidden
   torch::Tensor hidden;  // [B, T, D] final hidden state (after the last norm)
@@ -65,11 +93,27 @@ class DecoderImpl : public torch::nn::Module {
                         KVCache* cache = nullptr);
 
   // Forward without the output projection: `hidden` as Forward gives it
-  // (same graph, same checkpointing), `logits` undefined, for a caller that
-  // projects positions in chunks itself with OutputWeight(). No KV cache.
-  // Throws as Forward does.
+  // (same graph, same checkpointing, the same cache writes), `logits`
+  // undefined, for a caller that projects only the positions it needs
+  // (chunks in the learner, a prompt's last position in the decode engine)
+  // with OutputWeight(). Throws as Forward does.
   ForwardOutput ForwardHidden(const torch::Tensor& tokens, const torch::Tensor& attention_mask = {},
-                              const torch::Tensor& positions = {});
+                              const torch::Tensor& positions = {}, KVCache* cache = nullptr);
+
+  // Zeroed per-slot buffers in the parameters' dtype and device (SlotKVCache).
+  SlotKVCache NewSlotCache(int64_t slots, int64_t capacity) const;
+  // One decode step of continuous batching over slots [0, n), n =
+  // tokens.size(): slot r's `lengths[r]` tokens are cached in columns
+  // [0, lengths[r]); tokens[r] is written at column lengths[r] (its RoPE
+  // position) and attends the columns up to it. Returns the next-token
+  // logits [n, V]. A free slot may ride along with any token and length 0
+  // (it only writes column 0, which its next occupant's prefill overwrites).
+  // REQUIRES: no-grad (the cache is written in place). Throws
+  // std::invalid_argument when n exceeds the cache's slots, a length leaves
+  // no column (capacity, max_position_embeddings) or a token is outside the
+  // vocabulary.
+  torch::Tensor DecodeSlots(const std::vector<int64_t>& tokens, const std::vector<int64_t>& lengths,
+                            SlotKVCache* cache);
 
   // The output projection's weight [vocab_size, hidden_size]: the parameter
   // itself (with its graph, so gradients of hidden @ OutputWeight().t()

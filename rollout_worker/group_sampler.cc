@@ -1,7 +1,5 @@
 #include "rollout_worker/group_sampler.h"
 
-#include <ATen/CPUGeneratorImpl.h>
-#include <ATen/Context.h>
 #include <spdlog/spdlog.h>
 #include <torch/torch.h>
 
@@ -14,11 +12,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "model/sampling.h"
+#include "model/token_sampler.h"
 #include "model/transformer.h"
 #include "rollout_worker/backoff.h"
 #include "rollout_worker/response_text.h"
 #include "rollout_worker/teacher_demonstrations.h"
 #include "services/grpc_util.h"
+#include "services/stable_hash.h"
 #include "services/status_util.h"
 #include "services/tensor_codec.h"
 #include "services/torch_tensor_codec.h"
@@ -133,6 +133,8 @@ absl::StatusOr<model::SamplingParams> SamplingParamsFor(const kappa::v1::WorkIte
   }
   params.temperature = item.temperature() > 0 ? item.temperature() : options.default_temperature;
   params.top_p = item.top_p() > 0 && item.top_p() <= 1 ? item.top_p() : options.default_top_p;
+  params.top_k = item.top_k() > 0 ? item.top_k() : options.default_top_k;
+  params.min_p = item.min_p() > 0 && item.min_p() <= 1 ? item.min_p() : options.default_min_p;
   // The policy that arrives over WatchPolicy is a config.json alone (no
   // directory, no generation_config.json): the learner sends the student's
   // stop ids with every item.
@@ -149,8 +151,22 @@ absl::StatusOr<model::SamplingParams> SamplingParamsFor(const kappa::v1::WorkIte
 // Rows of one model::Sample call must share these; pad comes from the model.
 bool SameSettings(const model::SamplingParams& a, const model::SamplingParams& b) {
   return a.max_new_tokens == b.max_new_tokens && a.temperature == b.temperature &&
-         a.top_p == b.top_p && a.stop_token_ids == b.stop_token_ids &&
-         a.sampleable_vocab_size == b.sampleable_vocab_size;
+         a.top_p == b.top_p && a.top_k == b.top_k && a.min_p == b.min_p &&
+         a.stop_token_ids == b.stop_token_ids && a.sampleable_vocab_size == b.sampleable_vocab_size;
+}
+
+// The seed of the item's rows: the learner's, else one from the worker's
+// seed and the lease id (unique per lease).
+uint64_t ItemSeed(const kappa::v1::WorkItem& item, const GroupSamplerOptions& options) {
+  if (item.sampling_seed() != 0) return item.sampling_seed();
+  return model::RowSeed(options.seed, static_cast<int64_t>(services::StableHash(item.lease_id())));
+}
+
+// The item's rows' seeds, as the engine derives them (model::RowSeed).
+void AppendRowSeeds(const kappa::v1::WorkItem& item, const GroupSamplerOptions& options,
+                    std::vector<uint64_t>* seeds) {
+  const uint64_t seed = ItemSeed(item, options);
+  for (int32_t g = 0; g < item.group_size(); ++g) seeds->push_back(model::RowSeed(seed, g));
 }
 
 // The unscored group of `item` from its `count` sampled sequences, each cut
@@ -197,19 +213,12 @@ GroupSamplerOptions WithDefaultDecode(GroupSamplerOptions options) {
 
 }  // namespace
 
-struct GroupSampler::Rng {
-  at::Generator generator;
-};
-
 GroupSampler::GroupSampler(std::shared_ptr<grpc::ChannelInterface> verifier_channel,
                            std::shared_ptr<grpc::ChannelInterface> teacher_channel,
                            GroupSamplerOptions options)
     : verifier_(kappa::v1::Verifier::NewStub(std::move(verifier_channel))),
       teacher_(kappa::v1::Teacher::NewStub(std::move(teacher_channel))),
-      options_(WithDefaultDecode(std::move(options))),
-      rng_(
-          std::make_unique<Rng>(Rng{model::MakeGenerator(c10::Device(c10::kCPU), options_.seed)})) {
-}
+      options_(WithDefaultDecode(std::move(options))) {}
 
 GroupSampler::~GroupSampler() = default;
 
@@ -262,24 +271,23 @@ std::vector<absl::StatusOr<kappa::v1::ScoredGroup>> GroupSampler::Sample(
   }
 
   for (const auto& [params, members] : batches) {
-    // G copies of each member's prompt, members in order.
+    // G copies of each member's prompt, members in order, each row with the
+    // seed the engine would give it.
     std::vector<std::vector<int64_t>> prompts;
+    model::SamplingParams sampling = params;
+    sampling.row_seeds.clear();
     for (size_t i : members) {
+      AppendRowSeeds(items[i], options_, &sampling.row_seeds);
       const std::vector<int64_t> prompt(items[i].prompt_tokens().begin(),
                                         items[i].prompt_tokens().end());
       prompts.insert(prompts.end(), items[i].group_size(), prompt);
     }
     const absl::Time start = absl::Now();
     std::vector<model::SampledSequence> sampled;
-    const auto& sampling = params;  // a lambda cannot capture a structured binding (C++17)
     absl::Status status = services::CaptureExceptions("sampling failed", [&] {
-      // model::Sample runs on the policy's device (rollout.device, where the
-      // watcher loaded it); the generator follows it there once.
-      const c10::Device device = decoder->parameters().front().device();
-      if (rng_->generator.device() != device) {
-        rng_->generator = model::MakeGenerator(device, options_.seed);
-      }
-      sampled = model::Sample(decoder, prompts, sampling, rng_->generator);
+      // Every row draws from its own seed (sampling.row_seeds), on the
+      // policy's device (rollout.device, where the watcher loaded it).
+      sampled = model::Sample(decoder, prompts, sampling);
     });
     if (status.ok() && sampled.size() != prompts.size()) {
       status = absl::InternalError(absl::StrCat("sampling returned ", sampled.size(),
@@ -297,6 +305,44 @@ std::vector<absl::StatusOr<kappa::v1::ScoredGroup>> GroupSampler::Sample(
     }
   }
   return results;
+}
+
+absl::StatusOr<model::DecodeRequest> GroupSampler::EngineRequest(const kappa::v1::WorkItem& item,
+                                                                 const Policy& policy,
+                                                                 uint64_t id) const {
+  if (policy.model == nullptr) return absl::FailedPreconditionError("no policy loaded");
+  const model::ModelConfig& config = (*policy.model)->config();
+  if (absl::Status valid = ValidateItem(item, config); !valid.ok()) return valid;
+  absl::StatusOr<model::SamplingParams> params = SamplingParamsFor(item, config, options_);
+  if (!params.ok()) return params.status();
+  if (LeaseExpired(item)) {
+    return absl::DeadlineExceededError(absl::StrCat("lease ", item.lease_id(), " expired"));
+  }
+  model::DecodeRequest request;
+  request.id = id;
+  request.model = policy.model;
+  request.prompt.assign(item.prompt_tokens().begin(), item.prompt_tokens().end());
+  request.num_samples = item.group_size();
+  request.max_new_tokens = params->max_new_tokens;
+  request.sampling.temperature = params->temperature;
+  request.sampling.top_p = params->top_p;
+  request.sampling.top_k = params->top_k;
+  request.sampling.min_p = params->min_p;
+  request.sampling.sampleable_vocab_size = params->sampleable_vocab_size;
+  request.stop_token_ids = params->stop_token_ids;
+  request.seed = ItemSeed(item, options_);
+  return request;
+}
+
+absl::StatusOr<kappa::v1::ScoredGroup> GroupSampler::GroupFromEngine(
+    const kappa::v1::WorkItem& item, int64_t policy_version,
+    std::vector<model::SampledSequence> samples, double seconds) const {
+  if (static_cast<int64_t>(samples.size()) != item.group_size()) {
+    return absl::InternalError(absl::StrCat("the engine returned ", samples.size(),
+                                            " samples for a group of ", item.group_size()));
+  }
+  return GroupOf(item, policy_version, options_.worker_id, options_.decode, samples.data(),
+                 samples.size(), seconds);
 }
 
 absl::StatusOr<kappa::v1::ScoredGroup> GroupSampler::Complete(

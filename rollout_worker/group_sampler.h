@@ -27,6 +27,7 @@
 #include "kappa/v1/learner.pb.h"
 #include "kappa/v1/teacher.grpc.pb.h"
 #include "kappa/v1/verifier.grpc.pb.h"
+#include "model/decode_engine.h"
 #include "rollout_worker/policy_watcher.h"
 #include "rollout_worker/stop_strings.h"
 #include "rollout_worker/worker_metrics.h"
@@ -42,6 +43,9 @@ struct GroupSamplerOptions {
   int64_t default_max_new_tokens = 8;
   double default_temperature = 1.0;
   double default_top_p = 1.0;
+  int64_t default_top_k = 0;
+  double default_min_p = 0.0;
+  // Items without a sampling_seed get one from this and their lease id.
   uint64_t seed = 1;
   // Attempts per RPC for teacher demonstrations (optional data): bounded, so
   // an unreachable teacher costs a group some seconds, not its lease.
@@ -72,10 +76,27 @@ class GroupSampler {
   // group's samples with their behavior log-probs and generation_seconds =
   // the batch's decode time, or INVALID_ARGUMENT for an unusable item,
   // DEADLINE_EXCEEDED for an expired lease, INTERNAL when the decode failed.
-  // One bad item does not fail the others. Not thread-safe: one Sample()
-  // at a time (it advances the sampler's generator).
+  // One bad item does not fail the others. Each row draws from its own
+  // seed (the item's sampling_seed, see EngineRequest), so what an item
+  // samples does not depend on the items batched with it. Thread-compatible.
   std::vector<absl::StatusOr<kappa::v1::ScoredGroup>> Sample(
       const std::vector<kappa::v1::WorkItem>& items, const Policy& policy) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // The decode-engine request of `item` with `policy` (rollout.engine =
+  // continuous): the same validation and settings as Sample(), G rows
+  // sharing one prefill, each seeded from the item's sampling seed (so the
+  // engine and Sample() draw the same tokens for an item). `id` is echoed in
+  // the engine's result. INVALID_ARGUMENT for an unusable item,
+  // DEADLINE_EXCEEDED for an expired lease, FAILED_PRECONDITION without a
+  // policy. Thread-compatible (reads the options only).
+  absl::StatusOr<model::DecodeRequest> EngineRequest(const kappa::v1::WorkItem& item,
+                                                     const Policy& policy, uint64_t id) const;
+  // The unscored group of `item` from the engine's samples (cut at the
+  // item's stop strings, as Sample() cuts), with generation_seconds =
+  // `seconds`. INTERNAL for a malformed sample.
+  absl::StatusOr<kappa::v1::ScoredGroup> GroupFromEngine(
+      const kappa::v1::WorkItem& item, int64_t policy_version,
+      std::vector<model::SampledSequence> samples, double seconds) const;
 
   // Verifies and scores a group Sample() returned for `item` (adding the
   // time it took to generation_seconds). Thread-safe: the worker completes
@@ -99,8 +120,6 @@ class GroupSampler {
   void Resume() ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  struct Rng;  // keeps libtorch out of this header
-
   // Retries transient errors with backoff until the lease expires or, when
   // max_attempts > 0, after that many attempts.
   absl::Status CallWithRetry(const char* what, const kappa::v1::WorkItem& item,
@@ -123,7 +142,6 @@ class GroupSampler {
   std::unique_ptr<kappa::v1::Verifier::StubInterface> verifier_;
   std::unique_ptr<kappa::v1::Teacher::StubInterface> teacher_;
   const GroupSamplerOptions options_;
-  std::unique_ptr<Rng> rng_;
 
   mutable absl::Mutex mu_;
   // Set by Cancel(), cleared by Resume(): no new RPC attempt starts.

@@ -3,14 +3,18 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <chrono>
 #include <deque>
 #include <future>
+#include <list>
+#include <map>
 #include <thread>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "rollout_worker/backoff.h"
+#include "services/status_util.h"
 
 namespace kappa::rollout {
 namespace {
@@ -56,6 +60,9 @@ struct RolloutWorker::Connection {
   bool broken ABSL_GUARDED_BY(mu) = false;
   // The learner sent at least one message on this stream.
   bool received_any ABSL_GUARDED_BY(mu) = false;
+  // Serializes stream writes: the continuous path sends groups from the
+  // threads that complete them.
+  absl::Mutex write_mu;
 
   // The conditions the loop waits on; each ends the wait on a break or Stop().
   bool HasItemOrEndedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
@@ -85,10 +92,13 @@ RolloutWorker::RolloutWorker(std::shared_ptr<grpc::ChannelInterface> learner_cha
       learner_(kappa::v1::Learner::NewStub(learner_channel)),
       watcher_(learner_channel,
                PolicyWatcherOptions{options_.worker_id, options_.initial_backoff,
-                                    options_.max_backoff, options_.device,
-                                    options_.dtype}),
-      sampler_(std::move(verifier_channel), std::move(teacher_channel),
-               SamplerOptions(options_)) {}
+                                    options_.max_backoff, options_.device, options_.dtype}),
+      sampler_(std::move(verifier_channel), std::move(teacher_channel), SamplerOptions(options_)) {
+  if (options_.decode == "continuous") {
+    engine_ = std::make_unique<model::DecodeEngine>(options_.engine);
+    if (options_.metrics != nullptr) options_.metrics->SetEngineSlots(options_.engine.max_rows);
+  }
+}
 
 RolloutWorker::~RolloutWorker() { Stop(); }
 
@@ -169,7 +179,8 @@ grpc::Status RolloutWorker::ServeStream(bool* received_any) {
     if (options_.metrics != nullptr) options_.metrics->RecordConnection();
     spdlog::info("connected to the learner as {}", options_.worker_id);
     connection.reader = std::thread([this, &connection] { ReadLoop(&connection); });
-    while (!stopping()) {
+    if (engine_ != nullptr) ServeWithEngine(&connection);
+    while (engine_ == nullptr && !stopping()) {
       kappa::v1::WorkItem item;
       {
         absl::MutexLock lock(&connection.mu,
@@ -238,32 +249,36 @@ void RolloutWorker::DropItem(const kappa::v1::WorkItem& item, const std::string&
   ++stats_.items_dropped;
 }
 
-void RolloutWorker::ProcessItems(Connection* connection, kappa::v1::WorkItem first) {
-  auto abandon = [this, connection] { return stopping() || connection->Broken(); };
-
-  // Wait for a policy at least as new as the learner asks for, checking
-  // abandon() between slices (Stop() also ends the wait: it stops the watcher).
-  const absl::Time policy_deadline =
-      first.lease_deadline_unix_ms() > 0
-          ? absl::FromUnixMillis(first.lease_deadline_unix_ms())
-          : absl::Now() + options_.max_policy_wait;
-  Policy policy;
+std::optional<Policy> RolloutWorker::WaitForPolicy(const kappa::v1::WorkItem& item,
+                                                   const std::function<bool()>& abandon) {
+  // Checks abandon() between slices (Stop() also ends the wait: it stops the
+  // watcher).
+  const absl::Time policy_deadline = item.lease_deadline_unix_ms() > 0
+                                         ? absl::FromUnixMillis(item.lease_deadline_unix_ms())
+                                         : absl::Now() + options_.max_policy_wait;
   while (true) {
     absl::StatusOr<Policy> waited = watcher_.WaitForVersion(
-        first.policy_version(), std::min(policy_deadline, absl::Now() + kAbandonCheckInterval));
-    if (waited.ok()) {
-      policy = *std::move(waited);
-      break;
+        item.policy_version(), std::min(policy_deadline, absl::Now() + kAbandonCheckInterval));
+    if (waited.ok()) return *std::move(waited);
+    if (abandon()) {
+      DropItem(item, "worker stopping or stream broken", true);
+      return std::nullopt;
     }
-    if (abandon()) return DropItem(first, "worker stopping or stream broken", true);
     if (absl::Now() >= policy_deadline) {
-      return DropItem(first,
-                      absl::StrCat("no policy version >= ", first.policy_version(),
-                                   " before the lease deadline (have ",
-                                   watcher_.Current().version, ")"),
-                      false);
+      DropItem(item,
+               absl::StrCat("no policy version >= ", item.policy_version(),
+                            " before the lease deadline (have ", watcher_.Current().version, ")"),
+               false);
+      return std::nullopt;
     }
   }
+}
+
+void RolloutWorker::ProcessItems(Connection* connection, kappa::v1::WorkItem first) {
+  auto abandon = [this, connection] { return stopping() || connection->Broken(); };
+  std::optional<Policy> waited = WaitForPolicy(first, abandon);
+  if (!waited) return;
+  const Policy policy = *std::move(waited);
 
   // The items queued behind `first` that this policy serves join its decode,
   // in order: the first one that asks for a newer version ends the batch.
@@ -340,7 +355,12 @@ void RolloutWorker::SendGroup(Connection* connection, const kappa::v1::WorkItem&
   const int64_t version = group.policy_version();
   WorkerMessage message;
   *message.mutable_group() = std::move(group);
-  if (!connection->stream->Write(message)) {
+  bool written = false;
+  {
+    absl::MutexLock write_lock(&connection->write_mu);
+    written = connection->stream->Write(message);
+  }
+  if (!written) {
     connection->MarkBroken();
     return DropItem(item, "stream write failed", true);
   }
@@ -354,6 +374,122 @@ void RolloutWorker::SendGroup(Connection* connection, const kappa::v1::WorkItem&
                item.prompt_id(), item.lease_id(), version, item.policy_version(), samples,
                samples > 0 ? reward_sum / samples : 0.0, item.teacher_form(), demonstrations,
                seconds);
+}
+
+}  // namespace kappa::rollout
+
+namespace kappa::rollout {
+
+void RolloutWorker::CompleteAndSend(Connection* connection, const kappa::v1::WorkItem& item,
+                                    absl::StatusOr<kappa::v1::ScoredGroup> sampled,
+                                    const Policy& policy, const std::function<bool()>& abandon) {
+  absl::StatusOr<kappa::v1::ScoredGroup> group =
+      sampled.ok() ? sampler_.Complete(item, *std::move(sampled), policy, abandon)
+                   : std::move(sampled);
+  if (!group.ok()) {
+    const bool quiet = absl::IsCancelled(group.status()) && abandon();
+    return DropItem(item, std::string(group.status().ToString()), quiet);
+  }
+  SendGroup(connection, item, *std::move(group));
+}
+
+void RolloutWorker::ServeWithEngine(Connection* connection) {
+  auto abandon = [this, connection] { return stopping() || connection->Broken(); };
+  struct Decoding {
+    kappa::v1::WorkItem item;
+    Policy policy;
+  };
+  std::map<uint64_t, Decoding> decoding;    // by engine request id
+  std::deque<kappa::v1::WorkItem> pending;  // taken from the stream, not yet in the engine
+  std::list<std::future<void>> completing;
+  uint64_t next_id = 0;
+  while (!stopping()) {
+    {
+      // Wait for work only when there is nothing to decode.
+      const bool wait = engine_->Idle() && pending.empty();
+      absl::MutexLock lock(&connection->mu);
+      if (wait)
+        connection->mu.Await(absl::Condition(connection, &Connection::HasItemOrEndedLocked));
+      if (connection->EndedLocked()) break;
+      for (kappa::v1::WorkItem& item : connection->queue) pending.push_back(std::move(item));
+      connection->queue.clear();
+    }
+    // Items enter the engine in order once their policy version has arrived.
+    while (!pending.empty()) {
+      Policy policy = watcher_.Current();
+      if (policy.version < pending.front().policy_version()) {
+        if (!engine_->Idle()) break;  // keep decoding; look again next step
+        std::optional<Policy> waited = WaitForPolicy(pending.front(), abandon);
+        if (!waited) {
+          pending.pop_front();
+          continue;
+        }
+        policy = *std::move(waited);
+      }
+      kappa::v1::WorkItem item = std::move(pending.front());
+      pending.pop_front();
+      absl::StatusOr<model::DecodeRequest> request = sampler_.EngineRequest(item, policy, next_id);
+      absl::Status added = request.status();
+      if (added.ok()) {
+        added = services::CaptureExceptions("engine", [&] { engine_->Add(*std::move(request)); });
+      }
+      if (!added.ok()) {
+        DropItem(item, std::string(added.ToString()), false);
+        continue;
+      }
+      decoding.emplace(next_id++, Decoding{std::move(item), std::move(policy)});
+    }
+    if (engine_->Idle()) continue;
+
+    std::vector<model::DecodeResult> finished;
+    const int64_t before = engine_->stats().busy_row_steps;
+    const absl::Status stepped =
+        services::CaptureExceptions("decode failed", [&] { finished = engine_->Step(); });
+    if (!stepped.ok()) {
+      // Nothing of this engine's state can be trusted: drop every item in it.
+      for (auto& [id, entry] : decoding)
+        DropItem(entry.item, std::string(stepped.ToString()), false);
+      decoding.clear();
+      engine_->Clear();
+      continue;
+    }
+    if (options_.metrics != nullptr) {
+      options_.metrics->RecordEngineStep(engine_->stats().busy_row_steps - before,
+                                         engine_->stats().kv_cache_bytes);
+    }
+    for (model::DecodeResult& result : finished) {
+      auto entry = decoding.extract(result.id);
+      Decoding& done = entry.mapped();
+      absl::StatusOr<kappa::v1::ScoredGroup> group = sampler_.GroupFromEngine(
+          done.item, done.policy.version, std::move(result.samples), result.seconds);
+      {
+        absl::MutexLock lock(&mu_);
+        ++stats_.decode_batches;
+      }
+      completing.push_back(
+          std::async(std::launch::async,
+                     [this, connection, abandon, item = std::move(done.item),
+                      policy = std::move(done.policy), group = std::move(group)]() mutable {
+                       CompleteAndSend(connection, item, std::move(group), policy, abandon);
+                     }));
+    }
+    completing.remove_if([](std::future<void>& f) {
+      return f.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
+    });
+  }
+
+  // The stream ended or the worker stops: what was not sampled yet is lost
+  // (the leases expire at the learner and are handed out again); groups
+  // being completed see abandon() and end.
+  const int64_t dropped = static_cast<int64_t>(decoding.size() + pending.size());
+  engine_->Clear();
+  for (std::future<void>& f : completing) f.wait();
+  if (dropped > 0) {
+    spdlog::warn("dropped {} work items in the decode engine with the stream", dropped);
+    if (options_.metrics != nullptr) options_.metrics->RecordItemsDropped(dropped);
+    absl::MutexLock lock(&mu_);
+    stats_.items_dropped += dropped;
+  }
 }
 
 }  // namespace kappa::rollout

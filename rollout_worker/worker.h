@@ -1,5 +1,16 @@
 // The rollout worker's main loop: one Learner.Rollout stream at a time.
-// A reader thread queues WorkItems and accumulates Credits; the loop takes
+// A reader thread queues WorkItems and accumulates Credits.
+//
+// rollout.engine = continuous (the default): the loop feeds every item whose
+// policy version has arrived to a model::DecodeEngine (a fixed set of slots;
+// a group's G rows share one prefill) and steps it; each group that
+// finishes is verified and scored on a thread of its own while the engine
+// keeps decoding the others, and sent as soon as it is complete (groups go
+// out in the order they complete, each with the one version that sampled
+// it). An item whose version has not arrived waits without holding up the
+// engine (or, with nothing to decode, the loop waits for the version).
+//
+// rollout.engine = static: the loop takes
 // the oldest item, waits for a policy at least as new as it asks, adds the
 // queued items behind it that this policy also serves (in order, up to
 // max_outstanding in all), and samples all of them in one batched decode.
@@ -23,7 +34,9 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/base/thread_annotations.h"
@@ -31,6 +44,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "kappa/v1/learner.grpc.pb.h"
+#include "model/decode_engine.h"
 #include "rollout_worker/group_sampler.h"
 #include "rollout_worker/policy_watcher.h"
 #include "rollout_worker/worker_metrics.h"
@@ -44,6 +58,9 @@ struct WorkerOptions {
   c10::Device device{c10::kCPU};
   c10::ScalarType dtype = c10::kFloat;  // student.dtype, resolved for `device`
   int32_t max_outstanding = 2;
+  // "continuous" (a DecodeEngine with `engine` options) or "static".
+  std::string decode = "continuous";
+  model::DecodeEngineOptions engine;
   absl::Duration initial_backoff = absl::Milliseconds(100);
   absl::Duration max_backoff = absl::Seconds(5);
   // How long an item without a lease deadline waits for its policy version.
@@ -93,9 +110,24 @@ class RolloutWorker {
   // The stream's reader thread: queues work items, adds credits, marks the
   // connection broken when the stream ends.
   void ReadLoop(Connection* connection) ABSL_LOCKS_EXCLUDED(mu_);
-  // Decodes `first` and the queued items its policy serves as one batch,
-  // then completes and sends each group.
+  // The static path: decodes `first` and the queued items its policy serves
+  // as one batch, then completes and sends each group.
   void ProcessItems(Connection* connection, kappa::v1::WorkItem first) ABSL_LOCKS_EXCLUDED(mu_);
+  // The continuous path: serves the stream's items through engine_ until
+  // the stream ends or Stop(); then drops what it still holds and waits for
+  // the groups being completed.
+  void ServeWithEngine(Connection* connection) ABSL_LOCKS_EXCLUDED(mu_);
+  // Waits for a policy at least as new as `item` asks for (until its lease
+  // deadline, or max_policy_wait without one); drops the item (and returns
+  // nullopt) when none arrives or the stream is abandoned.
+  std::optional<Policy> WaitForPolicy(const kappa::v1::WorkItem& item,
+                                      const std::function<bool()>& abandon)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Verifies and scores a sampled group (or drops the item with the error
+  // sampling gave), then sends it.
+  void CompleteAndSend(Connection* connection, const kappa::v1::WorkItem& item,
+                       absl::StatusOr<kappa::v1::ScoredGroup> sampled, const Policy& policy,
+                       const std::function<bool()>& abandon) ABSL_LOCKS_EXCLUDED(mu_);
   // Waits until the stream holds credit (or breaks, or Stop()), then spends
   // one and writes the group; drops the item if that fails.
   void SendGroup(Connection* connection, const kappa::v1::WorkItem& item,
@@ -108,6 +140,9 @@ class RolloutWorker {
   std::unique_ptr<kappa::v1::Learner::StubInterface> learner_;
   PolicyWatcher watcher_;
   GroupSampler sampler_;
+  // The continuous engine; used by Run()'s thread alone (ServeWithEngine),
+  // kept across streams so its slot cache is allocated once.
+  std::unique_ptr<model::DecodeEngine> engine_;
 
   // Set once, by Stop(), while holding mu_ and then the open connection's
   // mu: a condition wait on either lock that reads it is woken by that

@@ -15,7 +15,8 @@ WorkerMetrics::WorkerMetrics(services::metrics::Registry& registry)
                                    "Responses sampled and sent to the learner.")),
       tokens_(registry.GetCounter("kappa_worker_tokens_total",
                                   "Response tokens sampled and sent to the learner.")),
-      groups_(registry.GetCounter("kappa_worker_groups_total", "Scored groups sent to the learner.")),
+      groups_(
+          registry.GetCounter("kappa_worker_groups_total", "Scored groups sent to the learner.")),
       items_dropped_(registry.GetCounter(
           "kappa_worker_items_dropped_total",
           "Work items given up: failed, lease expired, or lost with a broken stream.")),
@@ -33,7 +34,17 @@ WorkerMetrics::WorkerMetrics(services::metrics::Registry& registry)
           "kappa_worker_decode_batch_items", "Work items sampled together in one batched decode.",
           {1, 2, 4, 8, 16, 32, 64})),
       policy_version_(registry.GetGauge("kappa_worker_policy_version",
-                                        "Policy version the worker samples with.")) {
+                                        "Policy version the worker samples with.")),
+      // Occupancy = rate(busy_slot_steps) / (rate(steps) × slots).
+      engine_steps_(registry.GetCounter("kappa_worker_engine_steps_total",
+                                        "Continuous-engine steps (one token for every row).")),
+      engine_busy_slot_steps_(
+          registry.GetCounter("kappa_worker_engine_busy_slot_steps_total",
+                              "Σ over engine steps of the slots that held a row.")),
+      engine_slots_(registry.GetGauge("kappa_worker_engine_slots",
+                                      "Slots of the continuous engine (rollout.max_batch_rows).")),
+      kv_cache_bytes_(registry.GetGauge("kappa_worker_kv_cache_bytes",
+                                        "Bytes of the engine's preallocated key/value slots.")) {
   for (const char* peer : {"learner", "teacher", "verifier"}) {
     registry.GetCounter("kappa_worker_rpc_errors_total", kRpcErrorsHelp, {{"peer", peer}});
   }
@@ -48,6 +59,14 @@ void WorkerMetrics::RecordGroupSent(int64_t samples, int64_t tokens, double gene
 
 void WorkerMetrics::RecordDecodeBatch(int64_t items) {
   decode_batch_items_.Observe(static_cast<double>(items));
+}
+
+void WorkerMetrics::SetEngineSlots(int64_t slots) { engine_slots_.Set(static_cast<double>(slots)); }
+
+void WorkerMetrics::RecordEngineStep(int64_t busy_slots, int64_t kv_cache_bytes) {
+  engine_steps_.Increment();
+  engine_busy_slot_steps_.Increment(static_cast<double>(busy_slots));
+  kv_cache_bytes_.Set(static_cast<double>(kv_cache_bytes));
 }
 
 void WorkerMetrics::RecordConnection() { connections_.Increment(); }

@@ -27,6 +27,10 @@ class WorkerMetrics {
   // A failed RPC to `peer`: "learner", "teacher" or "verifier". Each failed
   // attempt counts, retried or not.
   void RecordRpcError(absl::string_view peer);
+  // The continuous engine's slots (rollout.max_batch_rows), set once.
+  void SetEngineSlots(int64_t slots);
+  // One engine step that decoded `busy_slots` rows; the slot cache's size.
+  void RecordEngineStep(int64_t busy_slots, int64_t kv_cache_bytes);
   // The policy version the worker samples with (set at scrape time).
   void SetPolicyVersion(int64_t version);
 
@@ -40,6 +44,10 @@ class WorkerMetrics {
   services::metrics::Histogram& generation_seconds_;
   services::metrics::Histogram& decode_batch_items_;
   services::metrics::Gauge& policy_version_;
+  services::metrics::Counter& engine_steps_;
+  services::metrics::Counter& engine_busy_slot_steps_;
+  services::metrics::Gauge& engine_slots_;
+  services::metrics::Gauge& kv_cache_bytes_;
 };
 
 // "Teacher.Score" → "teacher": the peer an RPC name (as the sampler logs it)

@@ -265,6 +265,27 @@ constexpr Field kFields[] = {
                        "Generation also ends at the first of these in the decoded response, cut "
                        "right after the token that completes it (vLLM's `stop`); strings with a "
                        "comma or surrounding spaces need the YAML list form."),
+    KAPPA_CONFIG_FIELD(rollout.engine,
+                       "`continuous`: rows join and leave a fixed set of slots step by step, the G "
+                       "samples of a prompt share one prefill, Verify/Score overlap decoding; "
+                       "`static`: one batch per held items that waits for its longest row."),
+    KAPPA_CONFIG_FIELD(rollout.max_batch_rows,
+                       "Slots of the continuous engine (rows decoded per step); 0: "
+                       "`max_outstanding` × `trainer.group_size`."),
+    KAPPA_CONFIG_FIELD(rollout.max_sequence_tokens,
+                       "KV capacity of each slot in tokens (prompt + response), allocated up "
+                       "front; 0: grown to the longest sequence seen, up to the model's "
+                       "`max_position_embeddings`. An item that does not fit is refused."),
+    KAPPA_CONFIG_FIELD(rollout.top_k, "Sample among the k most likely tokens only; 0: off."),
+    KAPPA_CONFIG_FIELD(rollout.min_p,
+                       "Drop tokens whose probability is below this × the most likely token's; "
+                       "0: off."),
+    KAPPA_CONFIG_FIELD(rollout.weights_dtype,
+                       "Precision of the policy weights sent to workers: `auto` (the worker's "
+                       "`student.dtype`), `float32` or `bfloat16`."),
+    KAPPA_CONFIG_FIELD(rollout.weight_delta,
+                       "Send each policy version as a lossless delta against the version the "
+                       "worker holds (bitwise; never lossy)."),
 
     KAPPA_CONFIG_FIELD(trainer.steps, "Optimizer steps of the RL phase."),
     KAPPA_CONFIG_FIELD(trainer.groups_per_step,
@@ -424,6 +445,9 @@ constexpr Field kFields[] = {
     KAPPA_CONFIG_FIELD(
         alarms.clear_steps,
         "An active alarm clears once its condition has been false for this many steps running."),
+    KAPPA_CONFIG_FIELD(alarms.mismatch_threshold,
+                       "inference_mismatch fires when the mean |log π_learner − log π_behaviour| "
+                       "on tokens sampled with the current version is above this."),
 };
 
 #undef KAPPA_CONFIG_FIELD

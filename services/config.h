@@ -147,6 +147,22 @@ struct Config {
     // `stop`; such a response is stopped, not truncated). Strings with a
     // comma or surrounding spaces need the YAML list form, not key=value.
     std::vector<std::string> stop_strings;
+    // The decode path: "continuous" (rollout_worker/decode_engine.h: slots
+    // that rows join and leave step by step, one prefill per prompt, Verify
+    // and Score overlapped with decoding) or "static" (model::Sample over the
+    // items a worker holds, one batch that waits for its longest row).
+    std::string engine = "continuous";
+    int64_t max_batch_rows = 0;  // engine slots; 0: max_outstanding × trainer.group_size
+    // KV capacity of each slot in tokens (prompt + response), preallocated;
+    // 0: grown to the longest sequence seen, up to max_position_embeddings.
+    int64_t max_sequence_tokens = 0;
+    int64_t top_k = 0;   // sample among the k most likely tokens; 0: off
+    double min_p = 0.0;  // drop tokens below min_p × the top token's probability
+    // Precision of the policy weights on the wire: "auto" (the worker's
+    // student.dtype), "float32" or "bfloat16".
+    std::string weights_dtype = "auto";
+    // A version travels as a lossless delta against the one the worker holds.
+    bool weight_delta = false;
   } rollout;
 
   // --- training
@@ -251,6 +267,9 @@ struct Config {
     double entropy_floor = 0.01;       // entropy EMA below this (nats)
     int64_t warmup_steps = 10;         // no alarm before this many observations
     int64_t clear_steps = 10;          // an alarm clears after this many steps without its condition
+    // inference_mismatch: mean |log π_learner − log π_behaviour| on tokens
+    // sampled with the current version above this.
+    double mismatch_threshold = 0.1;
   } alarms;
 };
 

@@ -1,15 +1,20 @@
 // The rollout worker end to end against real in-process gRPC servers on
 // loopback: a fake learner (test scaffolding), the real verifier and the real
 // teacher services.
+#include "rollout_worker/worker.h"
+
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <cmath>
+#include <map>
 #include <memory>
+#include <string>
 #include <thread>
 
+#include "model/sampling.h"
+#include "model/token_sampler.h"
 #include "model/tokenizer.h"
-#include "rollout_worker/worker.h"
 #include "services/grpc_util.h"
 #include "services/server.h"
 #include "services/tensor_codec.h"
@@ -102,8 +107,12 @@ class WorkerTest : public ::testing::Test {
   }
 
   // `verifier_port` 0: the fixture's scorers serve the verifier too.
-  void StartWorker(WorkerMetrics* metrics = nullptr, int verifier_port = 0) {
+  // `decode`: rollout.engine; the tests of the static path's batching say so.
+  void StartWorker(WorkerMetrics* metrics = nullptr, int verifier_port = 0,
+                   const std::string& decode = "continuous") {
     WorkerOptions options;
+    options.decode = decode;
+    options.engine.max_rows = 3 * kGroupSize;
     options.metrics = metrics;
     options.worker_id = "worker-under-test";
     options.max_outstanding = 3;
@@ -227,11 +236,23 @@ class WorkerTest : public ::testing::Test {
   absl::Status run_status_ = absl::UnknownError("not run");
 };
 
-TEST_F(WorkerTest, SamplesWithTheNewestWeightsScoresAndRespectsCredits) {
+// The groups received, by lease id.
+std::map<std::string, kappa::v1::ScoredGroup> ByLease(
+    const std::vector<kappa::v1::ScoredGroup>& groups) {
+  std::map<std::string, kappa::v1::ScoredGroup> by_lease;
+  for (const kappa::v1::ScoredGroup& group : groups) by_lease[group.lease_id()] = group;
+  return by_lease;
+}
+
+class WorkerDecodeTest : public WorkerTest, public ::testing::WithParamInterface<std::string> {};
+
+INSTANTIATE_TEST_SUITE_P(BothPaths, WorkerDecodeTest, ::testing::Values("continuous", "static"));
+
+TEST_P(WorkerDecodeTest, SamplesWithTheNewestWeightsScoresAndRespectsCredits) {
   model::Decoder v0 = MakeDecoder(config_, 1);
   model::Decoder v1 = MakeDecoder(config_, 2);
   learner_->Publish(0, ChunkWeights(0, v0));
-  StartWorker();
+  StartWorker(nullptr, 0, GetParam());
   ASSERT_TRUE(learner_->WaitForHellos(1, kWait));
   EXPECT_EQ(learner_->hellos()[0].worker_id(), "worker-under-test");
   EXPECT_EQ(learner_->hellos()[0].max_outstanding(), 3);
@@ -270,10 +291,12 @@ TEST_F(WorkerTest, SamplesWithTheNewestWeightsScoresAndRespectsCredits) {
   ASSERT_TRUE(learner_->WaitForGroups(5, kWait));
   const std::vector<kappa::v1::ScoredGroup> groups = learner_->groups();
   ASSERT_EQ(groups.size(), 5u);
+  auto by_lease = ByLease(groups);
   for (size_t i = 0; i < items.size(); ++i) {
-    // In order, with version 1 (the newest) even where the item allowed version 0.
-    EXPECT_EQ(groups[2 + i].policy_version(), 1);
-    EXPECT_LT(CheckGroup(groups[2 + i], items[i], v1), 1e-3);
+    // With version 1 (the newest) even where the item allowed version 0.
+    const kappa::v1::ScoredGroup& sent = by_lease[items[i].lease_id()];
+    EXPECT_EQ(sent.policy_version(), 1);
+    EXPECT_LT(CheckGroup(sent, items[i], v1), 1e-3);
   }
   EXPECT_FALSE(learner_->WaitForGroups(6, absl::Milliseconds(300)));
   EXPECT_EQ(learner_->protocol_errors(), 0);
@@ -293,7 +316,7 @@ TEST_F(WorkerTest, DecodesTheItemsItHoldsAsOneBatch) {
   services::metrics::Registry registry;
   WorkerMetrics metrics(registry);
   model::Decoder v0 = MakeDecoder(config_, 4);
-  StartWorker(&metrics);  // max_outstanding 3
+  StartWorker(&metrics, 0, "static");  // max_outstanding 3
   ASSERT_TRUE(learner_->WaitForHellos(1, kWait));
   // Three items with prompts of different lengths (so the batch is
   // left-padded), different teacher forms and precisions queue up while the
@@ -359,7 +382,7 @@ TEST_F(WorkerTest, CompletesTheGroupsOfABatchConcurrently) {
   auto slow_server = services::GrpcServer::Start("127.0.0.1:0", {&slow});
   ASSERT_TRUE(slow_server.ok()) << slow_server.status();
   model::Decoder v0 = MakeDecoder(config_, 6);
-  StartWorker(nullptr, (*slow_server)->port());
+  StartWorker(nullptr, (*slow_server)->port(), "static");
   ASSERT_TRUE(learner_->WaitForHellos(1, kWait));
   const std::vector<kappa::v1::WorkItem> items = {
       Item("slow-0", 0, kappa::v1::SCORE_FORM_FULL), Item("slow-1", 0, 0),
@@ -375,6 +398,89 @@ TEST_F(WorkerTest, CompletesTheGroupsOfABatchConcurrently) {
   }
   EXPECT_EQ(worker_->stats().decode_batches, 1);
   EXPECT_EQ(slow.max_in_flight(), 3);
+  worker_->Stop();
+  worker_thread_.join();
+  (*slow_server)->Shutdown(absl::Milliseconds(100));
+}
+
+// The engine's rows are drawn from the item's seed, exactly as model::Sample
+// draws them with the same row seeds: the item samples the same tokens
+// whichever rows it shares the slots with, and the behavior log-probs are
+// the policy's own (on-policy, < 1e-3).
+TEST_F(WorkerTest, TheEngineSamplesEachItemFromItsOwnSeed) {
+  model::Decoder v0 = MakeDecoder(config_, 11);
+  learner_->Publish(0, ChunkWeights(0, v0));
+  services::metrics::Registry registry;
+  WorkerMetrics metrics(registry);
+  StartWorker(&metrics);
+  ASSERT_TRUE(learner_->WaitForHellos(1, kWait));
+  std::vector<kappa::v1::WorkItem> items = {
+      Item("seed-0", 0, 0, 0, "12+7="), Item("seed-1", 0, kappa::v1::SCORE_FORM_FULL, 0, "3+4="),
+      Item("seed-2", 0, 0, 0, "100+23=")};
+  items[0].set_max_new_tokens(9);
+  items[1].set_max_new_tokens(2);
+  items[2].set_top_k(5);
+  items[2].set_min_p(0.05f);
+  for (size_t i = 0; i < items.size(); ++i) items[i].set_sampling_seed(777 + i);
+  for (const auto& item : items) learner_->SendWork(item);
+  learner_->SendCredit(3);
+  ASSERT_TRUE(learner_->WaitForGroups(3, kWait));
+  auto by_lease = ByLease(learner_->groups());
+  for (const kappa::v1::WorkItem& item : items) {
+    const kappa::v1::ScoredGroup& group = by_lease[item.lease_id()];
+    EXPECT_LT(CheckGroup(group, item, v0), 1e-3) << item.lease_id();
+    model::SamplingParams params;
+    params.max_new_tokens = item.max_new_tokens();
+    params.temperature = item.temperature();
+    params.top_k = item.top_k();
+    params.min_p = item.min_p();
+    params.stop_token_ids = config_.eos_token_ids;
+    for (int g = 0; g < kGroupSize; ++g)
+      params.row_seeds.push_back(model::RowSeed(item.sampling_seed(), g));
+    const std::vector<int64_t> prompt = Tokens(item.prompt_tokens());
+    const auto expected =
+        model::Sample(v0, std::vector<std::vector<int64_t>>(kGroupSize, prompt), params);
+    for (int g = 0; g < kGroupSize; ++g) {
+      EXPECT_EQ(Tokens(group.samples(g).response_tokens()), expected[static_cast<size_t>(g)].tokens)
+          << item.lease_id() << " row " << g;
+    }
+  }
+  worker_->Stop();
+  worker_thread_.join();
+  worker_.reset();  // it points at `metrics`
+  const std::string text = registry.Serialize();
+  using kappa::testing::SampleValue;
+  EXPECT_EQ(SampleValue(text, "kappa_worker_engine_slots"), 3 * kGroupSize) << text;
+  EXPECT_GT(SampleValue(text, "kappa_worker_engine_steps_total"), 0) << text;
+  EXPECT_GT(SampleValue(text, "kappa_worker_kv_cache_bytes"), 0) << text;
+  EXPECT_EQ(kappa::testing::PromtoolCheckMetrics(text).second, "");
+}
+
+// A group that finishes early is verified and scored while the engine keeps
+// decoding the others, and goes out first: the static path would have held
+// it until the longest row of its batch ended and sent the batch in order.
+TEST_F(WorkerTest, TheEngineVerifiesAFinishedGroupWhileItDecodesTheOthers) {
+  SlowVerifier slow(verifier_.get(), absl::Milliseconds(300));
+  auto slow_server = services::GrpcServer::Start("127.0.0.1:0", {&slow});
+  ASSERT_TRUE(slow_server.ok()) << slow_server.status();
+  model::Decoder v0 = MakeDecoder(config_, 12);
+  StartWorker(nullptr, (*slow_server)->port());
+  ASSERT_TRUE(learner_->WaitForHellos(1, kWait));
+  kappa::v1::WorkItem long_item = Item("long", 0, kappa::v1::SCORE_FORM_FULL);
+  long_item.set_max_new_tokens(40);
+  long_item.clear_stop_token_ids();
+  kappa::v1::WorkItem short_item = Item("short", 0, 0);
+  short_item.set_max_new_tokens(1);
+  learner_->SendWork(long_item);  // first, as the static path would send it
+  learner_->SendWork(short_item);
+  learner_->SendCredit(2);
+  learner_->Publish(0, ChunkWeights(0, v0));
+  ASSERT_TRUE(learner_->WaitForGroups(2, kWait));
+  const std::vector<kappa::v1::ScoredGroup> groups = learner_->groups();
+  EXPECT_EQ(groups[0].lease_id(), "short");
+  EXPECT_EQ(groups[1].lease_id(), "long");
+  EXPECT_LT(CheckGroup(groups[0], short_item, v0), 1e-3);
+  EXPECT_LT(CheckGroup(groups[1], long_item, v0), 1e-3);
   worker_->Stop();
   worker_thread_.join();
   (*slow_server)->Shutdown(absl::Milliseconds(100));
@@ -403,7 +509,10 @@ TEST_F(WorkerTest, GroupsCarryTruncationStopIdsVocabLimitAndStopStrings) {
   for (const auto& item : {all_stop, padded, strings}) learner_->SendWork(item);
   learner_->SendCredit(3);
   ASSERT_TRUE(learner_->WaitForGroups(3, kWait));
-  const std::vector<kappa::v1::ScoredGroup> groups = learner_->groups();
+  // The engine sends groups as they complete: find each by its lease.
+  auto by_lease = ByLease(learner_->groups());
+  const std::vector<kappa::v1::ScoredGroup> groups = {by_lease["all-stop"], by_lease["padded"],
+                                                      by_lease["strings"]};
 
   for (const kappa::v1::ScoredSample& sample : groups[0].samples()) {
     EXPECT_EQ(sample.response_tokens_size(), 1);
@@ -558,7 +667,7 @@ TEST_F(WorkerTest, UnavailableVerifierIsRetriedUntilItComesBack) {
   for (const auto& sample : group.samples()) tokens += sample.response_tokens_size();
   EXPECT_EQ(SampleValue(text, "kappa_worker_tokens_total"), tokens) << text;
   EXPECT_EQ(SampleValue(text, "kappa_worker_generation_seconds_count"), 1) << text;
-  EXPECT_EQ(SampleValue(text, "kappa_worker_decode_batch_items_sum"), 1) << text;
+  EXPECT_GT(SampleValue(text, "kappa_worker_engine_steps_total"), 0) << text;
   EXPECT_EQ(kappa::testing::PromtoolCheckMetrics(text).second, "");
 }
 

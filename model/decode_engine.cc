@@ -1,0 +1,329 @@
+#include "model/decode_engine.h"
+
+#include <algorithm>
+#include <chrono>
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+namespace kappa::model {
+namespace {
+
+namespace F = torch::nn::functional;
+using Clock = std::chrono::steady_clock;
+
+[[noreturn]] void Fail(const std::string& what) {
+  throw std::invalid_argument("DecodeEngine: " + what);
+}
+
+// Tokens a prefill batch holds at most (prompts are prefilled together while
+// they fit; a longer prompt goes alone), bounding its activations.
+constexpr int64_t kMaxPrefillTokens = 8192;
+
+}  // namespace
+
+struct DecodeEngine::Request {
+  DecodeRequest spec;
+  int64_t budget = 0;   // response tokens each row may sample
+  int64_t columns = 0;  // slot columns it needs: prompt + budget - 1
+  std::vector<SampledSequence> samples;
+  std::vector<RowRandom> random;  // one stream per row
+  int64_t rows_left = 0;
+  Clock::time_point admitted;
+};
+
+DecodeEngine::DecodeEngine(DecodeEngineOptions options) : options_(options) {
+  if (options_.max_rows < 1)
+    Fail("max_rows must be >= 1, got " + std::to_string(options_.max_rows));
+  if (options_.max_sequence_tokens < 0) {
+    Fail("max_sequence_tokens must be >= 0, got " + std::to_string(options_.max_sequence_tokens));
+  }
+  slots_.resize(static_cast<size_t>(options_.max_rows));
+}
+
+DecodeEngine::~DecodeEngine() = default;
+
+void DecodeEngine::Add(DecodeRequest spec) {
+  if (!spec.model || !*spec.model) Fail("request " + std::to_string(spec.id) + " has no model");
+  const ModelConfig& config = (*spec.model)->config();
+  const std::string what = "request " + std::to_string(spec.id) + ": ";
+  const int64_t prompt = static_cast<int64_t>(spec.prompt.size());
+  if (prompt == 0) Fail(what + "empty prompt");
+  for (int64_t token : spec.prompt) {
+    if (token < 0 || token >= config.vocab_size) {
+      Fail(what + "prompt token " + std::to_string(token) + " outside the vocabulary");
+    }
+  }
+  for (int64_t id : spec.stop_token_ids) {
+    if (id < 0 || id >= config.vocab_size) {
+      Fail(what + "stop id " + std::to_string(id) + " outside the vocabulary");
+    }
+  }
+  if (spec.num_samples < 1 || spec.num_samples > options_.max_rows) {
+    Fail(what + "num_samples " + std::to_string(spec.num_samples) + " outside [1, max_rows " +
+         std::to_string(options_.max_rows) + "]");
+  }
+  if (spec.max_new_tokens < 1) {
+    Fail(what + "max_new_tokens must be >= 1, got " + std::to_string(spec.max_new_tokens));
+  }
+  if (spec.sampling.sampleable_vocab_size == 0)
+    spec.sampling.sampleable_vocab_size = config.vocab_size;
+  ValidateTokenSampling(spec.sampling, config.vocab_size);
+  const int64_t budget = std::min(spec.max_new_tokens, config.max_position_embeddings - prompt);
+  if (budget < 1) {
+    Fail(what + "prompt of " + std::to_string(prompt) +
+         " tokens leaves no room in max_position_embeddings " +
+         std::to_string(config.max_position_embeddings));
+  }
+  const int64_t columns = prompt + budget - 1;
+  if (options_.max_sequence_tokens > 0 && columns > options_.max_sequence_tokens) {
+    Fail(what + "prompt of " + std::to_string(prompt) + " tokens + " + std::to_string(budget) +
+         " new tokens needs " + std::to_string(columns) +
+         " KV columns, more than max_sequence_tokens " +
+         std::to_string(options_.max_sequence_tokens));
+  }
+  auto request = std::make_unique<Request>();
+  request->budget = budget;
+  request->columns = columns;
+  request->samples.resize(static_cast<size_t>(spec.num_samples));
+  for (int64_t g = 0; g < spec.num_samples; ++g)
+    request->random.emplace_back(RowSeed(spec.seed, g));
+  request->rows_left = spec.num_samples;
+  request->spec = std::move(spec);
+  waiting_.push_back(std::move(request));
+}
+
+void DecodeEngine::Clear() {
+  waiting_.clear();
+  requests_.clear();
+  for (Slot& slot : slots_) slot = Slot{};
+  active_rows_ = 0;
+}
+
+std::vector<DecodeResult> DecodeEngine::Step() {
+  std::vector<DecodeResult> finished;
+  if (Idle()) return finished;
+  torch::NoGradGuard no_grad;
+  if (active_rows_ > 0) DecodeActiveRows(&finished);
+  AdmitWaiting(&finished);
+  ++stats_.steps;
+  return finished;
+}
+
+void DecodeEngine::DecodeActiveRows(std::vector<DecodeResult>* finished) {
+  // Slots [0, n) ride in the step, free ones included (as token 0 at column
+  // 0); rows are admitted into the lowest free slots, so n stays small as
+  // the queue drains.
+  int64_t n = 0;
+  std::vector<int64_t> occupied;
+  for (int64_t s = 0; s < options_.max_rows; ++s) {
+    if (slots_[static_cast<size_t>(s)].request >= 0) {
+      occupied.push_back(s);
+      n = s + 1;
+    }
+  }
+  std::vector<int64_t> tokens(static_cast<size_t>(n), 0), lengths(static_cast<size_t>(n), 0);
+  std::vector<TokenSampling> settings;
+  std::vector<double> uniforms;
+  for (int64_t s : occupied) {
+    const Slot& slot = slots_[static_cast<size_t>(s)];
+    Request& request = *requests_[static_cast<size_t>(slot.request)];
+    tokens[static_cast<size_t>(s)] = request.samples[static_cast<size_t>(slot.row)].tokens.back();
+    lengths[static_cast<size_t>(s)] = slot.cached;
+    stats_.kv_columns_read += slot.cached + 1;
+    settings.push_back(request.spec.sampling);
+    uniforms.push_back(request.random[static_cast<size_t>(slot.row)].NextUniform());
+  }
+  torch::Tensor logits = (*model_)->DecodeSlots(tokens, lengths, &cache_);
+  if (static_cast<int64_t>(occupied.size()) < n) {
+    auto index = torch::tensor(occupied, torch::kLong).to(logits.device());
+    logits = logits.index_select(0, index);
+  }
+  const SampledTokens sampled = SampleTokens(logits, settings, uniforms);
+  for (int64_t s : occupied) ++slots_[static_cast<size_t>(s)].cached;
+  stats_.row_steps += n;
+  stats_.busy_row_steps += static_cast<int64_t>(occupied.size());
+  RecordTokens(occupied, sampled, finished);
+}
+
+void DecodeEngine::AdmitWaiting(std::vector<DecodeResult>* finished) {
+  std::vector<int64_t> admitted;  // indices into requests_
+  int64_t free_slots = FreeSlots();
+  int64_t prefill_tokens = 0;
+  int64_t columns = 0;
+  for (const Slot& slot : slots_) {
+    if (slot.request >= 0)
+      columns = std::max(columns, requests_[static_cast<size_t>(slot.request)]->columns);
+  }
+  while (!waiting_.empty()) {
+    Request& next = *waiting_.front();
+    // One model per step: a request of another version waits until every
+    // row of the current one has finished.
+    const std::shared_ptr<Decoder>& in_use =
+        !admitted.empty() ? requests_[static_cast<size_t>(admitted.front())]->spec.model : model_;
+    if ((active_rows_ > 0 || !admitted.empty()) && next.spec.model != in_use) break;
+    if (next.spec.num_samples > free_slots) break;
+    const int64_t prompt = static_cast<int64_t>(next.spec.prompt.size());
+    if (!admitted.empty() && prefill_tokens + prompt > kMaxPrefillTokens) break;
+    free_slots -= next.spec.num_samples;
+    prefill_tokens += prompt;
+    columns = std::max(columns, next.columns);
+    requests_.push_back(std::move(waiting_.front()));
+    waiting_.pop_front();
+    admitted.push_back(static_cast<int64_t>(requests_.size()) - 1);
+  }
+  if (admitted.empty()) return;
+  model_ = requests_[static_cast<size_t>(admitted.front())]->spec.model;
+  EnsureCache(*model_, columns);
+
+  // Each request's rows take the lowest free slots.
+  std::vector<int64_t> row_slots;
+  std::vector<int64_t> row_request;  // position in `admitted` of each row's request
+  int64_t s = 0;
+  for (size_t i = 0; i < admitted.size(); ++i) {
+    Request& request = *requests_[static_cast<size_t>(admitted[i])];
+    request.admitted = Clock::now();
+    for (int64_t g = 0; g < request.spec.num_samples; ++g) {
+      while (slots_[static_cast<size_t>(s)].request >= 0) ++s;
+      slots_[static_cast<size_t>(s)] = Slot{admitted[i], g, 0};
+      row_slots.push_back(s);
+      row_request.push_back(static_cast<int64_t>(i));
+    }
+    active_rows_ += request.spec.num_samples;
+  }
+  stats_.peak_active_rows = std::max(stats_.peak_active_rows, active_rows_);
+
+  const torch::Tensor logits = Prefill(admitted);  // [admitted, V]
+  std::vector<TokenSampling> settings;
+  std::vector<double> uniforms;
+  for (size_t r = 0; r < row_slots.size(); ++r) {
+    const Slot& slot = slots_[static_cast<size_t>(row_slots[r])];
+    Request& request = *requests_[static_cast<size_t>(slot.request)];
+    settings.push_back(request.spec.sampling);
+    uniforms.push_back(request.random[static_cast<size_t>(slot.row)].NextUniform());
+  }
+  auto index = torch::tensor(row_request, torch::kLong).to(logits.device());
+  const SampledTokens sampled = SampleTokens(logits.index_select(0, index), settings, uniforms);
+  stats_.prefills += static_cast<int64_t>(admitted.size());
+  RecordTokens(row_slots, sampled, finished);
+}
+
+torch::Tensor DecodeEngine::Prefill(const std::vector<int64_t>& admitted) {
+  const int64_t n = static_cast<int64_t>(admitted.size());
+  int64_t longest = 0;
+  for (int64_t i : admitted) {
+    longest = std::max(longest,
+                       static_cast<int64_t>(requests_[static_cast<size_t>(i)]->spec.prompt.size()));
+  }
+  // Right padding: every prompt starts at column 0, as it will in its slots.
+  auto tokens = torch::zeros({n, longest}, torch::kLong);
+  auto mask = torch::zeros({n, longest}, torch::kLong);
+  std::vector<int64_t> last(static_cast<size_t>(n));
+  {
+    auto tok_a = tokens.accessor<int64_t, 2>();
+    auto mask_a = mask.accessor<int64_t, 2>();
+    for (int64_t i = 0; i < n; ++i) {
+      const std::vector<int64_t>& prompt =
+          requests_[static_cast<size_t>(admitted[static_cast<size_t>(i)])]->spec.prompt;
+      for (size_t t = 0; t < prompt.size(); ++t) {
+        tok_a[i][static_cast<int64_t>(t)] = prompt[t];
+        mask_a[i][static_cast<int64_t>(t)] = 1;
+      }
+      last[static_cast<size_t>(i)] = static_cast<int64_t>(prompt.size()) - 1;
+    }
+  }
+  Decoder& model = *model_;
+  const auto device = model->OutputWeight().device();
+  KVCache prefill = model->NewCache(n, longest);
+  ForwardOutput out = model->ForwardHidden(tokens.to(device), mask.to(device), {}, &prefill);
+  auto last_index = torch::tensor(last, torch::kLong)
+                        .to(device)
+                        .view({n, 1, 1})
+                        .expand({n, 1, out.hidden.size(2)});
+  auto hidden = out.hidden.gather(1, last_index).squeeze(1);  // [n, D]
+
+  // Copy each prompt's keys/values into its rows' slots, one copy per layer.
+  std::vector<int64_t> source_rows, target_slots;
+  for (int64_t s = 0; s < options_.max_rows; ++s) {
+    const Slot& slot = slots_[static_cast<size_t>(s)];
+    if (slot.request < 0 || slot.cached != 0) continue;  // not a row admitted now
+    const auto position = std::find(admitted.begin(), admitted.end(), slot.request);
+    source_rows.push_back(position - admitted.begin());
+    target_slots.push_back(s);
+  }
+  auto source = torch::tensor(source_rows, torch::kLong).to(device);
+  auto target = torch::tensor(target_slots, torch::kLong).to(device);
+  for (size_t l = 0; l < cache_.keys.size(); ++l) {
+    cache_.keys[l]
+        .narrow(2, 0, longest)
+        .index_copy_(0, target, prefill.keys[l].index_select(0, source));
+    cache_.values[l]
+        .narrow(2, 0, longest)
+        .index_copy_(0, target, prefill.values[l].index_select(0, source));
+  }
+  for (int64_t s : target_slots) {
+    Slot& slot = slots_[static_cast<size_t>(s)];
+    slot.cached =
+        static_cast<int64_t>(requests_[static_cast<size_t>(slot.request)]->spec.prompt.size());
+  }
+  return F::linear(hidden, model->OutputWeight());
+}
+
+void DecodeEngine::RecordTokens(const std::vector<int64_t>& slots, const SampledTokens& sampled,
+                                std::vector<DecodeResult>* finished) {
+  for (size_t i = 0; i < slots.size(); ++i) {
+    Slot& slot = slots_[static_cast<size_t>(slots[i])];
+    Request& request = *requests_[static_cast<size_t>(slot.request)];
+    SampledSequence& sequence = request.samples[static_cast<size_t>(slot.row)];
+    const int64_t token = sampled.tokens[i];
+    sequence.tokens.push_back(token);
+    sequence.logprobs.push_back(sampled.logprobs[i]);
+    const std::vector<int64_t>& stops = request.spec.stop_token_ids;
+    const bool stopped = std::find(stops.begin(), stops.end(), token) != stops.end();
+    if (!stopped && static_cast<int64_t>(sequence.tokens.size()) < request.budget) continue;
+    sequence.truncated = !stopped;
+    const int64_t index = slot.request;
+    slot = Slot{};
+    --active_rows_;
+    if (--request.rows_left > 0) continue;
+    DecodeResult result;
+    result.id = request.spec.id;
+    result.model = request.spec.model;
+    result.samples = std::move(request.samples);
+    result.seconds = std::chrono::duration<double>(Clock::now() - request.admitted).count();
+    finished->push_back(std::move(result));
+    requests_[static_cast<size_t>(index)].reset();
+  }
+  stats_.tokens += static_cast<int64_t>(slots.size());
+  if (active_rows_ == 0) requests_.clear();
+}
+
+void DecodeEngine::EnsureCache(Decoder& model, int64_t columns) {
+  const ModelConfig& config = model->config();
+  const torch::Tensor weight = model->OutputWeight();
+  const int64_t capacity =
+      options_.max_sequence_tokens > 0
+          ? options_.max_sequence_tokens
+          : std::min(config.max_position_embeddings, std::max(columns, 2 * cache_.capacity()));
+  const bool fits = !cache_.keys.empty() &&
+                    static_cast<int64_t>(cache_.keys.size()) == config.num_hidden_layers &&
+                    cache_.keys.front().size(1) == config.num_key_value_heads &&
+                    cache_.keys.front().size(3) == config.head_dim() &&
+                    cache_.keys.front().scalar_type() == weight.scalar_type() &&
+                    cache_.keys.front().device() == weight.device() && cache_.capacity() >= columns;
+  if (fits) return;
+  SlotKVCache grown = model->NewSlotCache(options_.max_rows, std::max(capacity, columns));
+  // Rows in slots belong to this model (admission never mixes), so their
+  // keys/values carry over when only the capacity grew.
+  if (active_rows_ > 0 && cache_.keys.size() == grown.keys.size()) {
+    for (size_t l = 0; l < cache_.keys.size(); ++l) {
+      grown.keys[l].narrow(2, 0, cache_.capacity()).copy_(cache_.keys[l]);
+      grown.values[l].narrow(2, 0, cache_.capacity()).copy_(cache_.values[l]);
+    }
+  }
+  cache_ = std::move(grown);
+  stats_.kv_cache_bytes = cache_.bytes();
+  ++stats_.kv_cache_allocations;
+}
+
+}  // namespace kappa::model
