@@ -1,6 +1,8 @@
 #include "learner/learner_metrics.h"
 
 #include <cmath>
+#include <optional>
+#include <utility>
 
 namespace kappa::learner {
 namespace {
@@ -89,6 +91,17 @@ void LearnerMetrics::RecordStep(const StepRecord& step) {
   }
   r.GetGauge("kappa_learner_teacher_bytes", "Bytes of the last batch's teacher rows.")
       .Set(static_cast<double>(report.teacher_bytes));
+  // Only from steps with on-policy tokens, and only finite values (a gauge
+  // exists from its first Set): a step without any leaves the last one.
+  const char* mismatch_help =
+      "Training-inference mismatch on the last measured step's on-policy tokens: mean "
+      "|log pi_learner - log pi_behaviour| (abs_mean) and mean k3 KL (k3).";
+  for (const auto& [stat, value] :
+       {std::pair{"abs_mean", report.mismatch_abs_mean}, std::pair{"k3", report.mismatch_k3}}) {
+    if (value && std::isfinite(*value)) {
+      r.GetGauge("kappa_learner_inference_mismatch", mismatch_help, {{"stat", stat}}).Set(*value);
+    }
+  }
   if (step.eval_accuracy) {
     r.GetGauge("kappa_learner_eval_accuracy_ratio", "Held-out greedy accuracy, last evaluation.")
         .Set(*step.eval_accuracy);

@@ -81,6 +81,12 @@ inline constexpr char kTeacherTailMassMean[] = "teacher_tail_mass_mean";
 inline constexpr char kTeacherTailMassP95[] = "teacher_tail_mass_p95";
 inline constexpr char kTeacherBytes[] = "teacher_bytes";
 
+// The training–inference mismatch on the step's on-policy tokens (null
+// when none): mean |log π_learner − log π_behaviour|, mean k3, the count.
+inline constexpr char kMismatchAbsMean[] = "mismatch_abs_mean";
+inline constexpr char kMismatchK3[] = "mismatch_k3";
+inline constexpr char kMismatchTokens[] = "mismatch_tokens";
+
 // Alarms and evaluation.
 inline constexpr char kAlarms[] = "alarms";  // [{kind, step, message, values}], when any fired
 inline constexpr char kAlarmActive[] = "alarm_active";    // {kind: 0|1}
@@ -143,6 +149,9 @@ inline constexpr const char* kAllKeys[] = {
     kTeacherTailMassMean,
     kTeacherTailMassP95,
     kTeacherBytes,
+    kMismatchAbsMean,
+    kMismatchK3,
+    kMismatchTokens,
     kAlarms,
     kAlarmActive,
     kEvalAccuracy,

@@ -112,6 +112,9 @@ void AddMonitors(const HybridStepReport& report, nlohmann::json& line) {
   line[keys::kTeacherTailMassMean] = tail ? nlohmann::json(tail->mean) : nlohmann::json(nullptr);
   line[keys::kTeacherTailMassP95] = tail ? nlohmann::json(tail->p95) : nlohmann::json(nullptr);
   line[keys::kTeacherBytes] = report.teacher_bytes;
+  line[keys::kMismatchAbsMean] = NumberOrNull(report.mismatch_abs_mean);
+  line[keys::kMismatchK3] = NumberOrNull(report.mismatch_k3);
+  line[keys::kMismatchTokens] = report.mismatch_tokens;
 }
 
 void AddAlarms(const StepRecord& record, nlohmann::json& line) {
@@ -158,6 +161,7 @@ StepObservation ObservationOf(const StepRecord& record) {
   if (report.kdr) o.kdr_negative_weighted_fraction = report.kdr->negative_weighted_fraction;
   o.reward_mean = record.reward_mean;
   o.entropy = report.entropy;
+  o.inference_mismatch = report.mismatch_abs_mean;
   return o;
 }
 

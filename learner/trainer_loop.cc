@@ -93,7 +93,9 @@ absl::Status TrainerLoop::MakeStep() {
   step_config.loss.vocab_limit = vocab_limit_;
   KAPPA_RETURN_IF_ERROR(services::CaptureExceptions("", [&] {
     step_ = std::make_unique<HybridStep>(student_, std::move(optimizer_), std::move(step_config));
-    alarms_ = std::make_unique<AlarmMonitor>(MakeAlarmConfig(config_));
+    AlarmConfig alarm_config = MakeAlarmConfig(config_);
+    alarm_config.mismatch_threshold = config_.alarms.mismatch_threshold;
+    alarms_ = std::make_unique<AlarmMonitor>(alarm_config);
   }));
   spdlog::info("learner: distill_gate={} balance={} lambda={} kappa_every={} kdr_every={}",
                DistillGateName(step_->config().gate), BalanceName(step_->config().balance),
@@ -118,10 +120,14 @@ absl::StatusOr<StepRecord> TrainerLoop::TrainOn(std::vector<BufferedGroup> buffe
   // vocabulary.
   const TrainBatch batch = BuildTrainBatch(TakeGroups(buffered), config_.trainer.norm_std,
                                            /*pad_id=*/0, step_->config().truncated);
+  // The training–inference mismatch is measured on the groups sampled with
+  // the weights this step starts from (this rank's share, data parallel).
+  const torch::Tensor on_policy =
+      OnPolicyRows(record.group_versions, batch.group_size, state_.policy_version);
   // c10::Error included: the step stops at this edge, with a status.
   KAPPA_ASSIGN_OR_RETURN(
       record.report, services::CaptureExceptions(absl::StrCat("training step ", state_.step + 1),
-                                                 [&] { return step_->Run(batch); }));
+                                                 [&] { return step_->Run(batch, on_policy); }));
   ++state_.step;
   state_.policy_version = state_.step;
   PublishPolicy();

@@ -28,6 +28,8 @@ const char* AlarmName(AlarmKind kind) {
     case AlarmKind::kMagnitudeDrowning: return "magnitude_drowning";
     case AlarmKind::kDirectionalConflict: return "directional_conflict";
     case AlarmKind::kCollapse: return "collapse";
+    case AlarmKind::kInferenceMismatch:
+      return "inference_mismatch";
   }
   return "unknown";
 }
@@ -35,10 +37,11 @@ const char* AlarmName(AlarmKind kind) {
 AlarmMonitor::AlarmMonitor(AlarmConfig config) : config_(config) {
   if (!(config_.ema_alpha > 0 && config_.ema_alpha <= 1) || config_.slope_window < 1 ||
       config_.conflict_window < 1 || config_.collapse_window < 1 || config_.clear_steps < 1 ||
-      !(config_.min_relative_rise >= 0)) {
+      !(config_.min_relative_rise >= 0) || !(config_.mismatch_threshold >= 0) ||
+      config_.mismatch_window < 1) {
     throw std::invalid_argument(
-        "alarms: need 0 < ema_alpha <= 1, min_relative_rise >= 0 and slope_window, "
-        "conflict_window, collapse_window, clear_steps >= 1");
+        "alarms: need 0 < ema_alpha <= 1, min_relative_rise >= 0, mismatch_threshold >= 0 and "
+        "slope_window, conflict_window, collapse_window, clear_steps, mismatch_window >= 1");
   }
 }
 
@@ -73,6 +76,7 @@ std::vector<AlarmEvent> AlarmMonitor::Observe(const StepObservation& o) {
   update(AlarmKind::kMagnitudeDrowning, CheckDrowning(o));
   update(AlarmKind::kDirectionalConflict, CheckConflict(o));
   update(AlarmKind::kCollapse, CheckCollapse(o));
+  update(AlarmKind::kInferenceMismatch, CheckMismatch(o));
   return events;
 }
 
@@ -158,6 +162,29 @@ std::optional<AlarmEvent> AlarmMonitor::CheckCollapse(const StepObservation& o) 
                        {"steps", static_cast<double>(entropy_run_)}}};
   }
   return std::nullopt;
+}
+
+std::optional<AlarmEvent> AlarmMonitor::CheckMismatch(const StepObservation& o) {
+  if (!o.inference_mismatch) {
+    // No on-policy token this step: the alarm keeps its state (no new event).
+    if (!active(AlarmKind::kInferenceMismatch)) return std::nullopt;
+    return AlarmEvent{AlarmKind::kInferenceMismatch, o.step, "", {}};
+  }
+  const double mismatch = *o.inference_mismatch;
+  // NaN counts as above: a broken log-prob is a broken sync too.
+  const bool high = !(mismatch <= config_.mismatch_threshold);
+  mismatch_run_ = high ? mismatch_run_ + 1 : 0;
+  // No warmup_steps: the mismatch is meaningful from the first step.
+  if (mismatch_run_ < config_.mismatch_window) return std::nullopt;
+  return AlarmEvent{
+      AlarmKind::kInferenceMismatch,
+      o.step,
+      Format("mean |log pi_learner - log pi_behaviour| %.4g > %.4g on on-policy "
+             "tokens for %lld steps (a broken weight sync or sampler?)",
+             mismatch, config_.mismatch_threshold, static_cast<long long>(mismatch_run_)),
+      {{"mismatch_abs_mean", mismatch},
+       {"mismatch_threshold", config_.mismatch_threshold},
+       {"steps", static_cast<double>(mismatch_run_)}}};
 }
 
 }  // namespace kappa::learner

@@ -7,6 +7,10 @@
 //                         reward_drop_ratio × its best, or L_D EMA above
 //                         distill_rise_factor × its minimum, or entropy EMA
 //                         below entropy_floor
+//   inference_mismatch    mean |log π_learner − log π_behaviour| on the step's
+//                         on-policy tokens above mismatch_threshold for
+//                         mismatch_window measured steps running, from the
+//                         first step (no warmup: it has no baseline to learn)
 // An alarm turns active when its condition holds and clears only after the
 // condition has been false for clear_steps steps running (so a noisy series
 // near a threshold does not flap); Observe reports an event each time it
@@ -15,6 +19,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <iterator>
 #include <optional>
 #include <string>
 #include <utility>
@@ -22,10 +27,16 @@
 
 namespace kappa::learner {
 
-enum class AlarmKind { kMagnitudeDrowning = 0, kDirectionalConflict = 1, kCollapse = 2 };
+enum class AlarmKind {
+  kMagnitudeDrowning = 0,
+  kDirectionalConflict = 1,
+  kCollapse = 2,
+  kInferenceMismatch = 3,
+};
 inline constexpr AlarmKind kAllAlarmKinds[] = {AlarmKind::kMagnitudeDrowning,
                                                AlarmKind::kDirectionalConflict,
-                                               AlarmKind::kCollapse};
+                                               AlarmKind::kCollapse, AlarmKind::kInferenceMismatch};
+inline constexpr int kNumAlarmKinds = static_cast<int>(std::size(kAllAlarmKinds));
 const char* AlarmName(AlarmKind kind);  // "magnitude_drowning", ...
 
 struct AlarmConfig {
@@ -45,6 +56,11 @@ struct AlarmConfig {
   int64_t clear_steps = 10;   // condition false this many steps running before an alarm clears
   // Best reward EMA below this is noise, not a level to fall from.
   double min_reward_for_drop = 0.05;
+  // inference_mismatch: the mean |log π_learner − log π_behaviour| above this
+  // (alarms.mismatch_threshold) on this many measured steps running. The
+  // window is not a config key: it only rides out a step with few tokens.
+  double mismatch_threshold = 0.1;
+  int64_t mismatch_window = 3;
 };
 
 struct StepObservation {
@@ -55,6 +71,9 @@ struct StepObservation {
   std::optional<double> kdr_negative_weighted_fraction;  // absent: K_DR not measured
   double reward_mean = 0.0;
   double entropy = 0.0;
+  // Mean |log π_learner − log π_behaviour| on the tokens sampled with the
+  // version the step updated; absent: no such token this step.
+  std::optional<double> inference_mismatch;
 };
 
 struct AlarmEvent {
@@ -84,6 +103,7 @@ class AlarmMonitor {
   std::optional<AlarmEvent> CheckDrowning(const StepObservation& o);
   std::optional<AlarmEvent> CheckConflict(const StepObservation& o);
   std::optional<AlarmEvent> CheckCollapse(const StepObservation& o);
+  std::optional<AlarmEvent> CheckMismatch(const StepObservation& o);
 
   const AlarmConfig config_;
   int64_t observations_ = 0;
@@ -92,9 +112,10 @@ class AlarmMonitor {
   int64_t conflict_run_ = 0;
   std::optional<double> best_reward_, min_distill_;
   int64_t reward_run_ = 0, distill_run_ = 0, entropy_run_ = 0;
-  bool active_[3] = {false, false, false};
-  int64_t clear_run_[3] = {0, 0, 0};  // steps running with the condition false while active
-  int64_t fired_[3] = {0, 0, 0};
+  int64_t mismatch_run_ = 0;
+  bool active_[kNumAlarmKinds] = {};
+  int64_t clear_run_[kNumAlarmKinds] = {};  // steps running with the condition false while active
+  int64_t fired_[kNumAlarmKinds] = {};
 };
 
 }  // namespace kappa::learner

@@ -244,6 +244,21 @@ LossTerms AggregateTerms(const TokenTerms& tokens, const TrainBatch& batch,
   return terms;
 }
 
+torch::Tensor InferenceMismatchSums(const torch::Tensor& token_logprobs,
+                                    const torch::Tensor& behaviour_logprobs,
+                                    const torch::Tensor& mask) {
+  torch::NoGradGuard no_grad;
+  const torch::Tensor d =
+      token_logprobs.detach().to(torch::kFloat64) - behaviour_logprobs.to(torch::kFloat64);
+  const torch::Tensor clamped = d.clamp(-20.0, 20.0);
+  const torch::Tensor k3 = (clamped.exp() - 1.0) - clamped;
+  // Padding positions may hold anything: select, not multiply (0 · inf).
+  const torch::Tensor in = mask.detach() > 0;
+  const torch::Tensor zero = torch::zeros({}, d.options());
+  return torch::stack({torch::where(in, d.abs(), zero).sum(), torch::where(in, k3, zero).sum(),
+                       in.to(torch::kFloat64).sum()});
+}
+
 LossTerms ComputeLossTerms(model::Decoder& model, const TrainBatch& batch_in,
                            const LossConfig& config) {
   const auto params = model->parameters();

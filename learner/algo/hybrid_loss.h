@@ -107,6 +107,16 @@ struct LossTerms {
 LossTerms AggregateTerms(const TokenTerms& tokens, const TrainBatch& batch,
                          const LossConfig& config, const TermWeights& weights = {});
 
+// The training–inference mismatch sums over the positions where `mask` [B, L]
+// is 1: [Σ |d|, Σ k3, Σ mask] in float64, no graph, on the inputs' device,
+// with d = log π_θ(y_n) − log π_behaviour(y_n) (`token_logprobs`, the loss's,
+// against `behaviour_logprobs`, TrainBatch::old_logprobs) and k3 =
+// (e^d − 1) − d, the k3 estimate of KL(π_behaviour ‖ π_θ) on tokens sampled
+// from π_behaviour (d clamped to ±20 inside the exponential, as approx_kl).
+torch::Tensor InferenceMismatchSums(const torch::Tensor& token_logprobs,
+                                    const torch::Tensor& behaviour_logprobs,
+                                    const torch::Tensor& mask);
+
 // Both stages with default weights; `batch` is moved to the model's device.
 LossTerms ComputeLossTerms(model::Decoder& model, const TrainBatch& batch,
                            const LossConfig& config);

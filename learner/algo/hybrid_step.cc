@@ -1,5 +1,6 @@
 #include "learner/algo/hybrid_step.h"
 
+#include <cmath>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -37,6 +38,18 @@ std::optional<TailMass> TeacherTailMass(const TeacherRows& teacher,
   return mass;
 }
 
+torch::Tensor OnPolicyRows(const std::vector<int64_t>& group_versions, int64_t group_size,
+                           int64_t current_version) {
+  if (group_size < 0) throw std::invalid_argument("OnPolicyRows: negative group size");
+  std::vector<float> rows;
+  rows.reserve(group_versions.size() * static_cast<size_t>(group_size));
+  for (int64_t version : group_versions) {
+    rows.insert(rows.end(), static_cast<size_t>(group_size),
+                version == current_version ? 1.0f : 0.0f);
+  }
+  return torch::tensor(rows, torch::kFloat32);
+}
+
 HybridStep::HybridStep(model::Decoder model, std::unique_ptr<PolicyOptimizer> optimizer,
                        HybridStepConfig config)
     : model_(std::move(model)), optimizer_(std::move(optimizer)), config_(std::move(config)) {
@@ -70,6 +83,22 @@ void HybridStep::TokenMeans::WriteTo(HybridStepReport* report) const {
   report->entropy = entropy / tokens;
   report->clip_fraction = clip_fraction / tokens;
   report->approx_kl = approx_kl / tokens;
+}
+
+void HybridStep::MismatchSums::Add(const TokenTerms& tokens, const TrainBatch& part,
+                                   const torch::Tensor& mask) {
+  const torch::Tensor add = InferenceMismatchSums(tokens.token_logprobs, part.old_logprobs, mask);
+  sums = sums.defined() ? sums + add : add;
+}
+
+void HybridStep::MismatchSums::WriteTo(HybridStepReport* report) const {
+  if (!sums.defined()) return;
+  const torch::Tensor host = sums.to(torch::kCPU);
+  const double* s = host.data_ptr<double>();
+  report->mismatch_tokens = static_cast<int64_t>(std::llround(s[2]));
+  if (report->mismatch_tokens == 0) return;
+  report->mismatch_abs_mean = s[0] / s[2];
+  report->mismatch_k3 = s[1] / s[2];
 }
 
 TokenTerms HybridStep::Forward(const TrainBatch& batch) {
@@ -135,9 +164,13 @@ void HybridStep::BeginStep(const TrainBatch& batch, const Gate& gate, int64_t st
 }
 
 void HybridStep::AccumulateMicroBatch(const MicroBatch& part, const TokenTerms& tokens,
-                                      const Gate& gate, KdrMonitor& kdr, TokenMeans* means,
+                                      const Gate& gate, const torch::Tensor& mismatch_mask,
+                                      KdrMonitor& kdr, TokenMeans* means, MismatchSums* mismatch,
                                       HybridStepReport* report) {
   const TrainBatch& sub = part.batch;
+  // The loss's own log π_θ(y_n), at θ before the update: what a worker
+  // holding this version should have sent as its behaviour log-probs.
+  mismatch->Add(tokens, sub, part.Slice(mismatch_mask));
   TermWeights weights;
   weights.no_distill = !gate.trains();
   if (gate.scored) {
@@ -156,9 +189,23 @@ void HybridStep::AccumulateMicroBatch(const MicroBatch& part, const TokenTerms& 
   optimizer_->AccumulateStep(terms);
 }
 
-HybridStepReport HybridStep::Run(const TrainBatch& batch_in) {
+HybridStepReport HybridStep::Run(const TrainBatch& batch_in, const torch::Tensor& on_policy_rows) {
   const std::vector<torch::Tensor>& params = optimizer_->parameters();
   const TrainBatch batch = batch_in.To(params.front().device());
+  // The positions the training–inference mismatch is measured on: response
+  // positions of the on-policy rows.
+  torch::Tensor mismatch_mask = batch.response_mask;
+  if (on_policy_rows.defined()) {
+    if (on_policy_rows.numel() != batch.response_mask.size(0)) {
+      throw std::invalid_argument("HybridStep::Run: on_policy_rows has " +
+                                  std::to_string(on_policy_rows.numel()) + " elements for " +
+                                  std::to_string(batch.response_mask.size(0)) + " rows");
+    }
+    const torch::Tensor rows =
+        (on_policy_rows.reshape({-1, 1}).to(batch.response_mask.device()) != 0)
+            .to(batch.response_mask.scalar_type());
+    mismatch_mask = batch.response_mask * rows;
+  }
   const int64_t step = optimizer_->step() + 1;  // the step this call makes, 1-based
   const std::vector<MicroBatch> micro = SplitMicroBatches(batch, config_.micro_batch_sequences);
   HybridStepReport report;
@@ -180,12 +227,14 @@ HybridStepReport HybridStep::Run(const TrainBatch& batch_in) {
   KdrMonitor kdr(config_.monitor, config_.loss, step, gate.scored, config_.balance.mask,
                  batch.response_mask);
   TokenMeans means;
+  MismatchSums mismatch;
   for (size_t k = 0; k < micro.size(); ++k) {
     const TokenTerms tokens =
         k == 0 && first_forward ? *std::move(first_forward) : Forward(micro[k].batch);
-    AccumulateMicroBatch(micro[k], tokens, gate, kdr, &means, &report);
+    AccumulateMicroBatch(micro[k], tokens, gate, mismatch_mask, kdr, &means, &mismatch, &report);
   }
   means.WriteTo(&report);
+  mismatch.WriteTo(&report);
 
   // K_DR over the whole batch; exact K_DR at θ, before the update moves it.
   kdr.Summarize(&report);

@@ -8,6 +8,8 @@
 //     m3_mask   weight 0 (or σ(K/τ)) on one term where K_DR(n) < 0
 //     backward  one per signal (separate) or one of the weighted sum
 //   K_DR        summary; exact K_DR on sampled positions (opt-in), at the same θ
+//   mismatch    |log π_θ − log π_behaviour| and k3 on the on-policy rows, from
+//               the same forwards (before the update)
 //   update      m3_project, m3_norm or λ, clipping, AdamW; then m3_adapt's λ
 // The update is the whole batch's however it is split.
 // libtorch only: the service layer feeds it TrainBatches and logs the report.
@@ -52,6 +54,13 @@ struct HybridStepConfig {
   TruncatedResponses truncated = TruncatedResponses::kKeep;
 };
 
+// The on-policy rows of a batch built by BuildTrainBatch from groups sampled
+// with `group_versions` (one per group, in batch order; G rows each): [B]
+// float32, 1 where the group's version is `current_version`, the version the
+// step is about to update, 0 for stale groups.
+torch::Tensor OnPolicyRows(const std::vector<int64_t>& group_versions, int64_t group_size,
+                           int64_t current_version);
+
 class HybridStep {
  public:
   // Throws std::invalid_argument on inconsistent configuration.
@@ -60,7 +69,11 @@ class HybridStep {
 
   // One optimizer step on `batch` (any device; moved to the model's).
   // Mutates the model's parameters, the optimizer state and λ (m3_adapt).
-  HybridStepReport Run(const TrainBatch& batch);
+  // `on_policy_rows` ([B], nonzero: sampled with the current version, as
+  // OnPolicyRows gives) picks the rows the training–inference mismatch is
+  // measured on; undefined: every row. Throws std::invalid_argument when it
+  // does not have B elements.
+  HybridStepReport Run(const TrainBatch& batch, const torch::Tensor& on_policy_rows = {});
 
   PolicyOptimizer& optimizer() { return *optimizer_; }
   const HybridStepConfig& config() const { return config_; }
@@ -85,6 +98,15 @@ class HybridStep {
     void WriteTo(HybridStepReport* report) const;
   };
 
+  // Sums of the training–inference mismatch over the micro-batches
+  // (InferenceMismatchSums), kept on the device until the step ends.
+  struct MismatchSums {
+    torch::Tensor sums;  // [Σ |d|, Σ k3, tokens], float64
+
+    void Add(const TokenTerms& tokens, const TrainBatch& part, const torch::Tensor& mask);
+    void WriteTo(HybridStepReport* report) const;
+  };
+
   // ComputeTokenTerms under the configured precision, raw logits dropped.
   TokenTerms Forward(const TrainBatch& batch);
   // The gate over the whole batch. RSTG ranks positions by their entropy and
@@ -96,9 +118,12 @@ class HybridStep {
   // taken over (reward, distill and SFT counts).
   void BeginStep(const TrainBatch& batch, const Gate& gate, int64_t step, double lambda);
   // One micro-batch from its forward: K_DR, m3_mask, aggregate, backward.
-  // Adds its token means to *means and its masked positions to *report.
+  // Adds its token means to *means, its mismatch over the positions where
+  // `mismatch_mask` (the whole batch's [B, L]) is 1 to *mismatch and its
+  // masked positions to *report.
   void AccumulateMicroBatch(const MicroBatch& part, const TokenTerms& tokens, const Gate& gate,
-                            KdrMonitor& kdr, TokenMeans* means, HybridStepReport* report);
+                            const torch::Tensor& mismatch_mask, KdrMonitor& kdr, TokenMeans* means,
+                            MismatchSums* mismatch, HybridStepReport* report);
 
   model::Decoder model_;
   std::unique_ptr<PolicyOptimizer> optimizer_;

@@ -47,6 +47,15 @@ struct HybridStepReport {
   // topk_tail_reverse_kl keeps as its tail bucket). Unset for other rows.
   std::optional<TailMass> teacher_tail_mass;
   int64_t teacher_bytes = 0;  // the batch's teacher rows (TrainBatch::teacher_bytes)
+  // Training–inference mismatch (docs/algorithms.md §6.1) over the response
+  // tokens of the rows sampled with the policy this step updates (on-policy
+  // rows; stale ones left out), from the loss's own log π_θ(y_n) against the
+  // behaviour log-probs the worker sent: mean |log π_θ − log π_behaviour|
+  // and mean k3 = (r − 1) − log r, r = π_θ / π_behaviour. Unset when no
+  // token entered (mismatch_tokens = 0).
+  int64_t mismatch_tokens = 0;
+  std::optional<double> mismatch_abs_mean;
+  std::optional<double> mismatch_k3;
 };
 
 }  // namespace kappa::learner

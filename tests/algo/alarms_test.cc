@@ -5,6 +5,9 @@
 #include <gtest/gtest.h>
 
 #include <functional>
+#include <optional>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 namespace kappa::learner {
@@ -41,6 +44,7 @@ StepObservation Healthy(int s) {
   o.kdr_negative_weighted_fraction = 0.2;
   o.reward_mean = 0.3 + 0.001 * s;
   o.entropy = 0.8;
+  o.inference_mismatch = 1e-6;  // fp32, on-policy
   return o;
 }
 
@@ -193,6 +197,51 @@ TEST(Alarms, ANegligibleDistillRiseIsNotDrowning) {
     o.distill_loss = 3.0 + 1e-4 * s;  // +0.3 % over the whole run
     return o;
   }, &monitor).empty());
+}
+
+TEST(Alarms, InferenceMismatchFromTheFirstStepAfterItsWindow) {
+  AlarmConfig config = TestConfig();
+  config.mismatch_threshold = 0.1;
+  config.mismatch_window = 3;
+  config.clear_steps = 4;
+  // The other alarms wait 50 observations; the mismatch, broken from step 1,
+  // fires at step 3, once its window is full.
+  config.warmup_steps = 50;
+  AlarmMonitor monitor(config);
+  auto mismatch = [](int s) -> std::optional<double> {
+    if (s <= 5) return 0.2;                       // a broken sync from the start
+    if (s <= 8) return std::nullopt;              // steps without on-policy tokens
+    if (s <= 20) return 0.01;                     // fixed: clears after clear_steps
+    if (s <= 30) return s % 2 == 1 ? 0.3 : 0.05;  // never 3 running: silent
+    return 0.15;                                  // broken again
+  };
+  std::vector<int64_t> fired;
+  bool active_at_8 = false, active_at_12 = true;
+  for (int s = 1; s <= 40; ++s) {
+    StepObservation o = Healthy(s);
+    o.step = s;
+    o.inference_mismatch = mismatch(s);
+    for (const AlarmEvent& e : monitor.Observe(o)) {
+      ASSERT_EQ(e.kind, AlarmKind::kInferenceMismatch) << e.message;
+      fired.push_back(e.step);
+      EXPECT_NE(e.message.find("0.1"), std::string::npos) << e.message;
+    }
+    if (s == 8) active_at_8 = monitor.active(AlarmKind::kInferenceMismatch);
+    if (s == 12) active_at_12 = monitor.active(AlarmKind::kInferenceMismatch);
+  }
+  EXPECT_EQ(fired, (std::vector<int64_t>{3, 33}));
+  EXPECT_TRUE(active_at_8) << "steps without a measurement keep the alarm";
+  EXPECT_FALSE(active_at_12) << "cleared after clear_steps = 4 low steps (9..12)";
+  EXPECT_EQ(monitor.fired(AlarmKind::kInferenceMismatch), 2);
+  EXPECT_STREQ(AlarmName(AlarmKind::kInferenceMismatch), "inference_mismatch");
+
+  // A threshold below 0 or a window below 1 is refused.
+  AlarmConfig bad = TestConfig();
+  bad.mismatch_window = 0;
+  EXPECT_THROW(AlarmMonitor{bad}, std::invalid_argument);
+  bad = TestConfig();
+  bad.mismatch_threshold = -1;
+  EXPECT_THROW(AlarmMonitor{bad}, std::invalid_argument);
 }
 
 }  // namespace

@@ -6,14 +6,14 @@
 // weights newer than version 0.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 #include <string>
-
-#include <nlohmann/json.hpp>
 
 #include "tests/integration/run_files.h"
 #include "tests/integration/tiny_run_config.h"
@@ -45,12 +45,23 @@ TEST(EndToEndLoopTest, TrainsAFewStepsWithTwoWorkers) {
   int64_t consumed = 0;
   int64_t expected_step = 0;
   int64_t newest_sampling_version = -1;
+  int64_t mismatch_steps = 0;
   nlohmann::json last;
   while (std::getline(metrics, line)) {
     nlohmann::json record = nlohmann::json::parse(line);
     EXPECT_EQ(record["step"].get<int64_t>(), expected_step);
     EXPECT_EQ(record["policy_version"].get<int64_t>(), expected_step);
     if (expected_step > 0) {
+      // fp32 on the CPU: the learner recomputes the workers' log-probs of
+      // the tokens they sampled with the current version to float rounding.
+      if (record["mismatch_tokens"].get<int64_t>() > 0) {
+        ++mismatch_steps;
+        EXPECT_LT(record["mismatch_abs_mean"].get<double>(), 1e-3) << line;
+        EXPECT_LT(std::abs(record["mismatch_k3"].get<double>()), 1e-5) << line;
+      } else {
+        EXPECT_TRUE(record["mismatch_abs_mean"].is_null()) << line;
+      }
+      EXPECT_EQ(record["alarm_active"]["inference_mismatch"], 0) << line;
       for (const auto& id : record["lease_ids"]) {
         EXPECT_TRUE(leases.insert(id.get<std::string>()).second) << "lease consumed twice: " << id;
         ++consumed;
@@ -68,6 +79,7 @@ TEST(EndToEndLoopTest, TrainsAFewStepsWithTwoWorkers) {
   EXPECT_EQ(consumed, 18);
   EXPECT_EQ(last["groups_consumed"].get<int64_t>(), 18);
   EXPECT_GE(newest_sampling_version, 1) << "workers never sampled with updated weights";
+  EXPECT_GE(mismatch_steps, 1) << "no step had on-policy tokens (step 1 always has)";
   EXPECT_TRUE(last.contains("eval_accuracy"));
   EXPECT_TRUE(fs::exists(run_dir / "checkpoints" / "latest"));
   for (const char* log : {"learner.log", "teacher.log", "verifier.log", "rollout-0.log",

@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -74,12 +75,19 @@ TEST(LearnerMetrics, ExportsAStepForPrometheus) {
                            "kappa_learner_groups_total 7\n",
                            "kappa_learner_buffer_groups 3\n",
                            "kappa_learner_step_seconds_count 1\n",
-                           "kappa_learner_tokens_total 30\n"}) {
+                           "kappa_learner_tokens_total 30\n",
+                           "kappa_learner_alarm{kind=\"inference_mismatch\"} 0\n",
+                           "kappa_learner_inference_mismatch{stat=\"abs_mean\"} ",
+                           "kappa_learner_inference_mismatch{stat=\"k3\"} "}) {
     EXPECT_NE(text.find(name), std::string::npos) << name << " missing from\n" << text;
   }
   // κ exported is the step's κ.
   EXPECT_NE(text.find("kappa_learner_grad_norm_ratio " +
                       services::metrics::FormatValue(*report.stats.kappa())),
+            std::string::npos);
+  ASSERT_TRUE(report.mismatch_abs_mean.has_value());
+  EXPECT_NE(text.find("kappa_learner_inference_mismatch{stat=\"abs_mean\"} " +
+                      services::metrics::FormatValue(*report.mismatch_abs_mean)),
             std::string::npos);
   // Every K_DR value landed in the histogram.
   EXPECT_NE(text.find("kappa_learner_kdr_count " + std::to_string(report.kdr_values.size()) + "\n"),
@@ -98,6 +106,37 @@ TEST(LearnerMetrics, ExportsAStepForPrometheus) {
   EXPECT_NE(next.find("kappa_learner_groups_total 9\n"), std::string::npos);
   counters.groups_accepted = 4;
   EXPECT_NE(registry.Serialize().find("kappa_learner_groups_total 9\n"), std::string::npos);
+}
+
+// A step without on-policy tokens exports no mismatch series (not a 0, not
+// NaN); a later measured step does, and the next unmeasured one keeps it.
+TEST(LearnerMetrics, MismatchOnlyFromMeasuredSteps) {
+  services::metrics::Registry registry;
+  LearnerMetrics metrics(registry);
+  StepRecord unmeasured;
+  unmeasured.step = 1;
+  metrics.RecordStep(unmeasured);
+  EXPECT_EQ(registry.Serialize().find("kappa_learner_inference_mismatch"), std::string::npos);
+  StepRecord nan_step = unmeasured;
+  nan_step.report.mismatch_tokens = 3;
+  nan_step.report.mismatch_abs_mean = std::nan("");
+  nan_step.report.mismatch_k3 = std::nan("");
+  metrics.RecordStep(nan_step);
+  EXPECT_EQ(registry.Serialize().find("kappa_learner_inference_mismatch"), std::string::npos);
+  StepRecord measured = unmeasured;
+  measured.report.mismatch_tokens = 12;
+  measured.report.mismatch_abs_mean = 0.25;
+  measured.report.mismatch_k3 = 0.03125;
+  metrics.RecordStep(measured);
+  metrics.RecordStep(unmeasured);
+  const std::string text = registry.Serialize();
+  EXPECT_NE(text.find("kappa_learner_inference_mismatch{stat=\"abs_mean\"} 0.25\n"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("kappa_learner_inference_mismatch{stat=\"k3\"} 0.03125\n"), std::string::npos)
+      << text;
+  const auto [status, output] = kappa::testing::PromtoolCheckMetrics(text);
+  EXPECT_EQ(status, 0) << output;
 }
 
 }  // namespace

@@ -74,12 +74,25 @@ TEST(StepRecord, LineCarriesTheStepsValues) {
   EXPECT_EQ(line[metrics_jsonl::kAlarms][0]["kind"], "collapse");
   EXPECT_EQ(line[metrics_jsonl::kAlarmActive]["collapse"], 1);
   EXPECT_EQ(line[metrics_jsonl::kAlarmActive]["magnitude_drowning"], 0);
+  EXPECT_EQ(line[metrics_jsonl::kAlarmActive]["inference_mismatch"], 0);
+  // Every row counted (Run without on-policy rows): the batch's tokens.
+  EXPECT_EQ(line[metrics_jsonl::kMismatchTokens], record.report.mismatch_tokens);
+  EXPECT_GT(record.report.mismatch_tokens, 0);
+  EXPECT_DOUBLE_EQ(line[metrics_jsonl::kMismatchAbsMean].get<double>(),
+                   *record.report.mismatch_abs_mean);
+  EXPECT_DOUBLE_EQ(line[metrics_jsonl::kMismatchK3].get<double>(), *record.report.mismatch_k3);
+  EXPECT_EQ(ObservationOf(record).inference_mismatch, record.report.mismatch_abs_mean);
   // An unmeasured value is null, never 0.
   StepRecord unmeasured;
   const nlohmann::json empty = ToJson(unmeasured);
   EXPECT_TRUE(empty[metrics_jsonl::kKappa].is_null());
   EXPECT_TRUE(empty[metrics_jsonl::kGradCosine].is_null());
   EXPECT_FALSE(empty.contains(metrics_jsonl::kEvalAccuracy));
+  // No on-policy token: the mismatch is null, its count 0, the alarm not fed.
+  EXPECT_TRUE(empty[metrics_jsonl::kMismatchAbsMean].is_null());
+  EXPECT_TRUE(empty[metrics_jsonl::kMismatchK3].is_null());
+  EXPECT_EQ(empty[metrics_jsonl::kMismatchTokens], 0);
+  EXPECT_FALSE(ObservationOf(unmeasured).inference_mismatch.has_value());
 }
 
 TEST(StepRecord, DocsNameEveryKey) {
