@@ -28,8 +28,13 @@ struct DecodeEngine::Request {
   int64_t columns = 0;  // slot columns it needs: prompt + budget - 1
   std::vector<SampledSequence> samples;
   std::vector<RowRandom> random;  // one stream per row
-  int64_t rows_left = 0;
+  int64_t rows_left = 0;          // rows that have not finished
+  int64_t rows_placed = 0;        // rows that have had a slot
   Clock::time_point admitted;
+  // From its prefill until every row has a slot: the prompt's keys/values
+  // per layer [1, kv, prompt, hd] and the next-token logits [V].
+  std::vector<torch::Tensor> prompt_keys, prompt_values;
+  torch::Tensor next_logits;
 };
 
 DecodeEngine::DecodeEngine(DecodeEngineOptions options) : options_(options) {
@@ -96,6 +101,7 @@ void DecodeEngine::Add(DecodeRequest spec) {
 void DecodeEngine::Clear() {
   waiting_.clear();
   requests_.clear();
+  partial_ = -1;
   for (Slot& slot : slots_) slot = Slot{};
   active_rows_ = 0;
 }
@@ -147,71 +153,91 @@ void DecodeEngine::DecodeActiveRows(std::vector<DecodeResult>* finished) {
 }
 
 void DecodeEngine::AdmitWaiting(std::vector<DecodeResult>* finished) {
-  std::vector<int64_t> admitted;  // indices into requests_
   int64_t free_slots = FreeSlots();
-  int64_t prefill_tokens = 0;
+  // Rows of the partly placed request come first; they need no prefill.
+  int64_t to_place = 0;
+  if (partial_ >= 0) {
+    const Request& partial = *requests_[static_cast<size_t>(partial_)];
+    to_place = partial.spec.num_samples - partial.rows_placed;
+  }
   int64_t columns = 0;
   for (const Slot& slot : slots_) {
-    if (slot.request >= 0)
+    if (slot.request >= 0) {
       columns = std::max(columns, requests_[static_cast<size_t>(slot.request)]->columns);
+    }
   }
-  while (!waiting_.empty()) {
+  // Waiting requests join while free slots remain; the last one taken may
+  // get only some of its rows a slot now (it then holds its prompt's
+  // keys/values until the rest do).
+  std::vector<int64_t> taken;  // indices into requests_, to prefill
+  int64_t prefill_tokens = 0;
+  while (!waiting_.empty() && to_place < free_slots) {
     Request& next = *waiting_.front();
     // One model per step: a request of another version waits until every
     // row of the current one has finished.
+    const bool busy = active_rows_ > 0 || partial_ >= 0 || !taken.empty();
     const std::shared_ptr<Decoder>& in_use =
-        !admitted.empty() ? requests_[static_cast<size_t>(admitted.front())]->spec.model : model_;
-    if ((active_rows_ > 0 || !admitted.empty()) && next.spec.model != in_use) break;
-    if (next.spec.num_samples > free_slots) break;
+        !taken.empty() ? requests_[static_cast<size_t>(taken.front())]->spec.model : model_;
+    if (busy && next.spec.model != in_use) break;
     const int64_t prompt = static_cast<int64_t>(next.spec.prompt.size());
-    if (!admitted.empty() && prefill_tokens + prompt > kMaxPrefillTokens) break;
-    free_slots -= next.spec.num_samples;
+    if (!taken.empty() && prefill_tokens + prompt > kMaxPrefillTokens) break;
     prefill_tokens += prompt;
+    to_place += next.spec.num_samples;
     columns = std::max(columns, next.columns);
     requests_.push_back(std::move(waiting_.front()));
     waiting_.pop_front();
-    admitted.push_back(static_cast<int64_t>(requests_.size()) - 1);
+    taken.push_back(static_cast<int64_t>(requests_.size()) - 1);
   }
-  if (admitted.empty()) return;
-  model_ = requests_[static_cast<size_t>(admitted.front())]->spec.model;
-  EnsureCache(*model_, columns);
+  if (to_place == 0 || free_slots == 0) return;
+  if (!taken.empty()) {
+    model_ = requests_[static_cast<size_t>(taken.front())]->spec.model;
+    EnsureCache(*model_, columns);
+    Prefill(taken);
+  }
 
-  // Each request's rows take the lowest free slots.
+  // Place rows, the partly placed request's first, in the lowest free slots.
+  std::vector<int64_t> order;
+  if (partial_ >= 0) order.push_back(partial_);
+  order.insert(order.end(), taken.begin(), taken.end());
+  partial_ = -1;
   std::vector<int64_t> row_slots;
-  std::vector<int64_t> row_request;  // position in `admitted` of each row's request
-  int64_t s = 0;
-  for (size_t i = 0; i < admitted.size(); ++i) {
-    Request& request = *requests_[static_cast<size_t>(admitted[i])];
-    request.admitted = Clock::now();
-    for (int64_t g = 0; g < request.spec.num_samples; ++g) {
-      while (slots_[static_cast<size_t>(s)].request >= 0) ++s;
-      slots_[static_cast<size_t>(s)] = Slot{admitted[i], g, 0};
-      row_slots.push_back(s);
-      row_request.push_back(static_cast<int64_t>(i));
-    }
-    active_rows_ += request.spec.num_samples;
-  }
-  stats_.peak_active_rows = std::max(stats_.peak_active_rows, active_rows_);
-
-  const torch::Tensor logits = Prefill(admitted);  // [admitted, V]
+  std::vector<torch::Tensor> row_logits;
   std::vector<TokenSampling> settings;
   std::vector<double> uniforms;
-  for (size_t r = 0; r < row_slots.size(); ++r) {
-    const Slot& slot = slots_[static_cast<size_t>(row_slots[r])];
-    Request& request = *requests_[static_cast<size_t>(slot.request)];
-    settings.push_back(request.spec.sampling);
-    uniforms.push_back(request.random[static_cast<size_t>(slot.row)].NextUniform());
+  int64_t s = 0;
+  for (int64_t index : order) {
+    Request& request = *requests_[static_cast<size_t>(index)];
+    std::vector<int64_t> placed;
+    while (request.rows_placed < request.spec.num_samples && free_slots > 0) {
+      while (slots_[static_cast<size_t>(s)].request >= 0) ++s;
+      const int64_t row = request.rows_placed++;
+      slots_[static_cast<size_t>(s)] =
+          Slot{index, row, static_cast<int64_t>(request.spec.prompt.size())};
+      placed.push_back(s);
+      row_slots.push_back(s);
+      row_logits.push_back(request.next_logits);
+      settings.push_back(request.spec.sampling);
+      uniforms.push_back(request.random[static_cast<size_t>(row)].NextUniform());
+      --free_slots;
+      ++active_rows_;
+    }
+    CopyPromptIntoSlots(request, placed);
+    if (request.rows_placed < request.spec.num_samples) {
+      partial_ = index;
+    } else {
+      request.prompt_keys.clear();  // every row has its copy now
+      request.prompt_values.clear();
+    }
   }
-  auto index = torch::tensor(row_request, torch::kLong).to(logits.device());
-  const SampledTokens sampled = SampleTokens(logits.index_select(0, index), settings, uniforms);
-  stats_.prefills += static_cast<int64_t>(admitted.size());
+  stats_.peak_active_rows = std::max(stats_.peak_active_rows, active_rows_);
+  const SampledTokens sampled = SampleTokens(torch::stack(row_logits), settings, uniforms);
   RecordTokens(row_slots, sampled, finished);
 }
 
-torch::Tensor DecodeEngine::Prefill(const std::vector<int64_t>& admitted) {
-  const int64_t n = static_cast<int64_t>(admitted.size());
+void DecodeEngine::Prefill(const std::vector<int64_t>& taken) {
+  const int64_t n = static_cast<int64_t>(taken.size());
   int64_t longest = 0;
-  for (int64_t i : admitted) {
+  for (int64_t i : taken) {
     longest = std::max(longest,
                        static_cast<int64_t>(requests_[static_cast<size_t>(i)]->spec.prompt.size()));
   }
@@ -224,7 +250,7 @@ torch::Tensor DecodeEngine::Prefill(const std::vector<int64_t>& admitted) {
     auto mask_a = mask.accessor<int64_t, 2>();
     for (int64_t i = 0; i < n; ++i) {
       const std::vector<int64_t>& prompt =
-          requests_[static_cast<size_t>(admitted[static_cast<size_t>(i)])]->spec.prompt;
+          requests_[static_cast<size_t>(taken[static_cast<size_t>(i)])]->spec.prompt;
       for (size_t t = 0; t < prompt.size(); ++t) {
         tok_a[i][static_cast<int64_t>(t)] = prompt[t];
         mask_a[i][static_cast<int64_t>(t)] = 1;
@@ -240,33 +266,38 @@ torch::Tensor DecodeEngine::Prefill(const std::vector<int64_t>& admitted) {
                         .to(device)
                         .view({n, 1, 1})
                         .expand({n, 1, out.hidden.size(2)});
-  auto hidden = out.hidden.gather(1, last_index).squeeze(1);  // [n, D]
+  auto logits = F::linear(out.hidden.gather(1, last_index).squeeze(1), model->OutputWeight());
+  // Each request keeps its own prompt's keys/values until its rows have
+  // copied them (a partly placed request holds them across steps).
+  for (int64_t i = 0; i < n; ++i) {
+    Request& request = *requests_[static_cast<size_t>(taken[static_cast<size_t>(i)])];
+    const int64_t prompt = static_cast<int64_t>(request.spec.prompt.size());
+    for (size_t l = 0; l < prefill.keys.size(); ++l) {
+      request.prompt_keys.push_back(prefill.keys[l].narrow(0, i, 1).narrow(2, 0, prompt).clone());
+      request.prompt_values.push_back(
+          prefill.values[l].narrow(0, i, 1).narrow(2, 0, prompt).clone());
+    }
+    request.next_logits = logits[i];
+    request.admitted = Clock::now();
+  }
+  stats_.prefills += n;
+}
 
-  // Copy each prompt's keys/values into its rows' slots, one copy per layer.
-  std::vector<int64_t> source_rows, target_slots;
-  for (int64_t s = 0; s < options_.max_rows; ++s) {
-    const Slot& slot = slots_[static_cast<size_t>(s)];
-    if (slot.request < 0 || slot.cached != 0) continue;  // not a row admitted now
-    const auto position = std::find(admitted.begin(), admitted.end(), slot.request);
-    source_rows.push_back(position - admitted.begin());
-    target_slots.push_back(s);
-  }
-  auto source = torch::tensor(source_rows, torch::kLong).to(device);
-  auto target = torch::tensor(target_slots, torch::kLong).to(device);
+void DecodeEngine::CopyPromptIntoSlots(const Request& request, const std::vector<int64_t>& slots) {
+  if (slots.empty()) return;
+  const int64_t prompt = static_cast<int64_t>(request.spec.prompt.size());
+  const int64_t count = static_cast<int64_t>(slots.size());
+  auto target = torch::tensor(slots, torch::kLong).to(request.next_logits.device());
   for (size_t l = 0; l < cache_.keys.size(); ++l) {
+    const auto& keys = request.prompt_keys[l];
+    const auto& values = request.prompt_values[l];
     cache_.keys[l]
-        .narrow(2, 0, longest)
-        .index_copy_(0, target, prefill.keys[l].index_select(0, source));
+        .narrow(2, 0, prompt)
+        .index_copy_(0, target, keys.expand({count, -1, -1, -1}).contiguous());
     cache_.values[l]
-        .narrow(2, 0, longest)
-        .index_copy_(0, target, prefill.values[l].index_select(0, source));
+        .narrow(2, 0, prompt)
+        .index_copy_(0, target, values.expand({count, -1, -1, -1}).contiguous());
   }
-  for (int64_t s : target_slots) {
-    Slot& slot = slots_[static_cast<size_t>(s)];
-    slot.cached =
-        static_cast<int64_t>(requests_[static_cast<size_t>(slot.request)]->spec.prompt.size());
-  }
-  return F::linear(hidden, model->OutputWeight());
 }
 
 void DecodeEngine::RecordTokens(const std::vector<int64_t>& slots, const SampledTokens& sampled,
@@ -295,7 +326,7 @@ void DecodeEngine::RecordTokens(const std::vector<int64_t>& slots, const Sampled
     requests_[static_cast<size_t>(index)].reset();
   }
   stats_.tokens += static_cast<int64_t>(slots.size());
-  if (active_rows_ == 0) requests_.clear();
+  if (active_rows_ == 0 && partial_ < 0) requests_.clear();
 }
 
 void DecodeEngine::EnsureCache(Decoder& model, int64_t columns) {

@@ -7,8 +7,11 @@
 // Memory: the keys/values live in one SlotKVCache of `max_rows` slots ×
 // `max_sequence_tokens` columns, allocated once (or, with
 // max_sequence_tokens = 0, grown to the longest sequence admitted, up to the
-// model's max_position_embeddings, and never shrunk). How many requests
-// queue does not change it: a waiting request holds only its prompt.
+// model's max_position_embeddings, and never shrunk), plus the prompt
+// keys/values of at most one request whose G rows did not all find a free
+// slot at once (its remaining rows take the next free slots, before any
+// other request). How many requests queue does not change it: a waiting
+// request holds only its prompt.
 //
 // Shared prefill: the G samples of a request are one prefill of its prompt,
 // whose keys/values are copied into G slots; each of the G rows then draws
@@ -93,9 +96,10 @@ class DecodeEngine {
   void Add(DecodeRequest request);
 
   // One step: samples the next token of every row in a slot, frees the
-  // slots of rows that stopped, then admits waiting requests (oldest first,
-  // while their rows fit in the free slots and their model is the one in
-  // use or none is), prefilling each and sampling its first tokens. Returns
+  // slots of rows that stopped, then fills free slots with waiting rows
+  // (oldest request first, while its model is the one in use or none is;
+  // a request is prefilled once, when its first row gets a slot) and
+  // samples their first tokens. Returns
   // the requests whose every row has finished, in the order they finished.
   // Does nothing when Idle(). Blocks for the model's forwards.
   std::vector<DecodeResult> Step();
@@ -120,11 +124,15 @@ class DecodeEngine {
 
   // Samples one token for every occupied slot; retires rows that stopped.
   void DecodeActiveRows(std::vector<DecodeResult>* finished);
-  // Admits waiting requests that fit (prefill + first tokens).
+  // Gives free slots to waiting rows: the partly placed request's, then
+  // those of waiting requests (prefilled now), and samples their first
+  // tokens.
   void AdmitWaiting(std::vector<DecodeResult>* finished);
-  // Prefills `admitted` in one batch and copies each prompt's keys/values
-  // into its rows' slots; returns each request's last-position logits [n, V].
-  torch::Tensor Prefill(const std::vector<int64_t>& admitted);
+  // Prefills the requests `taken` (indices into requests_) in one batch;
+  // each keeps its prompt's keys/values and next-token logits.
+  void Prefill(const std::vector<int64_t>& taken);
+  // Copies `request`'s prompt keys/values into columns [0, prompt) of `slots`.
+  void CopyPromptIntoSlots(const Request& request, const std::vector<int64_t>& slots);
   // Records each given row's sampled token, ends rows that stopped, and
   // moves requests whose every row ended to `finished`.
   void RecordTokens(const std::vector<int64_t>& slots, const SampledTokens& sampled,
@@ -141,6 +149,10 @@ class DecodeEngine {
   std::vector<std::unique_ptr<Request>> requests_;
   std::vector<Slot> slots_;
   int64_t active_rows_ = 0;
+  // The request (index into requests_) whose rows did not all get a slot
+  // when it was prefilled; its remaining rows take the next free slots
+  // before any waiting request. -1: none.
+  int64_t partial_ = -1;
   std::shared_ptr<Decoder> model_;  // the model of the rows in slots
   SlotKVCache cache_;
   DecodeEngineStats stats_;

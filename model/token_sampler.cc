@@ -131,16 +131,26 @@ SampledTokens SampleTokens(const torch::Tensor& logits, const std::vector<TokenS
                        return Greedy(r) ? 1.0 : r.temperature;
                      }).to(torch::kFloat32);
   auto scaled = z / temperature;
-  auto logp = torch::log_softmax(scaled, -1);
+  // log p(token) = scaled − logsumexp(scaled): the [R, W] log-softmax is
+  // never materialized (a sampling step's cost is a few passes over it).
+  auto log_normalizer = scaled.logsumexp(-1);
 
   torch::Tensor tokens;
   if (any_greedy) tokens = scaled.argmax(-1);
   if (any_sampled) {
-    auto probs = logp.to(torch::kFloat64).exp();
-    auto kept = probs * KeptTokens(probs, rows);
+    auto probs = torch::softmax(scaled, -1);
+    bool filtered = false;
+    for (const TokenSampling& row : rows) {
+      filtered = filtered || row.min_p > 0 || row.top_p < 1 || (row.top_k > 0 && row.top_k < width);
+    }
+    auto kept = filtered ? probs * KeptTokens(probs.to(torch::kFloat64), rows) : probs;
+    // float32 mass, accumulated in double by cumsum on the CPU.
     auto cdf = kept.cumsum(-1);
     auto u = torch::tensor(uniforms, torch::kFloat64).to(device).unsqueeze(1);
-    auto target = u * cdf.narrow(1, width - 1, 1);
+    auto total = cdf.narrow(1, width - 1, 1);
+    auto target = (u * total.to(torch::kFloat64)).to(cdf.scalar_type());
+    // Rounded to float, u · total may reach total itself: stay below it.
+    target = torch::minimum(target, torch::nextafter(total, torch::zeros_like(total)));
     // The first id whose cumulative mass exceeds the target: ids with no
     // kept mass never are (their cumulative mass equals the one before).
     auto drawn = torch::searchsorted(cdf, target, /*out_int32=*/false, /*right=*/true)
@@ -155,7 +165,7 @@ SampledTokens SampleTokens(const torch::Tensor& logits, const std::vector<TokenS
       tokens = drawn;
     }
   }
-  auto token_logp = logp.gather(1, tokens.unsqueeze(1)).squeeze(1);
+  auto token_logp = scaled.gather(1, tokens.unsqueeze(1)).squeeze(1) - log_normalizer;
   auto host_tokens = tokens.to(torch::kCPU, torch::kLong).contiguous();
   auto host_logp = token_logp.to(torch::kCPU, torch::kFloat32).contiguous();
   out.tokens.assign(host_tokens.data_ptr<int64_t>(), host_tokens.data_ptr<int64_t>() + R);

@@ -108,9 +108,10 @@ class AttentionImpl : public torch::nn::Module {
       auto index = write.columns.view({B, 1, 1, 1}).expand({B, kv_heads_, 1, head_dim_});
       cache_k.scatter_(2, index, k);
       cache_v.scatter_(2, index, v);
-      k = cache_k.narrow(2, 0, write.width);
-      v = cache_v.narrow(2, 0, write.width);
-    } else if (write.keys != nullptr) {
+      auto out = SlotAttention(q, cache_k, cache_v, allowed, write.width);
+      return o_proj(out.transpose(1, 2).reshape({B, T, heads_ * head_dim_}));
+    }
+    if (write.keys != nullptr) {
       write.keys->narrow(2, write.start, T).copy_(k);
       write.values->narrow(2, write.start, T).copy_(v);
       k = write.keys->narrow(2, 0, write.start + T);
@@ -141,6 +142,26 @@ class AttentionImpl : public torch::nn::Module {
     auto probs = torch::softmax(scores, -1).to(v.scalar_type()).view({B, kv_heads_, group * T, S});
     // [B, kv, group*T, hd] is [B, H, T, hd] in HF's head order.
     return torch::matmul(probs, v).view({B, heads_, T, head_dim_});
+  }
+
+  // The explicit path for one query per slot over the first `width` columns
+  // of slot buffers [B, kv, capacity, hd]: each (slot, KV head) is one batch
+  // of a strided bmm (no copy of the keys, no per-row loop), softmax in fp32.
+  // q: [B, H, 1, hd]; allowed [B, 1, 1, 1, width]. Returns [B, H, 1, hd].
+  torch::Tensor SlotAttention(const torch::Tensor& q, const torch::Tensor& cache_k,
+                              const torch::Tensor& cache_v, const torch::Tensor& allowed,
+                              int64_t width) {
+    const int64_t B = q.size(0), capacity = cache_k.size(2);
+    const int64_t group = heads_ / kv_heads_;
+    auto k = cache_k.view({B * kv_heads_, capacity, head_dim_}).narrow(1, 0, width);
+    auto v = cache_v.view({B * kv_heads_, capacity, head_dim_}).narrow(1, 0, width);
+    auto qg = q.reshape({B * kv_heads_, group, head_dim_});  // HF repeat_kv order
+    auto scores = torch::bmm(qg, k.transpose(1, 2)).mul_(scale_);
+    scores = scores.view({B, kv_heads_, group, 1, width})
+                 .to(torch::kFloat32)
+                 .masked_fill(allowed.logical_not(), kMaskedScore);
+    auto probs = torch::softmax(scores, -1).to(v.scalar_type()).view({B * kv_heads_, group, width});
+    return torch::bmm(probs, v).view({B, heads_, 1, head_dim_});
   }
 
   static bool UseSdpa() { return KAPPA_HAVE_SDPA && AttentionBackend() == AttentionKind::kSdpa; }
