@@ -3,6 +3,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "rollout_worker/rollout_settings.h"
 #include "services/status_util.h"
 
 namespace kappa::learner {
@@ -128,10 +129,13 @@ AlarmConfig MakeAlarmConfig(const services::Config& config) {
   out.entropy_floor = a.entropy_floor;
   out.warmup_steps = a.warmup_steps;
   out.clear_steps = a.clear_steps;
+  out.mismatch_threshold = a.mismatch_threshold;
   return out;
 }
 
 absl::Status ValidateStepConfig(const services::Config& config) {
+  if (absl::Status rollout = rollout::ValidateRolloutSettings(config); !rollout.ok())
+    return rollout;
   absl::StatusOr<HybridStepConfig> step = MakeHybridStepConfig(config);
   if (!step.ok()) return step.status();
   // The constructors check their bounds.

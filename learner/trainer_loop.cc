@@ -93,9 +93,7 @@ absl::Status TrainerLoop::MakeStep() {
   step_config.loss.vocab_limit = vocab_limit_;
   KAPPA_RETURN_IF_ERROR(services::CaptureExceptions("", [&] {
     step_ = std::make_unique<HybridStep>(student_, std::move(optimizer_), std::move(step_config));
-    AlarmConfig alarm_config = MakeAlarmConfig(config_);
-    alarm_config.mismatch_threshold = config_.alarms.mismatch_threshold;
-    alarms_ = std::make_unique<AlarmMonitor>(alarm_config);
+    alarms_ = std::make_unique<AlarmMonitor>(MakeAlarmConfig(config_));
   }));
   spdlog::info("learner: distill_gate={} balance={} lambda={} kappa_every={} kdr_every={}",
                DistillGateName(step_->config().gate), BalanceName(step_->config().balance),

@@ -3,6 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "tests/integration/cli_test_util.h"
 
@@ -78,6 +81,20 @@ TEST_F(RunConfigTest, UnknownTeacherValuePrecisionIsRejected) {
   EXPECT_NE(result.output.find("trainer.teacher_values"), std::string::npos) << result.output;
   EXPECT_NE(result.output.find("fp16"), std::string::npos) << result.output;
   EXPECT_FALSE(std::filesystem::exists(dir_ + "/runs"));
+}
+
+TEST_F(RunConfigTest, BadRolloutEngineOrSamplingKeysAreRejected) {
+  const std::string path = Config("ok.yaml", "name: t\n");
+  for (const auto& [override_text, key] :
+       std::vector<std::pair<std::string, std::string>>{{"rollout.engine=paged", "rollout.engine"},
+                                                        {"rollout.top_k=-1", "rollout.top_k"},
+                                                        {"rollout.min_p=1.5", "rollout.min_p"},
+                                                        {"rollout.top_p=0", "rollout.top_p"}}) {
+    auto result = RunKappa({"run", path, override_text, "runs_dir=" + dir_ + "/runs"});
+    EXPECT_NE(result.exit_code, 0) << override_text;
+    EXPECT_NE(result.output.find(key), std::string::npos) << result.output;
+    EXPECT_FALSE(std::filesystem::exists(dir_ + "/runs")) << override_text;
+  }
 }
 
 TEST_F(RunConfigTest, UsageErrorsExitWithTwo) {
