@@ -20,19 +20,37 @@
 #      device in bf16 and runs one 512-token forward (load time against
 #      reading the file, memory). The tests of stage 2 include the HF logit
 #      parity test, which there also compares SDPA with the explicit path.
+#   7. the whole system: a second build, services included, against the
+#      machine's CUDA libtorch and the bundle of Debian 12's gRPC, protobuf,
+#      abseil, yaml-cpp, spdlog/fmt, pcre2, utf8proc that bench/gpu/prepare.sh
+#      writes to .gpu_deps (configured in the background, at nice 19, while
+#      stages 2-6 run); then `kappa run configs/qwen2.5-gsm8k.yaml` with the
+#      learner, teacher and four workers on CUDA in bf16: a random
+#      Qwen2.5-0.5B-shaped student, a random 1.5B-shaped teacher, the real
+#      Qwen2.5 tokenizer and vocabulary, the GSM8K-layout test fixture, 20
+#      steps; bench/gpu/system_report.py writes samples/s, the engine's
+#      tokens/s, the learner's MFU (computed there) and weight-sync seconds
+#      to $OUT/system_run.txt. The run gets what is left of an 8-minute budget.
 # Results land in $OUT (default /tmp/kappa-gpu-out); bench/README.md keeps them.
 #
 #   bash bench/gpu/prepare.sh                                   # here, once: .gpu_deps/
 #   bash bench/gpu/run.sh                                       # on the GPU machine (carry .gpu_deps)
+#   bash bench/gpu/run.sh --system                              # on the GPU machine: stage 7 alone
 #   bash bench/gpu/run.sh --compile-check                       # here: nvcc compile check only
-#   bash bench/gpu/run.sh --cpu-rehearsal                       # here: every stage on the CPU
+#   bash bench/gpu/run.sh --cpu-rehearsal [--system]            # here: every stage (or 7) on the CPU
 #
 # --cpu-rehearsal runs the same stages with the development machine's CPU
 # libtorch (KAPPA_CUDA off, --device cpu, the demo model for gpt, two
 # rounds, short generations, /usr/bin/python3 for the eager reference): it
 # proves the libtorch-only build, the test list and every benchmark flag
 # here, so the one GPU run is not spent on a typo. Numbers from it mean
-# nothing.
+# nothing. Its stage 7 builds against .gpu_deps exactly as the GPU run does
+# (a clean build directory, CMAKE_PREFIX_PATH = the bundle first; the checks
+# after the build fail if any header of those packages was read from
+# /usr/include or a binary resolves one of their libraries outside the
+# bundle), then runs the same `kappa run` with tiny bodies (d 64 and 96, two
+# layers) on the real 151,936-row vocabulary on the CPU. KAPPA_BUILD_LOCK=FILE
+# runs each build step under `flock FILE` (the shared development machine).
 #
 # The nlohmann_json CMake package is header-only; the GPU machine has none,
 # so it travels with the tree (run's `carry: [".gpu_deps"]`).
@@ -45,16 +63,24 @@ if [[ "${1:-}" == "--compile-check" ]]; then
   exec bash scripts/cuda_compile_check.sh
 fi
 
-rehearsal=0
-if [[ "${1:-}" == "--cpu-rehearsal" ]]; then
-  rehearsal=1
+rehearsal=0 system=1 only_system=0
+while [[ "${1:-}" == --* ]]; do
+  case $1 in
+    --cpu-rehearsal) rehearsal=1 ;;
+    --system) only_system=1 ;;
+    --no-system) system=0 ;;
+    *) echo "run.sh: unknown flag $1" >&2; exit 2 ;;
+  esac
   shift
-fi
+done
+lock=()
+[[ -n ${KAPPA_BUILD_LOCK:-} ]] && lock=(flock "$KAPPA_BUILD_LOCK")
 out=${OUT:-/tmp/kappa-gpu-out}
 build=${KAPPA_GPU_BUILD:-/tmp/kappa-gpu}
 mkdir -p "$out"
 json_dir=${1:-$PWD/.gpu_deps/share/cmake/nlohmann_json}
 start=$(date +%s)
+budget=${KAPPA_GPU_BUDGET_S:-480}  # the whole script, seconds
 stage() { echo "== $1 ($(( $(date +%s) - start )) s)"; }
 
 # What differs between the GPU run and the CPU rehearsal; the stages below
@@ -72,14 +98,166 @@ else
                    -Dnlohmann_json_DIR="$json_dir")
 fi
 
+
+# --- stage 7's pieces: the services build against .gpu_deps, and the run.
+if (( rehearsal )); then
+  sys_build=${KAPPA_GPU_SYSTEM_BUILD:-/tmp/kappa-gpu-rehearsal-services}
+  # Debian's libtorch lives in /usr, so /usr stays searchable; the bundle is
+  # first on CMAKE_PREFIX_PATH and the checks below catch anything from /usr.
+  sys_prefix="$PWD/.gpu_deps"
+  sys_flags=(-DKAPPA_CUDA=OFF -DTorch_DIR=/usr/lib/x86_64-linux-gnu/cmake/Torch)
+  [[ -x /usr/bin/ccache ]] && sys_flags+=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+  sys_jobs=2 sys_shapes=student=tiny-student,teacher=tiny-teacher
+  # The test's CPU settings (tests/integration/qwen_gsm8k_run_test.cc), 20 steps.
+  sys_overrides=(learner.device=cpu teacher.device=cpu rollout.device=cpu workers=2
+    threads_per_process=1 teacher.threads=1 learner.buffer_groups=4 rollout.max_outstanding=1
+    rollout.max_new_tokens=16 trainer.groups_per_step=2 trainer.micro_batch_sequences=8
+    trainer.distill_topk=8 trainer.vocab_chunk_positions=64)
+else
+  sys_build=${KAPPA_GPU_SYSTEM_BUILD:-/tmp/kappa-gpu-services}
+  sys_prefix="$PWD/.gpu_deps;$torch_prefix"
+  sys_flags=(-DKAPPA_CUDA=ON)
+  sys_jobs=$(( $(nproc) > 4 ? $(nproc) - 2 : 2 )) sys_shapes=student=qwen2.5-0.5b,teacher=qwen2.5-1.5b
+  # The file's GPU settings (four workers, 16 groups of G = 8, top-64 rows,
+  # chunked head, checkpointing, bf16 autocast) with a 128-token budget: with
+  # random weights every response runs to it (20 x 128 x 128 = 328k tokens).
+  sys_overrides=(student.dtype=bfloat16 teacher.dtype=bfloat16 rollout.weights_dtype=bfloat16
+    rollout.max_new_tokens=128)
+fi
+sys_targets=(kappa-verifier kappa-teacher kappa-rollout-worker kappa-learner kappa)
+sys_nice=()
+
+# Configure and build the services against the bundle; check that its
+# headers and libraries are the ones used. Output in $out/services_*.txt|log.
+services_build() {
+  (
+    source bench/gpu/deps_env.sh || exit 1
+    export LD_LIBRARY_PATH=$kappa_deps_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    export PKG_CONFIG_LIBDIR=$kappa_deps_lib/pkgconfig
+    rm -rf "$sys_build"
+    "${sys_nice[@]}" "${lock[@]}" cmake -S . -B "$sys_build" -G Ninja -C "$kappa_deps/cmake/kappa-deps.cmake" \
+      -DCMAKE_PREFIX_PATH="$sys_prefix" -DCMAKE_BUILD_TYPE=Release -DKAPPA_BUILD_TESTS=OFF \
+      -DKAPPA_WERROR=OFF -DCMAKE_POLICY_VERSION_MINIMUM=3.5 -DCMAKE_CXX_FLAGS="-include cstdint" \
+      "${sys_flags[@]}" > "$out/services_cmake.log" 2>&1 || { tail -30 "$out/services_cmake.log"; exit 1; }
+    # One target per step: each holds the lock (rehearsal) under 12 minutes.
+    for t in "${sys_targets[@]}"; do
+      "${sys_nice[@]}" "${lock[@]}" ninja -C "$sys_build" -j "$sys_jobs" "$t" >> "$out/services_build.log" 2>&1 \
+        || { grep -E "error|Error" -A3 "$out/services_build.log" | head -60; exit 1; }
+    done
+    {
+      echo "# what the services build used (bench/gpu/run.sh stage 7)"
+      grep -E "^(gRPC|absl|yaml-cpp|spdlog|fmt|c-ares|re2|nlohmann_json)_DIR:|^Protobuf_(INCLUDE_DIR|LIBRARY_RELEASE|PROTOC_EXECUTABLE):|^pkgcfg_lib_" \
+        "$sys_build/CMakeCache.txt"
+      # Headers of the bundled packages read from anywhere but the bundle
+      # (/usr/include here; torch/include's fmt or protobuf copies there).
+      bad_headers=$(ninja -C "$sys_build" -t deps 2>/dev/null | grep -E '^ +/' |
+        grep -E '/(grpc|grpcpp|grpc\+\+|google/protobuf|absl|yaml-cpp|spdlog|fmt|nlohmann)/|/(pcre2|utf8proc)\.h$' |
+        grep -v -e "^ *$kappa_deps/" -e "^ *$sys_build/" | sort -u)
+      echo "headers of bundled packages read from outside .gpu_deps: $(grep -c . <<< "$bad_headers")"
+      head -5 <<< "$bad_headers"
+      bad_libs=0
+      for t in "${sys_targets[@]}"; do
+        bin=$(find "$sys_build" -name "$t" -type f -perm -u+x | head -1)
+        resolved=$(ldd "$bin")
+        outside=$(grep -E "lib(grpc|gpr|upb|address_sorting|re2|cares|protobuf|absl|yaml-cpp|spdlog|fmt|pcre2-8|utf8proc)[^ ]* => " <<< "$resolved" |
+          grep -v "=> $kappa_deps_lib/" || true)
+        missing=$(grep "not found" <<< "$resolved" || true)
+        echo "$t: $(grep -c "=> $kappa_deps_lib/" <<< "$resolved") libraries from .gpu_deps, outside: ${outside:-none}, not found: ${missing:-none}"
+        [[ -z $outside$missing ]] || bad_libs=1
+      done
+      [[ -z $bad_headers && $bad_libs == 0 ]] && echo "bundle check: OK" || { echo "bundle check: FAILED"; exit 1; }
+    } > "$out/services_check.txt" 2>&1
+    rc=$?
+    cat "$out/services_check.txt"
+    exit $rc
+  )
+}
+
+# The run: checkpoints, prompts, `kappa run` under the remaining budget, report.
+system_run() {
+  local models=$sys_build/models run_root=$sys_build/runs
+  if [[ ! -f $models/teacher/model.safetensors ]]; then
+    "$python" bench/gpu/write_qwen_checkpoints.py "$models" --shapes "$sys_shapes" \
+      --tokenizer .gpu_deps/share/tokenizers/qwen2_5 | tee "$out/system_checkpoints.txt" || return 1
+  fi
+  (
+    source bench/gpu/deps_env.sh || exit 1
+    export LD_LIBRARY_PATH=$kappa_deps_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    local kappa=$sys_build/cli/kappa config=configs/qwen2.5-gsm8k.yaml
+    local train=tests/integration/fixtures/gsm8k_tiny_train.jsonl
+    local heldout=tests/integration/fixtures/gsm8k_tiny_heldout.jsonl
+    # Mean prompt length in tokens, as the learner renders them (for the MFU).
+    local system_prompt  # the YAML line's double-quoted string, as JSON
+    system_prompt=$(grep -m1 '^  system_prompt:' "$config" | sed 's/^  system_prompt: //')
+    local prompt_tokens
+    prompt_tokens=$("$python" -c '
+import json, sys
+try:
+    sp = json.loads(sys.argv[2])
+except ValueError:
+    sp = ""
+for line in open(sys.argv[1]):
+    m = ([{"role": "system", "content": sp}] if sp else []) + [{"role": "user", "content": json.loads(line)["question"]}]
+    print(json.dumps(m))' "$train" "$system_prompt" | "$kappa" render-prompt "$models/student" |
+      "$kappa" tokenize "$models/student" | "$python" -c '
+import json, sys
+n = [len(json.loads(l)) for l in sys.stdin if l.strip()]
+print(sum(n) / len(n))')
+    echo "mean prompt: $prompt_tokens tokens"
+    local left=$(( budget - ($(date +%s) - start) - 40 ))
+    (( left < 150 )) && left=150
+    rm -rf "$run_root"
+    mkdir -p "$run_root"
+    "$python" bench/gpu/system_report.py scrape "$run_root/system" "$out/system_scrape" &
+    local scraper=$!
+    echo "kappa run: 20 steps, at most $left s"
+    local run_start=$(date +%s)
+    timeout -s INT -k 20 "$left" "$kappa" run "$config" name=system runs_dir="$run_root" \
+      data_dir="$sys_build/cache" student.checkpoint="$models/student" \
+      teacher.checkpoint="$models/teacher" task.train_path="$PWD/$train" \
+      task.heldout_path="$PWD/$heldout" trainer.steps=20 trainer.eval_every=0 \
+      trainer.eval_examples=4 trainer.checkpoint_every=0 "${sys_overrides[@]}" --no-progress \
+      > "$out/system_kappa_run.log" 2>&1
+    local rc=$?
+    kill "$scraper" 2> /dev/null
+    wait "$scraper" 2> /dev/null
+    {
+      echo "# bench/gpu/run.sh stage 7: kappa run $config on $device ($( ((rehearsal)) && echo 'CPU REHEARSAL: numbers mean nothing for speed' || echo GPU))"
+      echo "kappa run: exit $rc after $(( $(date +%s) - run_start )) s (limit $left s)"
+      echo "overrides: ${sys_overrides[*]} trainer.steps=20"
+      cat "$out/system_checkpoints.txt" 2> /dev/null
+      "$python" bench/gpu/system_report.py report "$run_root/system" "$out/system_scrape" \
+        --student "$models/student" --prompt-tokens "$prompt_tokens" --peak-tflops 790
+      if [[ -n ${torch_prefix:-} ]]; then
+        torch_lib=$(dirname "$(dirname "$(dirname "$torch_prefix")")")/torch/lib
+        echo "protobuf symbols exported by libtorch_cpu.so: $(nm -D --defined-only "$torch_lib/libtorch_cpu.so" 2>/dev/null | grep -c '_ZN6google8protobuf')"
+      fi
+    } > "$out/system_run.txt" 2>&1
+    cat "$out/system_run.txt"
+    if (( rc != 0 )); then
+      tail -20 "$out/system_kappa_run.log"
+      cp -r "$run_root/system/logs" "$out/system_logs" 2> /dev/null
+    fi
+    exit $rc
+  )
+}
+
+if (( ! only_system )); then
 stage "configure"
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKAPPA_BUILD_SERVICES=OFF \
   -DKAPPA_WERROR=OFF -DKAPPA_REFERENCE_PYTHON="$(command -v "$python")" "${configure_flags[@]}" > "$out/cmake.log" 2>&1 \
   || { tail -30 "$out/cmake.log"; exit 1; }
 
 stage "build"
-ninja -C "$build" -k 0 > "$out/build.log" 2>&1 \
+"${lock[@]}" ninja -C "$build" -k 0 > "$out/build.log" 2>&1 \
   || { grep -E "error|Error" -A3 "$out/build.log" | head -80; exit 1; }
+# On the GPU machine stage 7's build runs beside stages 2-6, at the lowest
+# priority (their benchmarks use the GPU and a core or two).
+if (( system && ! rehearsal )); then
+  sys_nice=(nice -n 19)
+  services_build > "$out/services_background.txt" 2>&1 &
+  services_pid=$!
+fi
 
 stage "tests"
 (cd "$build" && timeout 150 ctest --output-on-failure -j 8 --timeout 120) > "$out/ctest.log" 2>&1
@@ -132,4 +310,19 @@ if [[ ! -d "$build/qwen2.5-0.5b-random" ]]; then
 fi
 timeout 120 "$build"/bench/kappa_bench_checkpoint_load "$build/qwen2.5-0.5b-random" --device "$device" \
   --dtype bfloat16 --tokens 512 2>/dev/null | tee "$out/checkpoint_load_${device}_bf16.txt"
+fi  # stages 1-6
+
+if (( system )); then
+  stage "whole system: services build against .gpu_deps"
+  if [[ -n ${services_pid:-} ]]; then
+    wait "$services_pid"; rc=$?
+    cat "$out/services_background.txt"
+  else
+    services_build; rc=$?
+  fi
+  if (( rc == 0 )); then
+    stage "whole system: kappa run"
+    system_run
+  fi
+fi
 stage "done"
