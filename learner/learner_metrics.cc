@@ -136,6 +136,25 @@ void LearnerMetrics::RecordInvalidGroups(int64_t total) {
       .SetTotal(static_cast<double>(total));
 }
 
+void LearnerMetrics::RecordPolicyTraffic(const PolicyTraffic& traffic) {
+  Registry& r = registry_;
+  const char* sent = "Policy weight bytes sent to rollout workers (chunk data).";
+  r.GetCounter("kappa_learner_policy_bytes_sent_total", sent, {{"encoding", "full"}})
+      .SetTotal(static_cast<double>(traffic.bytes_full));
+  r.GetCounter("kappa_learner_policy_bytes_sent_total", sent, {{"encoding", "delta"}})
+      .SetTotal(static_cast<double>(traffic.bytes_delta));
+  const char* saved = "Policy weight bytes not sent thanks to an encoding.";
+  r.GetCounter("kappa_learner_policy_bytes_saved_total", saved, {{"by", "delta"}})
+      .SetTotal(static_cast<double>(traffic.saved_delta));
+  r.GetCounter("kappa_learner_policy_bytes_saved_total", saved, {{"by", "bfloat16"}})
+      .SetTotal(static_cast<double>(traffic.saved_bfloat16));
+  const char* versions = "Policy versions sent to rollout workers (one per worker stream).";
+  r.GetCounter("kappa_learner_policy_versions_sent_total", versions, {{"encoding", "full"}})
+      .SetTotal(static_cast<double>(traffic.versions_full));
+  r.GetCounter("kappa_learner_policy_versions_sent_total", versions, {{"encoding", "delta"}})
+      .SetTotal(static_cast<double>(traffic.versions_delta));
+}
+
 void LearnerMetrics::RecordCoordinator(const CoordinatorCounters& counters) {
   Registry& r = registry_;
   r.GetCounter("kappa_learner_groups_total", "Scored groups accepted from rollout workers.")

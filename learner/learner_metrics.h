@@ -25,6 +25,14 @@ class LearnerMetrics {
   // Groups the service refused as malformed (LearnerService counters), as
   // kappa_learner_groups_dropped_total{reason="invalid"}.
   void RecordInvalidGroups(int64_t total);
+  // WatchPolicy traffic totals (LearnerService counters): data bytes sent
+  // per encoding and the bytes the delta and bfloat16 encodings saved.
+  struct PolicyTraffic {
+    int64_t versions_full = 0, versions_delta = 0;
+    int64_t bytes_full = 0, bytes_delta = 0;
+    int64_t saved_delta = 0, saved_bfloat16 = 0;
+  };
+  void RecordPolicyTraffic(const PolicyTraffic& traffic);
 
  private:
   services::metrics::Registry& registry_;

@@ -153,23 +153,26 @@ grpc::Status LearnerService::Rollout(
   return result;
 }
 
-bool LearnerService::SendPolicy(const PolicySnapshot& snapshot,
-                                grpc::ServerWriter<kappa::v1::PolicyChunk>* writer) const {
-  const int num_parameters = static_cast<int>(snapshot.weights.size());
+bool LearnerService::SendPolicy(const EncodedPolicy& encoded,
+                                grpc::ServerWriter<kappa::v1::PolicyChunk>* writer) {
+  const int num_parameters = static_cast<int>(encoded.weights.size());
+  const kappa::v1::DType dtype = services::ToWireDType(encoded.dtype);
   bool first = true;
+  int64_t sent = 0;
   for (int p = 0; p < num_parameters; ++p) {
-    const auto& [name, tensor] = snapshot.weights[p];
+    const auto& [name, tensor] = encoded.weights[p];
     const auto* bytes = static_cast<const char*>(tensor.data_ptr());
     const int64_t total = tensor.numel() * static_cast<int64_t>(tensor.element_size());
     int64_t offset = 0;
     do {
       const int64_t size = std::min(kPolicyChunkBytes, total - offset);
       kappa::v1::PolicyChunk chunk;
-      chunk.set_version(snapshot.version);
-      if (first) chunk.set_model_config_json(snapshot.model_config_json);
+      chunk.set_version(encoded.version);
+      chunk.set_policy_id(encoded.policy_id);
+      if (first) chunk.set_model_config_json(encoded.model_config_json);
       first = false;
       chunk.set_name(name);
-      chunk.set_dtype(services::ToWireDType(tensor.scalar_type()));
+      chunk.set_dtype(dtype);
       for (int64_t dim : tensor.sizes()) chunk.add_shape(dim);
       chunk.set_byte_offset(offset);
       chunk.set_data(bytes + offset, static_cast<size_t>(size));
@@ -177,21 +180,106 @@ bool LearnerService::SendPolicy(const PolicySnapshot& snapshot,
       offset += size;
       chunk.set_last_of_version(p == num_parameters - 1 && offset == total);
       if (!writer->Write(chunk)) return false;
+      sent += size;
+      counters_.policy_bytes_full += size;
     } while (offset < total);
   }
+  ++counters_.policy_versions_full;
+  if (encoded.dtype == torch::kBFloat16) counters_.policy_bytes_saved_bfloat16 += sent;
+  return true;
+}
+
+bool LearnerService::SendPolicyDelta(const EncodedDelta& delta,
+                                     grpc::ServerWriter<kappa::v1::PolicyChunk>* writer) {
+  const EncodedPolicy& target = *delta.target;
+  const int num_parameters = static_cast<int>(target.weights.size());
+  const kappa::v1::DType dtype = services::ToWireDType(target.dtype);
+  bool first = true;
+  int64_t sent = 0;
+  for (int p = 0; p < num_parameters; ++p) {
+    const auto& [name, tensor] = target.weights[p];
+    const EncodedDelta::Parameter& parameter = delta.parameters[p];
+    const auto* bytes = static_cast<const char*>(tensor.data_ptr());
+    const int64_t total = tensor.numel() * static_cast<int64_t>(tensor.element_size());
+    // Whole parameters (the base lacks them) as raw 1 MiB chunks; an empty
+    // one as a single empty chunk, so its name and shape arrive.
+    std::vector<EncodedDelta::Segment> raw;
+    if (parameter.raw || total == 0) {
+      for (int64_t offset = 0; offset < total; offset += kPolicyChunkBytes) {
+        raw.push_back({offset, std::min(kPolicyChunkBytes, total - offset), false, 0});
+      }
+      if (raw.empty()) raw.push_back({0, 0, false, 0});
+    }
+    const std::vector<EncodedDelta::Segment>& segments = raw.empty() ? parameter.segments : raw;
+    for (size_t s = 0; s < segments.size(); ++s) {
+      const EncodedDelta::Segment& segment = segments[s];
+      kappa::v1::PolicyChunk chunk;
+      chunk.set_version(target.version);
+      chunk.set_policy_id(target.policy_id);
+      if (first) chunk.set_model_config_json(target.model_config_json);
+      first = false;
+      chunk.set_name(name);
+      chunk.set_dtype(dtype);
+      for (int64_t dim : tensor.sizes()) chunk.add_shape(dim);
+      chunk.set_byte_offset(segment.offset);
+      chunk.set_num_parameters(num_parameters);
+      chunk.set_base_version(delta.base_version);
+      chunk.set_base_policy_id(delta.base_policy_id);
+      if (!raw.empty()) {
+        chunk.set_data(bytes + segment.offset, static_cast<size_t>(segment.size));
+      } else if (segment.unchanged) {
+        chunk.set_encoding(kappa::v1::PolicyChunk::UNCHANGED);
+        chunk.set_span_bytes(segment.size);
+      } else {
+        chunk.set_encoding(kappa::v1::PolicyChunk::XOR);
+        chunk.set_data(parameter.xor_bytes.data() + segment.xor_offset,
+                       static_cast<size_t>(segment.size));
+      }
+      chunk.set_last_of_version(p == num_parameters - 1 && s + 1 == segments.size());
+      if (!writer->Write(chunk)) return false;
+      sent += static_cast<int64_t>(chunk.data().size());
+    }
+  }
+  ++counters_.policy_versions_delta;
+  counters_.policy_bytes_delta += sent;
+  counters_.policy_bytes_saved_delta += target.bytes - sent;
+  if (target.dtype == torch::kBFloat16) counters_.policy_bytes_saved_bfloat16 += target.bytes;
   return true;
 }
 
 grpc::Status LearnerService::WatchPolicy(grpc::ServerContext* context,
                                          const kappa::v1::WatchPolicyRequest* request,
                                          grpc::ServerWriter<kappa::v1::PolicyChunk>* writer) {
+  torch::ScalarType dtype = torch::kFloat32;
+  switch (request->weights_dtype()) {
+    case kappa::v1::DTYPE_UNSPECIFIED:
+    case kappa::v1::DTYPE_FLOAT32:
+      break;
+    case kappa::v1::DTYPE_BFLOAT16:
+      dtype = torch::kBFloat16;
+      break;
+    default:
+      return {grpc::StatusCode::INVALID_ARGUMENT,
+              absl::StrCat("weights_dtype: ", kappa::v1::DType_Name(request->weights_dtype()), " (",
+                           static_cast<int>(request->weights_dtype()),
+                           ") is not a policy weight dtype (DTYPE_FLOAT32 or DTYPE_BFLOAT16)")};
+  }
+  // The version (and its identity) the worker holds, as this stream knows it.
   int64_t known = request->known_version();
+  uint64_t known_id = request->known_policy_id();
+  const bool delta = request->accept_delta() && publisher_->keeps_delta_bases();
   while (!shutting_down_ && !context->IsCancelled()) {
     std::shared_ptr<const PolicySnapshot> snapshot =
         publisher_->WaitNewer(known, absl::Now() + kWakeInterval);
     if (snapshot == nullptr) continue;
-    if (!SendPolicy(*snapshot, writer)) break;
+    std::shared_ptr<const EncodedDelta> encoded_delta =
+        delta && known >= 0 ? publisher_->Delta(snapshot, dtype, known, known_id) : nullptr;
+    const bool sent = encoded_delta != nullptr
+                          ? SendPolicyDelta(*encoded_delta, writer)
+                          : SendPolicy(*publisher_->Encode(snapshot, dtype), writer);
+    if (!sent) break;
     known = snapshot->version;
+    known_id = publisher_->PolicyId(known);
   }
   return grpc::Status::OK;
 }

@@ -20,6 +20,15 @@ struct ServiceCounters {
   std::atomic<int64_t> groups_received{0};
   std::atomic<int64_t> groups_invalid{0};
   std::atomic<int64_t> streams_opened{0};
+  // WatchPolicy traffic: data bytes of full and of delta versions sent, and
+  // the bytes the delta and bfloat16 encodings saved (against the version
+  // in the stream's dtype, against float32).
+  std::atomic<int64_t> policy_versions_full{0};
+  std::atomic<int64_t> policy_versions_delta{0};
+  std::atomic<int64_t> policy_bytes_full{0};
+  std::atomic<int64_t> policy_bytes_delta{0};
+  std::atomic<int64_t> policy_bytes_saved_delta{0};
+  std::atomic<int64_t> policy_bytes_saved_bfloat16{0};
 };
 
 class LearnerService final : public kappa::v1::Learner::Service {
@@ -47,8 +56,9 @@ class LearnerService final : public kappa::v1::Learner::Service {
 
  private:
   kappa::v1::WorkItem MakeWorkItem(const Lease& lease) const;
-  bool SendPolicy(const PolicySnapshot& snapshot,
-                  grpc::ServerWriter<kappa::v1::PolicyChunk>* writer) const;
+  bool SendPolicy(const EncodedPolicy& encoded, grpc::ServerWriter<kappa::v1::PolicyChunk>* writer);
+  bool SendPolicyDelta(const EncodedDelta& delta,
+                       grpc::ServerWriter<kappa::v1::PolicyChunk>* writer);
 
   const tasks::Dataset& train_;
   const Tokenize tokenize_;

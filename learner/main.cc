@@ -269,7 +269,21 @@ int Main(int argc, char** argv) {
   // starts, so no worker can lease a new prompt ahead of them.
   coordinator.Requeue(
       std::vector<size_t>(start.state.pending_prompts.begin(), start.state.pending_prompts.end()));
-  PolicyPublisher publisher;
+  // rollout.weights_dtype is the workers' to ask for; a bad value is refused
+  // here too, by name, since every process reads the one config.
+  if (const std::string& wire = config.rollout.weights_dtype;
+      wire != "auto" && wire != "float32" && wire != "bfloat16") {
+    spdlog::error(
+        "configuration: rollout.weights_dtype: '{}' is not one of auto, float32, "
+        "bfloat16",
+        wire);
+    return 2;
+  }
+  // rollout.weight_delta: keep each version's encodings as the next one's
+  // delta base (learner/policy_publisher.h).
+  PublisherOptions publisher_options;
+  publisher_options.keep_delta_bases = config.rollout.weight_delta;
+  PolicyPublisher publisher(publisher_options);
   const WorkTemplate work = WorkFor(*in);
   LearnerService service(
       *in->train,
@@ -303,6 +317,11 @@ int Main(int argc, char** argv) {
   registry.AddCollectHook([&] {
     learner_metrics.RecordCoordinator(coordinator.counters());
     learner_metrics.RecordInvalidGroups(service.counters().groups_invalid.load());
+    const ServiceCounters& c = service.counters();
+    learner_metrics.RecordPolicyTraffic(
+        {c.policy_versions_full.load(), c.policy_versions_delta.load(), c.policy_bytes_full.load(),
+         c.policy_bytes_delta.load(), c.policy_bytes_saved_delta.load(),
+         c.policy_bytes_saved_bfloat16.load()});
   });
   trainer.set_metrics(&learner_metrics);
   absl::StatusOr<std::unique_ptr<services::metrics::MetricsServer>> metrics_server =

@@ -14,12 +14,14 @@
 #include <chrono>
 #include <cstdint>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "model/text_tokenizer.h"
+#include "rollout_worker/policy_watcher.h"
 #include "rollout_worker/worker.h"
 #include "services/cli_flags.h"
 #include "services/config.h"
@@ -94,6 +96,21 @@ int main(int argc, char** argv) {
     return 2;
   }
   options.dtype = *dtype;
+  // rollout.weights_dtype / rollout.weight_delta: how policy versions travel
+  // (rollout_worker/policy_watcher.h).
+  absl::StatusOr<std::optional<torch::ScalarType>> weights_dtype =
+      kappa::rollout::ParseWeightsDtype(config->rollout.weights_dtype, "rollout.weights_dtype");
+  if (!weights_dtype.ok()) {
+    spdlog::error("configuration: {}", weights_dtype.status().ToString());
+    return 2;
+  }
+  kappa::rollout::WeightSyncOptions weight_sync;
+  weight_sync.weights_dtype = *weights_dtype;
+  weight_sync.weight_delta = config->rollout.weight_delta;
+  kappa::rollout::SetWeightSyncDefaults(weight_sync);
+  spdlog::info("policy weights travel as {}{}",
+               c10::toString(kappa::rollout::WireDtype(weight_sync, options.dtype)),
+               weight_sync.weight_delta ? ", as lossless deltas when possible" : "");
   options.max_outstanding = static_cast<int32_t>(config->rollout.max_outstanding);
   options.sampler.rpc_deadline = absl::Milliseconds(config->rollout.rpc_deadline_ms);
   options.sampler.default_max_new_tokens = config->rollout.max_new_tokens;

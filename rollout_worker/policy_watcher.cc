@@ -11,37 +11,54 @@
 #include "rollout_worker/backoff.h"
 #include "rollout_worker/policy_assembler.h"
 #include "services/status_util.h"
+#include "services/torch_tensor_codec.h"
 
 namespace kappa::rollout {
 namespace {
 
-// The assembled weights are CPU tensors; the decoder is loaded there and then
-// moved to `device` whole (weights and buffers, in `dtype`), so samplers see
-// it only there.
-absl::StatusOr<std::shared_ptr<model::Decoder>> BuildDecoder(const AssembledPolicy& policy,
-                                                             const c10::Device& device,
-                                                             c10::ScalarType dtype) {
-  // A policy the learner sent that does not load is bad input, whatever threw.
-  return services::CaptureExceptions(
-      "",
-      [&] {
-        const model::ModelConfig config = model::ModelConfig::FromJson(policy.model_config_json);
-        auto decoder = std::make_shared<model::Decoder>(config);
-        model::LoadWeights(*decoder, policy.weights);
-        (*decoder)->to(device, dtype);
-        (*decoder)->eval();
-        for (auto& parameter : (*decoder)->parameters()) parameter.set_requires_grad(false);
-        return decoder;
-      },
-      absl::StatusCode::kInvalidArgument);
+absl::Mutex defaults_mu(absl::kConstInit);
+WeightSyncOptions& Defaults() ABSL_EXCLUSIVE_LOCKS_REQUIRED(defaults_mu) {
+  static WeightSyncOptions defaults;
+  return defaults;
+}
+
+// Whether a model held in `held` gives the `wire` bytes of its version
+// exactly (the delta base must be those bytes).
+bool ReproducesWireBytes(c10::ScalarType held, c10::ScalarType wire) {
+  return held == wire || (wire == c10::kBFloat16 && held == c10::kFloat);
 }
 
 }  // namespace
 
+void SetWeightSyncDefaults(const WeightSyncOptions& defaults) {
+  absl::MutexLock lock(&defaults_mu);
+  Defaults() = defaults;
+}
+
+WeightSyncOptions WeightSyncDefaults() {
+  absl::MutexLock lock(&defaults_mu);
+  return Defaults();
+}
+
+absl::StatusOr<std::optional<c10::ScalarType>> ParseWeightsDtype(const std::string& value,
+                                                                 const std::string& key) {
+  if (value == "auto") return std::optional<c10::ScalarType>();
+  if (value == "float32") return std::optional<c10::ScalarType>(c10::kFloat);
+  if (value == "bfloat16") return std::optional<c10::ScalarType>(c10::kBFloat16);
+  return absl::InvalidArgumentError(key + ": '" + value +
+                                    "' is not one of auto, float32, bfloat16");
+}
+
+c10::ScalarType WireDtype(const WeightSyncOptions& sync, c10::ScalarType dtype) {
+  if (sync.weights_dtype) return *sync.weights_dtype;
+  return dtype == c10::kBFloat16 ? c10::kBFloat16 : c10::kFloat;
+}
+
 PolicyWatcher::PolicyWatcher(std::shared_ptr<grpc::ChannelInterface> learner_channel,
-                             PolicyWatcherOptions options)
+                             PolicyWatcherOptions options, std::optional<WeightSyncOptions> sync)
     : stub_(kappa::v1::Learner::NewStub(std::move(learner_channel))),
-      options_(std::move(options)) {}
+      options_(std::move(options)),
+      sync_(sync ? *sync : WeightSyncDefaults()) {}
 
 PolicyWatcher::~PolicyWatcher() { Stop(); }
 
@@ -88,12 +105,41 @@ absl::StatusOr<Policy> PolicyWatcher::WaitForVersion(int64_t min_version,
                                      " yet (have " + std::to_string(current_.version) + ")");
 }
 
-void PolicyWatcher::Publish(Policy policy) {
+Policy PolicyWatcher::Publish(Policy policy, uint64_t policy_id) {
   // The release wakes the WaitForVersion() calls this version satisfies, so
   // the count goes up first: a caller that sees the version sees it counted.
   absl::MutexLock lock(&mu_);
-  current_ = std::move(policy);
+  std::swap(current_, policy);
+  current_policy_id_ = policy_id;
   published_versions_.fetch_add(1);
+  return policy;
+}
+
+absl::StatusOr<std::map<std::string, torch::Tensor>> PolicyWatcher::Destination(
+    const std::string& model_config_json) {
+  // A config the learner sent that does not build is bad input, whatever threw.
+  return services::CaptureExceptions(
+      "",
+      [&] {
+        // use_count() == 1: only this thread holds it (samplers get models
+        // only through current_, and this one is not current), so nobody
+        // can take a new reference while it is written.
+        if (spare_ == nullptr || spare_.use_count() != 1 ||
+            spare_config_json_ != model_config_json) {
+          spare_.reset();  // a sampler's reference keeps the old one alive
+          const model::ModelConfig config = model::ModelConfig::FromJson(model_config_json);
+          // No random initialization: every parameter is written before use.
+          auto decoder = std::make_shared<model::Decoder>(config, /*random_init=*/false);
+          (*decoder)->to(options_.device, options_.dtype);
+          (*decoder)->eval();
+          for (auto& parameter : (*decoder)->parameters()) parameter.set_requires_grad(false);
+          spare_ = std::move(decoder);
+          spare_config_json_ = model_config_json;
+          models_allocated_.fetch_add(1);
+        }
+        return model::NamedWeights(*spare_);
+      },
+      absl::StatusCode::kInvalidArgument);
 }
 
 void PolicyWatcher::Loop() {
@@ -116,40 +162,67 @@ void PolicyWatcher::Loop() {
 grpc::Status PolicyWatcher::WatchOnce() {
   grpc::ClientContext context;
   kappa::v1::WatchPolicyRequest request;
+  const c10::ScalarType wire = WireDtype(sync_, options_.dtype);
+  PolicyAssembler assembler([this](int64_t, const std::string& model_config_json) {
+    return Destination(model_config_json);
+  });
+  // Deltas apply to the published model (read only; the inactive copy is
+  // another model).
+  const auto set_base = [&](const Policy& policy, uint64_t policy_id) {
+    if (policy.model == nullptr) return;
+    assembler.SetBase(PolicyBase{policy.version, policy_id, model::NamedWeights(*policy.model)});
+  };
+  const bool offer_delta = sync_.weight_delta && ReproducesWireBytes(options_.dtype, wire);
   {
     absl::MutexLock lock(&mu_);
     if (stopping_) return grpc::Status::CANCELLED;
     active_context_ = &context;
     request.set_known_version(current_.version);
+    // Also without a version yet: the stream's later versions may then be
+    // deltas against the ones it sent.
+    if (offer_delta) {
+      request.set_accept_delta(true);
+      request.set_known_policy_id(current_policy_id_);
+      set_base(current_, current_policy_id_);
+    }
   }
   request.set_worker_id(options_.worker_id);
+  request.set_weights_dtype(services::ToWireDType(wire));
   std::unique_ptr<grpc::ClientReaderInterface<kappa::v1::PolicyChunk>> reader =
       stub_->WatchPolicy(&context, request);
 
-  PolicyAssembler assembler;
   kappa::v1::PolicyChunk chunk;
+  absl::Time start = absl::Now();
   while (reader->Read(&chunk)) {
     if (chunk.version() <= Current().version) continue;  // already have it
+    if (assembler.pending_version() != chunk.version()) start = absl::Now();
     absl::StatusOr<std::optional<AssembledPolicy>> added = assembler.Add(chunk);
     if (!added.ok()) {
       rejected_versions_.fetch_add(1);
       spdlog::error("{}", std::string(added.status().message()));
+      // The learner thinks this stream holds what it sent; with deltas a
+      // fresh stream states the version actually held.
+      if (offer_delta) {
+        context.TryCancel();
+        break;
+      }
       continue;
     }
     if (!added->has_value()) continue;
     const AssembledPolicy& assembled = **added;
-    const absl::Time start = absl::Now();
-    absl::StatusOr<std::shared_ptr<model::Decoder>> decoder =
-        BuildDecoder(assembled, options_.device, options_.dtype);
-    if (!decoder.ok()) {
-      rejected_versions_.fetch_add(1);
-      spdlog::error("policy version {} discarded: cannot load weights: {}", assembled.version,
-                    std::string(decoder.status().message()));
-      continue;
-    }
-    Publish(Policy{assembled.version, *std::move(decoder)});
-    spdlog::info("policy version {} loaded on {} ({} parameters, {:.1f} ms)", assembled.version,
-                 options_.device.str(), assembled.weights.size(),
+    // Every parameter of spare_ was written; it becomes current, and the
+    // model it replaces becomes the next inactive copy.
+    // (Counted first: a caller woken by the version sees them.)
+    if (assembled.delta) delta_versions_.fetch_add(1);
+    bytes_received_.fetch_add(assembled.data_bytes);
+    Policy previous = Publish(Policy{assembled.version, spare_}, assembled.policy_id);
+    std::swap(current_config_json_, spare_config_json_);
+    spare_ = std::move(previous.model);
+    if (spare_ == nullptr) spare_config_json_.clear();
+    if (offer_delta) set_base(Current(), assembled.policy_id);
+    spdlog::info("policy version {} loaded on {} ({} parameters, {} {} bytes{}, {:.1f} ms)",
+                 assembled.version, options_.device.str(), assembled.weights.size(),
+                 assembled.data_bytes, c10::toString(wire), assembled.delta ? " as a delta" : "",
                  absl::ToDoubleMilliseconds(absl::Now() - start));
   }
   if (assembler.pending_version() >= 0) {

@@ -1,9 +1,18 @@
 // Keeps the worker's copy of the student policy current: one thread holds a
-// Learner.WatchPolicy stream, reassembles each version's chunks, loads them
-// into a fresh Decoder on options.device (rollout.device) and publishes it.
-// Samplers take a shared_ptr snapshot, so a version being loaded is never
-// seen half-written and an old version stays alive until its last user
-// drops it.
+// Learner.WatchPolicy stream and writes each version's chunks, as they
+// arrive, straight into the parameters of the "inactive copy" on
+// options.device (rollout.device): the model it will publish next. That is
+// the previously published model once no sampler holds it any more, else a
+// freshly allocated one, so a model being sampled from is never written.
+// The copy is published (one shared_ptr swap) only when the version is
+// complete and valid; samplers take a shared_ptr snapshot, so a version being
+// loaded is never seen half-written and an old version stays alive until
+// its last user drops it. At steady state the worker holds two models.
+//
+// On the wire the worker asks for weights_dtype (rollout.weights_dtype) and,
+// with weight_delta, offers the version it holds as a delta base: the learner
+// may then send only the XOR of the new bytes against it
+// (learner/policy_publisher.h), reconstructed here bit for bit.
 //
 // Threading: Start() and Stop() may be called from any thread; Current() and
 // WaitForVersion() from any number of threads. Locks: thread_mu_, then mu_.
@@ -12,10 +21,13 @@
 #include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
 #include <grpcpp/grpcpp.h>
+#include <torch/torch.h>
 
 #include <atomic>
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -47,10 +59,35 @@ struct PolicyWatcherOptions {
   c10::ScalarType dtype = c10::kFloat;
 };
 
+// How versions travel (rollout.weights_dtype, rollout.weight_delta).
+struct WeightSyncOptions {
+  // What travels on the wire: float32 or bfloat16. Unset ("auto"): bfloat16
+  // when PolicyWatcherOptions.dtype is bfloat16, float32 otherwise.
+  std::optional<c10::ScalarType> weights_dtype;
+  // Offer the held version as a delta base. Only offered when the held
+  // weights give the wire dtype's bytes exactly (the same dtype, or a
+  // bfloat16 wire into float32 parameters).
+  bool weight_delta = false;
+};
+
+// Process-wide options for watchers constructed without their own: the
+// rollout worker binary sets them from its config (WorkerOptions does not
+// carry them). Default: auto, no delta.
+void SetWeightSyncDefaults(const WeightSyncOptions& defaults);
+WeightSyncOptions WeightSyncDefaults();
+
+// rollout.weights_dtype: "auto" (nullopt), "float32" or "bfloat16"; anything
+// else is INVALID_ARGUMENT naming `key`.
+absl::StatusOr<std::optional<c10::ScalarType>> ParseWeightsDtype(const std::string& value,
+                                                                 const std::string& key);
+// The wire dtype asked for (auto resolved against `dtype`, the model's).
+c10::ScalarType WireDtype(const WeightSyncOptions& sync, c10::ScalarType dtype);
+
 class PolicyWatcher {
  public:
+  // `sync` unset: WeightSyncDefaults() as of now.
   PolicyWatcher(std::shared_ptr<grpc::ChannelInterface> learner_channel,
-                PolicyWatcherOptions options);
+                PolicyWatcherOptions options, std::optional<WeightSyncOptions> sync = {});
   ~PolicyWatcher();  // Stop()s
 
   // Starts the watch thread (once; a no-op after Stop() or while it runs).
@@ -70,6 +107,11 @@ class PolicyWatcher {
   // Versions rejected as corrupt or unloadable (each also logged as an error).
   int64_t rejected_versions() const { return rejected_versions_.load(); }
   int64_t published_versions() const { return published_versions_.load(); }
+  // Models allocated for versions (the others reused the inactive copy).
+  int64_t models_allocated() const { return models_allocated_.load(); }
+  // Versions that arrived as deltas, and chunk data bytes received.
+  int64_t delta_versions() const { return delta_versions_.load(); }
+  int64_t bytes_received() const { return bytes_received_.load(); }
 
  private:
   // The watch thread: WatchOnce() until Stop(), with backoff between streams.
@@ -77,10 +119,16 @@ class PolicyWatcher {
   // Reads one stream until it ends; returns its final status.
   grpc::Status WatchOnce() ABSL_LOCKS_EXCLUDED(mu_);
   // Makes `policy` current; wakes WaitForVersion() callers it satisfies.
-  void Publish(Policy policy) ABSL_LOCKS_EXCLUDED(mu_);
+  // Returns the policy it replaced.
+  Policy Publish(Policy policy, uint64_t policy_id) ABSL_LOCKS_EXCLUDED(mu_);
+  // The inactive copy for a version with this config.json: the spare model
+  // when no one else holds it and its config matches, else a new one.
+  absl::StatusOr<std::map<std::string, torch::Tensor>> Destination(
+      const std::string& model_config_json);
 
   std::unique_ptr<kappa::v1::Learner::StubInterface> stub_;
   const PolicyWatcherOptions options_;
+  const WeightSyncOptions sync_;
 
   // Serializes starting and joining thread_.
   absl::Mutex thread_mu_;
@@ -95,8 +143,20 @@ class PolicyWatcher {
   // between streams.
   grpc::ClientContext* active_context_ ABSL_GUARDED_BY(mu_) = nullptr;
 
+  // policy_id of current_ (PolicyChunk.policy_id), the delta base's identity.
+  uint64_t current_policy_id_ ABSL_GUARDED_BY(mu_) = 0;
+
+  // The watch thread's own: the inactive copy and the config it was built
+  // for (the previously published model, or one being filled).
+  std::shared_ptr<model::Decoder> spare_;
+  std::string spare_config_json_;
+  std::string current_config_json_;
+
   std::atomic<int64_t> rejected_versions_{0};
   std::atomic<int64_t> published_versions_{0};
+  std::atomic<int64_t> models_allocated_{0};
+  std::atomic<int64_t> delta_versions_{0};
+  std::atomic<int64_t> bytes_received_{0};
 };
 
 }  // namespace kappa::rollout

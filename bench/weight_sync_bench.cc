@@ -1,0 +1,272 @@
+// Weight sync seconds per policy version (issue 19): the learner's
+// PolicyPublisher and LearnerService.WatchPolicy serving one rollout
+// worker's PolicyWatcher over loopback gRPC, in one process, for random
+// models shaped like Qwen2.5-0.5B and -1.5B (tied embeddings, V = 151,936).
+// Timed from PolicyPublisher::Publish to the watcher's model being
+// published (WaitForVersion returns): the wire encoding (bfloat16 conversion,
+// delta XOR, once per version), the stream, and the worker writing every
+// chunk straight into its inactive model copy.
+//
+// Cases (each its own publisher, server and watcher; freed before the next):
+//   <shape> float32   float32 wire into a float32 model
+//   <shape> bfloat16  bfloat16 wire into a bfloat16 model (rollout.weights_dtype=auto)
+//   <shape> delta-*   rollout.weight_delta: each version changes the tensors
+//                     of the first --delta-layers layers by 1e-5·N(0,1)
+//                     (an optimizer-like step on a few tensors), the rest
+//                     stay bitwise equal; reports bytes sent and saved
+// Versions 0 and 1 allocate the worker's two models (cold); from version 2
+// the watcher reuses the inactive copy (steady state, what is reported as
+// s/version). 1.5B float32 runs version 0 only: learner snapshot + two
+// worker copies would be 18.6 GB. The learner's weights are made before the
+// default dtype is set, explicitly float32.
+//
+// Usage: kappa_bench_weight_sync [--shapes 0.5b,1.5b] [--versions N]
+//                                [--delta-layers N] [--no-delta]
+#include <spdlog/spdlog.h>
+#include <sys/resource.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "learner/coordinator.h"
+#include "learner/learner_service.h"
+#include "learner/policy_publisher.h"
+#include "learner/work_config.h"
+#include "model/checkpoint.h"
+#include "model/model_config.h"
+#include "model/transformer.h"
+#include "rollout_worker/policy_watcher.h"
+#include "services/grpc_util.h"
+#include "services/server.h"
+
+namespace {
+
+using kappa::learner::PolicySnapshot;
+
+kappa::model::ModelConfig Shape(const std::string& name) {
+  kappa::model::ModelConfig c;
+  c.architecture = kappa::model::Architecture::kQwen2;
+  c.vocab_size = 151936;
+  c.tie_word_embeddings = true;
+  c.num_key_value_heads = 2;
+  c.max_position_embeddings = 128;
+  if (name == "0.5b") {
+    c.hidden_size = 896;
+    c.num_hidden_layers = 24;
+    c.num_attention_heads = 14;
+    c.intermediate_size = 4864;
+  } else if (name == "1.5b") {
+    c.hidden_size = 1536;
+    c.num_hidden_layers = 28;
+    c.num_attention_heads = 12;
+    c.intermediate_size = 8960;
+  } else {
+    std::fprintf(stderr, "unknown shape %s (0.5b, 1.5b)\n", name.c_str());
+    std::exit(2);
+  }
+  return c;
+}
+
+double PeakRssGb() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<double>(usage.ru_maxrss) / (1 << 20);
+}
+
+class OneExample final : public kappa::tasks::Dataset {
+ public:
+  size_t size() const override { return 1; }
+  const kappa::tasks::Example& at(size_t) const override { return example_; }
+
+ private:
+  kappa::tasks::Example example_{"e", "1+1=", "2", "arithmetic", ""};
+};
+
+// The learner's weights: N(0, 0.02)-like values tiled from a random pool
+// (cheap at 1.5B; distinct per tensor), norms at 1, as float32 CPU tensors.
+std::vector<std::pair<std::string, torch::Tensor>> RandomWeights(
+    const kappa::model::ModelConfig& config) {
+  torch::manual_seed(7);
+  const torch::Tensor pool = torch::randn({int64_t{1} << 22}) * 0.02;
+  std::vector<std::pair<std::string, torch::Tensor>> weights;
+  kappa::model::Decoder shape(config, /*random_init=*/false);
+  int64_t salt = 0;
+  for (const auto& [name, parameter] : kappa::model::NamedWeights(shape)) {
+    torch::Tensor tensor = torch::empty(parameter.sizes(), torch::kFloat32);
+    if (name.find("norm") != std::string::npos) {
+      tensor.fill_(1.0);
+    } else {
+      torch::Tensor flat = tensor.view({-1});
+      const int64_t n = flat.numel(), p = pool.numel();
+      for (int64_t at = 0; at < n; at += p) {
+        const int64_t len = std::min(p, n - at);
+        const int64_t shift = (salt * 7919) % (p - len + 1);
+        flat.narrow(0, at, len).copy_(pool.narrow(0, shift, len));
+      }
+      ++salt;
+    }
+    weights.emplace_back(name, tensor);
+  }
+  return weights;
+}
+
+struct Case {
+  std::string shape;
+  std::string label;
+  torch::ScalarType wire;
+  torch::ScalarType model;
+  bool delta;
+  int versions;
+};
+
+void Run(const Case& c, const kappa::model::ModelConfig& config,
+         std::vector<std::pair<std::string, torch::Tensor>>& weights, int delta_layers) {
+  kappa::learner::PublisherOptions publisher_options;
+  publisher_options.keep_delta_bases = c.delta;
+  kappa::learner::PolicyPublisher publisher(publisher_options);
+  kappa::learner::WorkTemplate work;
+  work.group_size = 2;
+  work.max_new_tokens = 4;
+  work.max_outstanding_limit = 4;
+  OneExample dataset;
+  kappa::learner::Coordinator coordinator(1, 1, 0, kappa::learner::CoordinatorOptions{});
+  kappa::learner::LearnerService service(
+      dataset, [](size_t) { return std::vector<int32_t>{1}; }, work,
+      kappa::learner::GroupExpectationsFor(work, 151936), &coordinator, &publisher);
+  auto server = kappa::services::GrpcServer::Start("127.0.0.1:0", {&service});
+  if (!server.ok()) {
+    std::fprintf(stderr, "%s\n", server.status().ToString().c_str());
+    std::exit(1);
+  }
+  kappa::rollout::PolicyWatcherOptions options{"bench"};
+  options.dtype = c.model;
+  kappa::rollout::PolicyWatcher watcher(
+      kappa::services::MakeChannel(absl::StrCat("127.0.0.1:", (*server)->port())), options,
+      kappa::rollout::WeightSyncOptions{c.wire, c.delta});
+  watcher.Start();
+
+  int64_t version_bytes = 0;
+  for (const auto& [name, tensor] : weights) {
+    version_bytes += tensor.numel() * static_cast<int64_t>(torch::elementSize(c.wire));
+  }
+  std::vector<double> seconds;
+  std::vector<int64_t> received;
+  for (int v = 0; v < c.versions; ++v) {
+    if (c.delta && v > 0) {
+      // An optimizer-like step on the first layers' tensors; the rest are shared.
+      torch::NoGradGuard no_grad;
+      for (auto& [name, tensor] : weights) {
+        for (int layer = 0; layer < delta_layers; ++layer) {
+          if (name.rfind(absl::StrCat("model.layers.", layer, "."), 0) == 0) {
+            tensor = tensor + 1e-5 * torch::randn_like(tensor);
+          }
+        }
+      }
+    }
+    auto snapshot = std::make_shared<PolicySnapshot>();
+    snapshot->version = v;
+    snapshot->model_config_json = config.ToJson();
+    snapshot->weights = weights;  // shares the tensors
+    const int64_t before = watcher.bytes_received();
+    const absl::Time start = absl::Now();
+    publisher.Publish(std::move(snapshot));
+    absl::StatusOr<kappa::rollout::Policy> policy =
+        watcher.WaitForVersion(v, absl::Now() + absl::Minutes(5));
+    const double s = absl::ToDoubleSeconds(absl::Now() - start);
+    if (!policy.ok()) {
+      std::fprintf(stderr, "version %d: %s\n", v, policy.status().ToString().c_str());
+      std::exit(1);
+    }
+    seconds.push_back(s);
+    received.push_back(watcher.bytes_received() - before);
+    std::printf("  %s %-15s v%d %s %7.3f s  %8.1f MB on the wire  (%.2f GB/s)\n", c.shape.c_str(),
+                c.label.c_str(), v, v < 2 ? "cold  " : "steady", s, received.back() / 1e6,
+                received.back() / 1e9 / s);
+    std::fflush(stdout);
+  }
+  double steady = 0;
+  int64_t steady_bytes = 0;
+  int steady_n = 0;
+  for (int v = 2; v < c.versions; ++v, ++steady_n) {
+    steady += seconds[v];
+    steady_bytes += received[v];
+  }
+  const double reported = steady_n > 0 ? steady / steady_n : seconds.back();
+  const int64_t bytes = steady_n > 0 ? steady_bytes / steady_n : received.back();
+  std::printf(
+      "RESULT shape=%s case=%s s_per_version=%.3f (%s) wire_MB=%.1f full_MB=%.1f "
+      "saved=%.1f%% models_allocated=%lld peak_rss_GB=%.1f\n",
+      c.shape.c_str(), c.label.c_str(), reported, steady_n > 0 ? "steady mean" : "version 0, cold",
+      bytes / 1e6, version_bytes / 1e6, 100.0 * (1.0 - static_cast<double>(bytes) / version_bytes),
+      static_cast<long long>(watcher.models_allocated()), PeakRssGb());
+  std::fflush(stdout);
+  watcher.Stop();
+  service.Shutdown();
+  publisher.Shutdown();
+  (*server)->Shutdown(absl::Seconds(1));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<std::string> shapes = {"0.5b", "1.5b"};
+  int versions = 4;
+  int delta_layers = 1;
+  bool delta = true;
+  for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "%s needs a value\n", flag.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (flag == "--shapes") {
+      shapes = absl::StrSplit(value(), ',');
+    } else if (flag == "--versions") {
+      versions = std::max(1, std::atoi(value().c_str()));
+    } else if (flag == "--delta-layers") {
+      delta_layers = std::atoi(value().c_str());
+    } else if (flag == "--no-delta") {
+      delta = false;
+    } else {
+      std::fprintf(stderr, "unknown flag %s\n", flag.c_str());
+      return 2;
+    }
+  }
+  spdlog::set_level(spdlog::level::warn);
+  std::printf("torch threads %d\n", torch::get_num_threads());
+  for (const std::string& shape : shapes) {
+    const kappa::model::ModelConfig config = Shape(shape);
+    const bool big = shape == "1.5b";
+    std::vector<Case> cases = {
+        {shape, "float32", torch::kFloat32, torch::kFloat32, false, big ? 1 : versions},
+        {shape, "bfloat16", torch::kBFloat16, torch::kBFloat16, false, versions}};
+    if (delta && !big) {
+      cases.push_back({shape, "delta-float32", torch::kFloat32, torch::kFloat32, true, versions});
+      cases.push_back(
+          {shape, "delta-bfloat16", torch::kBFloat16, torch::kBFloat16, true, versions});
+    }
+    for (const Case& c : cases) {
+      std::vector<std::pair<std::string, torch::Tensor>> weights = RandomWeights(config);
+      // model::Decoder builds its parameters in the default dtype and the
+      // watcher converts them: for the bfloat16 cases they are built in
+      // bfloat16 here, or a fresh 1.5B copy would pass through 6.2 GB of
+      // float32 (the worker binary does that: cold versions cost more there).
+      torch::set_default_dtype(c10::scalarTypeToTypeMeta(c.model));
+      Run(c, config, weights, delta_layers);
+      torch::set_default_dtype(c10::scalarTypeToTypeMeta(torch::kFloat32));
+    }
+  }
+  return 0;
+}
