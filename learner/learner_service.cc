@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "services/stable_hash.h"
 #include "services/torch_tensor_codec.h"
 
 namespace kappa::learner {
@@ -55,6 +56,11 @@ kappa::v1::WorkItem LearnerService::MakeWorkItem(const Lease& lease) const {
   item.set_max_new_tokens(work_.max_new_tokens);
   item.set_temperature(work_.temperature);
   item.set_top_p(work_.top_p);
+  item.set_top_k(work_.top_k);
+  item.set_min_p(work_.min_p);
+  // Reproducible per lease, whichever worker samples it.
+  item.set_sampling_seed(
+      services::StableHash(absl::StrCat(work_.sampling_seed, ":", lease.lease_id)) | 1);
   item.set_teacher_form(work_.teacher_form);
   item.set_teacher_top_k(work_.teacher_top_k);
   item.set_teacher_value_dtype(static_cast<kappa::v1::DType>(work_.teacher_value_dtype));

@@ -10,6 +10,7 @@
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -22,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "model/text_tokenizer.h"
 #include "rollout_worker/policy_watcher.h"
+#include "rollout_worker/rollout_settings.h"
 #include "rollout_worker/worker.h"
 #include "services/cli_flags.h"
 #include "services/config.h"
@@ -104,18 +106,29 @@ int main(int argc, char** argv) {
     spdlog::error("configuration: {}", weights_dtype.status().ToString());
     return 2;
   }
-  kappa::rollout::WeightSyncOptions weight_sync;
-  weight_sync.weights_dtype = *weights_dtype;
-  weight_sync.weight_delta = config->rollout.weight_delta;
-  kappa::rollout::SetWeightSyncDefaults(weight_sync);
+  options.weight_sync.weights_dtype = *weights_dtype;
+  options.weight_sync.weight_delta = config->rollout.weight_delta;
   spdlog::info("policy weights travel as {}{}",
-               c10::toString(kappa::rollout::WireDtype(weight_sync, options.dtype)),
-               weight_sync.weight_delta ? ", as lossless deltas when possible" : "");
+               c10::toString(kappa::rollout::WireDtype(options.weight_sync, options.dtype)),
+               options.weight_sync.weight_delta ? ", as lossless deltas when possible" : "");
   options.max_outstanding = static_cast<int32_t>(config->rollout.max_outstanding);
   options.sampler.rpc_deadline = absl::Milliseconds(config->rollout.rpc_deadline_ms);
   options.sampler.default_max_new_tokens = config->rollout.max_new_tokens;
   options.sampler.default_temperature = config->rollout.temperature;
   options.sampler.default_top_p = config->rollout.top_p;
+  options.sampler.default_top_k = config->rollout.top_k;
+  options.sampler.default_min_p = config->rollout.min_p;
+  if (absl::Status settings = kappa::rollout::ValidateRolloutSettings(*config); !settings.ok()) {
+    spdlog::error("configuration: {}", std::string(settings.message()));
+    return 2;
+  }
+  options.decode = config->rollout.engine;
+  // Enough slots for every held item's group at once by default.
+  options.engine.max_rows = config->rollout.max_batch_rows > 0
+                                ? config->rollout.max_batch_rows
+                                : std::max<int64_t>(1, config->rollout.max_outstanding) *
+                                      std::max<int64_t>(1, config->trainer.group_size);
+  options.engine.max_sequence_tokens = config->rollout.max_sequence_tokens;
   options.sampler.seed = kappa::services::RlSeed(*config) + kappa::services::StableHash(options.worker_id);
   // The responses' text (for the verifier, stop strings, logs) in the
   // student's tokenizer: the weights come over the wire, the tokenizer from

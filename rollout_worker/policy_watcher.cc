@@ -16,12 +16,6 @@
 namespace kappa::rollout {
 namespace {
 
-absl::Mutex defaults_mu(absl::kConstInit);
-WeightSyncOptions& Defaults() ABSL_EXCLUSIVE_LOCKS_REQUIRED(defaults_mu) {
-  static WeightSyncOptions defaults;
-  return defaults;
-}
-
 // Whether a model held in `held` gives the `wire` bytes of its version
 // exactly (the delta base must be those bytes).
 bool ReproducesWireBytes(c10::ScalarType held, c10::ScalarType wire) {
@@ -29,16 +23,6 @@ bool ReproducesWireBytes(c10::ScalarType held, c10::ScalarType wire) {
 }
 
 }  // namespace
-
-void SetWeightSyncDefaults(const WeightSyncOptions& defaults) {
-  absl::MutexLock lock(&defaults_mu);
-  Defaults() = defaults;
-}
-
-WeightSyncOptions WeightSyncDefaults() {
-  absl::MutexLock lock(&defaults_mu);
-  return Defaults();
-}
 
 absl::StatusOr<std::optional<c10::ScalarType>> ParseWeightsDtype(const std::string& value,
                                                                  const std::string& key) {
@@ -55,10 +39,10 @@ c10::ScalarType WireDtype(const WeightSyncOptions& sync, c10::ScalarType dtype) 
 }
 
 PolicyWatcher::PolicyWatcher(std::shared_ptr<grpc::ChannelInterface> learner_channel,
-                             PolicyWatcherOptions options, std::optional<WeightSyncOptions> sync)
+                             PolicyWatcherOptions options, WeightSyncOptions sync)
     : stub_(kappa::v1::Learner::NewStub(std::move(learner_channel))),
       options_(std::move(options)),
-      sync_(sync ? *sync : WeightSyncDefaults()) {}
+      sync_(sync) {}
 
 PolicyWatcher::~PolicyWatcher() { Stop(); }
 

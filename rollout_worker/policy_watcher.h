@@ -70,12 +70,6 @@ struct WeightSyncOptions {
   bool weight_delta = false;
 };
 
-// Process-wide options for watchers constructed without their own: the
-// rollout worker binary sets them from its config (WorkerOptions does not
-// carry them). Default: auto, no delta.
-void SetWeightSyncDefaults(const WeightSyncOptions& defaults);
-WeightSyncOptions WeightSyncDefaults();
-
 // rollout.weights_dtype: "auto" (nullopt), "float32" or "bfloat16"; anything
 // else is INVALID_ARGUMENT naming `key`.
 absl::StatusOr<std::optional<c10::ScalarType>> ParseWeightsDtype(const std::string& value,
@@ -85,9 +79,9 @@ c10::ScalarType WireDtype(const WeightSyncOptions& sync, c10::ScalarType dtype);
 
 class PolicyWatcher {
  public:
-  // `sync` unset: WeightSyncDefaults() as of now.
+  // `sync`: how versions travel (default: auto, no delta).
   PolicyWatcher(std::shared_ptr<grpc::ChannelInterface> learner_channel,
-                PolicyWatcherOptions options, std::optional<WeightSyncOptions> sync = {});
+                PolicyWatcherOptions options, WeightSyncOptions sync = {});
   ~PolicyWatcher();  // Stop()s
 
   // Starts the watch thread (once; a no-op after Stop() or while it runs).

@@ -92,7 +92,8 @@ RolloutWorker::RolloutWorker(std::shared_ptr<grpc::ChannelInterface> learner_cha
       learner_(kappa::v1::Learner::NewStub(learner_channel)),
       watcher_(learner_channel,
                PolicyWatcherOptions{options_.worker_id, options_.initial_backoff,
-                                    options_.max_backoff, options_.device, options_.dtype}),
+                                    options_.max_backoff, options_.device, options_.dtype},
+               options_.weight_sync),
       sampler_(std::move(verifier_channel), std::move(teacher_channel), SamplerOptions(options_)) {
   if (options_.decode == "continuous") {
     engine_ = std::make_unique<model::DecodeEngine>(options_.engine);

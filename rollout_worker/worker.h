@@ -57,6 +57,8 @@ struct WorkerOptions {
   // sampler samples there (its generator follows the model's device).
   c10::Device device{c10::kCPU};
   c10::ScalarType dtype = c10::kFloat;  // student.dtype, resolved for `device`
+  // rollout.weights_dtype, rollout.weight_delta: how versions travel.
+  WeightSyncOptions weight_sync;
   int32_t max_outstanding = 2;
   // "continuous" (a DecodeEngine with `engine` options) or "static".
   std::string decode = "continuous";
