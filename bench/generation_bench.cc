@@ -135,19 +135,10 @@ std::vector<std::vector<int64_t>> GenerateNoCache(model::Decoder& model,
   return results;
 }
 
-std::vector<std::string> SplitList(const std::string& text) {
-  std::vector<std::string> out;
-  std::stringstream ss(text);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    if (!item.empty()) out.push_back(item);
-  }
-  return out;
-}
-
 std::vector<int64_t> ParseList(const std::string& text) {
   std::vector<int64_t> out;
-  for (const std::string& item : SplitList(text)) out.push_back(std::atoll(item.c_str()));
+  for (const std::string& item : kappa::bench::SplitCommaList(text))
+    out.push_back(std::atoll(item.c_str()));
   return out;
 }
 
@@ -195,7 +186,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   std::vector<std::string> modes = {"cache"};
-  for (const std::string& mode : SplitList(modes_text)) {
+  for (const std::string& mode : kappa::bench::SplitCommaList(modes_text)) {
     if (mode != "nocache" && mode != "per_prompt") {
       std::fprintf(stderr, "--modes: unknown mode %s (nocache, per_prompt)\n", mode.c_str());
       return 2;

@@ -69,16 +69,6 @@ struct Options {
   std::string device = "cpu", dtype = "fp32";
 };
 
-std::vector<std::string> Split(const std::string& text) {
-  std::vector<std::string> out;
-  std::stringstream ss(text);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    if (!item.empty()) out.push_back(item);
-  }
-  return out;
-}
-
 bool ParseOptions(int argc, char** argv, Options* o) {
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i], value = argv[i + 1];
@@ -96,7 +86,7 @@ bool ParseOptions(int argc, char** argv, Options* o) {
     else if (flag == "--max-new-tokens")
       o->max_new_tokens = number();
     else if (flag == "--prompt-tokens") {
-      const std::vector<std::string> range = Split(value);
+      const std::vector<std::string> range = SplitCommaList(value);
       if (range.size() != 2) return false;
       o->prompt_min = std::atoll(range[0].c_str());
       o->prompt_max = std::atoll(range[1].c_str());
@@ -258,10 +248,20 @@ int64_t CountTokens(const Rows& rows) {
 
 }  // namespace
 
+std::vector<std::string> SplitCommaList(const std::string& text) {
+  std::vector<std::string> out;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    if (!item.empty()) out.push_back(item);
+  }
+  return out;
+}
+
 bool WantsEngineComparison(int argc, char** argv) {
   for (int i = 1; i + 1 < argc; ++i) {
     if (std::string(argv[i]) != "--modes") continue;
-    for (const std::string& mode : Split(argv[i + 1])) {
+    for (const std::string& mode : SplitCommaList(argv[i + 1])) {
       if (mode == "static" || mode == "engine") return true;
     }
   }
@@ -274,7 +274,7 @@ int RunEngineComparison(int argc, char** argv) {
     std::fprintf(stderr, "bad flags (see generation_engine_bench.cc for the usage)\n");
     return 2;
   }
-  const std::vector<std::string> modes = Split(o.modes);
+  const std::vector<std::string> modes = SplitCommaList(o.modes);
   const bool run_static = std::find(modes.begin(), modes.end(), "static") != modes.end();
   const bool run_engine = std::find(modes.begin(), modes.end(), "engine") != modes.end();
   if (o.threads > 0) {

@@ -2,7 +2,13 @@
 // paths on one workload in one run (see generation_engine_bench.cc).
 #pragma once
 
+#include <string>
+#include <vector>
+
 namespace kappa::bench {
+
+// "a,b,,c" -> {"a", "b", "c"}: the benches' comma-separated flag values.
+std::vector<std::string> SplitCommaList(const std::string& text);
 
 // True when --modes names static or engine (the comparison below runs then).
 bool WantsEngineComparison(int argc, char** argv);

@@ -159,10 +159,30 @@ grpc::Status LearnerService::Rollout(
   return result;
 }
 
+namespace {
+
+// A chunk of `policy`'s parameter `name` with its header filled in: the
+// version, the parameter's name, dtype and shape, and (on the version's
+// first chunk, when *first) the model config.
+kappa::v1::PolicyChunk ChunkOf(const EncodedPolicy& policy, const std::string& name,
+                               const torch::Tensor& tensor, int num_parameters, bool* first) {
+  kappa::v1::PolicyChunk chunk;
+  chunk.set_version(policy.version);
+  chunk.set_policy_id(policy.policy_id);
+  if (*first) chunk.set_model_config_json(policy.model_config_json);
+  *first = false;
+  chunk.set_name(name);
+  chunk.set_dtype(services::ToWireDType(policy.dtype));
+  for (int64_t dim : tensor.sizes()) chunk.add_shape(dim);
+  chunk.set_num_parameters(num_parameters);
+  return chunk;
+}
+
+}  // namespace
+
 bool LearnerService::SendPolicy(const EncodedPolicy& encoded,
                                 grpc::ServerWriter<kappa::v1::PolicyChunk>* writer) {
   const int num_parameters = static_cast<int>(encoded.weights.size());
-  const kappa::v1::DType dtype = services::ToWireDType(encoded.dtype);
   bool first = true;
   int64_t sent = 0;
   for (int p = 0; p < num_parameters; ++p) {
@@ -172,17 +192,9 @@ bool LearnerService::SendPolicy(const EncodedPolicy& encoded,
     int64_t offset = 0;
     do {
       const int64_t size = std::min(kPolicyChunkBytes, total - offset);
-      kappa::v1::PolicyChunk chunk;
-      chunk.set_version(encoded.version);
-      chunk.set_policy_id(encoded.policy_id);
-      if (first) chunk.set_model_config_json(encoded.model_config_json);
-      first = false;
-      chunk.set_name(name);
-      chunk.set_dtype(dtype);
-      for (int64_t dim : tensor.sizes()) chunk.add_shape(dim);
+      kappa::v1::PolicyChunk chunk = ChunkOf(encoded, name, tensor, num_parameters, &first);
       chunk.set_byte_offset(offset);
       chunk.set_data(bytes + offset, static_cast<size_t>(size));
-      chunk.set_num_parameters(num_parameters);
       offset += size;
       chunk.set_last_of_version(p == num_parameters - 1 && offset == total);
       if (!writer->Write(chunk)) return false;
@@ -199,7 +211,6 @@ bool LearnerService::SendPolicyDelta(const EncodedDelta& delta,
                                      grpc::ServerWriter<kappa::v1::PolicyChunk>* writer) {
   const EncodedPolicy& target = *delta.target;
   const int num_parameters = static_cast<int>(target.weights.size());
-  const kappa::v1::DType dtype = services::ToWireDType(target.dtype);
   bool first = true;
   int64_t sent = 0;
   for (int p = 0; p < num_parameters; ++p) {
@@ -219,16 +230,8 @@ bool LearnerService::SendPolicyDelta(const EncodedDelta& delta,
     const std::vector<EncodedDelta::Segment>& segments = raw.empty() ? parameter.segments : raw;
     for (size_t s = 0; s < segments.size(); ++s) {
       const EncodedDelta::Segment& segment = segments[s];
-      kappa::v1::PolicyChunk chunk;
-      chunk.set_version(target.version);
-      chunk.set_policy_id(target.policy_id);
-      if (first) chunk.set_model_config_json(target.model_config_json);
-      first = false;
-      chunk.set_name(name);
-      chunk.set_dtype(dtype);
-      for (int64_t dim : tensor.sizes()) chunk.add_shape(dim);
+      kappa::v1::PolicyChunk chunk = ChunkOf(target, name, tensor, num_parameters, &first);
       chunk.set_byte_offset(segment.offset);
-      chunk.set_num_parameters(num_parameters);
       chunk.set_base_version(delta.base_version);
       chunk.set_base_policy_id(delta.base_policy_id);
       if (!raw.empty()) {

@@ -6,15 +6,12 @@
 #include <stdexcept>
 #include <unordered_map>
 
+#include "services/stable_hash.h"
+
 namespace kappa::learner {
 namespace {
 
-uint64_t SplitMix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
+using services::SplitMix64;
 
 uint64_t RandomNonce() {
   std::random_device device;

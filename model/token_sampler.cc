@@ -5,15 +5,10 @@
 #include <stdexcept>
 #include <string>
 
+#include "services/stable_hash.h"
+
 namespace kappa::model {
 namespace {
-
-uint64_t SplitMix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ULL;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
-  return x ^ (x >> 31);
-}
 
 // A [R, 1] float64 column of one setting per row.
 template <typename Get>
@@ -73,6 +68,7 @@ torch::Tensor KeptTokens(const torch::Tensor& probs, const std::vector<TokenSamp
 }  // namespace
 
 uint64_t RowSeed(uint64_t request_seed, int64_t row) {
+  using services::SplitMix64;
   return SplitMix64(request_seed ^ SplitMix64(static_cast<uint64_t>(row)));
 }
 
