@@ -87,11 +87,17 @@ stage() { echo "== $1 ($(( $(date +%s) - start )) s)"; }
 # are the same commands.
 if (( rehearsal )); then
   device=cpu gpt=demo large=demo reps=2 gen_lengths=8,16 python=/usr/bin/python3
+  # The continuous engine against the static path, at a toy size.
+  engine_flags=(--hidden 64 --layers 2 --heads 4 --kv-heads 2 --ffn 128 --vocab 1000
+                --prompts 4 --items 2 --max-new-tokens 16 --prompt-tokens 8,16)
   build=${KAPPA_GPU_BUILD:-/tmp/kappa-gpu-rehearsal}
   configure_flags=(-DKAPPA_CUDA=OFF)
   [[ -x /usr/bin/ccache ]] && configure_flags+=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
 else
   device=cuda gpt=gpt large=large reps=10 gen_lengths=32,128,512 python=python3
+  # d 1024, 16 layers, V 32k in bf16; 64 prompts × G = 8, 128 rows per step.
+  engine_flags=(--hidden 1024 --layers 16 --heads 16 --kv-heads 4 --ffn 2816 --vocab 32000
+                --dtype bf16 --prompts 64 --items 16 --max-new-tokens 256 --prompt-tokens 64,256)
   torch_prefix=$(python3 -c 'import torch;print(torch.utils.cmake_prefix_path)')
   export CUDACXX=${CUDACXX:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
   configure_flags=(-DKAPPA_CUDA=ON -DCMAKE_PREFIX_PATH="$torch_prefix"
@@ -291,6 +297,10 @@ stage "generation benchmark"
 timeout 120 "$build"/bench/kappa_bench_generation --device "$device" --lengths "$gen_lengths" \
   --prompts 8 --group-size 8 --reps 3 --modes nocache,per_prompt 2>/dev/null \
   | tee "$out/generation_${device}.txt"
+# Ragged responses: tokens/s of both paths and the engine's decode step as a
+# fraction of the copy-bandwidth roofline (its `roofline:` line).
+timeout 150 "$build"/bench/kappa_bench_generation --device "$device" --modes static,engine \
+  --ragged 1 "${engine_flags[@]}" 2>/dev/null | tee "$out/generation_engine_${device}.txt"
 
 stage "eager PyTorch reference"
 # The machine's own PyTorch runs the eager step; rounds alternate who goes first.
