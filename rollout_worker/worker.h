@@ -77,7 +77,9 @@ struct WorkerStats {
   int64_t items_received = 0;
   int64_t items_dropped = 0;  // failed, expired, or lost with a broken stream
   int64_t connections = 0;    // Rollout streams opened (Hello sent)
-  int64_t decode_batches = 0;  // batched decodes run (items_received counts their items)
+  // Static path: batched decodes run (items_received counts their items);
+  // continuous engine: groups it finished decoding.
+  int64_t decode_batches = 0;
 };
 
 class RolloutWorker {
