@@ -29,7 +29,6 @@
 //        [--modes nocache,per_prompt]   (the batched cache path always runs)
 // With --modes static,engine it runs the continuous decode engine against
 // the static path instead (bench/generation_engine_bench.cc).
-#include <dlfcn.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -43,6 +42,7 @@
 
 #include "bench/demo_shape.h"
 #include "bench/generation_engine_bench.h"
+#include "bench/threads.h"
 #include "model/model_config.h"
 #include "model/sampling.h"
 #include "model/transformer.h"
@@ -193,13 +193,7 @@ int main(int argc, char** argv) {
     }
     if (std::find(modes.begin(), modes.end(), mode) == modes.end()) modes.push_back(mode);
   }
-  if (threads > 0) {
-    torch::set_num_threads(threads);
-    using SetThreads = void (*)(int);
-    if (auto set_blas = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"))) {
-      set_blas(threads);
-    }
-  }
+  if (threads > 0) kappa::bench::SetBenchThreads(threads);
   const torch::Device device(device_name == "cuda" ? torch::kCUDA : torch::kCPU);
 
   // Prompts of 7..9 tokens (BOS, then pseudo-random ids 3..50), each G times.

@@ -32,7 +32,6 @@
 //        [--reps 1] [--threads T] [--device cpu|cuda] [--dtype fp32|bf16]
 #include "bench/generation_engine_bench.h"
 
-#include <dlfcn.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -47,6 +46,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/threads.h"
 #include "model/decode_engine.h"
 #include "model/model_config.h"
 #include "model/sampling.h"
@@ -277,14 +277,7 @@ int RunEngineComparison(int argc, char** argv) {
   const std::vector<std::string> modes = SplitCommaList(o.modes);
   const bool run_static = std::find(modes.begin(), modes.end(), "static") != modes.end();
   const bool run_engine = std::find(modes.begin(), modes.end(), "engine") != modes.end();
-  if (o.threads > 0) {
-    torch::set_num_threads(o.threads);
-    using SetThreads = void (*)(int);
-    if (auto set_blas =
-            reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"))) {
-      set_blas(o.threads);
-    }
-  }
+  if (o.threads > 0) SetBenchThreads(o.threads);
   const torch::Device device(o.device == "cuda" ? torch::kCUDA : torch::kCPU);
   auto sync = [&] {
     if (device.is_cuda()) torch::cuda::synchronize();

@@ -24,7 +24,6 @@
 // Usage: kappa_bench_vocab_scale --teacher full|topk [--chunk N] [--checkpointing 0|1]
 //        [--layers 24] [--rows 8] [--group-size 4] [--prompt 64] [--response 448]
 //        [--threads 2] [--steps 2] [--topk 64]
-#include <dlfcn.h>
 #include <sys/resource.h>
 #include <torch/torch.h>
 
@@ -41,6 +40,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/threads.h"
 #include "learner/algo/hybrid_step.h"
 #include "learner/algo/train_batch.h"
 #include "model/model_config.h"
@@ -317,16 +317,7 @@ int main(int argc, char** argv) {
                  "--rows, --layers/--prompt/--response/--steps/--topk >= 1\n");
     return 2;
   }
-  if (o.threads > 0) {
-    torch::set_num_threads(o.threads);
-    // Debian's libtorch calls a pthread OpenBLAS, whose pool
-    // torch::set_num_threads does not reach.
-    using SetThreads = void (*)(int);
-    if (auto set_blas =
-            reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"))) {
-      set_blas(o.threads);
-    }
-  }
+  if (o.threads > 0) kappa::bench::SetBenchThreads(o.threads);
   Progress progress;
   std::string failure;
   try {
