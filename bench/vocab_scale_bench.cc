@@ -40,6 +40,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/qwen_shapes.h"
 #include "bench/threads.h"
 #include "learner/algo/hybrid_step.h"
 #include "learner/algo/train_batch.h"
@@ -63,27 +64,6 @@ struct Options {
   int steps = 2;
   int64_t topk = 64;
 };
-
-// Qwen2.5-0.5B's config.json, with the number of layers a flag.
-model::ModelConfig Qwen25HalfB(int64_t layers) {
-  model::ModelConfig c;
-  c.architecture = model::Architecture::kQwen2;
-  c.name = "qwen2.5-0.5b-shape";
-  c.vocab_size = 151936;
-  c.hidden_size = 896;
-  c.intermediate_size = 4864;
-  c.num_hidden_layers = layers;
-  c.num_attention_heads = 14;
-  c.num_key_value_heads = 2;
-  c.max_position_embeddings = 32768;
-  c.rope_theta = 1000000.0;
-  c.rms_norm_eps = 1e-6;
-  c.tie_word_embeddings = true;
-  c.bos_token_id = 151643;
-  c.eos_token_ids = {151643};
-  c.pad_token_id = 151643;
-  return c;
-}
 
 double PeakRssMiB() {
   rusage usage{};
@@ -193,7 +173,7 @@ std::string SecondsJson(const std::vector<double>& seconds);
 int Run(const Options& o, Progress* progress) {
   const char** phase = &progress->phase;
   *phase = "model";
-  const model::ModelConfig config = Qwen25HalfB(o.layers);
+  const model::ModelConfig config = bench::Qwen25HalfB(o.layers);
   torch::manual_seed(1);
   model::Decoder model(config);
   model->SetActivationCheckpointing(o.checkpointing);

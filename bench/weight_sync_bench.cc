@@ -37,6 +37,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "bench/qwen_shapes.h"
 #include "learner/coordinator.h"
 #include "learner/learner_service.h"
 #include "learner/policy_publisher.h"
@@ -52,27 +53,19 @@ namespace {
 
 using kappa::learner::PolicySnapshot;
 
+// The Qwen2.5 shape named on the command line; a short position table
+// (RoPE buffers are not weights and do not travel).
 kappa::model::ModelConfig Shape(const std::string& name) {
   kappa::model::ModelConfig c;
-  c.architecture = kappa::model::Architecture::kQwen2;
-  c.vocab_size = 151936;
-  c.tie_word_embeddings = true;
-  c.num_key_value_heads = 2;
-  c.max_position_embeddings = 128;
   if (name == "0.5b") {
-    c.hidden_size = 896;
-    c.num_hidden_layers = 24;
-    c.num_attention_heads = 14;
-    c.intermediate_size = 4864;
+    c = kappa::bench::Qwen25HalfB();
   } else if (name == "1.5b") {
-    c.hidden_size = 1536;
-    c.num_hidden_layers = 28;
-    c.num_attention_heads = 12;
-    c.intermediate_size = 8960;
+    c = kappa::bench::Qwen25OneAndHalfB();
   } else {
     std::fprintf(stderr, "unknown shape %s (0.5b, 1.5b)\n", name.c_str());
     std::exit(2);
   }
+  c.max_position_embeddings = 128;
   return c;
 }
 
