@@ -60,6 +60,8 @@ absl::StatusOr<HybridStepConfig> MakeHybridStepConfig(const services::Config& co
   loss.vocab_chunk_positions = trainer.vocab_chunk_positions;
   KAPPA_RETURN_IF_ERROR(
       ParseKey("trainer.truncated", ParseTruncatedResponses, trainer.truncated, &step.truncated));
+  KAPPA_RETURN_IF_ERROR(ParseKey("trainer.advantage_std", ParseAdvantageStd, trainer.advantage_std,
+                                 &step.advantage_std));
 
   KAPPA_RETURN_IF_ERROR(
       ParseKey("trainer.distill_gate", ParseDistillGate, trainer.distill_gate, &step.gate));

@@ -116,8 +116,9 @@ absl::StatusOr<StepRecord> TrainerLoop::TrainOn(std::vector<BufferedGroup> buffe
   }
   // Padding positions are masked out of every term; id 0 exists in every
   // vocabulary.
-  const TrainBatch batch = BuildTrainBatch(TakeGroups(buffered), config_.trainer.norm_std,
-                                           /*pad_id=*/0, step_->config().truncated);
+  const TrainBatch batch =
+      BuildTrainBatch(TakeGroups(buffered), config_.trainer.norm_std, /*pad_id=*/0,
+                      step_->config().truncated, step_->config().advantage_std);
   // The training–inference mismatch is measured on the groups sampled with
   // the weights this step starts from (this rank's share, data parallel).
   const torch::Tensor on_policy =

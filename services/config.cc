@@ -312,6 +312,10 @@ constexpr Field kFields[] = {
     KAPPA_CONFIG_FIELD(trainer.norm_std,
                        "GRPO advantages divided by the group's reward std, A = (r − mean r) / "
                        "(std r + ε); false: only the mean is subtracted."),
+    KAPPA_CONFIG_FIELD(trainer.advantage_std,
+                       "The std of the group's rewards the advantage divides by: `population` "
+                       "(ddof 0, √(Σ(r − mean)² / G)) or `sample` (ddof 1, divided by G − 1, as "
+                       "verl, TRL and OpenRLHF do); docs/algorithms.md §2.1."),
     KAPPA_CONFIG_FIELD(trainer.truncated,
                        "Responses that hit their token budget without a stop id or string: "
                        "`keep` (train on them as they are; verl's default), `mask` (no loss "

@@ -179,6 +179,9 @@ struct Config {
     // reverse_kl | forward_kl | sampled_reverse_kl | topk_reverse_kl | topk_tail_reverse_kl
     std::string distill_loss = "reverse_kl";
     bool norm_std = true;
+    // The std the advantage divides by: population (ddof 0, the default) |
+    // sample (ddof 1, as verl, TRL and OpenRLHF); docs/algorithms.md §2.1.
+    std::string advantage_std = "population";
     // Responses that hit their token budget without a stop id or string:
     // keep (train on them as they are; verl's default) | mask (their tokens
     // leave L_R and L_D, their reward still counts in the group's mean/std:

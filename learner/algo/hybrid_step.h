@@ -52,6 +52,8 @@ struct HybridStepConfig {
   // trainer.truncated. Not read by Run(): the caller builds the TrainBatch
   // with it (BuildTrainBatch), so it is decided with the rest of the step.
   TruncatedResponses truncated = TruncatedResponses::kKeep;
+  // trainer.advantage_std, for BuildTrainBatch too; not read by Run().
+  AdvantageStd advantage_std = AdvantageStd::kPopulation;
 };
 
 // The on-policy rows of a batch built by BuildTrainBatch from groups sampled

@@ -99,15 +99,25 @@ torch::Tensor Aggregate(const torch::Tensor& per_position, const torch::Tensor& 
   return (per_seq * seq_valid).sum() / sequences.clamp_min(1);
 }
 
-torch::Tensor GrpoAdvantages(const torch::Tensor& rewards, bool norm_std, double eps) {
+AdvantageStd ParseAdvantageStd(const std::string& name) {
+  if (name == "population") return AdvantageStd::kPopulation;
+  if (name == "sample") return AdvantageStd::kSample;
+  throw std::invalid_argument("unknown advantage std '" + name + "' (allowed: population, sample)");
+}
+
+torch::Tensor GrpoAdvantages(const torch::Tensor& rewards, bool norm_std, AdvantageStd std_kind,
+                             double eps) {
   if (rewards.dim() != 2 || rewards.size(1) == 0) {
     throw std::invalid_argument("GrpoAdvantages: rewards must be [num_groups, G] with G > 0, got " +
                                 c10::str(rewards.sizes()));
   }
   const torch::Tensor r = rewards.to(torch::kFloat32);
+  // A group of one compares with nothing (and has no sample std).
+  if (rewards.size(1) == 1) return torch::zeros_like(r);
   const torch::Tensor centered = r - r.mean(1, /*keepdim=*/true);
   if (!norm_std) return centered;
-  const torch::Tensor std = r.std(1, /*unbiased=*/false, /*keepdim=*/true);
+  const bool unbiased = std_kind == AdvantageStd::kSample;
+  const torch::Tensor std = r.std(1, unbiased, /*keepdim=*/true);
   return centered / (std + eps);
 }
 

@@ -66,9 +66,21 @@ struct TeacherRows {
 torch::Tensor Aggregate(const torch::Tensor& per_position, const torch::Tensor& mask,
                         Aggregation agg, torch::Tensor* count = nullptr);
 
-// A_i = (r_i - mean_j r_j) / (std_j r_j + eps), std the population std over
-// the group (norm_std=false: no division). rewards: [num_groups, G].
-torch::Tensor GrpoAdvantages(const torch::Tensor& rewards, bool norm_std, double eps = 1e-6);
+// trainer.advantage_std: the standard deviation of a group's G rewards the
+// GRPO advantage divides by.
+enum class AdvantageStd {
+  kPopulation,  // ddof 0: sqrt(Σ (r − mean)² / G) (the default)
+  kSample,      // ddof 1: sqrt(Σ (r − mean)² / (G − 1)), as verl, TRL and OpenRLHF
+};
+// "population" | "sample"; throws std::invalid_argument listing them.
+AdvantageStd ParseAdvantageStd(const std::string& name);
+
+// A_i = (r_i - mean_j r_j) / (std_j r_j + eps) per group, std as `std_kind`
+// says (norm_std=false: no division). rewards: [num_groups, G] with G > 0
+// (std::invalid_argument otherwise); result float32 [num_groups, G]. A
+// group of one has no signal (and no sample std): its advantage is 0.
+torch::Tensor GrpoAdvantages(const torch::Tensor& rewards, bool norm_std,
+                             AdvantageStd std_kind = AdvantageStd::kPopulation, double eps = 1e-6);
 
 struct PpoConfig {
   double clip_low = 0.2;    // ε_low

@@ -262,7 +262,7 @@ TruncatedResponses ParseTruncatedResponses(const std::string& name) {
 }
 
 TrainBatch BuildTrainBatch(const std::vector<ScoredGroup>& groups, bool norm_std, int64_t pad_id,
-                           TruncatedResponses truncated) {
+                           TruncatedResponses truncated, AdvantageStd advantage_std) {
   const auto [form, vocab] = Validate(groups);
   const int64_t num_groups = static_cast<int64_t>(groups.size());
   const int64_t group_size = static_cast<int64_t>(groups[0].samples.size());
@@ -289,7 +289,7 @@ TrainBatch BuildTrainBatch(const std::vector<ScoredGroup>& groups, bool norm_std
       rewards[g][i] = s.truncated && truncated == TruncatedResponses::kZeroReward ? 0.0f : s.reward;
     }
   }
-  const torch::Tensor group_adv = GrpoAdvantages(out.rewards, norm_std).contiguous();
+  const torch::Tensor group_adv = GrpoAdvantages(out.rewards, norm_std, advantage_std).contiguous();
   auto adv_of = group_adv.accessor<float, 2>();
 
   out.input_tokens = torch::full({batch, max_len}, pad_id, torch::kInt64);

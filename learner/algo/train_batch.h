@@ -117,7 +117,9 @@ TruncatedResponses ParseTruncatedResponses(const std::string& name);
 // but not others or in different forms (top-k rows of different k, top-k
 // ids that are not int64 or repeat within a row), or empty demonstrations. `truncated` applies to
 // samples with ScoredSample.truncated (kKeep: the batch is as if none were).
+// The advantages are GrpoAdvantages(rewards, norm_std, advantage_std).
 TrainBatch BuildTrainBatch(const std::vector<ScoredGroup>& groups, bool norm_std, int64_t pad_id,
-                           TruncatedResponses truncated = TruncatedResponses::kKeep);
+                           TruncatedResponses truncated = TruncatedResponses::kKeep,
+                           AdvantageStd advantage_std = AdvantageStd::kPopulation);
 
 }  // namespace kappa::learner

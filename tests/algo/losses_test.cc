@@ -6,6 +6,7 @@
 #include <cmath>
 #include <limits>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 namespace kappa::learner {
@@ -62,6 +63,35 @@ TEST(GrpoAdvantagesTest, HandComputedGroups) {
                                           .reshape({3, 4});
   ExpectNear(centered, want_centered, 1e-7);
   EXPECT_THROW(GrpoAdvantages(torch::zeros({4}), true), std::invalid_argument);
+}
+
+// trainer.advantage_std: sample divides by the ddof-1 std, as verl, TRL and
+// OpenRLHF do; population (the default) by the ddof-0 one.
+TEST(GrpoAdvantagesTest, SampleStdDividesByGMinusOne) {
+  EXPECT_EQ(ParseAdvantageStd("population"), AdvantageStd::kPopulation);
+  EXPECT_EQ(ParseAdvantageStd("sample"), AdvantageStd::kSample);
+  try {
+    ParseAdvantageStd("unbiased");
+    FAIL() << "no throw";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("population, sample"), std::string::npos) << e.what();
+  }
+  const torch::Tensor rewards = torch::tensor({1.f, 0.f, 0.f, 0.f}).reshape({1, 4});
+  const double eps = 1e-6;
+  // mean 0.25, Σ (r − mean)² = 0.75
+  const double population = std::sqrt(0.75 / 4) + eps, sample = std::sqrt(0.75 / 3) + eps;
+  ExpectNear(GrpoAdvantages(rewards, true, AdvantageStd::kSample),
+             torch::tensor({0.75 / sample, -0.25 / sample, -0.25 / sample, -0.25 / sample})
+                 .reshape({1, 4}),
+             1e-6);
+  ExpectNear(
+      GrpoAdvantages(rewards, true),
+      torch::tensor({0.75 / population, -0.25 / population, -0.25 / population, -0.25 / population})
+          .reshape({1, 4}),
+      1e-6);
+  // Without the division the std does not matter.
+  ExpectNear(GrpoAdvantages(rewards, false, AdvantageStd::kSample),
+             torch::tensor({0.75, -0.25, -0.25, -0.25}).reshape({1, 4}), 1e-7);
 }
 
 TEST(PpoTokenLossTest, HandComputedClipCases) {

@@ -1,0 +1,73 @@
+// trainer.advantage_std from the run configuration to the batch: the key
+// parses, the step configuration carries it, a bad value is refused naming
+// the key, and the batch's advantages divide by the std it names.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "learner/algo/losses.h"
+#include "learner/algo/train_batch.h"
+#include "learner/step_config.h"
+#include "services/config.h"
+
+namespace kappa::learner {
+namespace {
+
+// One group of four: rewards 1, 0, 0, 0 (mean 0.25, Σ (r − mean)² = 0.75).
+std::vector<ScoredGroup> OneGroup() {
+  ScoredGroup group;
+  group.prompt_tokens = {1, 2};
+  for (float reward : {1.f, 0.f, 0.f, 0.f}) {
+    ScoredSample sample;
+    sample.response_tokens = {3, 4};
+    sample.behavior_logprobs = {-1.f, -1.f};
+    sample.reward = reward;
+    group.samples.push_back(sample);
+  }
+  return {group};
+}
+
+absl::StatusOr<HybridStepConfig> StepFor(const std::vector<std::string>& overrides) {
+  absl::StatusOr<services::Config> config = services::ParseConfig("", "run.yaml", overrides);
+  if (!config.ok()) return config.status();
+  return MakeHybridStepConfig(*config);
+}
+
+TEST(AdvantageStd, DefaultIsThePopulationStd) {
+  EXPECT_EQ(services::Config().trainer.advantage_std, "population");
+  absl::StatusOr<HybridStepConfig> step = StepFor({});
+  ASSERT_TRUE(step.ok()) << step.status();
+  EXPECT_EQ(step->advantage_std, AdvantageStd::kPopulation);
+}
+
+TEST(AdvantageStd, SampleReachesTheBatchAdvantages) {
+  absl::StatusOr<HybridStepConfig> step = StepFor({"trainer.advantage_std=sample"});
+  ASSERT_TRUE(step.ok()) << step.status();
+  ASSERT_EQ(step->advantage_std, AdvantageStd::kSample);
+
+  const TrainBatch batch = BuildTrainBatch(OneGroup(), /*norm_std=*/true, /*pad_id=*/0,
+                                           step->truncated, step->advantage_std);
+  const double sample_std = std::sqrt(0.75 / 3) + 1e-6;
+  // Every response position of a sample carries its advantage; the first
+  // response position is input position 1 (prompt length 2).
+  EXPECT_NEAR(batch.advantages[0][1].item<double>(), 0.75 / sample_std, 1e-6);
+  EXPECT_NEAR(batch.advantages[1][1].item<double>(), -0.25 / sample_std, 1e-6);
+  const TrainBatch population = BuildTrainBatch(OneGroup(), true, 0);
+  EXPECT_NEAR(population.advantages[0][1].item<double>(), 0.75 / (std::sqrt(0.75 / 4) + 1e-6),
+              1e-6);
+}
+
+TEST(AdvantageStd, ABadValueIsRefusedNamingTheKey) {
+  const absl::StatusOr<HybridStepConfig> step = StepFor({"trainer.advantage_std=unbiased"});
+  ASSERT_FALSE(step.ok());
+  EXPECT_EQ(step.status().code(), absl::StatusCode::kInvalidArgument);
+  const std::string message(step.status().message());
+  EXPECT_NE(message.find("trainer.advantage_std"), std::string::npos) << message;
+  EXPECT_NE(message.find("population, sample"), std::string::npos) << message;
+}
+
+}  // namespace
+}  // namespace kappa::learner
