@@ -56,8 +56,9 @@ constexpr Field kFields[] = {
                        "unless `trainer.seed` is non-zero."),
     KAPPA_CONFIG_FIELD(workers, "Rollout worker processes `kappa run` starts."),
     KAPPA_CONFIG_FIELD(host,
-                       "Bind and connect host of a `kappa run` on one machine; `kappa run` picks "
-                       "free ports on it for every process."),
+                       "Bind and connect host of a `kappa run` on one machine: every process binds "
+                       "ports of the kernel's choosing on it and reports them to `kappa run` "
+                       "(`<run_dir>/ready/<process>.json`)."),
     KAPPA_CONFIG_FIELD(threads_per_process,
                        "libtorch intra-op threads (`OMP_NUM_THREADS`) of each process `kappa "
                        "run` starts whose own section's `threads` is 0; 0: libtorch's default."),
@@ -171,9 +172,10 @@ constexpr Field kFields[] = {
         "Bootstrap SFT: train on the first N training examples; 0: the whole train split."),
     KAPPA_CONFIG_FIELD(teacher.bootstrap.seed,
                        "Bootstrap SFT: seed of the initialization and the example order."),
-    KAPPA_CONFIG_FIELD(teacher.address,
-                       "HOST:PORT the teacher serves on and the workers dial; `kappa run` gives "
-                       "it a free port on `host`."),
+    KAPPA_CONFIG_FIELD(
+        teacher.address,
+        "HOST:PORT the teacher serves on and the workers dial; under `kappa run` the "
+        "default (or port 0) means a port of the kernel's choosing on `host`."),
     KAPPA_CONFIG_FIELD(teacher.max_batch_sequences,
                        "Dynamic batching: most sequences in one batched forward."),
     KAPPA_CONFIG_FIELD(
@@ -184,9 +186,10 @@ constexpr Field kFields[] = {
                        "`kappa run`, else libtorch's default."),
     KAPPA_CONFIG_FIELD(teacher.device, "Where the teacher runs: `cpu`, `cuda` or `cuda:N`."),
 
-    KAPPA_CONFIG_FIELD(verifier.address,
-                       "HOST:PORT the verifier serves on and the workers dial; `kappa run` gives "
-                       "it a free port on `host`."),
+    KAPPA_CONFIG_FIELD(
+        verifier.address,
+        "HOST:PORT the verifier serves on and the workers dial; under `kappa run` the "
+        "default (or port 0) means a port of the kernel's choosing on `host`."),
     KAPPA_CONFIG_FIELD(verifier.max_items,
                        "Most items one Verify request may carry; a larger request is refused."),
     KAPPA_CONFIG_FIELD(verifier.reward,
@@ -196,9 +199,10 @@ constexpr Field kFields[] = {
                        "dataset whose lines name no family. Any other value: the verifier "
                        "refuses to start."),
 
-    KAPPA_CONFIG_FIELD(learner.address,
-                       "HOST:PORT the learner serves on and the workers dial; `kappa run` gives "
-                       "it a free port on `host`."),
+    KAPPA_CONFIG_FIELD(
+        learner.address,
+        "HOST:PORT the learner serves on and the workers dial; under `kappa run` the "
+        "default (or port 0) means a port of the kernel's choosing on `host`."),
     KAPPA_CONFIG_FIELD(learner.lease_timeout_ms,
                        "A leased prompt not returned within this many ms, or whose worker "
                        "disconnected, is re-issued."),
@@ -239,6 +243,13 @@ constexpr Field kFields[] = {
                        "UNAUTHENTICATED. A path only, never the token itself."),
     KAPPA_CONFIG_FIELD(security.max_message_bytes,
                        "gRPC send and receive limit of every server and channel, in bytes."),
+    KAPPA_CONFIG_FIELD(security.keepalive_time_ms,
+                       "Every channel and server pings its peer after this long without traffic "
+                       "(1000 to 3600000 ms); servers accept client pings up to twice as often."),
+    KAPPA_CONFIG_FIELD(security.keepalive_timeout_ms,
+                       "A ping not acknowledged within this long (1000 to 600000 ms) closes the "
+                       "connection: a peer that vanished without closing it (a partition, a lost "
+                       "node) is noticed within keepalive_time_ms + keepalive_timeout_ms."),
 
     KAPPA_CONFIG_FIELD(rollout.max_outstanding,
                        "Work items the learner leases a worker ahead (1 to 16); the worker "

@@ -132,6 +132,11 @@ struct Config {
     // token itself: config files get copied, logged and committed.
     std::string token_file;
     int64_t max_message_bytes = 64 << 20;  // gRPC send/receive limit of every server and channel
+    // Dead-peer detection on every channel and server: an HTTP/2 ping after
+    // this long without traffic, the connection declared dead when the ack
+    // takes longer than the timeout (docs/reliability.md).
+    int64_t keepalive_time_ms = 20000;
+    int64_t keepalive_timeout_ms = 10000;
   } security;
 
   struct Rollout {

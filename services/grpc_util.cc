@@ -29,17 +29,18 @@ absl::Status FromGrpcStatus(const grpc::Status& status) {
 }
 
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target,
-                                           const TransportSecurity& security,
-                                           int max_message_bytes) {
+                                           const TransportSecurity& security, int max_message_bytes,
+                                           const Keepalive& keepalive) {
   grpc::ChannelArguments args;
   args.SetServiceConfigJSON(R"({"loadBalancingConfig": [{"round_robin": {}}]})");
   args.SetMaxReceiveMessageSize(max_message_bytes);
   args.SetMaxSendMessageSize(max_message_bytes);
   // Detect dead peers on long-lived streams (WatchPolicy, group streams).
-  // Pings only while calls are active, at most every 20 s: the server side
-  // (server.cc) permits that rate, so it never answers with GOAWAY.
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 20000);
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
+  // Pings only while calls are active, at most every keepalive.time_ms: the
+  // server side (server.cc) permits twice that rate, so it never answers
+  // with GOAWAY.
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, keepalive.time_ms);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, keepalive.timeout_ms);
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 0);
   args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   // gRPC's default reconnect backoff grows to 120 s: a worker would sit idle

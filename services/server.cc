@@ -10,6 +10,7 @@
 #include <chrono>
 #include <limits>
 #include <mutex>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "grpc/health/v1/health.grpc.pb.h"
@@ -28,6 +29,17 @@ absl::StatusOr<ServerOptions> ServerOptionsFromConfig(const Config& config) {
   }
   ServerOptions options;
   options.max_message_bytes = static_cast<int>(max_message_bytes);
+  for (auto [key, value, low, high, out] :
+       {std::tuple{"security.keepalive_time_ms", config.security.keepalive_time_ms, 1000, 3600000,
+                   &options.keepalive.time_ms},
+        std::tuple{"security.keepalive_timeout_ms", config.security.keepalive_timeout_ms, 1000,
+                   600000, &options.keepalive.timeout_ms}}) {
+    if (value < low || value > high) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(key, ": expected ", low, "..", high, " ms, got ", value));
+    }
+    *out = static_cast<int>(value);
+  }
   options.security = *std::move(security);
   return options;
 }
@@ -47,9 +59,16 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(
   for (grpc::Service* service : services) builder.RegisterService(service);
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   builder.SetMaxSendMessageSize(options.max_message_bytes);
-  // Accept the client keepalive of MakeChannel (one ping per 20 s).
-  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10000);
+  // Accept the client keepalive of MakeChannel (one ping per
+  // keepalive.time_ms) with room to spare, and ping idle clients at the same
+  // rate, so a client that vanished without closing its connection is
+  // noticed and its streams end.
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
+                             options.keepalive.time_ms / 2);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, options.keepalive.time_ms);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, options.keepalive.timeout_ms);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   // Two servers on one port would split traffic silently; make it an error.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
 

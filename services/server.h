@@ -12,6 +12,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "services/grpc_util.h"
 #include "services/transport_security.h"
 
 namespace kappa::services {
@@ -19,10 +20,15 @@ namespace kappa::services {
 struct ServerOptions {
   int max_message_bytes = 64 << 20;  // larger requests fail with RESOURCE_EXHAUSTED
   TransportSecurity security;        // default: plain text, no token
+  // The server pings idle clients at this rate too (a worker that vanished
+  // is noticed and its stream ended), and accepts client pings up to twice
+  // as often as keepalive.time_ms.
+  Keepalive keepalive;
 };
 
-// The configuration's message size limit and transport security (reads the
-// certificate and token files; errors as LoadTransportSecurity).
+// The configuration's message size limit, keepalive and transport security
+// (reads the certificate and token files; errors as LoadTransportSecurity,
+// INVALID_ARGUMENT naming the key for an out-of-range limit).
 absl::StatusOr<ServerOptions> ServerOptionsFromConfig(const Config& config);
 
 class GrpcServer {

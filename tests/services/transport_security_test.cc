@@ -213,5 +213,27 @@ TEST(ServerOptionsFromConfigTest, MessageLimitMustFitGrpc) {
   EXPECT_NE(options.status().message().find("security.max_message_bytes"), std::string::npos);
 }
 
+TEST(ServerOptionsFromConfigTest, KeepaliveComesFromTheConfigWithinBounds) {
+  Config config;
+  absl::StatusOr<ServerOptions> options = ServerOptionsFromConfig(config);
+  ASSERT_TRUE(options.ok()) << options.status();
+  EXPECT_EQ(options->keepalive.time_ms, 20000);
+  EXPECT_EQ(options->keepalive.timeout_ms, 10000);
+  config.security.keepalive_time_ms = 5000;
+  config.security.keepalive_timeout_ms = 2000;
+  options = ServerOptionsFromConfig(config);
+  ASSERT_TRUE(options.ok()) << options.status();
+  EXPECT_EQ(options->keepalive.time_ms, 5000);
+  EXPECT_EQ(options->keepalive.timeout_ms, 2000);
+  config.security.keepalive_time_ms = 10;  // a ping storm
+  options = ServerOptionsFromConfig(config);
+  EXPECT_EQ(options.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(options.status().message().find("security.keepalive_time_ms"), std::string::npos);
+  config.security.keepalive_time_ms = 5000;
+  config.security.keepalive_timeout_ms = 0;
+  options = ServerOptionsFromConfig(config);
+  EXPECT_NE(options.status().message().find("security.keepalive_timeout_ms"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace kappa::services
