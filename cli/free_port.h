@@ -8,9 +8,11 @@
 namespace kappa::cli {
 
 // Binds port 0 on `host`, reads the port the kernel chose, closes the socket.
-// (Another process could take it before the service binds it; on loopback
-// this race is rare enough for a demo launcher, and a lost race shows up as
-// the service failing to start, which `kappa run` reports.)
+// Another socket can take the port before anyone binds it again, so `kappa
+// run` lets each service bind port 0 itself (services/ready_file.h); this is
+// left only for the data-parallel store, whose address every rank must know
+// before any of them starts. A lost race shows up as rank 0 failing to start,
+// which `kappa run` reports.
 absl::StatusOr<int> PickFreePort(const std::string& host);
 
 // "host:port" -> port, or -1 when the address has no numeric port.

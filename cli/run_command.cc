@@ -5,7 +5,6 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
-
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_format.h"
@@ -19,7 +18,6 @@
 #include "cli/termination_signal.h"
 #include "learner/data_parallel_setup.h"
 #include "learner/step_config.h"
-#include "services/atomic_file.h"
 #include "services/config.h"
 #include "services/torch_runtime.h"
 
@@ -161,10 +159,7 @@ int RunCommand(const std::vector<std::string>& args) {
     std::cerr << "kappa run: " << security.status().message() << "\n";
     return 1;
   }
-  if (absl::Status status = AssignServiceAddresses(config); !status.ok()) {
-    std::cerr << "kappa run: " << status.message() << "\n";
-    return 1;
-  }
+  ResolveListenAddresses(config);
   const std::string config_yaml = (fs::path(*run_dir) / "config.yaml").string();
   if (absl::Status status = WriteResolvedConfig(config, config_yaml); !status.ok()) {
     std::cerr << "kappa run: " << status.message() << "\n";
@@ -175,19 +170,9 @@ int RunCommand(const std::vector<std::string>& args) {
     std::cerr << "kappa run: " << plan.status().message() << "\n";
     return 1;
   }
-  if (absl::Status status = services::WriteFileAtomically(
-          (fs::path(*run_dir) / "prometheus.yml").string(), PrometheusScrapeConfig(plan->metrics));
-      !status.ok()) {
-    std::cerr << "kappa run: " << status.message() << "\n";
-    return 1;
-  }
-
   InstallTerminationHandlers();
   SessionOptions options;
   options.run_dir = *run_dir;
-  options.teacher_address = config.teacher.address;
-  options.verifier_address = config.verifier.address;
-  options.learner_address = config.learner.address;
   options.security = *std::move(security);
   options.total_steps = config.trainer.steps;
   options.show_progress = !line->Has("--no-progress");

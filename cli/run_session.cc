@@ -4,9 +4,10 @@
 
 #include <cstdio>
 #include <deque>
-#include <map>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -18,13 +19,17 @@
 #include "cli/process_supervisor.h"
 #include "cli/progress.h"
 #include "cli/termination_signal.h"
+#include "services/atomic_file.h"
+#include "services/ready_file.h"
 #include "services/server.h"
 
 namespace kappa::cli {
 namespace {
 
+namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 constexpr auto kPollInterval = std::chrono::milliseconds(200);
+constexpr auto kReadyPollInterval = std::chrono::milliseconds(50);
 
 void ReportDeath(const ExitEvent& event, const std::string& run_dir) {
   const std::string log = absl::StrCat(run_dir, "/logs/", event.name, ".log");
@@ -53,62 +58,119 @@ class Session {
  private:
   // The exit code; every path out stops and reaps all children.
   int Supervise() {
-    for (const ProcessSpec* spec : {&plan_.teacher, &plan_.verifier, &plan_.learner}) {
-      if (!Spawn(*spec)) return Stop(1);
+    std::vector<std::string> servers;  // the processes with a gRPC server
+    for (const ServiceProcess* service : {&plan_.teacher, &plan_.verifier, &plan_.learner}) {
+      if (!Spawn(*service, service->spec)) return Stop(1);
+      servers.push_back(service->spec.name);
     }
-    learner_pid_ = pids_.back();
-    restartable_[pids_[0]] = &plan_.teacher;
-    restartable_[pids_[1]] = &plan_.verifier;
-    for (const ProcessSpec& rank : plan_.learner_ranks) {
-      if (!Spawn(rank)) return Stop(1);
+    learner_pid_ = pids_[plan_.learner.spec.name];
+    restartable_[pids_[plan_.teacher.spec.name]] = plan_.teacher.spec.name;
+    restartable_[pids_[plan_.verifier.spec.name]] = plan_.verifier.spec.name;
+    for (const ServiceProcess& rank : plan_.learner_ranks) {
+      if (!Spawn(rank, rank.spec)) return Stop(1);
+      servers.push_back(rank.spec.name);
     }
-    std::cout << "started teacher (" << options_.teacher_address << "), verifier ("
-              << options_.verifier_address << "), learner (" << options_.learner_address
-              << "); logs in " << options_.run_dir << "/logs/\n";
-    for (const MetricsEndpoint& endpoint : plan_.metrics) {
-      if (endpoint.job == "kappa-learner") {
-        std::cout << "learner metrics: http://" << ConnectAddress(endpoint.address) << "/metrics"
-                  << " (every process: " << options_.run_dir << "/prometheus.yml)\n";
-      }
+    if (const int code = AwaitReady(servers); code >= 0) return Stop(code);
+    std::cout << "started teacher (" << Address("teacher") << "), verifier (" << Address("verifier")
+              << "), learner (" << Address("learner") << "); logs in " << options_.run_dir
+              << "/logs/\n";
+    if (const std::string metrics = ready_["learner"].metrics_address; !metrics.empty()) {
+      std::cout << "learner metrics: http://" << ConnectAddress(metrics) << "/metrics"
+                << " (every process: " << options_.run_dir << "/prometheus.yml)\n";
     }
     std::cout << std::flush;
-    if (const int code = AwaitHealth(); code >= 0) return Stop(code);
+    if (const int code = AwaitHealth(servers); code >= 0) return Stop(code);
     std::cout << absl::StrFormat("services healthy after %.1f s; starting %d rollout worker%s\n",
                                  SecondsSince(start_), plan_.workers.size(),
                                  plan_.workers.size() == 1 ? "" : "s")
               << std::flush;
-    for (const ProcessSpec& worker : plan_.workers) {
-      if (!Spawn(worker)) return Stop(1);
-      restartable_[pids_.back()] = &worker;
+    const size_t ranks = 1 + plan_.learner_ranks.size();
+    std::vector<std::string> names;
+    for (size_t i = 0; i < plan_.workers.size(); ++i) {
+      const std::string learner = i % ranks == 0
+                                      ? Address("learner")
+                                      : Address(plan_.learner_ranks[i % ranks - 1].spec.name);
+      const ServiceProcess& worker = plan_.workers[i];
+      if (!Spawn(worker, WorkerSpec(worker, Address("teacher"), Address("verifier"), learner))) {
+        return Stop(1);
+      }
+      restartable_[pids_[worker.spec.name]] = worker.spec.name;
+      names.push_back(worker.spec.name);
     }
+    // The workers report before they connect to anything, so prometheus.yml
+    // lists every process before the first group is sampled.
+    if (const int code = AwaitReady(names); code >= 0) return Stop(code);
+    WritePrometheusConfig();
     return Stop(FollowTraining());
   }
 
-  bool Spawn(const ProcessSpec& spec) {
+  // Starts `spec` as `service`'s process, with no ready file of an earlier
+  // process left for it to be mistaken for.
+  bool Spawn(const ServiceProcess& service, const ProcessSpec& spec) {
+    std::error_code ignored;
+    fs::create_directories(fs::path(service.ready_file).parent_path(), ignored);
+    fs::remove(service.ready_file, ignored);
     absl::StatusOr<pid_t> pid = supervisor_.Spawn(spec);
     if (!pid.ok()) {
       std::cerr << "kappa run: " << pid.status().message() << "\n";
       return false;
     }
-    pids_.push_back(*pid);
+    services_[spec.name] = &service;
+    specs_[spec.name] = spec;
+    pids_[spec.name] = *pid;
     return true;
   }
 
-  // -1 once teacher, verifier and learner are all SERVING; else an exit code.
-  int AwaitHealth() {
-    std::vector<std::pair<std::string, std::string>> pending = {
-        {"teacher", ConnectAddress(options_.teacher_address)},
-        {"verifier", ConnectAddress(options_.verifier_address)},
-        {"learner", ConnectAddress(options_.learner_address)}};
-    for (size_t i = 0; i < plan_.learner_ranks.size(); ++i) {
-      pending.emplace_back(plan_.learner_ranks[i].name, plan_.learner_rank_addresses[i]);
+  // The gRPC address `name` reported (ConnectAddress form).
+  std::string Address(const std::string& name) { return ConnectAddress(ready_[name].address); }
+
+  // True once `name`'s process has written its ready file (recorded in
+  // ready_; a restart keeps what the first run reported); an error for a
+  // file that is not a ready file.
+  absl::StatusOr<bool> CollectReady(const std::string& name) {
+    if (ready_.count(name) > 0) return true;
+    absl::StatusOr<services::ReadyInfo> info = services::ReadReadyFile(services_[name]->ready_file);
+    if (absl::IsNotFound(info.status())) return false;
+    if (!info.ok()) return info.status();
+    if (info->pid != pids_[name]) return false;  // not from the process running now
+    ready_[name] = *std::move(info);
+    return true;
+  }
+
+  // -1 once every process in `names` has reported where it listens; else
+  // an exit code.
+  int AwaitReady(std::vector<std::string> pending) {
+    const auto deadline = Clock::now() + options_.health_timeout;
+    while (true) {
+      if (TerminationSignal() != 0) return Interrupted();
+      if (const int code = CheckChildren(/*training=*/false); code >= 0) return code;
+      for (auto it = pending.begin(); it != pending.end();) {
+        absl::StatusOr<bool> ready = CollectReady(*it);
+        if (!ready.ok()) {
+          std::cerr << "kappa run: " << ready.status().message() << "\n";
+          return 1;
+        }
+        it = *ready ? pending.erase(it) : it + 1;
+      }
+      if (pending.empty()) return -1;
+      if (Clock::now() > deadline) {
+        std::cerr << "kappa run: not listening after " << options_.health_timeout.count()
+                  << " s: " << absl::StrJoin(pending, ", ") << "; see " << options_.run_dir
+                  << "/logs/\n";
+        return 1;
+      }
+      std::this_thread::sleep_for(kReadyPollInterval);
     }
+  }
+
+  // -1 once every process in `names` is SERVING; else an exit code.
+  int AwaitHealth(std::vector<std::string> pending) {
     const auto deadline = Clock::now() + options_.health_timeout;
     while (!pending.empty()) {
       if (TerminationSignal() != 0) return Interrupted();
       if (const int code = CheckChildren(/*training=*/false); code >= 0) return code;
       for (auto it = pending.begin(); it != pending.end();) {
-        if (services::CheckHealth(it->second, absl::Seconds(1), options_.security).ok()) {
+        if (services::CheckHealth(Address(*it), absl::Seconds(1), options_.security).ok()) {
           it = pending.erase(it);
         } else {
           ++it;
@@ -117,8 +179,8 @@ class Session {
       if (pending.empty()) break;
       if (Clock::now() > deadline) {
         std::vector<std::string> names;
-        for (const auto& [name, address] : pending) {
-          names.push_back(absl::StrCat(name, " (", address, ")"));
+        for (const std::string& name : pending) {
+          names.push_back(absl::StrCat(name, " (", Address(name), ")"));
         }
         std::cerr << "kappa run: not healthy after " << options_.health_timeout.count()
                   << " s: " << absl::StrJoin(names, ", ") << "; see " << options_.run_dir
@@ -128,6 +190,29 @@ class Session {
       std::this_thread::sleep_for(kPollInterval);
     }
     return -1;
+  }
+
+  // Writes <run_dir>/prometheus.yml: every process's /metrics address as it
+  // reported it. REQUIRES: every process has reported (AwaitReady).
+  void WritePrometheusConfig() {
+    std::vector<MetricsEndpoint> endpoints;
+    for (const ServiceProcess* service : AllServices()) {
+      const std::string& address = ready_[service->spec.name].metrics_address;
+      if (!address.empty()) endpoints.push_back({service->job, service->spec.name, address});
+    }
+    const std::string path = options_.run_dir + "/prometheus.yml";
+    if (absl::Status status =
+            services::WriteFileAtomically(path, PrometheusScrapeConfig(endpoints));
+        !status.ok()) {
+      std::cerr << "kappa run: " << status.message() << "\n";
+    }
+  }
+
+  std::vector<const ServiceProcess*> AllServices() const {
+    std::vector<const ServiceProcess*> all = {&plan_.teacher, &plan_.verifier, &plan_.learner};
+    for (const ServiceProcess& rank : plan_.learner_ranks) all.push_back(&rank);
+    for (const ServiceProcess& worker : plan_.workers) all.push_back(&worker);
+    return all;
   }
 
   int FollowTraining() {
@@ -159,30 +244,30 @@ class Session {
   // nor is anything that fails while the run is still starting up.
   static constexpr int kMaxRestarts = 5;
 
-  // True when `event` was a restartable process and it runs again.
+  // True when `event` was a restartable process and it runs again, on the
+  // addresses its first run reported.
   bool Restart(const ExitEvent& event) {
     const auto it = restartable_.find(event.pid);
     if (it == restartable_.end()) return false;
-    const ProcessSpec* spec = it->second;
+    const std::string name = it->second;
     restartable_.erase(it);
-    int& restarts = restarts_[spec->name];
+    int& restarts = restarts_[name];
     display_.Finish();
     if (restarts >= kMaxRestarts) {
-      std::cerr << "kappa run: " << spec->name << " died again after " << restarts
+      std::cerr << "kappa run: " << name << " died again after " << restarts
                 << " restarts; giving up\n";
       return false;
     }
     ++restarts;
-    std::cerr << "kappa run: " << spec->name << " " << event.status.ToString()
-              << " during training; restarting it (restart " << restarts << " of "
-              << kMaxRestarts << "; log " << spec->log_file << ")\n"
+    const ServiceProcess& service = *services_[name];
+    std::cerr << "kappa run: " << name << " " << event.status.ToString()
+              << " during training; restarting it (restart " << restarts << " of " << kMaxRestarts
+              << "; log " << service.spec.log_file << ")\n"
               << std::flush;
-    absl::StatusOr<pid_t> pid = supervisor_.Spawn(*spec);
-    if (!pid.ok()) {
-      std::cerr << "kappa run: " << pid.status().message() << "\n";
-      return false;
-    }
-    restartable_[*pid] = spec;
+    const ProcessSpec spec =
+        ready_.count(name) > 0 ? PinnedSpec(specs_[name], ready_[name]) : specs_[name];
+    if (!Spawn(service, spec)) return false;
+    restartable_[pids_[name]] = name;
     ++outcome_.restarts;
     return true;
   }
@@ -244,10 +329,15 @@ class Session {
   const SessionOptions& options_;
   const Clock::time_point start_;
   ProcessSupervisor supervisor_;
-  std::vector<pid_t> pids_;
   pid_t learner_pid_ = 0;
-  std::map<pid_t, const ProcessSpec*> restartable_;  // running, restartable
-  std::map<std::string, int> restarts_;              // by process name
+  // By process name (ProcessSpec::name): the plan entry, the command line it
+  // last ran with, the pid running now, and what its first run reported.
+  std::map<std::string, const ServiceProcess*> services_;
+  std::map<std::string, ProcessSpec> specs_;
+  std::map<std::string, pid_t> pids_;
+  std::map<std::string, services::ReadyInfo> ready_;
+  std::map<pid_t, std::string> restartable_;  // running, restartable
+  std::map<std::string, int> restarts_;       // by process name
   MetricsTail metrics_;
   ProgressDisplay display_;
   SessionOutcome outcome_;

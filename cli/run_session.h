@@ -1,6 +1,7 @@
 // The supervised part of `kappa run`: start teacher, verifier and learner,
-// wait until they answer health checks, start the rollout workers, follow
-// metrics.jsonl until the learner finishes, then stop everything.
+// wait until each has reported where it listens (services/ready_file.h) and
+// answers health checks, start the rollout workers with those addresses,
+// follow metrics.jsonl until the learner finishes, then stop everything.
 #pragma once
 
 #include <chrono>
@@ -14,14 +15,11 @@
 namespace kappa::cli {
 
 struct SessionOptions {
-  std::string run_dir;
-  std::string teacher_address;
-  std::string verifier_address;
-  std::string learner_address;
+  std::string run_dir;  // prometheus.yml is written there once every process reported
   services::TransportSecurity security;  // for the health checks
   int64_t total_steps = 0;
   bool show_progress = true;
-  std::chrono::seconds health_timeout{300};
+  std::chrono::seconds health_timeout{300};  // for the ready files, then for health
   std::chrono::milliseconds stop_grace{5000};
 };
 

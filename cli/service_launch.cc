@@ -80,21 +80,50 @@ absl::StatusOr<std::string> FindServiceBinary(const std::string& binary) {
                                           binary, ") or set KAPPA_BIN_DIR"));
 }
 
-absl::Status AssignServiceAddresses(services::Config& config) {
+void ResolveListenAddresses(services::Config& config) {
   const services::Config defaults;
-  struct Slot {
-    std::string* address;
-    std::string default_address;
-  };
-  for (Slot slot : {Slot{&config.teacher.address, defaults.teacher.address},
-                    Slot{&config.verifier.address, defaults.verifier.address},
-                    Slot{&config.learner.address, defaults.learner.address}}) {
-    if (PortOf(*slot.address) != 0 && *slot.address != slot.default_address) continue;
-    absl::StatusOr<int> port = PickFreePort(config.host);
-    if (!port.ok()) return port.status();
-    *slot.address = absl::StrCat(config.host, ":", *port);
+  for (auto [address, default_address] :
+       {std::pair{&config.teacher.address, defaults.teacher.address},
+        std::pair{&config.verifier.address, defaults.verifier.address},
+        std::pair{&config.learner.address, defaults.learner.address}}) {
+    if (PortOf(*address) != 0 && *address != default_address) continue;
+    *address = absl::StrCat(config.host, ":0");
   }
-  return absl::OkStatus();
+}
+
+ProcessSpec WorkerSpec(const ServiceProcess& worker, const std::string& teacher,
+                       const std::string& verifier, const std::string& learner) {
+  ProcessSpec spec = worker.spec;
+  for (const std::string& arg :
+       {std::string("--teacher"), ConnectAddress(teacher), std::string("--verifier"),
+        ConnectAddress(verifier), std::string("--learner"), ConnectAddress(learner)}) {
+    spec.argv.push_back(arg);
+  }
+  return spec;
+}
+
+ProcessSpec PinnedSpec(const ProcessSpec& spec, const services::ReadyInfo& ready) {
+  ProcessSpec pinned = spec;
+  pinned.argv.clear();
+  // Drops every earlier --address/--metrics-address (both spellings).
+  for (size_t i = 0; i < spec.argv.size(); ++i) {
+    const std::string& arg = spec.argv[i];
+    if (arg == "--address" || arg == "--metrics-address") {
+      ++i;
+      continue;
+    }
+    if (arg.rfind("--address=", 0) == 0 || arg.rfind("--metrics-address=", 0) == 0) continue;
+    pinned.argv.push_back(arg);
+  }
+  if (!ready.address.empty()) {
+    pinned.argv.push_back("--address");
+    pinned.argv.push_back(ready.address);
+  }
+  if (!ready.metrics_address.empty()) {
+    pinned.argv.push_back("--metrics-address");
+    pinned.argv.push_back(ready.metrics_address);
+  }
+  return pinned;
 }
 
 absl::StatusOr<LaunchPlan> PlanLaunch(const services::Config& config,
@@ -102,34 +131,40 @@ absl::StatusOr<LaunchPlan> PlanLaunch(const services::Config& config,
                                       bool resume) {
   LaunchPlan plan;
   const int64_t tpp = config.threads_per_process;
-  // Every process serves Prometheus /metrics on a free port of its own.
-  auto add = [&](const std::string& job, const std::string& name, const char* binary,
-                 std::vector<std::string> args,
-                 std::vector<std::string> env) -> absl::StatusOr<ProcessSpec> {
-    absl::StatusOr<int> port = PickFreePort(config.host);
-    if (!port.ok()) return port.status();
-    const std::string metrics_address = absl::StrCat(config.host, ":", *port);
-    args.push_back("--metrics-address");
-    args.push_back(metrics_address);
+  const std::string any_port = absl::StrCat(config.host, ":0");
+  // Every process serves Prometheus /metrics on a port it binds itself.
+  auto make = [&](const std::string& job, const std::string& name, const char* binary,
+                  std::vector<std::string> args,
+                  std::vector<std::string> env) -> absl::StatusOr<ServiceProcess> {
+    ServiceProcess service;
+    service.job = job;
+    service.ready_file = (fs::path(run_dir) / "ready" / (name + ".json")).string();
+    for (const std::string& arg : {std::string("--metrics-address"), any_port,
+                                   std::string("--ready-file"), service.ready_file}) {
+      args.push_back(arg);
+    }
     absl::StatusOr<ProcessSpec> spec =
         MakeSpec(name, binary, std::move(args), std::move(env), config_yaml, run_dir);
-    if (spec.ok()) plan.metrics.push_back({job, name, metrics_address});
-    return spec;
+    if (!spec.ok()) return spec.status();
+    service.spec = *std::move(spec);
+    return service;
   };
 
-  absl::StatusOr<ProcessSpec> spec = add("kappa-teacher", "teacher", kTeacherBinary, {},
-                                         ThreadEnv(config.teacher.threads, tpp));
-  if (!spec.ok()) return spec.status();
-  plan.teacher = *std::move(spec);
+  absl::StatusOr<ServiceProcess> service =
+      make("kappa-teacher", "teacher", kTeacherBinary, {}, ThreadEnv(config.teacher.threads, tpp));
+  if (!service.ok()) return service.status();
+  plan.teacher = *std::move(service);
 
   // The verifier links no libtorch; the variables only keep a stray BLAS
   // from spreading over every core.
-  spec = add("kappa-verifier", "verifier", kVerifierBinary, {}, ThreadEnv(0, tpp));
-  if (!spec.ok()) return spec.status();
-  plan.verifier = *std::move(spec);
+  service = make("kappa-verifier", "verifier", kVerifierBinary, {}, ThreadEnv(0, tpp));
+  if (!service.ok()) return service.status();
+  plan.verifier = *std::move(service);
 
   // Data parallel: ranks 1.. listen on ports of their own and meet rank 0
   // at the store; all share the run directory (only rank 0 writes to it).
+  // The store's port is still picked here (PickFreePort's race): every rank
+  // must know it before any of them starts.
   const int64_t ranks = std::max<int64_t>(1, config.learner.world_size);
   std::string store = config.learner.dist_store;
   if (ranks > 1 && store.empty()) {
@@ -137,7 +172,6 @@ absl::StatusOr<LaunchPlan> PlanLaunch(const services::Config& config,
     if (!port.ok()) return port.status();
     store = absl::StrCat("tcp://", ConnectAddress(absl::StrCat(config.host, ":", *port)));
   }
-  std::vector<std::string> learner_addresses = {ConnectAddress(config.learner.address)};
   for (int64_t rank = 0; rank < ranks; ++rank) {
     std::vector<std::string> learner_args = {"--run-dir", run_dir};
     if (resume) learner_args.push_back("--resume");
@@ -149,36 +183,26 @@ absl::StatusOr<LaunchPlan> PlanLaunch(const services::Config& config,
       }
     }
     if (rank > 0) {
-      absl::StatusOr<int> port = PickFreePort(config.host);
-      if (!port.ok()) return port.status();
-      const std::string address = absl::StrCat(config.host, ":", *port);
       learner_args.push_back("--address");
-      learner_args.push_back(address);
-      learner_addresses.push_back(ConnectAddress(address));
+      learner_args.push_back(any_port);
     }
-    spec = add("kappa-learner", rank == 0 ? "learner" : absl::StrCat("learner-", rank),
-               kLearnerBinary, std::move(learner_args), ThreadEnv(config.learner.threads, tpp));
-    if (!spec.ok()) return spec.status();
+    service = make("kappa-learner", rank == 0 ? "learner" : absl::StrCat("learner-", rank),
+                   kLearnerBinary, std::move(learner_args), ThreadEnv(config.learner.threads, tpp));
+    if (!service.ok()) return service.status();
     if (rank == 0) {
-      plan.learner = *std::move(spec);
+      plan.learner = *std::move(service);
     } else {
-      plan.learner_ranks.push_back(*std::move(spec));
-      plan.learner_rank_addresses.push_back(learner_addresses.back());
+      plan.learner_ranks.push_back(*std::move(service));
     }
   }
 
   for (int64_t i = 0; i < config.workers; ++i) {
     // A stable id per slot: the worker derives its sampling seed from it.
     const std::string name = absl::StrCat("rollout-", i);
-    std::vector<std::string> worker_args = {"--worker-id", name};
-    if (ranks > 1) {
-      worker_args.push_back("--learner");
-      worker_args.push_back(learner_addresses[static_cast<size_t>(i % ranks)]);
-    }
-    spec = add("kappa-rollout", name, kRolloutWorkerBinary, std::move(worker_args),
-               ThreadEnv(config.rollout.threads, tpp));
-    if (!spec.ok()) return spec.status();
-    plan.workers.push_back(*std::move(spec));
+    service = make("kappa-rollout", name, kRolloutWorkerBinary, {"--worker-id", name},
+                   ThreadEnv(config.rollout.threads, tpp));
+    if (!service.ok()) return service.status();
+    plan.workers.push_back(*std::move(service));
   }
   return plan;
 }

@@ -10,6 +10,7 @@
 #include "absl/status/statusor.h"
 #include "cli/process_supervisor.h"
 #include "services/config.h"
+#include "services/ready_file.h"
 
 namespace kappa::cli {
 
@@ -27,31 +28,53 @@ std::string ExecutableDir();
 // the places tried.
 absl::StatusOr<std::string> FindServiceBinary(const std::string& binary);
 
-// Gives teacher, verifier and learner a free port on config.host unless the
-// config fixes one: an address whose port is 0 or that is the built-in
-// default is treated as "pick one"; any other address is kept as written.
-absl::Status AssignServiceAddresses(services::Config& config);
+// Teacher, verifier and learner listen on a port of the kernel's choosing on
+// config.host unless the config fixes one: an address whose port is 0 or
+// that is the built-in default becomes "<host>:0" (each service binds it
+// itself and reports the port in its ready file); any other address is kept
+// as written.
+void ResolveListenAddresses(services::Config& config);
 
-// One process's Prometheus endpoint. `job` is the scrape job the process
-// belongs to, named as in deploy/prometheus/prometheus.yml (kappa-learner,
-// kappa-teacher, kappa-verifier, kappa-rollout), so the rules and the
-// dashboard work unchanged on a local run.
+// One process of a local run. Its command line asks it to bind its gRPC
+// server (if it has one) and its /metrics endpoint on port 0 and to report
+// both in `ready_file` (services/ready_file.h).
+struct ServiceProcess {
+  ProcessSpec spec;
+  // The Prometheus scrape job, named as in deploy/prometheus/prometheus.yml
+  // (kappa-learner, kappa-teacher, kappa-verifier, kappa-rollout), so the
+  // rules and the dashboard work unchanged on a local run.
+  std::string job;
+  std::string ready_file;  // <run_dir>/ready/<name>.json
+};
+
+struct LaunchPlan {
+  ServiceProcess teacher;
+  ServiceProcess verifier;
+  ServiceProcess learner;  // rank 0: evaluates, logs metrics.jsonl, checkpoints
+  // learner.world_size > 1: ranks 1.. (learner-1, ...); rollout worker i
+  // talks to rank i mod world_size.
+  std::vector<ServiceProcess> learner_ranks;
+  // rollout-0 .. rollout-(N-1), without the addresses of the services they
+  // talk to: WorkerSpec adds them once those services have reported.
+  std::vector<ServiceProcess> workers;
+};
+
+// `worker`'s command line with the addresses it connects to.
+ProcessSpec WorkerSpec(const ServiceProcess& worker, const std::string& teacher,
+                       const std::string& verifier, const std::string& learner);
+
+// `spec` with --address and --metrics-address set to what its first run
+// reported (either left out when `ready` has it empty), for a restart: the
+// processes that talk to it, and Prometheus, keep finding it. The port was
+// the dead process's own, so only a process that binds that exact port in
+// the moment between can take it; the restart then fails and says so.
+ProcessSpec PinnedSpec(const ProcessSpec& spec, const services::ReadyInfo& ready);
+
+// One process's Prometheus endpoint, as reported in its ready file.
 struct MetricsEndpoint {
   std::string job;
   std::string process;  // the ProcessSpec name: learner, rollout-0, ...
   std::string address;  // host:port; /metrics there
-};
-
-struct LaunchPlan {
-  ProcessSpec teacher;
-  ProcessSpec verifier;
-  ProcessSpec learner;  // rank 0: evaluates, logs metrics.jsonl, checkpoints
-  // learner.world_size > 1: ranks 1.. (learner-1, ...) with their gRPC
-  // addresses; rollout worker i talks to rank i mod world_size.
-  std::vector<ProcessSpec> learner_ranks;
-  std::vector<std::string> learner_rank_addresses;
-  std::vector<ProcessSpec> workers;  // rollout-0 .. rollout-(N-1)
-  std::vector<MetricsEndpoint> metrics;  // every process above, each on a free port
 };
 
 // A Prometheus configuration that scrapes `endpoints` (one job per
@@ -62,8 +85,10 @@ std::string PrometheusScrapeConfig(const std::vector<MetricsEndpoint>& endpoints
 
 // All processes read the resolved `config_yaml` (nothing else on their
 // command line differs from what a user would type), log to
-// <run_dir>/logs/<name>.log, and get OMP_NUM_THREADS/OPENBLAS_NUM_THREADS
+// <run_dir>/logs/<name>.log, report where they listen in
+// <run_dir>/ready/<name>.json, and get OMP_NUM_THREADS/OPENBLAS_NUM_THREADS
 // matching the libtorch thread count their config section asks for.
+// REQUIRES: ResolveListenAddresses(config) has run.
 absl::StatusOr<LaunchPlan> PlanLaunch(const services::Config& config,
                                       const std::string& config_yaml, const std::string& run_dir,
                                       bool resume);

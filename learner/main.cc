@@ -36,6 +36,7 @@
 #include "services/logging.h"
 #include "services/metrics.h"
 #include "services/metrics_server.h"
+#include "services/ready_file.h"
 #include "services/server.h"
 #include "services/status_util.h"
 #include "services/torch_runtime.h"
@@ -328,6 +329,13 @@ int Main(int argc, char** argv) {
       services::metrics::ServeMetricsIfRequested(flags.metrics_address, &registry);
   if (!metrics_server.ok()) {
     spdlog::error("{}", metrics_server.status().ToString());
+    return 1;
+  }
+  if (absl::Status ready = services::WriteReadyFile(
+          flags.ready_file, {getpid(), services::WithPort(in->address, (*server)->port()),
+                             services::metrics::BoundAddress(metrics_server->get())});
+      !ready.ok()) {
+    spdlog::error("{}", ready.ToString());
     return 1;
   }
   absl::Status status = trainer.Run([] { return services::TerminationRequested(); });

@@ -31,6 +31,7 @@
 #include "services/logging.h"
 #include "services/metrics.h"
 #include "services/metrics_server.h"
+#include "services/ready_file.h"
 #include "services/server.h"
 #include "services/stable_hash.h"
 #include "services/status_util.h"
@@ -158,7 +159,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   auto channel_to = [&](const std::string& target) {
-    return kappa::services::MakeChannel(target, rpc->security, rpc->max_message_bytes);
+    return kappa::services::MakeChannel(target, rpc->security, rpc->max_message_bytes,
+                                        rpc->keepalive);
   };
   spdlog::info(
       "worker {}: learner {}, teacher {}, verifier {} ({}), policy on {}, {} torch threads, "
@@ -180,6 +182,13 @@ int main(int argc, char** argv) {
       kappa::services::metrics::ServeMetricsIfRequested(flags->metrics_address, &registry);
   if (!metrics_server.ok()) {
     spdlog::error("{}", metrics_server.status().ToString());
+    return 1;
+  }
+  if (absl::Status ready = kappa::services::WriteReadyFile(
+          flags->ready_file,
+          {getpid(), "", kappa::services::metrics::BoundAddress(metrics_server->get())});
+      !ready.ok()) {
+    spdlog::error("{}", ready.ToString());
     return 1;
   }
   // Polls for SIGTERM/SIGINT and flips the worker into its stop path; Run()

@@ -17,6 +17,7 @@ std::string* ValueFlag(const std::string& name, CommonFlags* flags) {
   if (name == "address") return &flags->address;
   if (name == "metrics-address") return &flags->metrics_address;
   if (name == "log-file") return &flags->log_file;
+  if (name == "ready-file") return &flags->ready_file;
   if (name == "health-check") return &flags->health_check_address;
   return nullptr;
 }
@@ -77,8 +78,9 @@ std::string Usage(const std::string& program, const std::string& extra_usage) {
       "  --address HOST:PORT    listen/connect address (overrides the config)\n",
       "  --metrics-address HOST:PORT  serve Prometheus /metrics there\n",
       "  --log-file FILE        also append logs to FILE\n",
-      "  --health-check ADDR    probe grpc.health.v1 at ADDR; exit 0 if SERVING\n",
-      extra_usage, extra_usage.empty() || extra_usage.back() == '\n' ? "" : "\n",
+      "  --ready-file FILE      once listening, write the bound addresses there (JSON)\n",
+      "  --health-check ADDR    probe grpc.health.v1 at ADDR; exit 0 if SERVING\n", extra_usage,
+      extra_usage.empty() || extra_usage.back() == '\n' ? "" : "\n",
       "  --help                 this text\n");
 }
 

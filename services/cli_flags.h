@@ -2,7 +2,7 @@
 //
 //   <binary> [--config FILE] [key=value ...] [--address HOST:PORT]
 //            [--metrics-address HOST:PORT] [--log-file FILE]
-//            [--health-check ADDR] [--help]
+//            [--ready-file FILE] [--health-check ADDR] [--help]
 //
 // plus any binary-specific `--name VALUE` flags it declares. Both "--flag
 // VALUE" and "--flag=VALUE" are accepted; every bare "a.b=value" argument is a
@@ -25,6 +25,7 @@ struct CommonFlags {
   std::string address;                 // --address; empty: the config's address
   std::string metrics_address;         // --metrics-address; empty: no /metrics endpoint
   std::string log_file;                // --log-file; empty: stderr only
+  std::string ready_file;              // --ready-file; services/ready_file.h
   std::string health_check_address;    // --health-check; non-empty: probe mode
   bool help = false;                   // --help / -h
   std::map<std::string, std::string> extra;  // binary-specific flags, name without "--"

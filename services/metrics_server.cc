@@ -77,6 +77,7 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::s
   server->listen_fd_ = fd;
   server->registry_ = registry;
   server->port_ = ntohs(addr.sin_port);
+  server->address_ = absl::StrCat(host, ":", server->port_);
   server->thread_ = std::thread([raw = server.get()] { raw->Serve(); });
   return server;
 }

@@ -31,6 +31,8 @@ class MetricsServer {
   MetricsServer& operator=(const MetricsServer&) = delete;
 
   int port() const { return port_; }
+  // HOST:PORT as asked for, with the port actually bound (never 0).
+  const std::string& address() const { return address_; }
 
  private:
   MetricsServer() = default;
@@ -40,6 +42,7 @@ class MetricsServer {
   int listen_fd_ = -1;
   const Registry* registry_ = nullptr;
   int port_ = 0;
+  std::string address_;
   std::atomic<bool> stop_{false};
   std::thread thread_;
 };
@@ -49,5 +52,10 @@ class MetricsServer {
 // URL.
 absl::StatusOr<std::unique_ptr<MetricsServer>> ServeMetricsIfRequested(const std::string& address,
                                                                         const Registry* registry);
+
+// The address `server` listens on; "" for nullptr (no endpoint asked for).
+inline std::string BoundAddress(const MetricsServer* server) {
+  return server == nullptr ? std::string() : server->address();
+}
 
 }  // namespace kappa::services::metrics

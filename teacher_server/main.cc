@@ -6,6 +6,7 @@
 //
 // Serves until SIGTERM/SIGINT, then drains in-flight calls and exits within 2 s.
 #include <spdlog/spdlog.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <memory>
@@ -23,6 +24,7 @@
 #include "services/logging.h"
 #include "services/metrics.h"
 #include "services/metrics_server.h"
+#include "services/ready_file.h"
 #include "services/server.h"
 #include "services/status_util.h"
 #include "services/torch_runtime.h"
@@ -124,6 +126,13 @@ int Serve(const kappa::services::CommonFlags& flags) {
                address, (*server)->port(),
                kappa::services::DescribeTransport(server_options->security),
                options.batching.max_batch_sequences, config->teacher.max_wait_ms);
+  if (absl::Status ready = kappa::services::WriteReadyFile(
+          flags.ready_file, {getpid(), kappa::services::WithPort(address, (*server)->port()),
+                             kappa::services::metrics::BoundAddress(metrics_server->get())});
+      !ready.ok()) {
+    spdlog::error("teacher: {}", ready.ToString());
+    return 1;
+  }
 
   kappa::services::WaitForTerminationSignal();
   spdlog::info("teacher: termination signal, shutting down");

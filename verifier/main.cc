@@ -3,11 +3,12 @@
 //   kappa-verifier [--config FILE] [key=value ...] [--address HOST:PORT]
 //                  [--metrics-address HOST:PORT] [--log-file FILE]
 //                  [--health-check ADDR] [--code-* VALUE ...]
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
 #include <iostream>
 #include <string>
 #include <vector>
-
-#include <spdlog/spdlog.h>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -16,6 +17,7 @@
 #include "services/logging.h"
 #include "services/metrics.h"
 #include "services/metrics_server.h"
+#include "services/ready_file.h"
 #include "services/server.h"
 #include "verifier/verifier_service.h"
 
@@ -131,6 +133,13 @@ int main(int argc, char** argv) {
   spdlog::info("serving kappa.v1.Verifier on {} (port {}, {}, max_items {})", address,
                (*server)->port(), services::DescribeTransport(server_options->security),
                config->verifier.max_items);
+  if (absl::Status ready = services::WriteReadyFile(
+          flags->ready_file, {getpid(), services::WithPort(address, (*server)->port()),
+                              services::metrics::BoundAddress(metrics_server->get())});
+      !ready.ok()) {
+    spdlog::error("{}", ready.ToString());
+    return 1;
+  }
   if (options.reward_family.has_value()) {
     spdlog::info("every item is scored as task family '{}' (verifier.reward: {})",
                  *options.reward_family, config->verifier.reward);

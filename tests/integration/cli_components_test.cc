@@ -153,20 +153,43 @@ TEST(BootstrapTest, ConfiguredCheckpointMustExist) {
   EXPECT_NE(dir.status().message().find("student.checkpoint"), std::string::npos);
 }
 
-TEST(ServiceAddressTest, PicksFreePortsUnlessFixed) {
+TEST(ServiceAddressTest, DefaultAndZeroPortsBecomePortZeroOnTheHostFixedOnesStay) {
   services::Config config;
-  config.verifier.address = "127.0.0.1:0";
+  config.host = "127.0.0.1";
+  config.verifier.address = "0.0.0.0:0";
   config.learner.address = "127.0.0.1:45678";  // fixed by the user
-  ASSERT_TRUE(AssignServiceAddresses(config).ok());
-  const int teacher = PortOf(config.teacher.address);
-  const int verifier = PortOf(config.verifier.address);
-  EXPECT_GT(teacher, 0);
-  EXPECT_GT(verifier, 0);
-  EXPECT_NE(config.teacher.address, services::Config().teacher.address);
-  EXPECT_EQ(config.teacher.address.rfind("127.0.0.1:", 0), 0u);
+  ResolveListenAddresses(config);
+  EXPECT_EQ(config.teacher.address, "127.0.0.1:0");  // was the built-in default
+  EXPECT_EQ(config.verifier.address, "127.0.0.1:0");
   EXPECT_EQ(config.learner.address, "127.0.0.1:45678");
   EXPECT_EQ(PortOf("host"), -1);
   EXPECT_EQ(PortOf("h:12"), 12);
+}
+
+TEST(ServiceLaunchTest, PinnedSpecReplacesTheAddressesWithTheReportedOnes) {
+  ProcessSpec spec;
+  spec.name = "teacher";
+  spec.argv = {"kappa-teacher", "--config",     "c.yaml", "--metrics-address",
+               "127.0.0.1:0",   "--ready-file", "r.json", "--address=127.0.0.1:0"};
+  const ProcessSpec pinned = PinnedSpec(spec, {7, "127.0.0.1:4001", "127.0.0.1:4002"});
+  EXPECT_EQ(pinned.argv,
+            (std::vector<std::string>{"kappa-teacher", "--config", "c.yaml", "--ready-file",
+                                      "r.json", "--address", "127.0.0.1:4001", "--metrics-address",
+                                      "127.0.0.1:4002"}));
+  // A worker has no gRPC address to pin.
+  spec.argv = {"kappa-rollout-worker", "--metrics-address", "127.0.0.1:0"};
+  EXPECT_EQ(
+      PinnedSpec(spec, {7, "", "127.0.0.1:4003"}).argv,
+      (std::vector<std::string>{"kappa-rollout-worker", "--metrics-address", "127.0.0.1:4003"}));
+}
+
+TEST(ServiceLaunchTest, WorkerSpecAddsTheAddressesItConnectsTo) {
+  ServiceProcess worker;
+  worker.spec.argv = {"kappa-rollout-worker", "--worker-id", "rollout-0"};
+  EXPECT_EQ(WorkerSpec(worker, "0.0.0.0:1", "127.0.0.1:2", "127.0.0.1:3").argv,
+            (std::vector<std::string>{"kappa-rollout-worker", "--worker-id", "rollout-0",
+                                      "--teacher", "127.0.0.1:1", "--verifier", "127.0.0.1:2",
+                                      "--learner", "127.0.0.1:3"}));
 }
 
 TEST(ServiceLaunchTest, MissingBinaryListsWhereItLooked) {

@@ -127,7 +127,15 @@ TEST(FaultTest, StalledOrKilledTeacherAndVerifierCostTimeButNoData) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   ASSERT_GE(LastStep(metrics), 3) << ReadAll(root / "kappa.out");
-  const std::vector<std::string> workers = WorkerMetricsAddresses(run_dir / "prometheus.yml");
+  // kappa run writes prometheus.yml once every worker has reported its port,
+  // which can be a moment after the first steps of a run this small.
+  std::vector<std::string> workers;
+  deadline = Clock::now() + std::chrono::seconds(30);
+  while ((workers = WorkerMetricsAddresses(run_dir / "prometheus.yml")).size() <
+             static_cast<size_t>(kWorkers) &&
+         Clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
   ASSERT_EQ(workers.size(), static_cast<size_t>(kWorkers)) << ReadAll(run_dir / "prometheus.yml");
   const std::string config_yaml = (run_dir / "config.yaml").string();
   const pid_t verifier = FindProcess("kappa-verifier --config " + config_yaml);

@@ -119,7 +119,11 @@ class MetricsScrapeTest : public ::testing::Test {
       for (const nlohmann::json& r : records) {
         if (r.value("step", 0) >= 2 && r.contains("eval_accuracy")) evaluated_after_training = true;
       }
-      if (evaluated_after_training && records.size() >= 4) break;
+      // prometheus.yml lists every process once the workers have reported.
+      if (evaluated_after_training && records.size() >= 4 &&
+          ParseTargets(ReadAll(run_dir_ / "prometheus.yml")).size() == 5) {
+        break;
+      }
       std::this_thread::sleep_for(std::chrono::milliseconds(250));
     }
     targets_ = ParseTargets(ReadAll(run_dir_ / "prometheus.yml"));

@@ -1,9 +1,8 @@
 // The kappa-verifier executable as an operator runs it.
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
-
-#include <gtest/gtest.h>
 
 #include <chrono>
 #include <regex>
@@ -12,7 +11,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "services/ready_file.h"
 #include "services/server.h"
+#include "tests/services/http_get.h"
 #include "tests/services/subprocess.h"
 
 namespace {
@@ -52,6 +53,31 @@ TEST(VerifierBinaryTest, ServesUntilSigterm) {
   EXPECT_EQ(ExitCode(pid), 0);
   EXPECT_NE(ReadFile(log).find("[verifier] [info] stopped"), std::string::npos) << ReadFile(log);
   EXPECT_EQ(ExitCode(Spawn({KAPPA_VERIFIER_BINARY, "--health-check", address})), 1);
+}
+
+// What `kappa run` relies on: the process binds port 0 itself and reports
+// both ports it got, so no other process can take them in between.
+TEST(VerifierBinaryTest, ReportsTheAddressesItBoundInItsReadyFile) {
+  const std::string ready = ::testing::TempDir() + "/verifier_binary_test.ready.json";
+  std::remove(ready.c_str());
+  const pid_t pid = Spawn({KAPPA_VERIFIER_BINARY, "--address", "127.0.0.1:0", "--metrics-address",
+                           "127.0.0.1:0", "--ready-file", ready});
+  absl::StatusOr<kappa::services::ReadyInfo> info = absl::NotFoundError("");
+  for (int i = 0; i < 200 && absl::IsNotFound(info.status()); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    info = kappa::services::ReadReadyFile(ready);
+  }
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->pid, pid);
+  ASSERT_EQ(info->address.rfind("127.0.0.1:", 0), 0u) << info->address;
+  EXPECT_NE(info->address, "127.0.0.1:0");
+  EXPECT_NE(info->metrics_address, "127.0.0.1:0");
+  EXPECT_NE(info->metrics_address, info->address);
+  // Both answer as soon as the file exists.
+  EXPECT_EQ(ExitCode(Spawn({KAPPA_VERIFIER_BINARY, "--health-check", info->address})), 0);
+  EXPECT_EQ(kappa::testing::HttpGet(info->metrics_address, "/metrics").status, 200);
+  ASSERT_EQ(kill(pid, SIGTERM), 0);
+  EXPECT_EQ(ExitCode(pid), 0);
 }
 
 TEST(VerifierBinaryTest, BadArgumentsExitWithUsageError) {
