@@ -17,6 +17,9 @@ const std::vector<double>& KdrBuckets() {
   return buckets;
 }
 
+constexpr char kWriteFailuresHelp[] =
+    "Writes to the run directory that failed (disk full, I/O error), by what was written.";
+
 void SetIfFinite(services::metrics::Gauge& gauge, double value) {
   if (std::isfinite(value)) gauge.Set(value);
 }
@@ -32,6 +35,15 @@ LearnerMetrics::LearnerMetrics(Registry& registry) : registry_(registry) {
     registry_.GetCounter("kappa_learner_alarms_total", "Alarms fired (turned active).",
                          {{"kind", AlarmName(kind)}});
   }
+  for (const char* what : {"checkpoint", "metrics_log"}) {
+    registry_.GetCounter("kappa_learner_write_failures_total", kWriteFailuresHelp,
+                         {{"what", what}});
+  }
+}
+
+void LearnerMetrics::RecordWriteFailure(const std::string& what) {
+  registry_.GetCounter("kappa_learner_write_failures_total", kWriteFailuresHelp, {{"what", what}})
+      .Increment();
 }
 
 void LearnerMetrics::RecordStep(const StepRecord& step) {

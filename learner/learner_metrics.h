@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "learner/algo/alarms.h"
 #include "learner/coordinator.h"
@@ -33,6 +34,9 @@ class LearnerMetrics {
     int64_t saved_delta = 0, saved_bfloat16 = 0;
   };
   void RecordPolicyTraffic(const PolicyTraffic& traffic);
+  // A write to the run directory that failed: `what` is "checkpoint" (the
+  // previous checkpoint stays latest) or "metrics_log" (the record waits).
+  void RecordWriteFailure(const std::string& what);
 
  private:
   services::metrics::Registry& registry_;

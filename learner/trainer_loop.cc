@@ -88,6 +88,29 @@ absl::Status TrainerLoop::SaveCheckpoint(int64_t step) {
   return MarkLatest(run_dir_, dir);
 }
 
+absl::Status TrainerLoop::CheckpointOrCarryOn(int64_t step) {
+  const absl::Status status = SaveCheckpoint(step);
+  if (status.ok()) return status;
+  // What a failed write left behind only takes the space the next one needs.
+  std::error_code ignored;
+  std::filesystem::remove_all(CheckpointDir(run_dir_, step), ignored);
+  if (metrics_exporter_ != nullptr) metrics_exporter_->RecordWriteFailure("checkpoint");
+  absl::StatusOr<std::optional<std::string>> latest = FindLatest(run_dir_);
+  const std::string kept = latest.ok() && latest->has_value()
+                               ? absl::StrCat("checkpoints/latest still names ",
+                                              std::filesystem::path(**latest).filename().string())
+                               : std::string("there is no earlier checkpoint");
+  if (step == config_.trainer.steps) {
+    return absl::Status(
+        status.code(), absl::StrCat("the final checkpoint failed: ", status.message(), "; ", kept));
+  }
+  spdlog::error(
+      "checkpoint at step {} failed: {}; {}; training goes on and checkpoints again at "
+      "step {}",
+      step, std::string(status.message()), kept, step + config_.trainer.checkpoint_every);
+  return absl::OkStatus();
+}
+
 absl::Status TrainerLoop::MakeStep() {
   KAPPA_ASSIGN_OR_RETURN(HybridStepConfig step_config, MakeHybridStepConfig(config_));
   step_config.loss.vocab_limit = vocab_limit_;
@@ -161,8 +184,16 @@ void TrainerLoop::Observe(StepRecord& record) {
   if (rank_.primary() && eval_due) record.eval_accuracy = EvaluateHeldOut();
 }
 
+void TrainerLoop::LogRecord(const nlohmann::json& record) {
+  // A full disk costs records, not the run (docs/reliability.md).
+  if (absl::Status status = metrics_->Write(record); !status.ok()) {
+    spdlog::error("{}", std::string(status.message()));
+    if (metrics_exporter_ != nullptr) metrics_exporter_->RecordWriteFailure("metrics_log");
+  }
+}
+
 void TrainerLoop::Publish(const StepRecord& record) {
-  if (metrics_ != nullptr) metrics_->Write(ToJson(record));
+  if (metrics_ != nullptr) LogRecord(ToJson(record));
   if (metrics_exporter_ != nullptr) metrics_exporter_->RecordStep(record);
   const StepStats& stats = record.report.stats;
   spdlog::info("step {}: reward {:.3f} L_R {:.4f} L_D {:.4f} |g| {:.3f} kappa {}{}", record.step,
@@ -179,7 +210,7 @@ absl::Status TrainerLoop::Run(const std::function<bool()>& stop_requested) {
   if (state_.step == 0 && rank_.primary()) {
     const double accuracy = EvaluateHeldOut();
     spdlog::info("step 0: held-out accuracy {:.3f}", accuracy);
-    metrics_->Write(EvaluationJson(0, state_.policy_version, accuracy));
+    LogRecord(EvaluationJson(0, state_.policy_version, accuracy));
   }
   last_step_end_ = absl::Now();
   while (state_.step < config_.trainer.steps) {
@@ -196,7 +227,7 @@ absl::Status TrainerLoop::Run(const std::function<bool()>& stop_requested) {
     const bool checkpoint_due = (config_.trainer.checkpoint_every > 0 &&
                                  state_.step % config_.trainer.checkpoint_every == 0) ||
                                 state_.step == config_.trainer.steps;
-    if (checkpoint_due) KAPPA_RETURN_IF_ERROR(SaveCheckpoint(state_.step));
+    if (checkpoint_due) KAPPA_RETURN_IF_ERROR(CheckpointOrCarryOn(state_.step));
   }
   // Data-parallel ranks must end bit-identical; this line lets anyone (and
   // the end-to-end test) compare their logs.

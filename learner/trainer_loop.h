@@ -65,6 +65,14 @@ class TrainerLoop {
   void Observe(StepRecord& record);
   // The record to its sinks: metrics.jsonl, Prometheus, the log.
   void Publish(const StepRecord& record);
+  // Appends to metrics.jsonl; a failed write is logged and counted, the
+  // record waits for space (metrics_log.h).
+  void LogRecord(const nlohmann::json& record);
+  // SaveCheckpoint; when it fails before the last step (a full disk), the
+  // partial step directory is removed, `latest` keeps the previous one, the
+  // failure is logged and counted, and training goes on. A failed final
+  // checkpoint is the run's error.
+  absl::Status CheckpointOrCarryOn(int64_t step);
 
   const services::Config config_;
   const std::string run_dir_;
