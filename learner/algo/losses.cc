@@ -111,14 +111,19 @@ torch::Tensor GrpoAdvantages(const torch::Tensor& rewards, bool norm_std, Advant
     throw std::invalid_argument("GrpoAdvantages: rewards must be [num_groups, G] with G > 0, got " +
                                 c10::str(rewards.sizes()));
   }
-  const torch::Tensor r = rewards.to(torch::kFloat32);
-  // A group of one compares with nothing (and has no sample std).
-  if (rewards.size(1) == 1) return torch::zeros_like(r);
-  const torch::Tensor centered = r - r.mean(1, /*keepdim=*/true);
-  if (!norm_std) return centered;
-  const bool unbiased = std_kind == AdvantageStd::kSample;
-  const torch::Tensor std = r.std(1, unbiased, /*keepdim=*/true);
-  return centered / (std + eps);
+  // float64: the division by std + eps amplifies the mean's rounding error.
+  const torch::Tensor r = rewards.to(torch::kFloat64);
+  // All rewards equal (a group of one included): exactly 0. Computed, the
+  // mean's rounding error (in float32, one ulp of 0.7 × 7) over std + 1e-6
+  // came out as an advantage of 0.06.
+  const auto [lowest, highest] = r.aminmax(1, /*keepdim=*/true);
+  const torch::Tensor tied = lowest == highest;
+  torch::Tensor advantages = r - r.mean(1, /*keepdim=*/true);
+  if (norm_std && rewards.size(1) > 1) {
+    const bool unbiased = std_kind == AdvantageStd::kSample;
+    advantages = advantages / (r.std(1, unbiased, /*keepdim=*/true) + eps);
+  }
+  return advantages.masked_fill(tied, 0.0).to(torch::kFloat32);
 }
 
 torch::Tensor PpoTokenLoss(const torch::Tensor& logp_new, const torch::Tensor& logp_old,

@@ -77,8 +77,10 @@ AdvantageStd ParseAdvantageStd(const std::string& name);
 
 // A_i = (r_i - mean_j r_j) / (std_j r_j + eps) per group, std as `std_kind`
 // says (norm_std=false: no division). rewards: [num_groups, G] with G > 0
-// (std::invalid_argument otherwise); result float32 [num_groups, G]. A
-// group of one has no signal (and no sample std): its advantage is 0.
+// (std::invalid_argument otherwise); result float32 [num_groups, G],
+// computed in float64. A group whose rewards are all equal (whatever the
+// value, e.g. 0.7 seven times; a group of one) has no signal: its advantages
+// are exactly 0, never the rounding error of its mean divided by eps.
 torch::Tensor GrpoAdvantages(const torch::Tensor& rewards, bool norm_std,
                              AdvantageStd std_kind = AdvantageStd::kPopulation, double eps = 1e-6);
 

@@ -7,6 +7,7 @@
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace kappa::learner {
@@ -63,6 +64,27 @@ TEST(GrpoAdvantagesTest, HandComputedGroups) {
                                           .reshape({3, 4});
   ExpectNear(centered, want_centered, 1e-7);
   EXPECT_THROW(GrpoAdvantages(torch::zeros({4}), true), std::invalid_argument);
+}
+
+// A group of equal rewards carries no signal whatever their value: its
+// advantages are exactly 0. In float32 the mean of 0.7 seven times is off by
+// an ulp, and that ulp divided by std + 1e-6 used to come out near 0.06.
+TEST(GrpoAdvantagesTest, EqualRewardsOfAnyValueGiveExactlyZero) {
+  for (const auto& [value, group] : {std::pair{0.7f, 7}, std::pair{0.1f, 3}}) {
+    const torch::Tensor rewards = torch::full({2, group}, value, torch::kFloat32);
+    for (bool norm_std : {true, false}) {
+      for (AdvantageStd std_kind : {AdvantageStd::kPopulation, AdvantageStd::kSample}) {
+        const torch::Tensor a = GrpoAdvantages(rewards, norm_std, std_kind);
+        EXPECT_EQ(a.scalar_type(), torch::kFloat32);
+        EXPECT_EQ(a.abs().max().item<float>(), 0.0f)
+            << value << " x " << group << " norm_std=" << norm_std << ": " << a;
+      }
+    }
+  }
+  // A group of one has nothing to compare with, under either std.
+  const torch::Tensor single = torch::tensor({{0.7f}});
+  EXPECT_EQ(GrpoAdvantages(single, true, AdvantageStd::kSample).item<float>(), 0.0f);
+  EXPECT_EQ(GrpoAdvantages(single, true, AdvantageStd::kPopulation).item<float>(), 0.0f);
 }
 
 // trainer.advantage_std: sample divides by the ddof-1 std, as verl, TRL and
