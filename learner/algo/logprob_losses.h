@@ -9,7 +9,9 @@
 
 namespace kappa::learner {
 
-// student_logprobs, teacher_logprobs: [B, T, V]; results [B, T].
+// student_logprobs, teacher_logprobs: [B, T, V]; results [B, T]. In the
+// forward KL Σ_v q (log q − log p), an id with log q = −inf contributes 0
+// (0 · log 0 = 0), and nothing to the gradient.
 torch::Tensor ReverseKlFromLogProbs(const torch::Tensor& student_logprobs,
                                     const torch::Tensor& teacher_logprobs);
 torch::Tensor ForwardKlFromLogProbs(const torch::Tensor& student_logprobs,

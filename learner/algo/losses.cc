@@ -1,7 +1,8 @@
 #include "learner/algo/losses.h"
 
-#include <cmath>
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <stdexcept>
 #include <string>
 
@@ -205,7 +206,11 @@ torch::Tensor ReverseKlFromLogProbs(const torch::Tensor& student_logprobs,
 torch::Tensor ForwardKlFromLogProbs(const torch::Tensor& student_logprobs,
                                     const torch::Tensor& teacher_logprobs) {
   CheckSameShape(student_logprobs, teacher_logprobs, "ForwardKl");
-  return (teacher_logprobs.exp() * (teacher_logprobs - student_logprobs)).sum(-1);
+  const torch::Tensor terms = teacher_logprobs.exp() * (teacher_logprobs - student_logprobs);
+  // 0 · log 0 = 0: an id the teacher gives no mass adds nothing (0 · ∞ is
+  // NaN); masked_fill passes no gradient there, and −q = 0 would be all.
+  return terms.masked_fill(teacher_logprobs == -std::numeric_limits<double>::infinity(), 0.0)
+      .sum(-1);
 }
 
 torch::Tensor Renormalized(const torch::Tensor& set_logprobs) {

@@ -100,7 +100,8 @@ torch::Tensor PpoTokenLoss(const torch::Tensor& logp_new, const torch::Tensor& l
 // (raw logits; softmax taken here), teacher_logprobs [B, T, V] (log q).
 torch::Tensor ReverseKlTokenLoss(const torch::Tensor& student_logits,
                                  const torch::Tensor& teacher_logprobs);
-// KL(q ‖ p) per position.
+// KL(q ‖ p) per position. A token the teacher gives no mass (log q = −inf)
+// contributes 0, by the convention 0 · log 0 = 0 (not 0 · ∞ = NaN).
 torch::Tensor ForwardKlTokenLoss(const torch::Tensor& student_logits,
                                  const torch::Tensor& teacher_logprobs);
 // ℓ_D(n) = sg(log p(y_n) − log q(y_n)) · log p(y_n); inputs [B, T].

@@ -10,6 +10,8 @@
 #include <utility>
 #include <vector>
 
+#include "learner/algo/logprob_losses.h"
+
 namespace kappa::learner {
 namespace {
 
@@ -234,6 +236,29 @@ TEST_F(KlFixture, ForwardKlValueAndGradient) {
   ExpectNear(kl, (q * (teacher - logp)).sum(-1), 1e-12);
   kl.sum().backward();
   EXPECT_LT(MaxRelErr(logits.grad(), p - q), 1e-6);  // g_D = p − q
+}
+
+// A teacher log-prob of −inf (an id it gives no mass) contributes 0 to the
+// forward KL (0 · log 0 = 0) and nothing to the gradient; 0 · ∞ was NaN.
+TEST_F(KlFixture, ForwardKlSkipsIdsTheTeacherGivesNoMass) {
+  const double inf = std::numeric_limits<double>::infinity();
+  torch::Tensor zero_mass = teacher.clone();
+  zero_mass.index_put_({0, 1, 2}, -inf);
+  zero_mass.index_put_({1, 2, 0}, -inf);
+  zero_mass.index_put_({1, 2, 5}, -inf);
+  zero_mass = zero_mass - zero_mass.logsumexp(-1, /*keepdim=*/true);  // q sums to 1 again
+  const torch::Tensor kl = ForwardKlTokenLoss(logits, zero_mass);
+  EXPECT_TRUE(torch::isfinite(kl).all().item<bool>()) << kl;
+  const torch::Tensor q = zero_mass.exp();
+  const torch::Tensor terms = torch::where(q > 0, q * (zero_mass - logp), torch::zeros_like(q));
+  ExpectNear(kl, terms.sum(-1), 1e-12);
+  kl.sum().backward();
+  EXPECT_TRUE(torch::isfinite(logits.grad()).all().item<bool>()) << logits.grad();
+  EXPECT_LT(MaxRelErr(logits.grad(), p - q), 1e-6);  // g_D = p − q, q = 0 there
+  // The log-prob form, in float32 (the learner's), is as finite.
+  const torch::Tensor f32 =
+      ForwardKlFromLogProbs(logp.to(torch::kFloat32), zero_mass.to(torch::kFloat32));
+  EXPECT_TRUE(torch::isfinite(f32).all().item<bool>()) << f32;
 }
 
 TEST_F(KlFixture, SampledReverseKlIsK1TimesScoreFunction) {
