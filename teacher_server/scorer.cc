@@ -4,6 +4,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "absl/strings/str_cat.h"
+
 namespace kappa::teacher {
 
 std::vector<torch::Tensor> ResponseLogProbs(model::Decoder& model,
@@ -125,6 +127,17 @@ ScoredTensors SelectForm(const torch::Tensor& full_logprobs,
     }
   }
   return out;
+}
+
+absl::Status CheckFiniteLogProbs(const torch::Tensor& logprobs, const std::string& field) {
+  const torch::Tensor bad = torch::isfinite(logprobs).logical_not().reshape({-1});
+  if (!bad.any().item<bool>()) return absl::OkStatus();
+  const int64_t flat = bad.nonzero()[0][0].item<int64_t>();
+  const int64_t per_row = logprobs.dim() > 1 ? logprobs.numel() / logprobs.size(0) : 1;
+  const float value = logprobs.reshape({-1})[flat].item<float>();
+  return absl::InternalError(absl::StrCat(field, ": non-finite log-prob ", value,
+                                          " at response position ", flat / per_row,
+                                          " (the teacher's own output; not sent)"));
 }
 
 std::vector<ScoredTensors> ScoreSequences(model::Decoder& model,

@@ -10,8 +10,10 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "model/transformer.h"
 
 namespace kappa::teacher {
@@ -53,6 +55,13 @@ std::vector<torch::Tensor> ResponseLogProbs(model::Decoder& model,
 ScoredTensors SelectForm(const torch::Tensor& full_logprobs,
                          const std::vector<int64_t>& response_tokens, ScoreForm form,
                          int64_t top_k);
+
+// OK, or INTERNAL naming `field` and the first response position (row) of
+// `logprobs` ([T] or [T, ...], as SelectForm returns them) that holds a NaN
+// or an infinity: "<field>: non-finite log-prob nan at response position 2
+// (...)". The teacher's own output is then broken (a corrupt checkpoint, an
+// overflow); the service sends no such row, and the learner would refuse it.
+absl::Status CheckFiniteLogProbs(const torch::Tensor& logprobs, const std::string& field);
 
 // ResponseLogProbs followed by SelectForm for every sequence.
 std::vector<ScoredTensors> ScoreSequences(model::Decoder& model,

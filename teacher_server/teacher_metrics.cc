@@ -36,8 +36,8 @@ void RegisterMethod(Registry& registry, const std::string& method) {
 
 TeacherMetrics::TeacherMetrics(Registry& registry)
     : registry_(registry),
-      tokens_(registry.GetCounter("kappa_teacher_tokens_total",
-                                  "Response positions scored (Score).")),
+      tokens_(
+          registry.GetCounter("kappa_teacher_tokens_total", "Response positions scored (Score).")),
       batch_size_(registry.GetHistogram("kappa_teacher_batch_size",
                                         "Sequences per batched teacher forward.",
                                         {1, 2, 4, 8, 16, 32, 64, 128, 256, 512})),
@@ -45,7 +45,10 @@ TeacherMetrics::TeacherMetrics(Registry& registry)
                                            "Wall time of one batched teacher forward.",
                                            LatencyBuckets())),
       queue_depth_(registry.GetGauge("kappa_teacher_queue_depth",
-                                     "Sequences waiting in the batcher's queue.")) {
+                                     "Sequences waiting in the batcher's queue.")),
+      nonfinite_(registry.GetCounter(
+          "kappa_teacher_nonfinite_logprobs_total",
+          "Score calls refused because a log-prob the teacher computed was NaN or infinite.")) {
   RegisterMethod(registry, "score");
   RegisterMethod(registry, "generate");
 }
@@ -70,5 +73,7 @@ void TeacherMetrics::RecordBatch(int64_t sequences, double seconds) {
 void TeacherMetrics::SetQueueDepth(int64_t sequences) {
   queue_depth_.Set(static_cast<double>(sequences));
 }
+
+void TeacherMetrics::RecordNonFiniteScore() { nonfinite_.Increment(); }
 
 }  // namespace kappa::teacher

@@ -22,6 +22,9 @@ class TeacherMetrics {
   void RecordBatch(int64_t sequences, double seconds);
   // Sequences waiting for a batch now (set at scrape time).
   void SetQueueDepth(int64_t sequences);
+  // One Score call refused because the teacher's own log-probs were not
+  // finite (kappa_teacher_nonfinite_logprobs_total).
+  void RecordNonFiniteScore();
 
  private:
   services::metrics::Registry& registry_;
@@ -29,6 +32,7 @@ class TeacherMetrics {
   services::metrics::Histogram& batch_size_;
   services::metrics::Histogram& batch_seconds_;
   services::metrics::Gauge& queue_depth_;
+  services::metrics::Counter& nonfinite_;
 };
 
 }  // namespace kappa::teacher

@@ -256,6 +256,11 @@ absl::Status TeacherService::ScoreImpl(const kappa::v1::ScoreRequest& request, a
     for (size_t i = 0; i < unit->sequences.size(); ++i) {
       ScoredTensors scored = SelectForm(unit->logprobs[i], unit->sequences[i].response_tokens,
                                         form, request.top_k());
+      const std::string field = absl::StrCat("sequences[", begin + i, "].logprobs");
+      if (absl::Status finite = CheckFiniteLogProbs(scored.logprobs, field); !finite.ok()) {
+        if (metrics_ != nullptr) metrics_->RecordNonFiniteScore();
+        return finite;
+      }
       kappa::v1::ScoredSequence* out = response->add_sequences();
       services::EncodeTensor(scored.logprobs, out->mutable_logprobs(), wire_dtype);
       if (scored.topk_ids.defined()) {

@@ -1,6 +1,10 @@
 // kappa.v1.Teacher: Score (through the dynamic batcher), Generate (teacher
 // samples for RSTG) and Info. Every handler validates its request first and
 // answers INVALID_ARGUMENT naming the field; no exception escapes a handler.
+// Score never sends a log-prob that is not finite: a NaN or infinity in the
+// teacher's own output is INTERNAL naming the sequence and the response
+// position (`sequences[i].logprobs: non-finite log-prob nan at response
+// position t ...`), counted in kappa_teacher_nonfinite_logprobs_total.
 #pragma once
 
 #include <grpcpp/grpcpp.h>

@@ -3,7 +3,10 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cmath>
+#include <limits>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "model/model_config.h"
@@ -188,6 +191,28 @@ TEST_F(ScorerTest, RejectsBadInputWithExceptions) {
   EXPECT_THROW(SelectForm(lp, sequences_[0].response_tokens, ScoreForm::kTopK, 22),
                std::invalid_argument);
   EXPECT_TRUE(ResponseLogProbs(model_, {}).empty());
+}
+
+// What the service checks before it sends a sequence's rows: the first row
+// holding a NaN or an infinity is named, in every form's shape.
+TEST(ScorerFinite, CheckFiniteLogProbsNamesTheFirstBadRow) {
+  const torch::Tensor full = torch::log_softmax(torch::randn({4, 6}), -1);
+  EXPECT_TRUE(CheckFiniteLogProbs(full, "sequences[0].logprobs").ok());
+  torch::Tensor bad = full.clone();
+  bad[2][5] = std::numeric_limits<float>::infinity();
+  bad[3][0] = std::nanf("");
+  const absl::Status status = CheckFiniteLogProbs(bad, "sequences[3].logprobs");
+  EXPECT_EQ(status.code(), absl::StatusCode::kInternal);
+  EXPECT_NE(status.message().find(
+                "sequences[3].logprobs: non-finite log-prob inf at response position 2"),
+            std::string::npos)
+      << status;
+  torch::Tensor sampled = full.select(1, 0).clone();  // [T]
+  sampled[1] = -std::numeric_limits<float>::infinity();
+  EXPECT_NE(CheckFiniteLogProbs(sampled, "s")
+                .message()
+                .find("s: non-finite log-prob -inf at response position 1"),
+            std::string::npos);
 }
 
 }  // namespace

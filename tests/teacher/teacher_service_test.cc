@@ -534,5 +534,63 @@ TEST(TeacherVocabLimit, StaysBelowTheLimitAndStopsAtTheGenerationConfigIds) {
   std::filesystem::remove_all(dir);
 }
 
+// The teacher refuses to send log-probs it computed as NaN or ±inf (a
+// corrupt checkpoint, an overflow), in every form: INTERNAL naming the
+// sequence, the tensor and the row (scorer_test checks the row on a
+// hand-made tensor), counted in kappa_teacher_nonfinite_logprobs_total.
+// Driven without a server.
+TEST(TeacherNonFinite, ScoreRefusesNonFiniteLogProbsNamingTheRow) {
+  constexpr int kPoisoned = 9;
+  torch::manual_seed(5);
+  model::Decoder model(SmallConfig());
+  {
+    torch::NoGradGuard no_grad;
+    // Token 9's embedding is NaN: attention spreads it to every position of
+    // a sequence that holds it as an input; other sequences stay finite.
+    model->named_parameters()["model.embed_tokens.weight"][kPoisoned].fill_(std::nanf(""));
+  }
+  services::metrics::Registry registry;
+  TeacherMetrics metrics(registry);
+  TeacherOptions options;
+  options.batching.max_wait = absl::Milliseconds(1);
+  auto created = TeacherService::Create(std::move(model), options, &metrics);
+  ASSERT_TRUE(created.ok()) << created.status();
+  TeacherService& service = **created;
+  auto add = [](kappa::v1::ScoreRequest* request, std::vector<int32_t> response) {
+    kappa::v1::ScoreSequence* sequence = request->add_sequences();
+    for (int32_t t : {1, 4}) sequence->add_prompt_tokens(t);
+    for (int32_t t : response) sequence->add_response_tokens(t);
+  };
+
+  grpc::ServerContext context;
+  kappa::v1::ScoreRequest clean;
+  clean.set_vocab_size(kVocab);
+  add(&clean, {7, 3});
+  add(&clean, {7, kPoisoned});  // token 9 is the last: it predicts nothing returned
+  kappa::v1::ScoreResponse scored;
+  ASSERT_TRUE(service.Score(&context, &clean, &scored).ok());
+
+  for (kappa::v1::ScoreForm form :
+       {kappa::v1::SCORE_FORM_FULL, kappa::v1::SCORE_FORM_TOPK, kappa::v1::SCORE_FORM_SAMPLED}) {
+    kappa::v1::ScoreRequest request;
+    request.set_vocab_size(kVocab);
+    request.set_form(form);
+    request.set_top_k(4);
+    add(&request, {7, 3});
+    add(&request, {7, kPoisoned, 5});  // token 9 is an input: every row is NaN
+    kappa::v1::ScoreResponse response;
+    const grpc::Status status = service.Score(&context, &request, &response);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INTERNAL) << form;
+    EXPECT_NE(status.error_message().find(
+                  "sequences[1].logprobs: non-finite log-prob nan at response position 0"),
+              std::string::npos)
+        << form << ": " << status.error_message();
+  }
+  EXPECT_EQ(
+      kappa::testing::SampleValue(registry.Serialize(), "kappa_teacher_nonfinite_logprobs_total"),
+      3);
+  service.Shutdown();
+}
+
 }  // namespace
 }  // namespace kappa::teacher
