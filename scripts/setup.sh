@@ -21,10 +21,11 @@ PACKAGES=(
 # checks, openssl for certificates, PyTorch for the independent Hugging Face
 # reference forward (tests/model/reference, run with /usr/bin/python3),
 # jinja2 for the chat-template reference, Node.js/npm for transformers.js,
-# the tokenizer reference (tests/model/tokenizer_reference).
+# the tokenizer reference (tests/model/tokenizer_reference), nftables for
+# the packet-loss rules of tests/integration/fault_network_test.
 TEST_PACKAGES=(
   prometheus
-  curl openssl
+  curl openssl nftables
   python3 python3-yaml jq docker-compose
   python3-torch python3-numpy python3-jinja2
   chromium fonts-dejavu-core
