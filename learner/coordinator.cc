@@ -73,10 +73,23 @@ std::optional<Lease> Coordinator::LeaseNext(const std::string& worker_id, int ma
   return lease;
 }
 
+void Coordinator::RememberClosedLocked(const std::string& lease_id) {
+  closed_.insert(lease_id);
+  closed_order_.push_back(lease_id);
+  if (closed_order_.size() > kClosedLeaseMemory) {
+    closed_.erase(closed_order_.front());
+    closed_order_.pop_front();
+  }
+}
+
 SubmitVerdict Coordinator::Submit(const std::string& lease_id, const std::string& worker_id,
                                   ScoredGroup group) {
   absl::MutexLock lock(&mu_);
   auto it = leases_.find(lease_id);
+  if (it == leases_.end() && closed_.count(lease_id) > 0) {
+    ++counters_.dropped_duplicate;
+    return SubmitVerdict::kDuplicate;
+  }
   if (it == leases_.end()) {
     ++counters_.dropped_unknown_lease;
     return SubmitVerdict::kUnknownLease;
@@ -88,6 +101,7 @@ SubmitVerdict Coordinator::Submit(const std::string& lease_id, const std::string
   --outstanding_by_worker_[worker_id];
   buffer_.push_back(BufferedGroup{lease_id, it->second.example_index, std::move(group)});
   leases_.erase(it);
+  RememberClosedLocked(lease_id);
   ++counters_.groups_accepted;
   changed_.SignalAll();
   return SubmitVerdict::kAccepted;

@@ -7,13 +7,16 @@
 // is free. A lease not returned before its deadline, or whose worker
 // disconnected, goes back to the front of the queue. A group is consumed at
 // most once: it is accepted only against an outstanding lease, which it
-// closes.
+// closes. The last kClosedLeaseMemory leases closed that way are remembered,
+// so a second group for one of them is told apart (a duplicate) from a group
+// for a lease that expired, was re-issued or was never issued.
 #pragma once
 
 #include <cstdint>
 #include <deque>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -54,7 +57,17 @@ struct DataPosition {
   std::vector<size_t> pending;
 };
 
-enum class SubmitVerdict { kAccepted, kUnknownLease, kWrongWorker };
+enum class SubmitVerdict {
+  kAccepted,
+  kDuplicate,     // the lease was already closed by an accepted group
+  kUnknownLease,  // not open: expired, re-issued, never issued (or closed too long ago)
+  kWrongWorker,   // open, but held by another worker stream
+};
+
+// How many closed leases the coordinator remembers to recognise duplicates:
+// a fixed bound (a few MiB of ids), far more than the groups in flight at
+// any time, so memory stays bounded over any run length.
+inline constexpr size_t kClosedLeaseMemory = 65536;
 
 struct CoordinatorCounters {
   int64_t leases_issued = 0;
@@ -62,7 +75,8 @@ struct CoordinatorCounters {
   int64_t groups_accepted = 0;
   int64_t groups_consumed = 0;
   int64_t dropped_stale = 0;
-  int64_t dropped_unknown_lease = 0;  // duplicate, expired or never issued
+  int64_t dropped_duplicate = 0;      // a second group for a lease already closed
+  int64_t dropped_unknown_lease = 0;  // expired, never issued or another worker's
   int64_t buffered = 0;
   int64_t outstanding = 0;
 };
@@ -78,7 +92,9 @@ class Coordinator {
   std::optional<Lease> LeaseNext(const std::string& worker_id, int max_outstanding,
                                  absl::Time deadline) ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Closes the lease and buffers the group.
+  // Closes the lease and buffers the group (kAccepted); otherwise drops the
+  // group, counted by its verdict (kDuplicate: dropped_duplicate; the others:
+  // dropped_unknown_lease).
   SubmitVerdict Submit(const std::string& lease_id, const std::string& worker_id,
                        ScoredGroup group) ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -108,6 +124,8 @@ class Coordinator {
  private:
   void ExpireLeasesLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int64_t UsedSlotsLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Records `lease_id` as closed, forgetting the oldest beyond kClosedLeaseMemory.
+  void RememberClosedLocked(const std::string& lease_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const CoordinatorOptions options_;
   const std::string lease_prefix_;  // distinguishes leases across learner restarts
@@ -117,6 +135,10 @@ class Coordinator {
   PromptSource prompts_ ABSL_GUARDED_BY(mu_);
   std::deque<size_t> reissue_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, Lease> leases_ ABSL_GUARDED_BY(mu_);
+  // Leases closed by an accepted group, the newest kClosedLeaseMemory: the
+  // set for lookup, the queue for the order they leave it in.
+  std::set<std::string> closed_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::string> closed_order_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, int> outstanding_by_worker_ ABSL_GUARDED_BY(mu_);
   std::deque<BufferedGroup> buffer_ ABSL_GUARDED_BY(mu_);
   int64_t next_lease_ ABSL_GUARDED_BY(mu_) = 0;

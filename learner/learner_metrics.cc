@@ -174,6 +174,8 @@ void LearnerMetrics::RecordCoordinator(const CoordinatorCounters& counters) {
   const char* dropped_help = kDroppedHelp;
   r.GetCounter("kappa_learner_groups_dropped_total", dropped_help, {{"reason", "stale"}})
       .SetTotal(static_cast<double>(counters.dropped_stale));
+  r.GetCounter("kappa_learner_groups_dropped_total", dropped_help, {{"reason", "duplicate"}})
+      .SetTotal(static_cast<double>(counters.dropped_duplicate));
   r.GetCounter("kappa_learner_groups_dropped_total", dropped_help, {{"reason", "unknown_lease"}})
       .SetTotal(static_cast<double>(counters.dropped_unknown_lease));
   r.GetCounter("kappa_learner_leases_reissued_total",

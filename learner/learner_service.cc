@@ -19,15 +19,18 @@ constexpr int64_t kPolicyChunkBytes = 1 << 20;
 // Blocking waits wake this often to notice cancellation and shutdown.
 constexpr absl::Duration kWakeInterval = absl::Milliseconds(500);
 
-// Why the coordinator refused a well-formed group, as a status for the log:
-// it keeps no record of closed leases, so a duplicate reads as not found.
+// Why the coordinator refused a well-formed group, as a status for the log.
 absl::Status SubmitError(SubmitVerdict verdict, const std::string& lease_id) {
   if (verdict == SubmitVerdict::kWrongWorker) {
     return absl::FailedPreconditionError(
         absl::StrCat("lease_id: lease '", lease_id, "' is held by another worker stream"));
   }
-  return absl::NotFoundError(absl::StrCat(
-      "lease_id: lease '", lease_id, "' is not open (already returned, expired or never issued)"));
+  if (verdict == SubmitVerdict::kDuplicate) {
+    return absl::AlreadyExistsError(absl::StrCat(
+        "lease_id: lease '", lease_id, "' already returned its group; this copy is dropped"));
+  }
+  return absl::NotFoundError(absl::StrCat("lease_id: lease '", lease_id,
+                                          "' is not open (expired, re-issued or never issued)"));
 }
 
 }  // namespace

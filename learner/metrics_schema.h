@@ -25,6 +25,7 @@ inline constexpr char kStalenessMean[] = "staleness_mean";
 inline constexpr char kGroupsAccepted[] = "groups_accepted";
 inline constexpr char kGroupsConsumed[] = "groups_consumed";
 inline constexpr char kGroupsDroppedStale[] = "groups_dropped_stale";
+inline constexpr char kGroupsDroppedDuplicate[] = "groups_dropped_duplicate";
 inline constexpr char kGroupsDroppedUnknownLease[] = "groups_dropped_unknown_lease";
 inline constexpr char kLeasesReissued[] = "leases_reissued";
 inline constexpr char kBufferGroups[] = "buffer_groups";
@@ -106,6 +107,7 @@ inline constexpr const char* kAllKeys[] = {
     kGroupsAccepted,
     kGroupsConsumed,
     kGroupsDroppedStale,
+    kGroupsDroppedDuplicate,
     kGroupsDroppedUnknownLease,
     kLeasesReissued,
     kBufferGroups,

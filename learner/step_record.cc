@@ -57,6 +57,7 @@ void AddBatch(const StepRecord& record, nlohmann::json& line) {
   line[keys::kGroupsAccepted] = c.groups_accepted;
   line[keys::kGroupsConsumed] = c.groups_consumed;
   line[keys::kGroupsDroppedStale] = c.dropped_stale;
+  line[keys::kGroupsDroppedDuplicate] = c.dropped_duplicate;
   line[keys::kGroupsDroppedUnknownLease] = c.dropped_unknown_lease;
   line[keys::kLeasesReissued] = c.leases_reissued;
   line[keys::kBufferGroups] = c.buffered;

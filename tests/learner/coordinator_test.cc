@@ -3,7 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <set>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "learner/prompt_source.h"
 
@@ -58,16 +60,40 @@ TEST(CoordinatorTest, GroupIsAcceptedOnceAndOnlyForItsOwnLease) {
             SubmitVerdict::kWrongWorker);
   EXPECT_EQ(coordinator.Submit(lease->lease_id, "a", GroupAtVersion(0)),
             SubmitVerdict::kAccepted);
-  EXPECT_EQ(coordinator.Submit(lease->lease_id, "a", GroupAtVersion(0)),
-            SubmitVerdict::kUnknownLease);
+  // The same lease's group again (a replaying worker) is a duplicate, from
+  // any stream; a lease never issued stays unknown.
+  EXPECT_EQ(coordinator.Submit(lease->lease_id, "a", GroupAtVersion(0)), SubmitVerdict::kDuplicate);
+  EXPECT_EQ(coordinator.Submit(lease->lease_id, "b", GroupAtVersion(0)), SubmitVerdict::kDuplicate);
   EXPECT_EQ(coordinator.Submit("never-issued", "a", GroupAtVersion(0)),
             SubmitVerdict::kUnknownLease);
   auto batch = coordinator.TakeBatch(1, 0, absl::Now() + absl::Seconds(1));
   ASSERT_EQ(batch.size(), 1u);
   EXPECT_EQ(batch[0].lease_id, lease->lease_id);
   EXPECT_EQ(batch[0].example_index, lease->example_index);
+  // Still a duplicate once the group was trained on.
+  EXPECT_EQ(coordinator.Submit(lease->lease_id, "a", GroupAtVersion(0)), SubmitVerdict::kDuplicate);
   EXPECT_EQ(coordinator.counters().groups_consumed, 1);
-  EXPECT_EQ(coordinator.counters().dropped_unknown_lease, 3);
+  EXPECT_EQ(coordinator.counters().dropped_duplicate, 3);
+  EXPECT_EQ(coordinator.counters().dropped_unknown_lease, 2);  // another worker's, never issued
+}
+
+TEST(CoordinatorTest, ClosedLeasesAreRememberedUpToTheBound) {
+  Coordinator coordinator(100, 1, 0, Options(8, 2, absl::Seconds(30)));
+  std::vector<std::string> closed;
+  for (size_t i = 0; i < kClosedLeaseMemory + 1; ++i) {
+    auto lease = coordinator.LeaseNext("a", 1, absl::InfiniteFuture());
+    ASSERT_TRUE(lease);
+    ASSERT_EQ(coordinator.Submit(lease->lease_id, "a", GroupAtVersion(0)),
+              SubmitVerdict::kAccepted);
+    ASSERT_EQ(coordinator.TakeBatch(1, 0, absl::InfiniteFuture()).size(), 1u);
+    if (i < 2 || i + 2 > kClosedLeaseMemory) closed.push_back(lease->lease_id);
+  }
+  // The oldest fell out of the bounded record: unknown now, not a duplicate.
+  EXPECT_EQ(coordinator.Submit(closed[0], "a", GroupAtVersion(0)), SubmitVerdict::kUnknownLease);
+  for (size_t i = 1; i < closed.size(); ++i) {
+    EXPECT_EQ(coordinator.Submit(closed[i], "a", GroupAtVersion(0)), SubmitVerdict::kDuplicate)
+        << closed[i];
+  }
 }
 
 TEST(CoordinatorTest, ExpiredLeaseIsReissuedAndItsLateGroupDropped) {

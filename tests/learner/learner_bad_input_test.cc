@@ -294,7 +294,9 @@ TEST_F(LearnerBadInputTest, EachMalformedGroupIsRefusedByNameAndNothingIsLost) {
   std::string accepted_lease;
   const std::vector<BadGroup> table = {
       {"wrong dtype",
-       [](auto& g) { g.mutable_samples(1)->mutable_behavior_logprobs()->set_dtype(kappa::v1::DTYPE_INT32); },
+       [](auto& g) {
+         g.mutable_samples(1)->mutable_behavior_logprobs()->set_dtype(kappa::v1::DTYPE_INT32);
+       },
        "INVALID_ARGUMENT",
        "samples[1].behavior_logprobs: dtype int32 is not a floating type (float32, bfloat16 or "
        "float16)"},
@@ -304,7 +306,9 @@ TEST_F(LearnerBadInputTest, EachMalformedGroupIsRefusedByNameAndNothingIsLost) {
        },
        "INVALID_ARGUMENT", "samples[0].teacher_logprobs: unsupported dtype 0 (unspecified)"},
       {"byte count",
-       [](auto& g) { g.mutable_samples(0)->mutable_behavior_logprobs()->mutable_data()->resize(8); },
+       [](auto& g) {
+         g.mutable_samples(0)->mutable_behavior_logprobs()->mutable_data()->resize(8);
+       },
        "INVALID_ARGUMENT",
        "samples[0].behavior_logprobs: 8 bytes for shape [3] of float32 (expected 12)"},
       {"shape",
@@ -328,8 +332,8 @@ TEST_F(LearnerBadInputTest, EachMalformedGroupIsRefusedByNameAndNothingIsLost) {
        "INVALID_ARGUMENT",
        "samples[0].teacher_logprobs: teacher vocabulary size 30 does not match the student's 20"},
       {"non-UTF-8 response text",
-       [](auto& g) { g.mutable_samples(1)->set_response_text("12 \xff\xfe"); },
-       "INVALID_ARGUMENT", "samples[1].response_text: not valid UTF-8"},
+       [](auto& g) { g.mutable_samples(1)->set_response_text("12 \xff\xfe"); }, "INVALID_ARGUMENT",
+       "samples[1].response_text: not valid UTF-8"},
       {"empty response", [](auto& g) { g.mutable_samples(1)->clear_response_tokens(); },
        "INVALID_ARGUMENT", "samples[1].response_tokens: empty"},
       {"response longer than max_new_tokens",
@@ -341,8 +345,8 @@ TEST_F(LearnerBadInputTest, EachMalformedGroupIsRefusedByNameAndNothingIsLost) {
       {"response token out of range",
        [](auto& g) { g.mutable_samples(1)->set_response_tokens(2, 999); }, "INVALID_ARGUMENT",
        "samples[1].response_tokens[2]: token id 999 outside [0, 20)"},
-      {"prompt token out of range", [](auto& g) { g.set_prompt_tokens(0, -1); },
-       "INVALID_ARGUMENT", "prompt_tokens[0]: token id -1 outside [0, 20)"},
+      {"prompt token out of range", [](auto& g) { g.set_prompt_tokens(0, -1); }, "INVALID_ARGUMENT",
+       "prompt_tokens[0]: token id -1 outside [0, 20)"},
       {"group size", [](auto& g) { g.mutable_samples()->RemoveLast(); }, "INVALID_ARGUMENT",
        "samples: expected 2 samples, got 1"},
       {"reward not binary", [](auto& g) { g.mutable_samples(0)->set_reward(0.5f); },
@@ -351,10 +355,10 @@ TEST_F(LearnerBadInputTest, EachMalformedGroupIsRefusedByNameAndNothingIsLost) {
        "INVALID_ARGUMENT", "policy_version: 9 was never published (latest is 3)"},
       {"negative policy version", [](auto& g) { g.set_policy_version(-1); }, "INVALID_ARGUMENT",
        "policy_version: -1 was never published (latest is 3)"},
-      {"duplicate group", [&](auto& g) { g.set_lease_id(accepted_lease); }, "NOT_FOUND",
-       "' is not open (already returned, expired or never issued)"},
+      {"duplicate group", [&](auto& g) { g.set_lease_id(accepted_lease); }, "ALREADY_EXISTS",
+       "' already returned its group; this copy is dropped"},
       {"lease never issued", [](auto& g) { g.set_lease_id("no-such-lease"); }, "NOT_FOUND",
-       "lease_id: lease 'no-such-lease' is not open (already returned, expired or never issued)"},
+       "lease_id: lease 'no-such-lease' is not open (expired, re-issued or never issued)"},
   };
 
   grpc::ClientContext context;
@@ -377,7 +381,8 @@ TEST_F(LearnerBadInputTest, EachMalformedGroupIsRefusedByNameAndNothingIsLost) {
 
   const CoordinatorCounters counters = coordinator_->counters();
   EXPECT_EQ(counters.groups_accepted, 2);
-  EXPECT_EQ(counters.dropped_unknown_lease, 2);  // the duplicate and the never-issued lease
+  EXPECT_EQ(counters.dropped_duplicate, 1);
+  EXPECT_EQ(counters.dropped_unknown_lease, 1);  // the never-issued lease
   EXPECT_EQ(service_->counters().groups_invalid, static_cast<int64_t>(table.size()) - 2);
   // Both good groups, each once, in arrival order, nothing from a bad row.
   const std::vector<BufferedGroup> batch =

@@ -44,6 +44,8 @@ TEST(LearnerMetrics, ExportsAStepForPrometheus) {
   CoordinatorCounters counters;
   counters.groups_accepted = 7;
   counters.dropped_stale = 2;
+  counters.dropped_duplicate = 6;
+  counters.dropped_unknown_lease = 1;
   counters.buffered = 3;
   metrics.RecordStep(observed);
   // The coordinator is read at scrape time, as main.cc wires it.
@@ -72,6 +74,8 @@ TEST(LearnerMetrics, ExportsAStepForPrometheus) {
                            "kappa_learner_staleness_versions_count 2\n",
                            "kappa_learner_groups_dropped_total{reason=\"stale\"} 2\n",
                            "kappa_learner_groups_dropped_total{reason=\"invalid\"} 4\n",
+                           "kappa_learner_groups_dropped_total{reason=\"duplicate\"} 6\n",
+                           "kappa_learner_groups_dropped_total{reason=\"unknown_lease\"} 1\n",
                            "kappa_learner_groups_total 7\n",
                            "kappa_learner_buffer_groups 3\n",
                            "kappa_learner_step_seconds_count 1\n",
