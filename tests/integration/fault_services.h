@@ -8,8 +8,8 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
-#include <unistd.h>
 #include <torch/torch.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <filesystem>
@@ -22,6 +22,7 @@
 #include "cli/process_supervisor.h"
 #include "model/checkpoint.h"
 #include "model/tokenizer.h"
+#include "services/ready_file.h"
 #include "services/server.h"
 #include "tests/integration/tiny_run_config.h"
 
@@ -73,6 +74,19 @@ inline std::string FreeLoopbackAddress() {
   }
   if (fd >= 0) ::close(fd);
   return "127.0.0.1:" + std::to_string(port);
+}
+
+// Polls `path` (a service's --ready-file) until the service has written it
+// or `timeout`: the addresses it bound, or why not.
+inline absl::StatusOr<services::ReadyInfo> AwaitReadyFile(const std::filesystem::path& path,
+                                                          std::chrono::seconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  absl::StatusOr<services::ReadyInfo> info = services::ReadReadyFile(path.string());
+  while (absl::IsNotFound(info.status()) && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    info = services::ReadReadyFile(path.string());
+  }
+  return info;
 }
 
 // Polls the gRPC health service until SERVING or `timeout`.
