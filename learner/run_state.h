@@ -12,6 +12,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "learner/algo/alarms.h"
+#include "learner/algo/balance.h"
 
 namespace kappa::learner {
 
@@ -23,12 +25,27 @@ struct TrainerState {
   // indices, in the order they were due): handed out first on resume.
   std::vector<int64_t> pending_prompts;
   uint64_t seed = 0;
+  // m3_adapt's λ controller; absent when the run has no m3_adapt, or in a
+  // checkpoint written before it was recorded.
+  std::optional<LambdaControllerState> lambda_controller;
+  // The alarm monitor's averages, windows and alarm states; absent in a
+  // checkpoint written before they were recorded.
+  std::optional<AlarmMonitorState> alarms;
 };
 
 std::string CheckpointDir(const std::string& run_dir, int64_t step);
 
 absl::Status WriteTrainerState(const std::string& checkpoint_dir, const TrainerState& state);
+// DATA_LOSS naming the file on a malformed one.
 absl::StatusOr<TrainerState> ReadTrainerState(const std::string& checkpoint_dir);
+
+// A resumed run (state.step > 0) continues the m3_adapt controller (`lambda`,
+// null when the run has none) and the alarm monitor from the checkpoint's
+// `state`. A checkpoint written before they were recorded lacks them: each
+// missing one starts afresh, with a warning in the log naming it. A fresh
+// run (step 0) changes nothing. INVALID_ARGUMENT for a state they refuse.
+absl::Status RestoreMonitors(const TrainerState& state, LambdaController* lambda,
+                             AlarmMonitor* alarms);
 // Points `latest` at checkpoint_dir (atomic rename).
 absl::Status MarkLatest(const std::string& run_dir, const std::string& checkpoint_dir);
 // The checkpoint `latest` names, or nullopt when there is none.

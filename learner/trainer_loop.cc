@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -84,6 +85,10 @@ absl::Status TrainerLoop::SaveCheckpoint(int64_t step) {
   const DataPosition position = coordinator_->data_position();
   state_.data_position = position.drawn;
   state_.pending_prompts.assign(position.pending.begin(), position.pending.end());
+  const LambdaController* lambda = step_->lambda_controller();
+  state_.lambda_controller =
+      lambda != nullptr ? std::optional<LambdaControllerState>(lambda->state()) : std::nullopt;
+  state_.alarms = alarms_->state();
   KAPPA_RETURN_IF_ERROR(WriteTrainerState(dir, state_));
   return MarkLatest(run_dir_, dir);
 }
@@ -118,6 +123,8 @@ absl::Status TrainerLoop::MakeStep() {
     step_ = std::make_unique<HybridStep>(student_, std::move(optimizer_), std::move(step_config));
     alarms_ = std::make_unique<AlarmMonitor>(MakeAlarmConfig(config_));
   }));
+  // A resumed run continues the λ controller and the alarms where they were.
+  KAPPA_RETURN_IF_ERROR(RestoreMonitors(state_, step_->lambda_controller(), alarms_.get()));
   spdlog::info("learner: distill_gate={} balance={} lambda={} kappa_every={} kdr_every={}",
                DistillGateName(step_->config().gate), BalanceName(step_->config().balance),
                step_->lambda(), step_->config().monitor.kappa_every,

@@ -21,6 +21,11 @@ std::string Format(const char* format, ...) {
   return buffer;
 }
 
+// The EMA `ema` after one more value x (x itself when it had none).
+void AddToEma(std::optional<double>& ema, double x, double alpha) {
+  ema = ema ? (1 - alpha) * *ema + alpha * x : x;
+}
+
 }  // namespace
 
 const char* AlarmName(AlarmKind kind) {
@@ -45,32 +50,59 @@ AlarmMonitor::AlarmMonitor(AlarmConfig config) : config_(config) {
   }
 }
 
-std::vector<AlarmEvent> AlarmMonitor::Observe(const StepObservation& o) {
-  ++observations_;
-  const double alpha = config_.ema_alpha;
-  if (o.kappa) kappa_.Add(*o.kappa, alpha);
-  if (o.distill_loss) {
-    distill_.Add(*o.distill_loss, alpha);
-    distill_history_.push_back(*distill_.value);
-    if (static_cast<int64_t>(distill_history_.size()) > config_.slope_window + 1) {
-      distill_history_.pop_front();
+void AlarmMonitor::TrimHistory() {
+  std::vector<double>& history = state_.distill_history;
+  const auto keep = static_cast<size_t>(config_.slope_window + 1);
+  if (history.size() > keep) history.erase(history.begin(), history.end() - keep);
+}
+
+void AlarmMonitor::Restore(const AlarmMonitorState& state) {
+  const AlarmMonitorState& s = state;
+  auto negative = [&](int64_t value, const char* field) {
+    if (value < 0) {
+      throw std::invalid_argument(
+          Format("alarm state: %s is negative (%lld)", field, static_cast<long long>(value)));
     }
+  };
+  negative(s.observations, "observations");
+  negative(s.conflict_run, "conflict_run");
+  negative(s.reward_run, "reward_run");
+  negative(s.distill_run, "distill_run");
+  negative(s.entropy_run, "entropy_run");
+  negative(s.mismatch_run, "mismatch_run");
+  for (int k = 0; k < kNumAlarmKinds; ++k) {
+    negative(s.clear_run[k], "clear_run");
+    negative(s.fired[k], "fired");
   }
-  reward_.Add(o.reward_mean, alpha);
-  entropy_.Add(o.entropy, alpha);
+  state_ = state;
+  TrimHistory();
+}
+
+std::vector<AlarmEvent> AlarmMonitor::Observe(const StepObservation& o) {
+  AlarmMonitorState& s = state_;
+  ++s.observations;
+  const double alpha = config_.ema_alpha;
+  if (o.kappa) AddToEma(s.kappa_ema, *o.kappa, alpha);
+  if (o.distill_loss) {
+    AddToEma(s.distill_ema, *o.distill_loss, alpha);
+    s.distill_history.push_back(*s.distill_ema);
+    TrimHistory();
+  }
+  AddToEma(s.reward_ema, o.reward_mean, alpha);
+  AddToEma(s.entropy_ema, o.entropy, alpha);
 
   std::vector<AlarmEvent> events;
   auto update = [&](AlarmKind kind, std::optional<AlarmEvent> tripped) {
     const int k = static_cast<int>(kind);
     if (tripped) {
-      if (!active_[k]) {
-        ++fired_[k];
+      if (!s.active[k]) {
+        ++s.fired[k];
         events.push_back(std::move(*tripped));
       }
-      active_[k] = true;
-      clear_run_[k] = 0;
-    } else if (active_[k] && ++clear_run_[k] >= config_.clear_steps) {
-      active_[k] = false;
+      s.active[k] = true;
+      s.clear_run[k] = 0;
+    } else if (s.active[k] && ++s.clear_run[k] >= config_.clear_steps) {
+      s.active[k] = false;
     }
   };
   update(AlarmKind::kMagnitudeDrowning, CheckDrowning(o));
@@ -81,23 +113,24 @@ std::vector<AlarmEvent> AlarmMonitor::Observe(const StepObservation& o) {
 }
 
 std::optional<AlarmEvent> AlarmMonitor::CheckDrowning(const StepObservation& o) {
-  if (!kappa_.value || !distill_.value) return std::nullopt;
-  const bool window_full =
-      static_cast<int64_t>(distill_history_.size()) == config_.slope_window + 1;
-  if (observations_ < config_.warmup_steps || !window_full) return std::nullopt;
-  const double rise = distill_history_.back() - distill_history_.front();
-  const bool rising = rise > config_.min_relative_rise * std::abs(distill_history_.front());
-  if (!(*kappa_.value > config_.kappa_threshold && rising)) return std::nullopt;
-  return AlarmEvent{AlarmKind::kMagnitudeDrowning, o.step,
+  const AlarmMonitorState& s = state_;
+  if (!s.kappa_ema || !s.distill_ema) return std::nullopt;
+  const std::vector<double>& history = s.distill_history;
+  const bool window_full = static_cast<int64_t>(history.size()) == config_.slope_window + 1;
+  if (s.observations < config_.warmup_steps || !window_full) return std::nullopt;
+  const double rise = history.back() - history.front();
+  const bool rising = rise > config_.min_relative_rise * std::abs(history.front());
+  if (!(*s.kappa_ema > config_.kappa_threshold && rising)) return std::nullopt;
+  return AlarmEvent{AlarmKind::kMagnitudeDrowning,
+                    o.step,
                     Format("kappa EMA %.3g > %.3g while the L_D EMA rose by %.3g "
-                                    "(%.4g -> %.4g) over %lld steps",
-                                    *kappa_.value, config_.kappa_threshold, rise,
-                                    distill_history_.front(), distill_history_.back(),
-                                    static_cast<long long>(config_.slope_window)),
-                    {{"kappa_ema", *kappa_.value},
+                           "(%.4g -> %.4g) over %lld steps",
+                           *s.kappa_ema, config_.kappa_threshold, rise, history.front(),
+                           history.back(), static_cast<long long>(config_.slope_window)),
+                    {{"kappa_ema", *s.kappa_ema},
                      {"kappa_threshold", config_.kappa_threshold},
-                     {"distill_loss_ema", distill_history_.back()},
-                     {"distill_loss_ema_window_start", distill_history_.front()}}};
+                     {"distill_loss_ema", history.back()},
+                     {"distill_loss_ema_window_start", history.front()}}};
 }
 
 std::optional<AlarmEvent> AlarmMonitor::CheckConflict(const StepObservation& o) {
@@ -107,59 +140,70 @@ std::optional<AlarmEvent> AlarmMonitor::CheckConflict(const StepObservation& o) 
     return AlarmEvent{AlarmKind::kDirectionalConflict, o.step, "", {}};
   }
   const double fraction = *o.kdr_negative_weighted_fraction;
-  conflict_run_ = fraction > config_.conflict_threshold ? conflict_run_ + 1 : 0;
-  if (observations_ < config_.warmup_steps || conflict_run_ < config_.conflict_window) {
+  int64_t& run = state_.conflict_run;
+  run = fraction > config_.conflict_threshold ? run + 1 : 0;
+  if (state_.observations < config_.warmup_steps || run < config_.conflict_window) {
     return std::nullopt;
   }
-  return AlarmEvent{AlarmKind::kDirectionalConflict, o.step,
-                    Format("|K_DR|-weighted negative fraction %.3f > %.3f for %lld steps",
-                                    fraction, config_.conflict_threshold, static_cast<long long>(conflict_run_)),
+  return AlarmEvent{AlarmKind::kDirectionalConflict,
+                    o.step,
+                    Format("|K_DR|-weighted negative fraction %.3f > %.3f for %lld steps", fraction,
+                           config_.conflict_threshold, static_cast<long long>(run)),
                     {{"kdr_negative_weighted_fraction", fraction},
                      {"conflict_threshold", config_.conflict_threshold},
-                     {"steps", static_cast<double>(conflict_run_)}}};
+                     {"steps", static_cast<double>(run)}}};
 }
 
 std::optional<AlarmEvent> AlarmMonitor::CheckCollapse(const StepObservation& o) {
-  const double reward = *reward_.value;
-  best_reward_ = best_reward_ ? std::max(*best_reward_, reward) : reward;
+  AlarmMonitorState& s = state_;
+  const double reward = *s.reward_ema;
+  s.best_reward_ema = s.best_reward_ema ? std::max(*s.best_reward_ema, reward) : reward;
+  const double best = *s.best_reward_ema;
   const bool reward_low =
-      *best_reward_ >= config_.min_reward_for_drop && reward < config_.reward_drop_ratio * *best_reward_;
-  reward_run_ = reward_low ? reward_run_ + 1 : 0;
+      best >= config_.min_reward_for_drop && reward < config_.reward_drop_ratio * best;
+  s.reward_run = reward_low ? s.reward_run + 1 : 0;
 
   bool distill_high = false;
-  if (distill_.value && o.distill_loss) {
-    min_distill_ = min_distill_ ? std::min(*min_distill_, *distill_.value) : *distill_.value;
-    distill_high = *min_distill_ > 0 && *distill_.value > config_.distill_rise_factor * *min_distill_;
+  if (s.distill_ema && o.distill_loss) {
+    s.min_distill_ema =
+        s.min_distill_ema ? std::min(*s.min_distill_ema, *s.distill_ema) : *s.distill_ema;
+    distill_high =
+        *s.min_distill_ema > 0 && *s.distill_ema > config_.distill_rise_factor * *s.min_distill_ema;
   }
-  distill_run_ = distill_high ? distill_run_ + 1 : 0;
+  s.distill_run = distill_high ? s.distill_run + 1 : 0;
 
-  const double entropy = *entropy_.value;
-  entropy_run_ = entropy < config_.entropy_floor ? entropy_run_ + 1 : 0;
+  const double entropy = *s.entropy_ema;
+  s.entropy_run = entropy < config_.entropy_floor ? s.entropy_run + 1 : 0;
 
-  if (observations_ < config_.warmup_steps) return std::nullopt;
+  if (s.observations < config_.warmup_steps) return std::nullopt;
   const int64_t w = config_.collapse_window;
-  if (reward_run_ >= w) {
-    return AlarmEvent{AlarmKind::kCollapse, o.step,
-                      Format("reward EMA %.3f below %.2f x its best %.3f for %lld steps",
-                                      reward, config_.reward_drop_ratio, *best_reward_, static_cast<long long>(reward_run_)),
-                      {{"reward_ema", reward}, {"reward_ema_best", *best_reward_},
-                       {"steps", static_cast<double>(reward_run_)}}};
+  if (s.reward_run >= w) {
+    return AlarmEvent{AlarmKind::kCollapse,
+                      o.step,
+                      Format("reward EMA %.3f below %.2f x its best %.3f for %lld steps", reward,
+                             config_.reward_drop_ratio, best, static_cast<long long>(s.reward_run)),
+                      {{"reward_ema", reward},
+                       {"reward_ema_best", best},
+                       {"steps", static_cast<double>(s.reward_run)}}};
   }
-  if (distill_run_ >= w) {
-    return AlarmEvent{AlarmKind::kCollapse, o.step,
+  if (s.distill_run >= w) {
+    return AlarmEvent{AlarmKind::kCollapse,
+                      o.step,
                       Format("L_D EMA %.4g above %.2f x its minimum %.4g for %lld steps",
-                                      *distill_.value, config_.distill_rise_factor, *min_distill_,
-                                      static_cast<long long>(distill_run_)),
-                      {{"distill_loss_ema", *distill_.value},
-                       {"distill_loss_ema_min", *min_distill_},
-                       {"steps", static_cast<double>(distill_run_)}}};
+                             *s.distill_ema, config_.distill_rise_factor, *s.min_distill_ema,
+                             static_cast<long long>(s.distill_run)),
+                      {{"distill_loss_ema", *s.distill_ema},
+                       {"distill_loss_ema_min", *s.min_distill_ema},
+                       {"steps", static_cast<double>(s.distill_run)}}};
   }
-  if (entropy_run_ >= w) {
-    return AlarmEvent{AlarmKind::kCollapse, o.step,
-                      Format("entropy EMA %.4f below the floor %.4f for %lld steps",
-                                      entropy, config_.entropy_floor, static_cast<long long>(entropy_run_)),
-                      {{"entropy_ema", entropy}, {"entropy_floor", config_.entropy_floor},
-                       {"steps", static_cast<double>(entropy_run_)}}};
+  if (s.entropy_run >= w) {
+    return AlarmEvent{AlarmKind::kCollapse,
+                      o.step,
+                      Format("entropy EMA %.4f below the floor %.4f for %lld steps", entropy,
+                             config_.entropy_floor, static_cast<long long>(s.entropy_run)),
+                      {{"entropy_ema", entropy},
+                       {"entropy_floor", config_.entropy_floor},
+                       {"steps", static_cast<double>(s.entropy_run)}}};
   }
   return std::nullopt;
 }
@@ -173,18 +217,18 @@ std::optional<AlarmEvent> AlarmMonitor::CheckMismatch(const StepObservation& o) 
   const double mismatch = *o.inference_mismatch;
   // NaN counts as above: a broken log-prob is a broken sync too.
   const bool high = !(mismatch <= config_.mismatch_threshold);
-  mismatch_run_ = high ? mismatch_run_ + 1 : 0;
+  int64_t& run = state_.mismatch_run;
+  run = high ? run + 1 : 0;
   // No warmup_steps: the mismatch is meaningful from the first step.
-  if (mismatch_run_ < config_.mismatch_window) return std::nullopt;
-  return AlarmEvent{
-      AlarmKind::kInferenceMismatch,
-      o.step,
-      Format("mean |log pi_learner - log pi_behaviour| %.4g > %.4g on on-policy "
-             "tokens for %lld steps (a broken weight sync or sampler?)",
-             mismatch, config_.mismatch_threshold, static_cast<long long>(mismatch_run_)),
-      {{"mismatch_abs_mean", mismatch},
-       {"mismatch_threshold", config_.mismatch_threshold},
-       {"steps", static_cast<double>(mismatch_run_)}}};
+  if (run < config_.mismatch_window) return std::nullopt;
+  return AlarmEvent{AlarmKind::kInferenceMismatch,
+                    o.step,
+                    Format("mean |log pi_learner - log pi_behaviour| %.4g > %.4g on on-policy "
+                           "tokens for %lld steps (a broken weight sync or sampler?)",
+                           mismatch, config_.mismatch_threshold, static_cast<long long>(run)),
+                    {{"mismatch_abs_mean", mismatch},
+                     {"mismatch_threshold", config_.mismatch_threshold},
+                     {"steps", static_cast<double>(run)}}};
 }
 
 }  // namespace kappa::learner

@@ -18,7 +18,6 @@
 #pragma once
 
 #include <cstdint>
-#include <deque>
 #include <iterator>
 #include <optional>
 #include <string>
@@ -83,6 +82,22 @@ struct AlarmEvent {
   std::vector<std::pair<std::string, double>> values;
 };
 
+// Everything AlarmMonitor carries from step to step (its running averages,
+// windows, runs and alarm states): what a checkpoint saves so a resumed run
+// continues where it stopped instead of warming up again.
+struct AlarmMonitorState {
+  int64_t observations = 0;
+  // EMAs (ema_alpha) of the observed series; absent: never observed.
+  std::optional<double> kappa_ema, distill_ema, reward_ema, entropy_ema;
+  std::vector<double> distill_history;  // L_D EMA of the last slope_window + 1 steps
+  std::optional<double> best_reward_ema, min_distill_ema;
+  // Steps running with each condition true.
+  int64_t conflict_run = 0, reward_run = 0, distill_run = 0, entropy_run = 0, mismatch_run = 0;
+  bool active[kNumAlarmKinds] = {};
+  int64_t clear_run[kNumAlarmKinds] = {};  // steps running with the condition false while active
+  int64_t fired[kNumAlarmKinds] = {};
+};
+
 class AlarmMonitor {
  public:
   explicit AlarmMonitor(AlarmConfig config);
@@ -91,31 +106,24 @@ class AlarmMonitor {
   // active) at this step.
   std::vector<AlarmEvent> Observe(const StepObservation& observation);
 
-  bool active(AlarmKind kind) const { return active_[static_cast<int>(kind)]; }
-  int64_t fired(AlarmKind kind) const { return fired_[static_cast<int>(kind)]; }
+  bool active(AlarmKind kind) const { return state_.active[static_cast<int>(kind)]; }
+  int64_t fired(AlarmKind kind) const { return state_.fired[static_cast<int>(kind)]; }
+
+  const AlarmMonitorState& state() const { return state_; }
+  // Continues from `state` (a checkpoint's). A history longer than this
+  // config's slope_window + 1 keeps its newest entries. Throws
+  // std::invalid_argument naming the field for a negative count.
+  void Restore(const AlarmMonitorState& state);
 
  private:
-  struct Ema {
-    std::optional<double> value;
-    void Add(double x, double alpha) { value = value ? (1 - alpha) * *value + alpha * x : x; }
-  };
-
   std::optional<AlarmEvent> CheckDrowning(const StepObservation& o);
   std::optional<AlarmEvent> CheckConflict(const StepObservation& o);
   std::optional<AlarmEvent> CheckCollapse(const StepObservation& o);
   std::optional<AlarmEvent> CheckMismatch(const StepObservation& o);
+  void TrimHistory();
 
   const AlarmConfig config_;
-  int64_t observations_ = 0;
-  Ema kappa_, distill_, reward_, entropy_;
-  std::deque<double> distill_history_;  // L_D EMA of the last slope_window + 1 steps
-  int64_t conflict_run_ = 0;
-  std::optional<double> best_reward_, min_distill_;
-  int64_t reward_run_ = 0, distill_run_ = 0, entropy_run_ = 0;
-  int64_t mismatch_run_ = 0;
-  bool active_[kNumAlarmKinds] = {};
-  int64_t clear_run_[kNumAlarmKinds] = {};  // steps running with the condition false while active
-  int64_t fired_[kNumAlarmKinds] = {};
+  AlarmMonitorState state_;
 };
 
 }  // namespace kappa::learner

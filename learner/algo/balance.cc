@@ -4,6 +4,7 @@
 #include <cmath>
 #include <set>
 #include <stdexcept>
+#include <string>
 
 namespace kappa::learner {
 namespace {
@@ -201,6 +202,19 @@ void LambdaController::Update(double reward_grad_norm, double distill_grad_norm)
   const double factor = std::clamp(std::pow(*kappa_ema_ / kappa_target_, config_.gain),
                                    1.0 / config_.max_factor, config_.max_factor);
   lambda_ = std::clamp(lambda_ * factor, config_.lambda_min, config_.lambda_max);
+}
+
+void LambdaController::Restore(const LambdaControllerState& state) {
+  if (!std::isfinite(state.lambda) || !(state.lambda > 0)) {
+    throw std::invalid_argument("m3_adapt state: lambda must be finite and > 0, got " +
+                                std::to_string(state.lambda));
+  }
+  if (state.kappa_ema && !std::isfinite(*state.kappa_ema)) {
+    throw std::invalid_argument("m3_adapt state: kappa_ema must be finite, got " +
+                                std::to_string(*state.kappa_ema));
+  }
+  lambda_ = std::clamp(state.lambda, config_.lambda_min, config_.lambda_max);
+  kappa_ema_ = state.kappa_ema;
 }
 
 }  // namespace kappa::learner

@@ -96,6 +96,13 @@ struct CombinedGradient {
 CombinedGradient CombineGradients(GradientList reward, GradientList distill, GradientList sft,
                                   const GradientPlan& plan, const torch::Device& device);
 
+// What LambdaController carries from step to step: what a checkpoint saves
+// so a resumed run continues with the same λ.
+struct LambdaControllerState {
+  double lambda = 1.0;
+  std::optional<double> kappa_ema;  // absent: no measurement yet
+};
+
 // m3_adapt: λ ← clamp(λ · clamp((EMA κ_eff / κ_target)^gain, 1/f, f), λ_min, λ_max)
 // with κ_eff = ‖g_R‖ / (λ ‖g_D‖), the ratio the update actually applied.
 class LambdaController {
@@ -106,6 +113,12 @@ class LambdaController {
   std::optional<double> kappa_ema() const { return kappa_ema_; }
   // One measurement under the current λ; steps with ‖g_D‖ = 0 are skipped.
   void Update(double reward_grad_norm, double distill_grad_norm);
+
+  LambdaControllerState state() const { return {lambda_, kappa_ema_}; }
+  // Continues from `state` (a checkpoint's): λ clamped to this config's
+  // [lambda_min, lambda_max]. Throws std::invalid_argument naming the field
+  // for a λ that is not finite and > 0 or a non-finite κ EMA.
+  void Restore(const LambdaControllerState& state);
 
  private:
   double lambda_;

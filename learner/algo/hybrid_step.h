@@ -80,6 +80,11 @@ class HybridStep {
   PolicyOptimizer& optimizer() { return *optimizer_; }
   const HybridStepConfig& config() const { return config_; }
   double lambda() const;
+  // m3_adapt's λ controller (its state goes into checkpoints); null when the
+  // balancing has no m3_adapt.
+  LambdaController* lambda_controller() {
+    return lambda_controller_ ? &*lambda_controller_ : nullptr;
+  }
 
  private:
   // The distillation gate's decision for one batch.
