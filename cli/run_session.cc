@@ -18,6 +18,7 @@
 #include "cli/metrics_tail.h"
 #include "cli/process_supervisor.h"
 #include "cli/progress.h"
+#include "cli/restart_budget.h"
 #include "cli/termination_signal.h"
 #include "services/atomic_file.h"
 #include "services/ready_file.h"
@@ -238,12 +239,12 @@ class Session {
 
   // Restart rule: while training, a teacher, verifier or rollout worker that
   // dies (non-zero exit or a signal) is started again with the same command
-  // line, up to kMaxRestarts times per process name; the workers reconnect
+  // line, unless it was already restarted RestartBudget::kMaxRestarts times
+  // in the last RestartBudget::kWindow (a crash loop); the workers reconnect
   // and the learner re-issues a dead worker's leases, so nothing is lost. A
   // learner rank is never restarted here (`kappa run --resume` does that),
   // nor is anything that fails while the run is still starting up.
-  static constexpr int kMaxRestarts = 5;
-
+  //
   // True when `event` was a restartable process and it runs again, on the
   // addresses its first run reported.
   bool Restart(const ExitEvent& event) {
@@ -251,18 +252,19 @@ class Session {
     if (it == restartable_.end()) return false;
     const std::string name = it->second;
     restartable_.erase(it);
-    int& restarts = restarts_[name];
     display_.Finish();
-    if (restarts >= kMaxRestarts) {
-      std::cerr << "kappa run: " << name << " died again after " << restarts
-                << " restarts; giving up\n";
+    const auto window =
+        std::chrono::duration_cast<std::chrono::minutes>(RestartBudget::kWindow).count();
+    if (!restart_budget_.TryRestart(name, Clock::now())) {
+      std::cerr << "kappa run: " << name << " died again after " << RestartBudget::kMaxRestarts
+                << " restarts within " << window << " min; giving up\n";
       return false;
     }
-    ++restarts;
     const ServiceProcess& service = *services_[name];
     std::cerr << "kappa run: " << name << " " << event.status.ToString()
-              << " during training; restarting it (restart " << restarts << " of " << kMaxRestarts
-              << "; log " << service.spec.log_file << ")\n"
+              << " during training; restarting it (restart " << restart_budget_.total(name)
+              << "; at most " << RestartBudget::kMaxRestarts << " within " << window << " min; log "
+              << service.spec.log_file << ")\n"
               << std::flush;
     const ProcessSpec spec =
         ready_.count(name) > 0 ? PinnedSpec(specs_[name], ready_[name]) : specs_[name];
@@ -337,7 +339,7 @@ class Session {
   std::map<std::string, pid_t> pids_;
   std::map<std::string, services::ReadyInfo> ready_;
   std::map<pid_t, std::string> restartable_;  // running, restartable
-  std::map<std::string, int> restarts_;       // by process name
+  RestartBudget restart_budget_;
   MetricsTail metrics_;
   ProgressDisplay display_;
   SessionOutcome outcome_;

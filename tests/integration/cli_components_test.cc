@@ -11,6 +11,7 @@
 #include "cli/free_port.h"
 #include "cli/metrics_tail.h"
 #include "cli/progress.h"
+#include "cli/restart_budget.h"
 #include "cli/run_dir.h"
 #include "cli/run_session.h"
 #include "cli/service_launch.h"
@@ -190,6 +191,24 @@ TEST(ServiceLaunchTest, WorkerSpecAddsTheAddressesItConnectsTo) {
             (std::vector<std::string>{"kappa-rollout-worker", "--worker-id", "rollout-0",
                                       "--teacher", "127.0.0.1:1", "--verifier", "127.0.0.1:2",
                                       "--learner", "127.0.0.1:3"}));
+}
+
+TEST(RestartBudgetTest, StopsACrashLoopButNotFaultsSpreadOverALongRun) {
+  RestartBudget budget;
+  const RestartBudget::Clock::time_point start{};
+  auto at = [&](int seconds) { return start + std::chrono::seconds(seconds); };
+  // One death every 3 minutes for 10 hours: never a crash loop.
+  for (int i = 0; i < 200; ++i) EXPECT_TRUE(budget.TryRestart("teacher", at(180 * i))) << i;
+  EXPECT_EQ(budget.total("teacher"), 200);
+  // Five restarts within a minute, then the sixth is refused...
+  for (int i = 0; i < 5; ++i) EXPECT_TRUE(budget.TryRestart("rollout-0", at(10 * i)));
+  EXPECT_FALSE(budget.TryRestart("rollout-0", at(60)));
+  EXPECT_FALSE(budget.TryRestart("rollout-0", at(599)));
+  // ...until the oldest of them is 10 minutes old. Other names are apart.
+  EXPECT_TRUE(budget.TryRestart("rollout-0", at(600)));
+  EXPECT_TRUE(budget.TryRestart("rollout-1", at(60)));
+  EXPECT_EQ(budget.total("rollout-0"), 6);
+  EXPECT_EQ(budget.total("verifier"), 0);
 }
 
 TEST(ServiceLaunchTest, MissingBinaryListsWhereItLooked) {
