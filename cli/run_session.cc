@@ -98,8 +98,9 @@ class Session {
       restartable_[pids_[worker.spec.name]] = worker.spec.name;
       names.push_back(worker.spec.name);
     }
-    // The workers report before they connect to anything, so prometheus.yml
-    // lists every process before the first group is sampled.
+    // A worker reports once its /metrics is up, before it asks for work;
+    // prometheus.yml follows within a poll interval (on a toy run the first
+    // steps may already be trained by then).
     if (const int code = AwaitReady(names); code >= 0) return Stop(code);
     WritePrometheusConfig();
     return Stop(FollowTraining());
