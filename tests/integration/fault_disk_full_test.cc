@@ -24,7 +24,6 @@
 #include <vector>
 
 #include "cli/process_supervisor.h"
-#include "services/ready_file.h"
 #include "tests/integration/fault_fake_worker.h"
 #include "tests/integration/fault_services.h"
 #include "tests/integration/run_files.h"
@@ -99,11 +98,9 @@ TEST_F(DiskFullTest, AFailedCheckpointKeepsTheLastOneAndTrainingGoesOn) {
        ready_file.string(), "--run-dir", run_dir_.string()},
       root_ / "learner.log"));
   ASSERT_TRUE(learner.ok()) << learner.status();
-  absl::StatusOr<kappa::services::ReadyInfo> ready = absl::NotFoundError("");
-  ASSERT_TRUE(
-      WaitFor([&] { return (ready = kappa::services::ReadReadyFile(ready_file.string())).ok(); },
-              std::chrono::seconds(60)))
-      << ReadAll(root_ / "learner.log");
+  const absl::StatusOr<kappa::services::ReadyInfo> ready =
+      kappa::testing::AwaitReadyFile(ready_file, std::chrono::seconds(60));
+  ASSERT_TRUE(ready.ok()) << ready.status() << "\n" << ReadAll(root_ / "learner.log");
 
   // Slow enough that the test acts between two checkpoints.
   kappa::testing::FakeWorkerOptions options;
