@@ -2,11 +2,11 @@
 
 namespace kappa::cli {
 
-bool RestartBudget::TryRestart(const std::string& name, Clock::time_point now) {
-  std::deque<Clock::time_point>& recent = recent_[name];
-  while (!recent.empty() && now - recent.front() >= kWindow) recent.pop_front();
-  if (static_cast<int>(recent.size()) >= kMaxRestarts) return false;
-  recent.push_back(now);
+bool RestartBudget::TryRestart(const std::string& name, Clock::time_point started,
+                               Clock::time_point died) {
+  int& quick_deaths = quick_deaths_in_a_row_[name];
+  quick_deaths = died - started < kHealthyUptime ? quick_deaths + 1 : 0;
+  if (quick_deaths > kMaxQuickRestarts) return false;
   ++total_[name];
   return true;
 }

@@ -1,12 +1,14 @@
 // When `kappa run` stops restarting a process that keeps dying: a crash loop
-// is kMaxRestarts restarts of one process within kWindow. Faults spread over
-// a long run (a node lost now and then) never use the budget up; a process
-// that cannot start (a bad checkpoint, a port it cannot bind) does, within
-// minutes. Not thread-safe; the supervising thread's.
+// is a process that died kMaxQuickRestarts + 1 times in a row, each less
+// than kHealthyUptime after it was started. A process that cannot start (a bad
+// checkpoint, a port it cannot bind) dies within seconds every time and uses
+// the budget up at once; one that ran a while before it died (a node lost,
+// an OOM kill, an operator's kill) starts the count again, however often
+// that happens. This is Kubernetes' rule too: CrashLoopBackOff is reset by a
+// container that ran long enough. Not thread-safe; the supervising thread's.
 #pragma once
 
 #include <chrono>
-#include <deque>
 #include <map>
 #include <string>
 
@@ -15,19 +17,20 @@ namespace kappa::cli {
 class RestartBudget {
  public:
   using Clock = std::chrono::steady_clock;
-  static constexpr int kMaxRestarts = 5;
-  static constexpr std::chrono::minutes kWindow{10};
+  static constexpr int kMaxQuickRestarts = 5;
+  static constexpr std::chrono::seconds kHealthyUptime{60};
 
-  // True when `name` may be restarted at `now`, and records the restart;
-  // false when it was already restarted kMaxRestarts times in the kWindow
-  // before `now`.
-  bool TryRestart(const std::string& name, Clock::time_point now);
+  // Records that `name`, started at `started`, died at `died`. True when it
+  // may be started again (and counts the restart); false when it died within
+  // kHealthyUptime of its start, and so did its kMaxQuickRestarts runs before.
+  // REQUIRES: started <= died.
+  bool TryRestart(const std::string& name, Clock::time_point started, Clock::time_point died);
 
   // Restarts of `name` so far, in all.
   int total(const std::string& name) const;
 
  private:
-  std::map<std::string, std::deque<Clock::time_point>> recent_;  // within kWindow, oldest first
+  std::map<std::string, int> quick_deaths_in_a_row_;
   std::map<std::string, int> total_;
 };
 

@@ -120,6 +120,7 @@ class Session {
     services_[spec.name] = &service;
     specs_[spec.name] = spec;
     pids_[spec.name] = *pid;
+    started_[spec.name] = Clock::now();
     return true;
   }
 
@@ -240,8 +241,9 @@ class Session {
 
   // Restart rule: while training, a teacher, verifier or rollout worker that
   // dies (non-zero exit or a signal) is started again with the same command
-  // line, unless it was already restarted RestartBudget::kMaxRestarts times
-  // in the last RestartBudget::kWindow (a crash loop); the workers reconnect
+  // line, unless it is in a crash loop (RestartBudget: it died within
+  // RestartBudget::kHealthyUptime of its start more than
+  // RestartBudget::kMaxQuickRestarts times in a row); the workers reconnect
   // and the learner re-issues a dead worker's leases, so nothing is lost. A
   // learner rank is never restarted here (`kappa run --resume` does that),
   // nor is anything that fails while the run is still starting up.
@@ -254,17 +256,19 @@ class Session {
     const std::string name = it->second;
     restartable_.erase(it);
     display_.Finish();
-    const auto window =
-        std::chrono::duration_cast<std::chrono::minutes>(RestartBudget::kWindow).count();
-    if (!restart_budget_.TryRestart(name, Clock::now())) {
-      std::cerr << "kappa run: " << name << " died again after " << RestartBudget::kMaxRestarts
-                << " restarts within " << window << " min; giving up\n";
+    const auto healthy = RestartBudget::kHealthyUptime.count();
+    const ServiceProcess& service = *services_[name];
+    if (!restart_budget_.TryRestart(name, started_[name], Clock::now())) {
+      std::cerr << "kappa run: " << name << " died within " << healthy << " s of its start "
+                << RestartBudget::kMaxQuickRestarts + 1
+                << " times in a row (a crash loop); giving up; log " << service.spec.log_file
+                << "\n";
       return false;
     }
-    const ServiceProcess& service = *services_[name];
     std::cerr << "kappa run: " << name << " " << event.status.ToString()
               << " during training; restarting it (restart " << restart_budget_.total(name)
-              << "; at most " << RestartBudget::kMaxRestarts << " within " << window << " min; log "
+              << "; a crash loop, " << RestartBudget::kMaxQuickRestarts + 1
+              << " deaths in a row within " << healthy << " s of a start, ends the run; log "
               << service.spec.log_file << ")\n"
               << std::flush;
     const ProcessSpec spec =
@@ -334,10 +338,12 @@ class Session {
   ProcessSupervisor supervisor_;
   pid_t learner_pid_ = 0;
   // By process name (ProcessSpec::name): the plan entry, the command line it
-  // last ran with, the pid running now, and what its first run reported.
+  // last ran with, the pid running now and when it started, and what its
+  // first run reported.
   std::map<std::string, const ServiceProcess*> services_;
   std::map<std::string, ProcessSpec> specs_;
   std::map<std::string, pid_t> pids_;
+  std::map<std::string, Clock::time_point> started_;  // when pids_[name] was spawned
   std::map<std::string, services::ReadyInfo> ready_;
   std::map<pid_t, std::string> restartable_;  // running, restartable
   RestartBudget restart_budget_;
