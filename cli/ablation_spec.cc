@@ -4,6 +4,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -48,6 +49,7 @@ class Parser {
     bool has_base = false;
     bool has_seeds = false;
     bool has_arms = false;
+    std::optional<YAML::Node> baseline_key;  // where `baseline` is, for its error
     for (auto it = root.begin(); it != root.end(); ++it) {
       const YAML::Node key = it->first;  // copies: the iterator yields a temporary
       const YAML::Node value = it->second;
@@ -67,16 +69,25 @@ class Parser {
       } else if (name == "arms") {
         has_arms = true;
         status = ReadArms(key, value, &spec.arms);
+      } else if (name == "baseline") {
+        baseline_key = key;
+        status = ReadBaseline(key, value, &spec.baseline);
       } else {
         status = Error(key, root,
                        absl::StrCat("unknown key '", name,
-                                    "' (expected base, seeds, overrides, quick, arms)"));
+                                    "' (expected base, seeds, overrides, quick, baseline, arms)"));
       }
       if (!status.ok()) return status;
     }
     if (!has_base) return Error(root, root, "missing 'base' (the run config the arms modify)");
     if (!has_seeds) return Error(root, root, "missing 'seeds' (e.g. seeds: [1, 2, 3])");
     if (!has_arms) return Error(root, root, "missing 'arms'");
+    if (!baseline_key) {
+      spec.baseline = DefaultBaseline(spec.arms);
+    } else if (absl::Status status = CheckBaselineIsAnArm(*baseline_key, root, spec);
+               !status.ok()) {
+      return status;
+    }
     return spec;
   }
 
@@ -103,6 +114,30 @@ class Parser {
     spec->base_config =
         base.is_absolute() ? base.string() : (fs::path(file_).parent_path() / base).string();
     return absl::OkStatus();
+  }
+
+  // A null or empty value: no baseline. The name is checked against the arms
+  // once they are read (the key may come first).
+  absl::Status ReadBaseline(const YAML::Node& key, const YAML::Node& value, std::string* baseline) {
+    if (value.IsNull()) return absl::OkStatus();
+    if (!value.IsScalar()) {
+      return Error(value, key, "'baseline' expects the name of an arm (e.g. baseline: naive)");
+    }
+    *baseline = value.Scalar();
+    return absl::OkStatus();
+  }
+
+  absl::Status CheckBaselineIsAnArm(const YAML::Node& key, const YAML::Node& root,
+                                    const AblationSpec& spec) const {
+    if (spec.baseline.empty()) return absl::OkStatus();
+    std::vector<std::string> names;
+    for (const AblationArm& arm : spec.arms) {
+      if (arm.name == spec.baseline) return absl::OkStatus();
+      names.push_back(arm.name);
+    }
+    return Error(key, root,
+                 absl::StrCat("'baseline': '", spec.baseline,
+                              "' is not an arm (arms: ", absl::StrJoin(names, ", "), ")"));
   }
 
   absl::Status ReadSeeds(const YAML::Node& key, const YAML::Node& value,
@@ -260,6 +295,13 @@ std::string YamlQuoted(const std::string& text) {
 }
 
 }  // namespace
+
+std::string DefaultBaseline(const std::vector<AblationArm>& arms) {
+  for (const AblationArm& arm : arms) {
+    if (arm.name == "naive") return arm.name;
+  }
+  return "";
+}
 
 absl::StatusOr<AblationSpec> ParseAblationSpec(const std::string& yaml_text,
                                                const std::string& file_name) {

@@ -6,6 +6,7 @@
 //   seeds: [1, 2, 3]
 //   overrides: [trainer.steps=300]
 //   quick: {seeds: [1], overrides: [trainer.steps=100]}   # --quick
+//   baseline: naive             # optional: the arm the others are compared with
 //   arms:
 //     - name: grpo_only
 //       description: "GRPO alone"
@@ -38,7 +39,15 @@ struct AblationSpec {
   std::vector<uint64_t> quick_seeds;            // empty: keep `seeds`
   std::vector<std::string> quick_overrides;     // appended to `overrides`
   std::vector<AblationArm> arms;
+  // The arm the results compare every other arm with, paired by seed;
+  // empty: no comparison. Without the key: "naive" when an arm has that
+  // name; `baseline: null` (or an empty value) asks for none.
+  std::string baseline;
 };
+
+// The baseline of a file without a `baseline` key: "naive" when an arm has
+// that name, else empty.
+std::string DefaultBaseline(const std::vector<AblationArm>& arms);
 
 // One `kappa run` of the experiment.
 struct PlannedRun {
@@ -51,7 +60,7 @@ struct PlannedRun {
 // Parses the ablation file. Errors (INVALID_ARGUMENT, NOT_FOUND) start with
 // "<file>:<line>: " whenever a line is known: unknown keys, an arm without a
 // name, duplicate arm names, seeds that are not non-negative integers,
-// overrides that are not "key=value" strings.
+// overrides that are not "key=value" strings, a baseline that names no arm.
 absl::StatusOr<AblationSpec> LoadAblationSpec(const std::string& path);
 // The same from text (`file_name` for messages and for resolving `base`).
 absl::StatusOr<AblationSpec> ParseAblationSpec(const std::string& yaml_text,

@@ -70,11 +70,11 @@ std::string CommandLineText(const std::vector<std::string>& argv) {
 }
 
 std::string Context(const AblationSpec& spec, bool quick, size_t runs) {
-  return absl::StrCat("Base config `", spec.base_config, "`", quick ? " (--quick)" : "",
-                      "; seeds ", absl::StrJoin(spec.seeds, ", "), "; ", runs,
-                      " runs. Common overrides: `",
+  return absl::StrCat("Base config `", spec.base_config, "`", quick ? " (--quick)" : "", "; seeds ",
+                      absl::StrJoin(spec.seeds, ", "), "; ", runs, " runs. Common overrides: `",
                       spec.overrides.empty() ? "(none)" : absl::StrJoin(spec.overrides, " "),
-                      "`.");
+                      "`. Baseline arm: ",
+                      spec.baseline.empty() ? "none" : absl::StrCat("`", spec.baseline, "`"), ".");
 }
 
 // "final acc 0.312 (step 300), L_D trend -0.1234, κ median 3.2"
@@ -186,19 +186,27 @@ std::vector<RunResult> InitialResults(const std::vector<PlannedRun>& runs) {
   return results;
 }
 
-// results.csv, results.md and report.html as they stand; a failure to write
-// one is reported, not fatal.
+// results.csv, summary.csv, differences.csv, results.md and report.html as
+// they stand; a failure to write one is reported, not fatal.
 void WriteResults(const ExperimentPlan& plan, const std::vector<RunResult>& results) {
   const fs::path& out = plan.out;
-  for (absl::Status status :
-       {services::WriteFileAtomically((out / "results.csv").string(), ResultsCsv(results)),
-        services::WriteFileAtomically(
-            (out / "results.md").string(),
-            ResultsMarkdown(plan.title, plan.context, plan.spec.arms, results))}) {
-    if (!status.ok()) std::cerr << "kappa experiment: " << status.message() << "\n";
+  const std::vector<AblationArm>& arms = plan.spec.arms;
+  const std::vector<ComparedMetric> metrics = ComparedMetrics(results);
+  const std::pair<const char*, std::string> files[] = {
+      {"results.csv", ResultsCsv(results)},
+      {"summary.csv", SummaryCsv(SummarizeArms(arms, results, metrics))},
+      {"differences.csv",
+       DifferencesCsv(PairedDifferences(arms, results, plan.spec.baseline, metrics))},
+      {"results.md", ResultsMarkdown(plan.title, plan.context, arms, results, plan.spec.baseline)},
+  };
+  for (const auto& [name, text] : files) {
+    if (absl::Status status = services::WriteFileAtomically((out / name).string(), text);
+        !status.ok()) {
+      std::cerr << "kappa experiment: " << status.message() << "\n";
+    }
   }
-  if (absl::Status status =
-          WriteExperimentReport(out.string(), plan.title, plan.context, plan.spec.arms, results);
+  if (absl::Status status = WriteExperimentReport(out.string(), plan.title, plan.context, arms,
+                                                  results, plan.spec.baseline);
       !status.ok()) {
     std::cerr << "kappa experiment: report.html: " << status.message() << "\n";
   }
@@ -283,10 +291,12 @@ RunTally RunAll(const ExperimentPlan& plan, const std::vector<std::vector<std::s
 // The per-arm table on stdout, the totals on stderr; the exit status.
 int Summarize(const ExperimentPlan& plan, const std::vector<RunResult>& results,
               const RunTally& tally, Clock::time_point start) {
-  std::cout << ResultsMarkdown(plan.title, plan.context, plan.spec.arms, results) << std::flush;
+  std::cout << ResultsMarkdown(plan.title, plan.context, plan.spec.arms, results,
+                               plan.spec.baseline)
+            << std::flush;
   std::cerr << absl::StrFormat(
-      "kappa experiment: %s in %s; %d failed; results in %s/results.md, "
-      "results.csv and report.html, run logs in %s/logs/\n",
+      "kappa experiment: %s in %s; %d failed; results in %s/results.md, results.csv, "
+      "summary.csv, differences.csv and report.html, run logs in %s/logs/\n",
       tally.interrupted ? "interrupted" : "finished", FormatDuration(SecondsSince(start)),
       tally.failed, plan.out.string(), plan.out.string());
   if (tally.interrupted) return 130;

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <fstream>
 #include <functional>
+#include <set>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
@@ -46,6 +47,55 @@ std::optional<double> MedianOf(const std::vector<nlohmann::json>& steps, const c
   return Median(std::move(values));
 }
 
+// The per-subset fields (docs/metrics.md): objects {"<subset>": number or
+// null, ..., "rest": ...}.
+constexpr char kEvalAccuracyBySubset[] = "eval_accuracy_by_subset";
+constexpr char kKdrMeanBySubset[] = "kdr_mean_by_subset";
+constexpr char kKdrNegativeFractionBySubset[] = "kdr_negative_fraction_by_subset";
+constexpr char kRestSubset[] = "rest";
+
+const nlohmann::json* ObjectAt(const nlohmann::json& record, const char* key) {
+  auto it = record.find(key);
+  if (it == record.end() || !it->is_object()) return nullptr;
+  return &*it;
+}
+
+// Per subset named in any step's `key` object, the median of its numbers
+// over the steps (unset when it never had one).
+std::map<std::string, std::optional<double>> SubsetMedians(const std::vector<nlohmann::json>& steps,
+                                                           const char* key) {
+  std::map<std::string, std::vector<double>> values;
+  for (const nlohmann::json& record : steps) {
+    const nlohmann::json* by_subset = ObjectAt(record, key);
+    if (by_subset == nullptr) continue;
+    for (const auto& [subset, value] : by_subset->items()) {
+      std::vector<double>& of_subset = values[subset];
+      if (value.is_number() && std::isfinite(value.get<double>())) {
+        of_subset.push_back(value.get<double>());
+      }
+    }
+  }
+  std::map<std::string, std::optional<double>> medians;
+  for (auto& [subset, of_subset] : values) medians[subset] = Median(std::move(of_subset));
+  return medians;
+}
+
+// The values of the object, null (or not a finite number) as unset.
+std::map<std::string, std::optional<double>> SubsetValues(const nlohmann::json& by_subset) {
+  std::map<std::string, std::optional<double>> values;
+  for (const auto& [subset, value] : by_subset.items()) {
+    std::optional<double>& slot = values[subset];
+    if (value.is_number() && std::isfinite(value.get<double>())) slot = value.get<double>();
+  }
+  return values;
+}
+
+std::optional<double> ValueOf(const std::map<std::string, std::optional<double>>& by_subset,
+                              const std::string& subset) {
+  auto it = by_subset.find(subset);
+  return it == by_subset.end() ? std::nullopt : it->second;
+}
+
 void CountAlarms(const nlohmann::json& record, int64_t step,
                  std::map<std::string, AlarmStats>* alarms) {
   auto it = record.find(metrics_jsonl::kAlarms);
@@ -74,6 +124,8 @@ std::string Csv(const std::optional<double>& value) { return FormatOr(value, "%.
 std::string Csv(const std::optional<int64_t>& value) {
   return value ? absl::StrCat(*value) : std::string();
 }
+// The statistics files keep more digits: they are read by programs.
+std::string PreciseCsv(const std::optional<double>& value) { return FormatOr(value, "%.10g", ""); }
 
 std::string CsvField(const std::string& text) {
   if (text.find_first_of(",\"\n\r") == std::string::npos) return text;
@@ -84,57 +136,178 @@ std::string MarkdownCell(const std::string& text) {
   return absl::StrReplaceAll(text, {{"|", "\\|"}, {"\n", " "}});
 }
 
-// "0.512 ± 0.034", "0.512" for one value, " (n=2)" when some runs of the arm
-// lacked the number.
-std::string FormatAggregate(const std::optional<MeanStd>& aggregate, const char* format,
-                            int runs) {
-  if (!aggregate) return kMissing;
-  std::string text = FormatOr(aggregate->mean, format, kMissing);
-  if (aggregate->n > 1) {
-    std::string spread = FormatOr(aggregate->std, format, kMissing);
-    if (!spread.empty() && spread[0] == '+') spread.erase(0, 1);  // a signed column's std
-    absl::StrAppend(&text, " ± ", spread);
+// "%.3f" -> "%+.3f": a difference shows its sign.
+std::string SignedFormat(const char* format) {
+  std::string signed_format(format);
+  if (signed_format.size() > 1 && signed_format[0] == '%' && signed_format[1] != '+') {
+    signed_format.insert(1, "+");
   }
-  if (aggregate->n < runs) absl::StrAppend(&text, " (n=", aggregate->n, ")");
+  return signed_format;
+}
+
+// A spread (a CI half-width) printed with a signed column's format has no sign.
+std::string WithoutPlus(std::string text) {
+  if (!text.empty() && text[0] == '+') text.erase(0, 1);
   return text;
 }
 
-using Getter = std::function<std::optional<double>(const RunMetrics&)>;
+bool FinishedOk(const RunResult& run) { return run.status == "ok"; }
 
-std::optional<MeanStd> AggregateRuns(const std::vector<const RunResult*>& runs,
-                                     const Getter& get) {
-  std::vector<std::optional<double>> values;
-  for (const RunResult* run : runs) {
-    values.push_back(run->metrics ? get(*run->metrics) : std::nullopt);
-  }
-  return Aggregate(values);
+std::optional<double> ValueOfRun(const RunResult& run, const ComparedMetric& metric) {
+  return run.metrics ? metric.value(*run.metrics) : std::nullopt;
 }
 
-// Count mean ± std over the runs that have metrics, and the earliest step any
-// of them fired at.
-std::string FormatAlarmCell(const std::vector<const RunResult*>& runs, const std::string& kind) {
-  std::vector<std::optional<double>> counts;
+std::optional<double> AlarmCount(const RunMetrics& m, const std::string& kind) {
+  if (m.records == 0) return std::nullopt;  // no steps: no alarm could fire
+  auto it = m.alarms.find(kind);
+  return static_cast<double>(it == m.alarms.end() ? 0 : it->second.count);
+}
+
+constexpr char kAlarmPrefix[] = "alarms_";
+
+// The kind of an alarm-count metric ("alarms_collapse" -> "collapse"); empty
+// for other metrics.
+std::string AlarmKindOf(const ComparedMetric& metric) {
+  const std::string prefix = kAlarmPrefix;
+  return metric.name.compare(0, prefix.size(), prefix) == 0 ? metric.name.substr(prefix.size())
+                                                            : "";
+}
+
+const ComparedMetric* FindMetric(const std::vector<ComparedMetric>& metrics,
+                                 const std::string& name) {
+  for (const ComparedMetric& metric : metrics) {
+    if (metric.name == name) return &metric;
+  }
+  return nullptr;
+}
+
+// " (first @3)": the earliest step `kind` fired at over `runs`; empty when it
+// never did.
+std::string FirstFiredText(const std::vector<const RunResult*>& runs, const std::string& kind) {
   std::optional<int64_t> first;
   for (const RunResult* run : runs) {
-    if (!run->metrics || run->metrics->records == 0) {
-      counts.push_back(std::nullopt);
-      continue;
-    }
+    if (!run->metrics) continue;
     auto it = run->metrics->alarms.find(kind);
-    const AlarmStats stats = it == run->metrics->alarms.end() ? AlarmStats{} : it->second;
-    counts.push_back(static_cast<double>(stats.count));
-    if (stats.first_step && (!first || *stats.first_step < *first)) first = stats.first_step;
+    if (it == run->metrics->alarms.end() || !it->second.first_step) continue;
+    if (!first || *it->second.first_step < *first) first = it->second.first_step;
   }
-  std::string text = FormatAggregate(Aggregate(counts), "%.3g", static_cast<int>(runs.size()));
-  if (first) absl::StrAppend(&text, " (first @", *first, ")");
+  return first ? absl::StrCat(" (first @", *first, ")") : "";
+}
+
+// A per-arm cell: FormatMeanAndCi, " (n=k)" when only k of the arm's `ok`
+// runs had the number.
+std::string ArmCell(const std::optional<MeanEstimate>& estimate, const char* format, int ok) {
+  std::string text = FormatMeanAndCi(estimate, format);
+  if (estimate && estimate->n < ok) absl::StrAppend(&text, " (n=", estimate->n, ")");
   return text;
+}
+
+using StatisticIndex = std::map<std::pair<std::string, std::string>, std::optional<MeanEstimate>>;
+
+StatisticIndex IndexByArmAndMetric(const std::vector<ArmStatistic>& statistics) {
+  StatisticIndex index;
+  for (const ArmStatistic& s : statistics) index[{s.arm, s.metric}] = s.estimate;
+  return index;
+}
+
+// A markdown table: per arm in `arms`, "runs ok" and one column per metric.
+// `with_wall`: a last column of wall seconds.
+std::string ArmTableMarkdown(const std::vector<AblationArm>& arms,
+                             const std::vector<RunResult>& runs,
+                             const std::vector<const ComparedMetric*>& columns,
+                             const StatisticIndex& statistics, bool with_wall) {
+  std::vector<std::string> header = {"arm", "runs ok"};
+  for (const ComparedMetric* metric : columns) header.push_back(MarkdownCell(metric->label));
+  if (with_wall) header.push_back("wall s");
+  std::string out = absl::StrCat("| ", absl::StrJoin(header, " | "), " |\n|");
+  for (size_t i = 0; i < header.size(); ++i) absl::StrAppend(&out, "---|");
+  absl::StrAppend(&out, "\n");
+
+  for (const AblationArm& arm : arms) {
+    std::vector<const RunResult*> ok_runs;
+    int total = 0;
+    for (const RunResult& run : runs) {
+      if (run.arm != arm.name) continue;
+      ++total;
+      if (FinishedOk(run)) ok_runs.push_back(&run);
+    }
+    if (total == 0) continue;
+    const int ok = static_cast<int>(ok_runs.size());
+    std::vector<std::string> row = {MarkdownCell(arm.name), absl::StrCat(ok, "/", total)};
+    for (const ComparedMetric* metric : columns) {
+      auto it = statistics.find({arm.name, metric->name});
+      std::string cell =
+          ArmCell(it == statistics.end() ? std::nullopt : it->second, metric->format, ok);
+      if (const std::string kind = AlarmKindOf(*metric); !kind.empty()) {
+        absl::StrAppend(&cell, FirstFiredText(ok_runs, kind));
+      }
+      row.push_back(cell);
+    }
+    if (with_wall) {
+      std::vector<std::optional<double>> walls;
+      for (const RunResult* run : ok_runs) walls.push_back(run->wall_seconds);
+      row.push_back(ArmCell(Aggregate(walls), "%.0f", ok));
+    }
+    absl::StrAppend(&out, "| ", absl::StrJoin(row, " | "), " |\n");
+  }
+  return out;
+}
+
+// "yes" (bold), "no", "no (2 pairs)" when p is small but the pairs too few,
+// "–" without a p.
+std::string SignificanceCell(const ArmDifference& d) {
+  if (!d.difference || !d.difference->p_value) return kMissing;
+  if (d.significant) return "**yes**";
+  if (*d.difference->p_value < kSignificanceLevel) {
+    return absl::StrCat("no (", d.n_pairs(), " pairs)");
+  }
+  return "no";
+}
+
+std::string DifferencesMarkdown(const std::vector<ArmDifference>& differences,
+                                const std::vector<ComparedMetric>& metrics,
+                                const std::string& baseline) {
+  if (baseline.empty()) {
+    return "No baseline arm, so no paired differences (`baseline: <arm>` in the ablation file "
+           "names one).\n";
+  }
+  int tests = 0;  // the rows that could come out significant
+  std::string rows;
+  for (const ArmDifference& d : differences) {
+    const ComparedMetric* metric = FindMetric(metrics, d.metric);
+    if (metric == nullptr || !metric->headline) continue;
+    if (d.n_pairs() >= kMinPairsForSignificance) ++tests;
+    absl::StrAppend(&rows, "| ", MarkdownCell(d.arm), " | ", MarkdownCell(metric->label), " | ",
+                    d.n_pairs(), " | ", FormatDifference(d, metric->format), " | ",
+                    FormatPValue(d.difference ? d.difference->p_value : std::nullopt), " | ",
+                    SignificanceCell(d), " |\n");
+  }
+  std::string out =
+      absl::StrCat("## Differences against ", MarkdownCell(baseline), " (paired by seed)\n\n");
+  if (rows.empty()) return absl::StrCat(out, "No other arm to compare with it.\n");
+  absl::StrAppend(
+      &out, "Per arm and metric: the mean over seeds of (arm − ", MarkdownCell(baseline),
+      "), over the seeds where both runs finished ok and have the number (n pairs), with its "
+      "95 % confidence interval (paired t, n − 1 df) and the two-sided paired t-test's p. "
+      "Significant: p < ",
+      kSignificanceLevel, " with at least ", kMinPairsForSignificance,
+      " pairs; no interval or p below 2 pairs. The p values are not corrected for multiple "
+      "comparisons: of the ",
+      tests, " tests below with enough pairs, about ",
+      FormatOr(kSignificanceLevel * tests, "%.1f", kMissing),
+      " would come out significant by chance alone if no arm differed. differences.csv has "
+      "every metric, alarm counts included.\n\n");
+  absl::StrAppend(&out, "| arm | metric | n pairs | diff [95 % CI] | p | significant |\n",
+                  "|---|---|---|---|---|---|\n", rows, "\n",
+                  SignificanceSentence(differences, metrics), "\n");
+  return out;
 }
 
 }  // namespace
 
 const std::vector<std::string>& AlarmKinds() {
   static const std::vector<std::string> kinds = {"magnitude_drowning", "directional_conflict",
-                                                 "collapse"};
+                                                 "collapse", "inference_mismatch"};
   return kinds;
 }
 
@@ -145,21 +318,12 @@ std::optional<double> Median(std::vector<double> values) {
   return n % 2 == 1 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
 }
 
-std::optional<MeanStd> Aggregate(const std::vector<std::optional<double>>& values) {
+std::optional<MeanEstimate> Aggregate(const std::vector<std::optional<double>>& values) {
   std::vector<double> present;
   for (const std::optional<double>& v : values) {
     if (v) present.push_back(*v);
   }
-  if (present.empty()) return std::nullopt;
-  MeanStd result;
-  result.n = static_cast<int>(present.size());
-  result.mean = Mean(present, 0, present.size());
-  if (result.n > 1) {
-    double squares = 0.0;
-    for (double v : present) squares += (v - result.mean) * (v - result.mean);
-    result.std = std::sqrt(squares / static_cast<double>(result.n - 1));
-  }
-  return result;
+  return EstimateMean(present);
 }
 
 RunMetrics SummarizeMetrics(const std::vector<nlohmann::json>& records) {
@@ -177,6 +341,9 @@ RunMetrics SummarizeMetrics(const std::vector<nlohmann::json>& records) {
     if (std::optional<double> accuracy = NumberAt(*record, metrics_jsonl::kEvalAccuracy)) {
       metrics.final_accuracy = accuracy;
       metrics.final_accuracy_step = step;
+    }
+    if (const nlohmann::json* by_subset = ObjectAt(*record, kEvalAccuracyBySubset)) {
+      metrics.final_accuracy_by_subset = SubsetValues(*by_subset);
     }
     if (step < 1) continue;
     steps.push_back(*record);
@@ -215,6 +382,9 @@ RunMetrics SummarizeMetrics(const std::vector<nlohmann::json>& records) {
   metrics.kdr_negative_fraction_median = MedianOf(steps, metrics_jsonl::kKdrNegativeFraction);
   metrics.kdr_negative_weighted_fraction_median =
       MedianOf(steps, metrics_jsonl::kKdrNegativeWeightedFraction);
+  metrics.kdr_mean_median_by_subset = SubsetMedians(steps, kKdrMeanBySubset);
+  metrics.kdr_negative_fraction_median_by_subset =
+      SubsetMedians(steps, kKdrNegativeFractionBySubset);
   for (const std::string& kind : AlarmKinds()) metrics.alarms[kind] = AlarmStats{};
   for (const nlohmann::json& record : steps) {
     CountAlarms(record, record[metrics_jsonl::kStep].get<int64_t>(), &metrics.alarms);
@@ -243,6 +413,184 @@ absl::StatusOr<RunMetrics> ReadRunMetrics(const std::string& path) {
   return metrics;
 }
 
+std::vector<std::string> SubsetNames(const std::vector<RunResult>& runs) {
+  std::set<std::string> names;
+  for (const RunResult& run : runs) {
+    if (!run.metrics) continue;
+    for (const auto* by_subset :
+         {&run.metrics->final_accuracy_by_subset, &run.metrics->kdr_mean_median_by_subset,
+          &run.metrics->kdr_negative_fraction_median_by_subset}) {
+      for (const auto& [subset, value] : *by_subset) names.insert(subset);
+    }
+  }
+  std::vector<std::string> ordered;
+  for (const std::string& name : names) {
+    if (name != kRestSubset) ordered.push_back(name);
+  }
+  if (names.count(kRestSubset) > 0) ordered.push_back(kRestSubset);
+  return ordered;
+}
+
+std::vector<ComparedMetric> ComparedMetrics(const std::vector<RunResult>& runs) {
+  using Value = std::function<std::optional<double>(const RunMetrics&)>;
+  std::vector<ComparedMetric> metrics;
+  auto add = [&](std::string name, std::string label, const char* format, bool headline,
+                 Value value, std::string subset = "") {
+    metrics.push_back(
+        {std::move(name), std::move(label), format, headline, std::move(value), std::move(subset)});
+  };
+  add("final_eval_accuracy", "final acc", "%.3f", true,
+      [](const RunMetrics& m) { return m.final_accuracy; });
+  add("reward_mean_last_quarter", "reward last ¼", "%.3f", true,
+      [](const RunMetrics& m) { return m.reward_last_quarter; });
+  add("loss_distill_first_quarter", "L_D first ¼", "%.4g", false,
+      [](const RunMetrics& m) { return m.distill_first_quarter; });
+  add("loss_distill_last_quarter", "L_D last ¼", "%.4g", false,
+      [](const RunMetrics& m) { return m.distill_last_quarter; });
+  add("loss_distill_trend", "L_D trend", "%+.3g", true,
+      [](const RunMetrics& m) { return m.distill_trend; });
+  add("kappa_median", "κ median", "%.3g", false,
+      [](const RunMetrics& m) { return m.kappa_median; });
+  add("kappa_effective_median", "κ_eff median", "%.3g", true,
+      [](const RunMetrics& m) { return m.kappa_effective_median; });
+  add("kdr_negative_fraction_median", "K_DR<0 frac", "%.3f", true,
+      [](const RunMetrics& m) { return m.kdr_negative_fraction_median; });
+  add("kdr_negative_weighted_fraction_median", "K_DR<0 |K|-wtd", "%.3f", false,
+      [](const RunMetrics& m) { return m.kdr_negative_weighted_fraction_median; });
+  for (const std::string& kind : AlarmKinds()) {
+    add(absl::StrCat(kAlarmPrefix, kind), kind, "%.3g", false,
+        [kind](const RunMetrics& m) { return AlarmCount(m, kind); });
+  }
+  const std::vector<std::string> subsets = SubsetNames(runs);
+  for (const std::string& s : subsets) {
+    add(
+        absl::StrCat("final_accuracy_", s), absl::StrCat("acc ", s), "%.3f", true,
+        [s](const RunMetrics& m) { return ValueOf(m.final_accuracy_by_subset, s); }, s);
+  }
+  for (const std::string& s : subsets) {
+    add(
+        absl::StrCat("kdr_mean_median_", s), absl::StrCat("K_DR mean ", s), "%.3g", true,
+        [s](const RunMetrics& m) { return ValueOf(m.kdr_mean_median_by_subset, s); }, s);
+  }
+  for (const std::string& s : subsets) {
+    add(
+        absl::StrCat("kdr_negative_fraction_median_", s), absl::StrCat("K_DR<0 frac ", s), "%.3f",
+        true,
+        [s](const RunMetrics& m) { return ValueOf(m.kdr_negative_fraction_median_by_subset, s); },
+        s);
+  }
+  return metrics;
+}
+
+std::vector<ArmStatistic> SummarizeArms(const std::vector<AblationArm>& arms,
+                                        const std::vector<RunResult>& runs,
+                                        const std::vector<ComparedMetric>& metrics) {
+  std::vector<ArmStatistic> statistics;
+  for (const AblationArm& arm : arms) {
+    for (const ComparedMetric& metric : metrics) {
+      std::vector<std::optional<double>> values;
+      for (const RunResult& run : runs) {
+        if (run.arm == arm.name && FinishedOk(run)) values.push_back(ValueOfRun(run, metric));
+      }
+      ArmStatistic statistic;
+      statistic.arm = arm.name;
+      statistic.metric = metric.name;
+      statistic.estimate = Aggregate(values);
+      statistics.push_back(std::move(statistic));
+    }
+  }
+  return statistics;
+}
+
+std::vector<ArmDifference> PairedDifferences(const std::vector<AblationArm>& arms,
+                                             const std::vector<RunResult>& runs,
+                                             const std::string& baseline,
+                                             const std::vector<ComparedMetric>& metrics) {
+  std::vector<ArmDifference> differences;
+  if (std::none_of(arms.begin(), arms.end(),
+                   [&](const AblationArm& arm) { return arm.name == baseline; })) {
+    return differences;  // also: no baseline
+  }
+  // seed -> the arm's run that finished ok with it (an arm has each seed once).
+  auto ok_runs_by_seed = [&](const std::string& arm) {
+    std::map<uint64_t, const RunResult*> by_seed;
+    for (const RunResult& run : runs) {
+      if (run.arm == arm && FinishedOk(run)) by_seed[run.seed] = &run;
+    }
+    return by_seed;
+  };
+  const std::map<uint64_t, const RunResult*> baseline_runs = ok_runs_by_seed(baseline);
+  for (const AblationArm& arm : arms) {
+    if (arm.name == baseline) continue;
+    const std::map<uint64_t, const RunResult*> arm_runs = ok_runs_by_seed(arm.name);
+    for (const ComparedMetric& metric : metrics) {
+      std::vector<double> paired;
+      for (const auto& [seed, run] : arm_runs) {
+        auto base = baseline_runs.find(seed);
+        if (base == baseline_runs.end()) continue;
+        const std::optional<double> value = ValueOfRun(*run, metric);
+        const std::optional<double> base_value = ValueOfRun(*base->second, metric);
+        if (value && base_value) paired.push_back(*value - *base_value);
+      }
+      ArmDifference d;
+      d.arm = arm.name;
+      d.baseline = baseline;
+      d.metric = metric.name;
+      d.difference = EstimateMean(paired);
+      d.significant = d.difference && d.difference->p_value &&
+                      *d.difference->p_value < kSignificanceLevel &&
+                      d.difference->n >= kMinPairsForSignificance;
+      differences.push_back(std::move(d));
+    }
+  }
+  return differences;
+}
+
+std::string FormatMeanAndCi(const std::optional<MeanEstimate>& estimate, const char* format) {
+  if (!estimate) return kMissing;
+  return absl::StrCat(FormatOr(estimate->mean, format, kMissing), " ± ",
+                      WithoutPlus(FormatOr(estimate->ci_half_width, format, kMissing)));
+}
+
+std::string FormatDifference(const ArmDifference& difference, const char* format) {
+  if (!difference.difference) return kMissing;
+  const MeanEstimate& d = *difference.difference;
+  const std::string signed_format = SignedFormat(format);
+  const char* f = signed_format.c_str();
+  std::string text = FormatOr(d.mean, f, kMissing);
+  if (!d.ci_half_width) return absl::StrCat(text, " [", kMissing, "]");
+  return absl::StrCat(text, " [", FormatOr(d.ci_low(), f, kMissing), ", ",
+                      FormatOr(d.ci_high(), f, kMissing), "]");
+}
+
+std::string FormatPValue(const std::optional<double>& p) {
+  if (!p) return kMissing;
+  if (*p < 0.001) return "< 0.001";
+  return FormatOr(p, "%.3f", kMissing);
+}
+
+std::string SignificanceSentence(const std::vector<ArmDifference>& differences,
+                                 const std::vector<ComparedMetric>& metrics) {
+  if (differences.empty()) return "";
+  std::vector<std::string> significant;
+  for (const ArmDifference& d : differences) {
+    const ComparedMetric* metric = FindMetric(metrics, d.metric);
+    if (!d.significant || metric == nullptr || !metric->headline) continue;
+    significant.push_back(absl::StrCat(
+        d.arm, " ", metric->label, " ",
+        FormatOr(d.difference->mean, SignedFormat(metric->format).c_str(), kMissing), " (p ",
+        *d.difference->p_value < 0.001 ? "" : "= ", FormatPValue(d.difference->p_value), ")"));
+  }
+  const std::string criterion = absl::StrCat("p < ", kSignificanceLevel, " with at least ",
+                                             kMinPairsForSignificance, " pairs");
+  const std::string& baseline = differences.front().baseline;
+  if (significant.empty()) {
+    return absl::StrCat("No difference against ", baseline, " is significant (", criterion, ").");
+  }
+  return absl::StrCat("Significant against ", baseline, " (", criterion,
+                      "): ", absl::StrJoin(significant, "; "), ".");
+}
+
 std::string ResultsCsv(const std::vector<RunResult>& runs) {
   std::vector<std::string> header = {
       "arm", "seed", "name", "status", "wall_seconds", "train_seconds", "last_step",
@@ -255,6 +603,13 @@ std::string ResultsCsv(const std::vector<RunResult>& runs) {
     header.push_back(absl::StrCat("first_step_", kind));
   }
   header.push_back("alarms_other");
+  const std::vector<std::string> subsets = SubsetNames(runs);
+  for (const char* prefix :
+       {"final_accuracy_", "kdr_mean_median_", "kdr_negative_fraction_median_"}) {
+    for (const std::string& subset : subsets) {
+      header.push_back(CsvField(absl::StrCat(prefix, subset)));
+    }
+  }
   header.push_back("error");
   std::string out = absl::StrCat(absl::StrJoin(header, ","), "\n");
 
@@ -281,7 +636,46 @@ std::string ResultsCsv(const std::vector<RunResult>& runs) {
       row.push_back(it == m.alarms.end() ? "" : Csv(it->second.first_step));
     }
     row.push_back(have ? absl::StrCat(other) : "");
+    for (const auto* by_subset : {&m.final_accuracy_by_subset, &m.kdr_mean_median_by_subset,
+                                  &m.kdr_negative_fraction_median_by_subset}) {
+      for (const std::string& subset : subsets) row.push_back(Csv(ValueOf(*by_subset, subset)));
+    }
     row.push_back(CsvField(run.error));
+    absl::StrAppend(&out, absl::StrJoin(row, ","), "\n");
+  }
+  return out;
+}
+
+std::string SummaryCsv(const std::vector<ArmStatistic>& statistics) {
+  std::string out = "arm,metric,n,mean,std,ci_low,ci_high\n";
+  for (const ArmStatistic& s : statistics) {
+    std::vector<std::string> row = {CsvField(s.arm), CsvField(s.metric)};
+    if (!s.estimate) {
+      row.insert(row.end(), {"0", "", "", "", ""});
+    } else {
+      const MeanEstimate& e = *s.estimate;
+      row.insert(row.end(), {absl::StrCat(e.n), PreciseCsv(e.mean),
+                             e.n > 1 ? PreciseCsv(e.std) : std::string(), PreciseCsv(e.ci_low()),
+                             PreciseCsv(e.ci_high())});
+    }
+    absl::StrAppend(&out, absl::StrJoin(row, ","), "\n");
+  }
+  return out;
+}
+
+std::string DifferencesCsv(const std::vector<ArmDifference>& differences) {
+  std::string out = "arm,baseline,metric,n_pairs,mean_diff,ci_low,ci_high,p_value,significant\n";
+  for (const ArmDifference& d : differences) {
+    std::vector<std::string> row = {CsvField(d.arm), CsvField(d.baseline), CsvField(d.metric),
+                                    absl::StrCat(d.n_pairs())};
+    if (!d.difference) {
+      row.insert(row.end(), {"", "", "", ""});
+    } else {
+      row.insert(row.end(),
+                 {PreciseCsv(d.difference->mean), PreciseCsv(d.difference->ci_low()),
+                  PreciseCsv(d.difference->ci_high()), PreciseCsv(d.difference->p_value)});
+    }
+    row.push_back(d.significant ? "true" : "false");
     absl::StrAppend(&out, absl::StrJoin(row, ","), "\n");
   }
   return out;
@@ -289,51 +683,38 @@ std::string ResultsCsv(const std::vector<RunResult>& runs) {
 
 std::string ResultsMarkdown(const std::string& title, const std::string& context,
                             const std::vector<AblationArm>& arms,
-                            const std::vector<RunResult>& runs) {
+                            const std::vector<RunResult>& runs, const std::string& baseline) {
+  const std::vector<ComparedMetric> metrics = ComparedMetrics(runs);
+  const StatisticIndex statistics = IndexByArmAndMetric(SummarizeArms(arms, runs, metrics));
+  std::vector<const ComparedMetric*> main_columns;
+  std::vector<const ComparedMetric*> subset_columns;
+  for (const ComparedMetric& metric : metrics) {
+    (metric.subset.empty() ? main_columns : subset_columns).push_back(&metric);
+  }
+
   std::string out = absl::StrCat("# ", title, "\n\n");
   if (!context.empty()) absl::StrAppend(&out, context, "\n\n");
   absl::StrAppend(
       &out,
-      "Per arm: mean ± sample std over seeds (n=k: only k runs had the number; – none).\n"
+      "Per arm, over its runs that finished ok: **mean ± half-width of the 95 % confidence "
+      "interval of the mean** (Student t, n − 1 df; ± –: a single run, no interval; n=k: only "
+      "k runs had the number; –: none). summary.csv has n, mean, sample std and the interval's "
+      "bounds.\n"
       "L_D ¼: mean loss_distill over the first / last quarter of steps; trend = last − first.\n"
       "κ (‖∇L_R‖/‖∇L_D‖), κ_eff (the applied ratio, κ/λ when mixing naively) and K_DR<0 "
       "fractions: per-run medians over steps. Alarms: fired per run "
       "(first @step: earliest over seeds).\n\n");
-  absl::StrAppend(&out,
-                  "| arm | runs ok | final acc | L_D first ¼ | L_D last ¼ | L_D trend | κ median | "
-                  "κ_eff median | K_DR<0 frac | K_DR<0 \\|K\\|-wtd | magnitude_drowning | directional_conflict "
-                  "| collapse | wall s |\n",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
-  for (const AblationArm& arm : arms) {
-    std::vector<const RunResult*> arm_runs;
-    int ok = 0;
-    for (const RunResult& run : runs) {
-      if (run.arm != arm.name) continue;
-      arm_runs.push_back(&run);
-      if (run.status == "ok") ++ok;
-    }
-    if (arm_runs.empty()) continue;
-    const int n = static_cast<int>(arm_runs.size());
-    auto cell = [&](const Getter& get, const char* format) {
-      return FormatAggregate(AggregateRuns(arm_runs, get), format, n);
-    };
-    std::vector<std::string> row = {
-        MarkdownCell(arm.name),
-        absl::StrCat(ok, "/", n),
-        cell([](const RunMetrics& m) { return m.final_accuracy; }, "%.3f"),
-        cell([](const RunMetrics& m) { return m.distill_first_quarter; }, "%.4g"),
-        cell([](const RunMetrics& m) { return m.distill_last_quarter; }, "%.4g"),
-        cell([](const RunMetrics& m) { return m.distill_trend; }, "%+.3g"),
-        cell([](const RunMetrics& m) { return m.kappa_median; }, "%.3g"),
-        cell([](const RunMetrics& m) { return m.kappa_effective_median; }, "%.3g"),
-        cell([](const RunMetrics& m) { return m.kdr_negative_fraction_median; }, "%.3f"),
-        cell([](const RunMetrics& m) { return m.kdr_negative_weighted_fraction_median; }, "%.3f")};
-    for (const std::string& kind : AlarmKinds()) row.push_back(FormatAlarmCell(arm_runs, kind));
-    std::vector<std::optional<double>> walls;
-    for (const RunResult* run : arm_runs) walls.push_back(run->wall_seconds);
-    row.push_back(FormatAggregate(Aggregate(walls), "%.0f", n));
-    absl::StrAppend(&out, "| ", absl::StrJoin(row, " | "), " |\n");
+  absl::StrAppend(&out, ArmTableMarkdown(arms, runs, main_columns, statistics, true));
+  if (!subset_columns.empty()) {
+    absl::StrAppend(&out,
+                    "\nPer prompt subset (same statistics): final held-out accuracy on the "
+                    "subset, and the per-run medians over steps of its K_DR mean and K_DR<0 "
+                    "fraction.\n\n",
+                    ArmTableMarkdown(arms, runs, subset_columns, statistics, false));
   }
+  absl::StrAppend(
+      &out, "\n",
+      DifferencesMarkdown(PairedDifferences(arms, runs, baseline, metrics), metrics, baseline));
 
   absl::StrAppend(&out, "\nArms:\n\n");
   for (const AblationArm& arm : arms) {
@@ -346,12 +727,14 @@ std::string ResultsMarkdown(const std::string& title, const std::string& context
   }
   std::vector<std::string> problems;
   for (const RunResult& run : runs) {
-    if (run.status == "ok") continue;
+    if (FinishedOk(run)) continue;
     problems.push_back(absl::StrCat("- `", run.name, "`: ", run.status,
                                     run.error.empty() ? "" : absl::StrCat(": ", run.error)));
   }
   if (!problems.empty()) {
-    absl::StrAppend(&out, "\nRuns that did not finish (their partial metrics are included):\n\n",
+    absl::StrAppend(&out,
+                    "\nRuns that did not finish (left out of the statistics; their partial "
+                    "metrics are in results.csv):\n\n",
                     absl::StrJoin(problems, "\n"), "\n");
   }
   return out;

@@ -1,24 +1,29 @@
 // What `kappa experiment` reports: each run's metrics.jsonl reduced to a few
 // numbers (final held-out accuracy, L_D trend, κ median, K_DR negative
-// fractions, alarms), written per run as results.csv and per arm (mean ± std
-// over seeds) as results.md. No processes here, so tests can feed it
-// synthetic metrics.
+// fractions, alarms, and the same per prompt subset when the learner logs
+// subsets), written per run as results.csv; per arm (n, mean, sample std and
+// the 95 % Student-t confidence interval of the mean, over the arm's runs
+// that finished ok) as summary.csv; per arm against a baseline arm (the mean
+// paired-by-seed difference, its 95 % CI and the paired t-test's p) as
+// differences.csv; and both as tables in results.md. No processes here, so
+// tests can feed it synthetic metrics.
 //
 // A number the metrics do not contain stays unset (std::nullopt) and prints
-// as "–" in results.md and as an empty cell in results.csv (so the CSV still
-// loads as numbers); it is never shown as 0.
+// as "–" in results.md and as an empty cell in the CSVs (so they still load
+// as numbers); it is never shown as 0.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "absl/status/statusor.h"
 #include "cli/ablation_spec.h"
+#include "cli/stats.h"
 
 namespace kappa::cli {
 
@@ -54,6 +59,14 @@ struct RunMetrics {
   // By kind; every kind of AlarmKinds() is present once there are records,
   // plus any other kind seen.
   std::map<std::string, AlarmStats> alarms;
+  // Per prompt subset, keyed by subset name (e.g. "hard", "rest"), when the
+  // records carry them. Accuracy: eval_accuracy_by_subset of the last record
+  // that has that object. K_DR: the medians over steps of kdr_mean_by_subset
+  // and kdr_negative_fraction_by_subset. A subset that is named but whose
+  // values are all null maps to an unset value.
+  std::map<std::string, std::optional<double>> final_accuracy_by_subset;
+  std::map<std::string, std::optional<double>> kdr_mean_median_by_subset;
+  std::map<std::string, std::optional<double>> kdr_negative_fraction_median_by_subset;
 };
 
 // `records`: the metrics.jsonl objects in file order. A step recorded twice
@@ -73,24 +86,98 @@ struct RunResult {
   std::optional<RunMetrics> metrics;  // unset: no metrics.jsonl
 };
 
-struct MeanStd {
-  double mean = 0.0;
-  double std = 0.0;  // sample standard deviation (n - 1); 0 when n == 1
-  int n = 0;
-};
-// Over the values that are set; unset when none is.
-std::optional<MeanStd> Aggregate(const std::vector<std::optional<double>>& values);
+// EstimateMean over the values that are set; unset when none is.
+std::optional<MeanEstimate> Aggregate(const std::vector<std::optional<double>>& values);
 // Median of `values` (unsorted); unset when empty.
 std::optional<double> Median(std::vector<double> values);
 
-// One row per run, a header naming every column.
+// The subset names seen in any run's metrics, sorted, "rest" last.
+std::vector<std::string> SubsetNames(const std::vector<RunResult>& runs);
+
+// A number of a run that the per-arm statistics and the paired differences
+// cover.
+struct ComparedMetric {
+  std::string name;    // its results.csv column, e.g. "final_eval_accuracy"
+  std::string label;   // for results.md and report.html, e.g. "final acc"
+  const char* format;  // one printf conversion of a double, for results.md
+  bool headline;       // in results.md's differences table (differences.csv has all)
+  std::function<std::optional<double>(const RunMetrics&)> value;
+  std::string subset;  // the prompt subset of a per-subset metric; empty for the others
+};
+// Final accuracy, reward last quarter, L_D first / last quarter and trend,
+// κ and κ_eff medians, the K_DR<0 fraction medians, the alarm counts per
+// kind of AlarmKinds(), then per subset of SubsetNames(runs):
+// final_accuracy_<subset>, kdr_mean_median_<subset>,
+// kdr_negative_fraction_median_<subset>.
+std::vector<ComparedMetric> ComparedMetrics(const std::vector<RunResult>& runs);
+
+// One arm's numbers for one metric, over the arm's runs that finished ok.
+struct ArmStatistic {
+  std::string arm;
+  std::string metric;                    // ComparedMetric::name
+  std::optional<MeanEstimate> estimate;  // unset: no such run has the number
+};
+// Arms in `arms` order, metrics in `metrics` order within each.
+std::vector<ArmStatistic> SummarizeArms(const std::vector<AblationArm>& arms,
+                                        const std::vector<RunResult>& runs,
+                                        const std::vector<ComparedMetric>& metrics);
+
+inline constexpr double kSignificanceLevel = 0.05;
+inline constexpr int kMinPairsForSignificance = 3;
+
+// One arm against the baseline arm for one metric: the runs of the two arms
+// paired by seed, over the seeds where both finished ok and both have the
+// number.
+struct ArmDifference {
+  std::string arm;
+  std::string baseline;
+  std::string metric;  // ComparedMetric::name
+  // Of the paired differences arm − baseline: n is the number of pairs, the
+  // CI is the paired-t interval and p_value the two-sided paired t-test's
+  // (unset below two pairs). Unset: no pair.
+  std::optional<MeanEstimate> difference;
+  bool significant = false;  // p < kSignificanceLevel with >= kMinPairsForSignificance pairs
+
+  int n_pairs() const { return difference ? difference->n : 0; }
+};
+// Every arm but the baseline (in `arms` order) x every metric; empty when
+// `baseline` is empty or no arm has that name.
+std::vector<ArmDifference> PairedDifferences(const std::vector<AblationArm>& arms,
+                                             const std::vector<RunResult>& runs,
+                                             const std::string& baseline,
+                                             const std::vector<ComparedMetric>& metrics);
+
+// "0.600 ± 0.248": the mean ± the CI half-width in `format`; "0.600 ± –"
+// for a single value (no CI); "–" when unset.
+std::string FormatMeanAndCi(const std::optional<MeanEstimate>& estimate, const char* format);
+// "+0.012 [-0.030, +0.054]": the mean difference and its CI, signed;
+// "+0.012 [–]" for one pair; "–" for none.
+std::string FormatDifference(const ArmDifference& difference, const char* format);
+// "0.041", "< 0.001"; "–" when unset.
+std::string FormatPValue(const std::optional<double>& p);
+// One sentence naming the significant differences among `differences` of
+// the headline metrics (or saying that there are none).
+std::string SignificanceSentence(const std::vector<ArmDifference>& differences,
+                                 const std::vector<ComparedMetric>& metrics);
+
+// One row per run, a header naming every column: the columns of earlier
+// versions keep their names and order; the per-subset columns come before
+// the last one, "error".
 std::string ResultsCsv(const std::vector<RunResult>& runs);
+// arm,metric,n,mean,std,ci_low,ci_high: one row per ArmStatistic (std and
+// the CI empty below two values; everything but arm and metric empty at n 0).
+std::string SummaryCsv(const std::vector<ArmStatistic>& statistics);
+// arm,baseline,metric,n_pairs,mean_diff,ci_low,ci_high,p_value,significant
+// (true/false): one row per ArmDifference.
+std::string DifferencesCsv(const std::vector<ArmDifference>& differences);
 // A markdown report: `title` as heading, `context` (markdown, e.g. the base
-// config and overrides) below it, one table row per arm (in `arms` order,
-// mean ± std over that arm's runs), the arms' descriptions and the runs that
-// did not finish.
+// config and overrides) below it; one table row per arm (in `arms` order,
+// mean ± 95 % CI half-width over the arm's runs that finished ok), and a
+// per-subset table when there are subsets; the differences against
+// `baseline` (empty: none) with the sentence naming the significant ones;
+// the arms' descriptions and the runs that did not finish.
 std::string ResultsMarkdown(const std::string& title, const std::string& context,
                             const std::vector<AblationArm>& arms,
-                            const std::vector<RunResult>& runs);
+                            const std::vector<RunResult>& runs, const std::string& baseline);
 
 }  // namespace kappa::cli

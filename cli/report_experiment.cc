@@ -104,11 +104,12 @@ std::string ComparisonChart(const ChartSpec& spec, const std::vector<AblationArm
   return RenderLineChart(chart);
 }
 
-std::string MeanStdText(const std::optional<MeanStd>& v, int runs) {
-  if (!v) return "–";
-  std::string text = FormatValue(v->mean);
-  if (v->n > 1) absl::StrAppend(&text, " ± ", FormatValue(v->std));
-  if (v->n < runs) absl::StrAppend(&text, " (n=", v->n, ")");
+constexpr const char* kHtmlFormat = "%.4g";
+
+// FormatMeanAndCi, " (n=k)" when only k of the arm's `ok` runs had the number.
+std::string EstimateText(const std::optional<MeanEstimate>& estimate, int ok) {
+  std::string text = FormatMeanAndCi(estimate, kHtmlFormat);
+  if (estimate && estimate->n < ok) absl::StrAppend(&text, " (n=", estimate->n, ")");
   return text;
 }
 
@@ -123,23 +124,64 @@ std::string AlarmText(const std::map<std::string, AlarmStats>& alarms) {
   return text.empty() ? "0" : text;
 }
 
+// The results of the runs with their metrics summarized from the series.
+struct ArmStatistics {
+  std::vector<ComparedMetric> metrics;
+  std::map<std::pair<std::string, std::string>, std::optional<MeanEstimate>> by_arm_and_metric;
+  std::vector<ArmDifference> differences;
+
+  std::optional<MeanEstimate> Of(const std::string& arm, const std::string& metric) const {
+    auto it = by_arm_and_metric.find({arm, metric});
+    return it == by_arm_and_metric.end() ? std::nullopt : it->second;
+  }
+};
+
+ArmStatistics ComputeStatistics(const std::vector<AblationArm>& arms,
+                                const std::vector<ExperimentRunSeries>& runs,
+                                const std::vector<RunMetrics>& metrics,
+                                const std::string& baseline) {
+  std::vector<RunResult> results;
+  for (size_t i = 0; i < runs.size(); ++i) {
+    const RunResult& original = *runs[i].result;
+    RunResult result;
+    result.arm = original.arm;
+    result.seed = original.seed;
+    result.name = original.name;
+    result.status = original.status;
+    result.error = original.error;
+    result.wall_seconds = original.wall_seconds;
+    if (runs[i].series) result.metrics.emplace(metrics[i]);
+    results.push_back(std::move(result));
+  }
+  ArmStatistics statistics;
+  statistics.metrics = ComparedMetrics(results);
+  for (const ArmStatistic& s : SummarizeArms(arms, results, statistics.metrics)) {
+    statistics.by_arm_and_metric[{s.arm, s.metric}] = s.estimate;
+  }
+  statistics.differences = PairedDifferences(arms, results, baseline, statistics.metrics);
+  return statistics;
+}
+
 std::string ArmTable(const std::vector<AblationArm>& arms,
                      const std::vector<ExperimentRunSeries>& runs,
-                     const std::vector<RunMetrics>& metrics) {
+                     const std::vector<RunMetrics>& metrics, const ArmStatistics& statistics) {
   std::string out =
+      "<p class=\"meta\">Per arm, over its runs that finished ok: mean ± half-width of the "
+      "95 % confidence interval of the mean (Student t, n − 1 df; ± –: a single run); "
+      "alarms: fired over those runs.</p>\n"
       "<table class=\"arms\"><thead><tr><th>arm</th><th>runs ok</th><th>final held-out acc</th>"
       "<th>reward, last quarter</th><th>L_D trend</th><th>κ median</th><th>κ_eff median</th>"
       "<th>K_DR&lt;0 weighted median</th><th>alarms</th><th>description</th></tr></thead><tbody>\n";
   for (size_t a = 0; a < arms.size(); ++a) {
-    std::vector<const RunMetrics*> of_arm;
+    const std::string& arm = arms[a].name;
     int total = 0, ok = 0;
     std::map<std::string, AlarmStats> alarms;
     for (size_t i = 0; i < runs.size(); ++i) {
-      if (runs[i].result->arm != arms[a].name) continue;
+      if (runs[i].result->arm != arm) continue;
       ++total;
-      if (runs[i].result->status == "ok") ++ok;
+      if (runs[i].result->status != "ok") continue;
+      ++ok;
       if (!runs[i].series) continue;
-      of_arm.push_back(&metrics[i]);
       for (const auto& [kind, stats] : metrics[i].alarms) {
         AlarmStats& sum = alarms[kind];
         sum.count += stats.count;
@@ -148,25 +190,83 @@ std::string ArmTable(const std::vector<AblationArm>& arms,
         }
       }
     }
-    auto agg = [&](auto get) {
-      std::vector<std::optional<double>> values;
-      for (const RunMetrics* m : of_arm) values.push_back(get(*m));
-      return MeanStdText(Aggregate(values), static_cast<int>(of_arm.size()));
+    auto cell = [&](const char* metric) {
+      return absl::StrCat("</td><td class=\"num\">", EstimateText(statistics.Of(arm, metric), ok));
     };
-    absl::StrAppend(
-        &out, "<tr class=\"arm-row\" data-arm=\"", XmlEscape(arms[a].name), "\"><th><span style=\"color:",
-        PaletteColor(a), "\">■</span> ", XmlEscape(arms[a].name), "</th><td class=\"num\">", ok, "/",
-        total, "</td><td class=\"num\">", agg([](const RunMetrics& m) { return m.final_accuracy; }),
-        "</td><td class=\"num\">", agg([](const RunMetrics& m) { return m.reward_last_quarter; }),
-        "</td><td class=\"num\">", agg([](const RunMetrics& m) { return m.distill_trend; }),
-        "</td><td class=\"num\">", agg([](const RunMetrics& m) { return m.kappa_median; }),
-        "</td><td class=\"num\">", agg([](const RunMetrics& m) { return m.kappa_effective_median; }),
-        "</td><td class=\"num\">",
-        agg([](const RunMetrics& m) { return m.kdr_negative_weighted_fraction_median; }),
-        "</td><td>", AlarmText(alarms), "</td><td>", XmlEscape(arms[a].description),
-        "</td></tr>\n");
+    absl::StrAppend(&out, "<tr class=\"arm-row\" data-arm=\"", XmlEscape(arm),
+                    "\"><th><span style=\"color:", PaletteColor(a), "\">■</span> ", XmlEscape(arm),
+                    "</th><td class=\"num\">", ok, "/", total, cell("final_eval_accuracy"),
+                    cell("reward_mean_last_quarter"), cell("loss_distill_trend"),
+                    cell("kappa_median"), cell("kappa_effective_median"),
+                    cell("kdr_negative_weighted_fraction_median"), "</td><td>", AlarmText(alarms),
+                    "</td><td>", XmlEscape(arms[a].description), "</td></tr>\n");
   }
   return out + "</tbody></table>\n";
+}
+
+// Per arm, the per-subset metrics (none: empty).
+std::string SubsetTable(const std::vector<AblationArm>& arms,
+                        const std::vector<ExperimentRunSeries>& runs,
+                        const ArmStatistics& statistics) {
+  std::vector<const ComparedMetric*> columns;
+  for (const ComparedMetric& metric : statistics.metrics) {
+    if (!metric.subset.empty()) columns.push_back(&metric);
+  }
+  if (columns.empty()) return "";
+  std::string out = "<table class=\"subsets\"><thead><tr><th>arm</th>";
+  for (const ComparedMetric* metric : columns) {
+    absl::StrAppend(&out, "<th>", XmlEscape(metric->label), "</th>");
+  }
+  absl::StrAppend(&out, "</tr></thead><tbody>\n");
+  for (const AblationArm& arm : arms) {
+    int ok = 0;
+    for (const ExperimentRunSeries& run : runs) {
+      if (run.result->arm == arm.name && run.result->status == "ok") ++ok;
+    }
+    absl::StrAppend(&out, "<tr class=\"subset-row\"><th>", XmlEscape(arm.name), "</th>");
+    for (const ComparedMetric* metric : columns) {
+      absl::StrAppend(&out, "<td class=\"num\">",
+                      EstimateText(statistics.Of(arm.name, metric->name), ok), "</td>");
+    }
+    absl::StrAppend(&out, "</tr>\n");
+  }
+  return absl::StrCat("<h3>Per prompt subset</h3>\n", out, "</tbody></table>\n");
+}
+
+// The headline metrics' differences against the baseline, as in results.md.
+std::string DifferencesSection(const ArmStatistics& statistics, const std::string& baseline) {
+  if (baseline.empty() || statistics.differences.empty()) {
+    return "<p class=\"meta\">No baseline arm, so no paired differences.</p>\n";
+  }
+  std::string out = absl::StrCat(
+      "<h2>Differences against ", XmlEscape(baseline),
+      " (paired by seed)</h2>\n<p class=\"meta\">Mean over seeds of (arm − ", XmlEscape(baseline),
+      "), over the seeds where both runs finished ok and have the number, with its 95 % "
+      "confidence interval (paired t) and the two-sided paired t-test's p; significant: "
+      "p &lt; 0.05 with at least 3 pairs (not corrected for multiple comparisons).</p>\n"
+      "<table class=\"differences\"><thead><tr><th>arm</th><th>metric</th><th>n pairs</th>"
+      "<th>diff [95 % CI]</th><th>p</th><th>significant</th></tr></thead><tbody>\n");
+  for (const ArmDifference& d : statistics.differences) {
+    const ComparedMetric* metric = nullptr;
+    for (const ComparedMetric& m : statistics.metrics) {
+      if (m.name == d.metric) metric = &m;
+    }
+    if (metric == nullptr || !metric->headline) continue;
+    const std::string significance = !d.difference || !d.difference->p_value ? "–"
+                                     : d.significant                         ? "<b>yes</b>"
+                                                                             : "no";
+    absl::StrAppend(&out, "<tr class=\"diff-row\" data-diff=\"", XmlEscape(d.arm), ":",
+                    XmlEscape(d.metric), "\"><th>", XmlEscape(d.arm), "</th><td>",
+                    XmlEscape(metric->label), "</td><td class=\"num\">", d.n_pairs(),
+                    "</td><td class=\"num\">", XmlEscape(FormatDifference(d, kHtmlFormat)),
+                    "</td><td class=\"num\">",
+                    XmlEscape(FormatPValue(d.difference ? d.difference->p_value : std::nullopt)),
+                    "</td><td>", significance, "</td></tr>\n");
+  }
+  absl::StrAppend(&out, "</tbody></table>\n<p>",
+                  XmlEscape(SignificanceSentence(statistics.differences, statistics.metrics)),
+                  "</p>\n");
+  return out;
 }
 
 std::string RunTable(const std::vector<ExperimentRunSeries>& runs,
@@ -202,7 +302,8 @@ std::string RunTable(const std::vector<ExperimentRunSeries>& runs,
 
 std::string ExperimentReportHtml(const std::string& title, const std::string& context,
                                  const std::vector<AblationArm>& arms,
-                                 const std::vector<ExperimentRunSeries>& runs) {
+                                 const std::vector<ExperimentRunSeries>& runs,
+                                 const std::string& baseline) {
   std::vector<RunMetrics> metrics;
   int64_t max_steps = 0;
   for (const ExperimentRunSeries& run : runs) {
@@ -222,7 +323,9 @@ std::string ExperimentReportHtml(const std::string& title, const std::string& co
   };
   std::string body = absl::StrCat("<h1>", XmlEscape(title), "</h1>\n<p class=\"meta\">",
                                   XmlEscape(context), "</p>\n");
-  absl::StrAppend(&body, "<h2>Arms</h2>\n", ArmTable(arms, runs, metrics));
+  const ArmStatistics statistics = ComputeStatistics(arms, runs, metrics, baseline);
+  absl::StrAppend(&body, "<h2>Arms</h2>\n", ArmTable(arms, runs, metrics, statistics),
+                  SubsetTable(arms, runs, statistics), DifferencesSection(statistics, baseline));
   absl::StrAppend(&body, "<h2>Curves</h2>\n<div class=\"charts\">\n");
   for (const ChartSpec& spec : specs) {
     absl::StrAppend(&body, "<div>", ComparisonChart(spec, arms, runs, window), "</div>\n");
@@ -235,6 +338,13 @@ absl::Status WriteExperimentReport(const std::string& out_dir, const std::string
                                    const std::string& context,
                                    const std::vector<AblationArm>& arms,
                                    const std::vector<RunResult>& results) {
+  return WriteExperimentReport(out_dir, title, context, arms, results, DefaultBaseline(arms));
+}
+
+absl::Status WriteExperimentReport(const std::string& out_dir, const std::string& title,
+                                   const std::string& context, const std::vector<AblationArm>& arms,
+                                   const std::vector<RunResult>& results,
+                                   const std::string& baseline) {
   std::vector<ExperimentRunSeries> runs;
   for (const RunResult& result : results) {
     ExperimentRunSeries run;
@@ -252,7 +362,7 @@ absl::Status WriteExperimentReport(const std::string& out_dir, const std::string
     runs.push_back(std::move(run));
   }
   return services::WriteFileAtomically(absl::StrCat(out_dir, "/report.html"),
-                         ExperimentReportHtml(title, context, arms, runs));
+                                       ExperimentReportHtml(title, context, arms, runs, baseline));
 }
 
 }  // namespace kappa::cli

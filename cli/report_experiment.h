@@ -1,8 +1,10 @@
 // The comparison page `kappa experiment` writes next to results.md: per arm,
 // overlaid curves of held-out accuracy, reward, L_D and κ (the mean over the
 // arm's seeds, bold, over each run's own curve, faint) and the results
-// tables (per arm: mean ± std over seeds; per run, linking each run's own
-// report, which is written too).
+// tables: per arm, mean ± 95 % CI half-width over its runs that finished ok
+// (and per prompt subset when the metrics have subsets); the paired-by-seed
+// differences against the baseline arm, as in results.md; per run, linking
+// each run's own report, which is written too.
 //
 // Chart ids: exp_eval_accuracy, exp_reward, exp_loss_distill, exp_kappa.
 #pragma once
@@ -23,13 +25,22 @@ struct ExperimentRunSeries {
   std::string report_link;          // relative href of the run's page; empty: none
 };
 
+// `baseline`: the arm the differences table compares the others with
+// (empty: no table). The statistics are of the metrics in `runs`' series
+// (RunResult::metrics is not read).
 std::string ExperimentReportHtml(const std::string& title, const std::string& context,
                                  const std::vector<AblationArm>& arms,
-                                 const std::vector<ExperimentRunSeries>& runs);
+                                 const std::vector<ExperimentRunSeries>& runs,
+                                 const std::string& baseline);
 
 // Reads OUT/runs/<name>/metrics.jsonl of every run, writes each run's
 // report.html beside it and OUT/report.html. A run without metrics is
 // listed, not an error; the status is that of writing the pages.
+absl::Status WriteExperimentReport(const std::string& out_dir, const std::string& title,
+                                   const std::string& context, const std::vector<AblationArm>& arms,
+                                   const std::vector<RunResult>& results,
+                                   const std::string& baseline);
+// The same against DefaultBaseline(arms).
 absl::Status WriteExperimentReport(const std::string& out_dir, const std::string& title,
                                    const std::string& context,
                                    const std::vector<AblationArm>& arms,

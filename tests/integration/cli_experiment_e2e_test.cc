@@ -1,7 +1,8 @@
 // `kappa experiment` end to end on a tiny config: three arms x one seed x
 // three steps, the middle arm broken so that its `kappa run` fails at once.
 // The experiment must record the failure, still run the last arm, and write
-// results.csv / results.md covering all three. Also: a typo in an arm's
+// results.csv / results.md / summary.csv / differences.csv / report.html
+// covering all three. Also: a typo in an arm's
 // overrides stops everything before any run starts.
 #include <gtest/gtest.h>
 
@@ -119,6 +120,24 @@ arms:
   EXPECT_TRUE(Contains(md, "| broken | 0/1 | – |"));
   EXPECT_TRUE(Contains(md, "| naive | 1/1 |"));
   EXPECT_TRUE(Contains(md, "`broken-s1`: failed"));
+  // naive is the default baseline; one seed: one pair per arm, so no
+  // interval and no p.
+  EXPECT_TRUE(Contains(md, "## Differences against naive (paired by seed)"));
+  EXPECT_TRUE(Contains(md, "| grpo_only | final acc | 1 | "));
+  EXPECT_TRUE(Contains(md, "| broken | final acc | 0 | – | – | – |"));
+
+  const std::string summary = ReadFile(out + "/summary.csv");
+  EXPECT_TRUE(Contains(summary, "arm,metric,n,mean,std,ci_low,ci_high\n")) << summary;
+  EXPECT_TRUE(Contains(summary, "\nnaive,final_eval_accuracy,1,")) << summary;
+  EXPECT_TRUE(Contains(summary, "\nbroken,final_eval_accuracy,0,,,,\n")) << summary;
+  const std::string differences = ReadFile(out + "/differences.csv");
+  EXPECT_TRUE(Contains(differences, "\ngrpo_only,naive,final_eval_accuracy,1,")) << differences;
+  EXPECT_TRUE(Contains(differences, "\nbroken,naive,final_eval_accuracy,0,,,,,false\n"))
+      << differences;
+  const std::string html = ReadFile(out + "/report.html");
+  EXPECT_TRUE(Contains(html, "95 % confidence interval of the mean"));
+  EXPECT_TRUE(Contains(html, "Differences against naive (paired by seed)"));
+  EXPECT_TRUE(Contains(html, "data-diff=\"grpo_only:final_eval_accuracy\""));
 
   // A bad override on the command line is refused before the previous
   // results in DIR are moved aside.

@@ -1,18 +1,21 @@
 // `kappa experiment` without processes: the ablation file (parsing, errors
-// that name file and line, override validation naming the arm, the shipped
-// configs/ablation.yaml) and the results (metrics.jsonl summaries, mean ± std
-// per arm, "–" for what is missing).
+// that name file and line, override validation naming the arm, the baseline
+// key, the shipped configs/ablation.yaml), the statistics (Student t against
+// tabulated values, confidence intervals, paired differences) and the
+// results (metrics.jsonl summaries, per-subset columns, mean ± 95 % CI per
+// arm, differences against the baseline, "–" for what is missing).
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <filesystem>
+#include <limits>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "cli/ablation_spec.h"
 #include "cli/experiment_results.h"
+#include "cli/stats.h"
 #include "tests/integration/cli_test_util.h"
 
 namespace kappa::cli {
@@ -151,6 +154,36 @@ TEST_F(ExperimentTest, StructuralErrorsNameFileAndLine) {
   EXPECT_EQ(ParseError("base: base.yaml\nseeds: [1]\narms: [{name: a}]\n"), "");
 }
 
+TEST_F(ExperimentTest, BaselineDefaultsToNaiveAndMustNameAnArm) {
+  auto baseline_of = [&](const std::string& text) {
+    absl::StatusOr<AblationSpec> spec = LoadAblationSpec(Write("abl.yaml", text));
+    EXPECT_TRUE(spec.ok()) << spec.status();
+    return spec.ok() ? spec->baseline : std::string("<error>");
+  };
+  EXPECT_EQ(baseline_of("base: base.yaml\nseeds: [1]\narms: [{name: a}, {name: naive}]\n"), "naive")
+      << "no key: the arm named naive";
+  EXPECT_EQ(baseline_of("base: base.yaml\nseeds: [1]\narms: [{name: a}, {name: b}]\n"), "")
+      << "no key and no naive arm: none";
+  EXPECT_EQ(baseline_of("base: base.yaml\nseeds: [1]\nbaseline: b\narms: [{name: naive}, "
+                        "{name: b}]\n"),
+            "b")
+      << "the key may come before the arms";
+  EXPECT_EQ(baseline_of("base: base.yaml\nseeds: [1]\narms: [{name: naive}]\nbaseline:\n"), "")
+      << "an empty value asks for none";
+  EXPECT_EQ(baseline_of("base: base.yaml\nseeds: [1]\narms: [{name: naive}]\nbaseline: null\n"),
+            "");
+
+  EXPECT_TRUE(Contains(
+      ParseError("base: base.yaml\nseeds: [1]\nbaseline: naiv\narms: [{name: a}, {name: naive}]\n"),
+      "abl.yaml:3: 'baseline': 'naiv' is not an arm (arms: a, naive)"));
+  EXPECT_TRUE(
+      Contains(ParseError("base: base.yaml\nseeds: [1]\narms: [{name: a}]\nbaseline: [a]\n"),
+               "abl.yaml:4: 'baseline' expects the name of an arm"));
+  EXPECT_TRUE(
+      Contains(ParseError("base: base.yaml\nseeds: [1]\nbaseline: {x: 1}\narms: [{name: a}]\n"),
+               "abl.yaml:3: 'baseline' expects"));
+}
+
 TEST_F(ExperimentTest, UnknownOverrideKeyNamesTheArm) {
   absl::StatusOr<AblationSpec> spec = LoadAblationSpec(Write("abl.yaml", R"(base: base.yaml
 seeds: [1, 2]
@@ -199,6 +232,7 @@ TEST_F(ExperimentTest, ShippedAblationFileIsValid) {
   EXPECT_EQ(names, (std::vector<std::string>{"grpo_only", "opd_only", "naive", "naive_high_kappa",
                                              "m3_norm", "m3_mask", "m3_project", "m3_adapt",
                                              "m3_norm_project", "rstg"}));
+  EXPECT_EQ(spec->baseline, "naive");
 
   absl::StatusOr<std::vector<services::Config>> configs =
       ResolveRunConfigs(*spec, PlanRuns(*spec, dir_));
@@ -343,14 +377,17 @@ TEST(ExperimentResultsTest, ResumedStepsCountOnce) {
 }
 
 TEST(ExperimentResultsTest, AggregateIsMeanAndSampleStd) {
-  std::optional<MeanStd> a = Aggregate({1.0, std::nullopt, 2.0, 3.0});
+  std::optional<MeanEstimate> a = Aggregate({1.0, std::nullopt, 2.0, 3.0});
   ASSERT_TRUE(a);
   EXPECT_EQ(a->n, 3);
   EXPECT_DOUBLE_EQ(a->mean, 2.0);
   EXPECT_DOUBLE_EQ(a->std, 1.0);
+  ASSERT_TRUE(a->ci_half_width);
+  EXPECT_NEAR(*a->ci_half_width, 4.302653 / std::sqrt(3.0), 1e-5);
   a = Aggregate({4.0});
   ASSERT_TRUE(a);
   EXPECT_DOUBLE_EQ(a->std, 0.0);
+  EXPECT_FALSE(a->ci_half_width) << "one value: no interval";
   EXPECT_FALSE(Aggregate({std::nullopt}));
   EXPECT_FALSE(Median({}));
   EXPECT_DOUBLE_EQ(*Median({3.0, 1.0, 2.0}), 2.0);
@@ -430,31 +467,37 @@ TEST_F(ExperimentTest, ReportsMeanAndStdPerArmFromMetricsFiles) {
 
   const std::vector<AblationArm> arms = {{"mixed", "both | signals", {"trainer.lambda=1"}, 1},
                                          {"bare", "", {}, 2}};
-  const std::string md = ResultsMarkdown("t", "context line", arms, runs);
+  const std::string md = ResultsMarkdown("t", "context line", arms, runs, "");
+  EXPECT_TRUE(Contains(md, "mean ± half-width of the 95 % confidence interval"));
   const std::vector<std::string> mixed = Cells(RowOf(md, "mixed"));
-  ASSERT_EQ(mixed.size(), 14u) << md;
+  ASSERT_EQ(mixed.size(), 16u) << md;
   EXPECT_EQ(mixed[1], "3/3");
-  EXPECT_EQ(mixed[2], "0.600 ± 0.100");       // final accuracy
-  EXPECT_EQ(mixed[3], "7.5 ± 0");           // L_D first quarter
-  EXPECT_EQ(mixed[4], "1.5 ± 0");           // L_D last quarter
-  EXPECT_EQ(mixed[5], "-6 ± 0");            // trend (signed; no sign on the std)
-  EXPECT_EQ(mixed[6], "5 ± 0");               // κ median
-  EXPECT_EQ(mixed[7], "50 ± 0");              // κ_eff median
-  EXPECT_EQ(mixed[8], "0.300 ± 0.000");
-  EXPECT_EQ(mixed[10], "2 ± 0 (first @3)");   // magnitude_drowning
-  EXPECT_EQ(mixed[11], "0.333 ± 0.577 (first @7)");  // directional_conflict: 0, 0, 1
-  EXPECT_EQ(mixed[12], "1 ± 0 (first @3)");   // collapse
-  EXPECT_EQ(mixed[13], "20 ± 10");            // wall seconds
+  // 0.5, 0.6, 0.7: std 0.1, half-width t_{.975,2} 4.303 x 0.1 / √3 = 0.248.
+  EXPECT_EQ(mixed[2], "0.600 ± 0.248");  // final accuracy
+  EXPECT_EQ(mixed[3], "0.750 ± 0.000");  // reward, last quarter
+  EXPECT_EQ(mixed[4], "7.5 ± 0");        // L_D first quarter
+  EXPECT_EQ(mixed[5], "1.5 ± 0");        // L_D last quarter
+  EXPECT_EQ(mixed[6], "-6 ± 0");         // trend (signed; no sign on the half-width)
+  EXPECT_EQ(mixed[7], "5 ± 0");          // κ median
+  EXPECT_EQ(mixed[8], "50 ± 0");         // κ_eff median
+  EXPECT_EQ(mixed[9], "0.300 ± 0.000");
+  EXPECT_EQ(mixed[10], "0.400 ± 0.000");
+  EXPECT_EQ(mixed[11], "2 ± 0 (first @3)");         // magnitude_drowning
+  EXPECT_EQ(mixed[12], "0.333 ± 1.43 (first @7)");  // directional_conflict: 0, 0, 1
+  EXPECT_EQ(mixed[13], "1 ± 0 (first @3)");         // collapse
+  EXPECT_EQ(mixed[14], "0 ± 0");                    // inference_mismatch
+  EXPECT_EQ(mixed[15], "20 ± 25");                  // wall seconds: 10, 20, 30
 
   const std::vector<std::string> bare_row = Cells(RowOf(md, "bare"));
-  ASSERT_EQ(bare_row.size(), 14u) << md;
+  ASSERT_EQ(bare_row.size(), 16u) << md;
   EXPECT_EQ(bare_row[1], "1/2");
   EXPECT_EQ(bare_row[2], "–") << "no evaluation: a dash, not 0";
-  EXPECT_EQ(bare_row[5], "+1 (n=1)");
-  EXPECT_EQ(bare_row[6], "–");
+  EXPECT_EQ(bare_row[6], "+1 ± –") << "one run: no interval";
   EXPECT_EQ(bare_row[7], "–");
   EXPECT_EQ(bare_row[8], "–");
-  EXPECT_EQ(bare_row[10], "0 (n=1)");
+  EXPECT_EQ(bare_row[9], "–");
+  EXPECT_EQ(bare_row[11], "0 ± –");
+  EXPECT_TRUE(Contains(md, "No baseline arm"));
   EXPECT_TRUE(Contains(md, "context line"));
   EXPECT_TRUE(Contains(md, "- `mixed`: both | signals (`trainer.lambda=1`)"));
   EXPECT_TRUE(Contains(md, "`bare-s2`: failed: kappa run exited with status 1"));
@@ -471,9 +514,306 @@ TEST_F(ExperimentTest, ReportsMeanAndStdPerArmFromMetricsFiles) {
   EXPECT_TRUE(Contains(lines[1], "mixed,1,mixed-s1,ok,10,4,8,0.5,8,7.5,1.5,-6,"));
   EXPECT_TRUE(Contains(lines[3], ",1,7,"));  // seed 3: one directional_conflict at step 7
   // bare-s1: no eval, no κ: empty cells, not 0.
-  EXPECT_TRUE(Contains(lines[4], "bare,1,bare-s1,ok,5,,2,,,2,3,1,,,,,,0,,0,,0,,0,"));
+  EXPECT_TRUE(Contains(lines[0], "alarms_inference_mismatch,first_step_inference_mismatch"));
+  EXPECT_TRUE(Contains(lines[4], "bare,1,bare-s1,ok,5,,2,,,2,3,1,,,,,,0,,0,,0,,0,,0,"));
   EXPECT_TRUE(Contains(lines[5], "bare,2,bare-s2,failed,1,"));
   EXPECT_TRUE(Contains(lines[5], "\"kappa run exited with status 1, see \"\"log\"\"\""));
+}
+
+// --- statistics
+
+TEST(StatsTest, StudentTQuantileMatchesTheTables) {
+  // t_{0.975, df}, as tabulated.
+  EXPECT_NEAR(StudentTQuantile(0.975, 1), 12.706, 5e-4);
+  EXPECT_NEAR(StudentTQuantile(0.975, 2), 4.303, 5e-4);
+  EXPECT_NEAR(StudentTQuantile(0.975, 4), 2.776, 5e-4);
+  EXPECT_NEAR(StudentTQuantile(0.975, 9), 2.262, 5e-4);
+  EXPECT_NEAR(StudentTQuantile(0.975, 30), 2.042, 5e-4);
+  EXPECT_NEAR(StudentTQuantile(0.975, std::numeric_limits<double>::infinity()), 1.960, 5e-4);
+  EXPECT_NEAR(StudentTQuantile(0.975, 1e7), 1.960, 5e-4) << "large df tends to the normal";
+  EXPECT_NEAR(StudentTQuantile(0.95, 4), 2.132, 5e-4);
+  EXPECT_NEAR(StudentTQuantile(0.025, 4), -2.776, 5e-4) << "symmetric";
+  EXPECT_EQ(StudentTQuantile(0.5, 3), 0.0);
+  EXPECT_TRUE(std::isnan(StudentTQuantile(1.5, 3)));
+  EXPECT_TRUE(std::isnan(StudentTQuantile(0.9, 0)));
+  // The quantile inverts the CDF.
+  for (double df : {1.0, 2.5, 7.0, 60.0}) {
+    for (double p : {0.6, 0.9, 0.99, 0.9999}) {
+      EXPECT_NEAR(StudentTCdf(StudentTQuantile(p, df), df), p, 1e-10) << df << " " << p;
+    }
+  }
+}
+
+TEST(StatsTest, StudentTCdfMatchesClosedForms) {
+  EXPECT_NEAR(StudentTTwoSidedP(2.776, 4), 0.05, 1e-4);
+  EXPECT_NEAR(StudentTTwoSidedP(1.0, 1), 0.5, 1e-12);
+  EXPECT_NEAR(StudentTTwoSidedP(-1.0, 1), 0.5, 1e-12);
+  EXPECT_NEAR(StudentTTwoSidedP(12.706, 1), 0.05, 1e-5);
+  EXPECT_NEAR(StudentTTwoSidedP(1.96, std::numeric_limits<double>::infinity()), 0.05, 1e-4);
+  EXPECT_EQ(StudentTTwoSidedP(0.0, 5), 1.0);
+  EXPECT_EQ(StudentTTwoSidedP(std::numeric_limits<double>::infinity(), 5), 0.0);
+  for (double t : {-3.0, -0.4, 0.7, 2.0, 25.0}) {
+    // df 1 is Cauchy; df 2: 1/2 + t / (2 √(2 + t²)); df 4: P(|T| < t) = u (1 + (1 - u²) / 2)
+    // with u = t / √(4 + t²).
+    EXPECT_NEAR(StudentTCdf(t, 1), 0.5 + std::atan(t) / M_PI, 1e-12) << t;
+    EXPECT_NEAR(StudentTCdf(t, 2), 0.5 + t / (2 * std::sqrt(2 + t * t)), 1e-12) << t;
+    const double u = std::fabs(t) / std::sqrt(4 + t * t);
+    EXPECT_NEAR(StudentTTwoSidedP(t, 4), 1 - u * (1 + (1 - u * u) / 2), 1e-12) << t;
+  }
+  EXPECT_NEAR(RegularizedIncompleteBeta(2, 3, 0.5), 11.0 / 16, 1e-13);
+  EXPECT_NEAR(RegularizedIncompleteBeta(1, 1, 0.3), 0.3, 1e-13);
+  EXPECT_EQ(RegularizedIncompleteBeta(2, 3, 0), 0.0);
+  EXPECT_EQ(RegularizedIncompleteBeta(2, 3, 1), 1.0);
+  EXPECT_TRUE(std::isnan(RegularizedIncompleteBeta(0, 3, 0.5)));
+}
+
+TEST(StatsTest, MeanEstimateOfAKnownSample) {
+  std::optional<MeanEstimate> e = EstimateMean({1, 2, 3, 4, 5});
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->n, 5);
+  EXPECT_DOUBLE_EQ(e->mean, 3.0);
+  EXPECT_NEAR(e->std, 1.5811, 1e-4);
+  ASSERT_TRUE(e->ci_half_width);
+  EXPECT_NEAR(*e->ci_half_width, 2.776 * 1.5811 / std::sqrt(5.0), 1e-3);
+  EXPECT_NEAR(*e->ci_half_width, 1.963, 1e-3);
+  EXPECT_NEAR(*e->ci_low(), 3 - 1.963, 1e-3);
+  EXPECT_NEAR(*e->ci_high(), 3 + 1.963, 1e-3);
+  // t = 3 / (1.5811 / √5) = √18, df 4: the closed form above.
+  const double u = std::sqrt(18.0 / 22.0);
+  ASSERT_TRUE(e->p_value);
+  EXPECT_NEAR(*e->p_value, 1 - u * (1 + (1 - u * u) / 2), 1e-10);
+
+  e = EstimateMean({0.25});
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->n, 1);
+  EXPECT_FALSE(e->ci_half_width);
+  EXPECT_FALSE(e->ci_low());
+  EXPECT_FALSE(e->p_value);
+  EXPECT_FALSE(EstimateMean({}));
+  // No spread: a zero-width interval; p is 0 off zero, 1 at zero.
+  e = EstimateMean({2, 2, 2});
+  EXPECT_EQ(*e->ci_half_width, 0.0);
+  EXPECT_EQ(*e->p_value, 0.0);
+  EXPECT_EQ(*EstimateMean({0, 0})->p_value, 1.0);
+  EXPECT_EQ(FormatMeanAndCi(EstimateMean({1, 2, 3, 4, 5}), "%.3f"), "3.000 ± 1.963");
+  EXPECT_EQ(FormatMeanAndCi(EstimateMean({0.25}), "%.3f"), "0.250 ± –");
+  EXPECT_EQ(FormatMeanAndCi(std::nullopt, "%.3f"), "–");
+}
+
+// A finished run of `arm` with only a final accuracy (and, optionally, κ).
+RunResult RunWith(const std::string& arm, uint64_t seed, std::optional<double> accuracy,
+                  const std::string& status = "ok", std::optional<double> kappa = std::nullopt) {
+  RunResult run;
+  run.arm = arm;
+  run.seed = seed;
+  run.name = arm + "-s" + std::to_string(seed);
+  run.status = status;
+  RunMetrics m;
+  m.records = 10;
+  m.final_accuracy = accuracy;
+  m.kappa_median = kappa;
+  run.metrics = m;
+  return run;
+}
+
+const ArmDifference* FindDifference(const std::vector<ArmDifference>& differences,
+                                    const std::string& arm, const std::string& metric) {
+  for (const ArmDifference& d : differences) {
+    if (d.arm == arm && d.metric == metric) return &d;
+  }
+  return nullptr;
+}
+
+TEST(ExperimentResultsTest, PairedDifferencesPairBySeedOverRunsThatFinished) {
+  const std::vector<AblationArm> arms = {
+      {"treat", "", {}, 1}, {"naive", "", {}, 2}, {"solo", "", {}, 3}, {"noisy", "", {}, 4}};
+  std::vector<RunResult> runs = {
+      // naive: seeds 1-4 ok (κ only here), seed 5 failed (its numbers must not count).
+      RunWith("naive", 1, 0.50, "ok", 1.0), RunWith("naive", 2, 0.40, "ok", 1.0),
+      RunWith("naive", 3, 0.60, "ok", 1.0), RunWith("naive", 4, 0.55, "ok", 1.0),
+      RunWith("naive", 5, 0.90, "failed"),
+      // treat: +0.10, +0.11, +0.12 on seeds 1-3; seed 4 never ran; seed 5 has no partner.
+      RunWith("treat", 1, 0.60), RunWith("treat", 2, 0.51), RunWith("treat", 3, 0.72),
+      RunWith("treat", 4, std::nullopt, "not run"), RunWith("treat", 5, 0.10),
+      // solo: one pair; noisy: three pairs that do not agree.
+      RunWith("solo", 2, 0.45), RunWith("noisy", 1, 0.70), RunWith("noisy", 2, 0.30),
+      RunWith("noisy", 3, 0.65)};
+  runs[8].metrics.reset();
+
+  const std::vector<ComparedMetric> metrics = ComparedMetrics(runs);
+  const std::vector<ArmDifference> differences = PairedDifferences(arms, runs, "naive", metrics);
+  EXPECT_EQ(differences.size(), 3 * metrics.size()) << "every arm but the baseline";
+  EXPECT_EQ(FindDifference(differences, "naive", "final_eval_accuracy"), nullptr);
+
+  const ArmDifference* treat = FindDifference(differences, "treat", "final_eval_accuracy");
+  ASSERT_NE(treat, nullptr);
+  EXPECT_EQ(treat->baseline, "naive");
+  EXPECT_EQ(treat->n_pairs(), 3) << "seeds 1-3: seed 4 did not run, seed 5 failed in naive";
+  ASSERT_TRUE(treat->difference && treat->difference->p_value);
+  EXPECT_NEAR(treat->difference->mean, 0.11, 1e-12);
+  EXPECT_NEAR(treat->difference->std, 0.01, 1e-12);
+  EXPECT_NEAR(*treat->difference->ci_half_width, 4.302653 * 0.01 / std::sqrt(3.0), 1e-6);
+  // t = 0.11 / (0.01 / √3), df 2: p = 1 - t / √(2 + t²).
+  const double t = 0.11 / (0.01 / std::sqrt(3.0));
+  EXPECT_NEAR(*treat->difference->p_value, 1 - t / std::sqrt(2 + t * t), 1e-8);
+  EXPECT_TRUE(treat->significant);
+
+  const ArmDifference* noisy = FindDifference(differences, "noisy", "final_eval_accuracy");
+  ASSERT_NE(noisy, nullptr);
+  EXPECT_EQ(noisy->n_pairs(), 3);
+  EXPECT_GT(*noisy->difference->p_value, 0.05);  // +0.2, -0.1, +0.05
+  EXPECT_FALSE(noisy->significant);
+
+  const ArmDifference* solo = FindDifference(differences, "solo", "final_eval_accuracy");
+  ASSERT_NE(solo, nullptr);
+  EXPECT_EQ(solo->n_pairs(), 1);
+  EXPECT_NEAR(solo->difference->mean, 0.05, 1e-12);
+  EXPECT_FALSE(solo->difference->ci_half_width);
+  EXPECT_FALSE(solo->difference->p_value);
+  EXPECT_FALSE(solo->significant);
+  EXPECT_EQ(FormatDifference(*solo, "%.3f"), "+0.050 [–]");
+
+  // κ only in naive: no pair.
+  const ArmDifference* kappa = FindDifference(differences, "treat", "kappa_median");
+  ASSERT_NE(kappa, nullptr);
+  EXPECT_EQ(kappa->n_pairs(), 0);
+  EXPECT_EQ(FormatDifference(*kappa, "%.3f"), "–");
+
+  // Two pairs with a tiny p are still not "significant": too few.
+  std::vector<RunResult> two = {RunWith("naive", 1, 0.5), RunWith("naive", 2, 0.5),
+                                RunWith("treat", 1, 0.7), RunWith("treat", 2, 0.7001)};
+  const ArmDifference* few = FindDifference(
+      PairedDifferences(arms, two, "naive", ComparedMetrics(two)), "treat", "final_eval_accuracy");
+  ASSERT_NE(few, nullptr);
+  EXPECT_LT(*few->difference->p_value, 0.05);
+  EXPECT_FALSE(few->significant);
+
+  EXPECT_TRUE(PairedDifferences(arms, runs, "", metrics).empty());
+  EXPECT_TRUE(PairedDifferences(arms, runs, "nobody", metrics).empty());
+
+  // The files and the markdown.
+  const std::string csv = DifferencesCsv(differences);
+  EXPECT_TRUE(Contains(csv,
+                       "arm,baseline,metric,n_pairs,mean_diff,ci_low,ci_high,p_value,"
+                       "significant\n"));
+  EXPECT_TRUE(Contains(csv, "\ntreat,naive,final_eval_accuracy,3,0.11,0.0851"));
+  EXPECT_TRUE(Contains(csv, ",true\n"));
+  EXPECT_TRUE(Contains(csv, "\nsolo,naive,final_eval_accuracy,1,0.05,,,,false\n"));
+  EXPECT_TRUE(Contains(csv, "\ntreat,naive,kappa_median,0,,,,,false\n"));
+
+  const std::string summary = SummaryCsv(SummarizeArms(arms, runs, metrics));
+  EXPECT_TRUE(Contains(summary, "arm,metric,n,mean,std,ci_low,ci_high\n"));
+  // naive over its four ok runs (not the failed fifth): 0.5, 0.4, 0.6, 0.55.
+  EXPECT_TRUE(Contains(summary, "\nnaive,final_eval_accuracy,4,0.5125,"));
+  EXPECT_TRUE(Contains(summary, "\nsolo,final_eval_accuracy,1,0.45,,,\n"));
+  EXPECT_TRUE(Contains(summary, "\nsolo,kappa_median,0,,,,\n"));
+
+  const std::string md = ResultsMarkdown("t", "", arms, runs, "naive");
+  EXPECT_TRUE(Contains(md, "## Differences against naive (paired by seed)"));
+  EXPECT_TRUE(
+      Contains(md, "| treat | final acc | 3 | +0.110 [+0.085, +0.135] | 0.003 | **yes** |"));
+  EXPECT_TRUE(Contains(md, "| solo | final acc | 1 | +0.050 [–] | – | – |"));
+  EXPECT_TRUE(Contains(md, "| treat | κ_eff median | 0 | – | – | – |"));
+  EXPECT_FALSE(Contains(md, "| treat | κ median |")) << "not a headline metric";
+  EXPECT_TRUE(Contains(md,
+                       "Significant against naive (p < 0.05 with at least 3 pairs): treat "
+                       "final acc +0.110 (p = 0.003)."));
+  EXPECT_TRUE(Contains(md, "| naive | 4/5 | 0.512 ± "));
+
+  runs.erase(runs.begin() + 5, runs.begin() + 8);  // treat's significant pairs
+  EXPECT_TRUE(Contains(ResultsMarkdown("t", "", arms, runs, "naive"),
+                       "No difference against naive is significant"));
+}
+
+// Steps with per-subset K_DR, evaluations with per-subset accuracy.
+std::vector<nlohmann::json> SubsetRun(const std::string& subset, double accuracy) {
+  std::vector<nlohmann::json> records = {
+      {{"step", 0},
+       {"eval_accuracy", 0.1},
+       {"eval_accuracy_by_subset", {{subset, 0.0}, {"rest", 0.2}}}}};
+  for (int64_t step = 1; step <= 4; ++step) {
+    nlohmann::json record = Step(step, 1.0);
+    record["kdr_mean_by_subset"] = {{subset, 0.1 * step},
+                                    {"rest", step == 2 ? nlohmann::json() : nlohmann::json(-1.0)}};
+    record["kdr_negative_fraction_by_subset"] = {{subset, 0.5}, {"rest", 0.25 * step}};
+    if (step == 4) {
+      record["eval_accuracy"] = accuracy;
+      record["eval_accuracy_by_subset"] = {{subset, accuracy}, {"rest", nullptr}};
+    }
+    records.push_back(record);
+  }
+  return records;
+}
+
+TEST(ExperimentResultsTest, PerSubsetMetricsBecomeColumnsAndStatistics) {
+  const RunMetrics m = SummarizeMetrics(SubsetRun("hard", 0.3));
+  ASSERT_EQ(m.final_accuracy_by_subset.size(), 2u);
+  EXPECT_EQ(m.final_accuracy_by_subset.at("hard"), 0.3) << "the last record that has it";
+  EXPECT_FALSE(m.final_accuracy_by_subset.at("rest")) << "null there: unset, not 0";
+  EXPECT_NEAR(*m.kdr_mean_median_by_subset.at("hard"), 0.25, 1e-12);  // .1 .2 .3 .4
+  EXPECT_EQ(m.kdr_mean_median_by_subset.at("rest"), -1.0) << "the null step is skipped";
+  EXPECT_EQ(m.kdr_negative_fraction_median_by_subset.at("rest"), 0.625);  // .25 .5 .75 1
+  EXPECT_TRUE(SummarizeMetrics(SyntheticRun(0.5)).final_accuracy_by_subset.empty());
+
+  std::vector<RunResult> runs;
+  for (uint64_t seed : {1, 2, 3}) {
+    RunResult a;
+    a.arm = "naive";
+    a.seed = seed;
+    a.name = "naive-s" + std::to_string(seed);
+    a.status = "ok";
+    a.metrics = SummarizeMetrics(SubsetRun("hard", 0.2 + 0.01 * seed));
+    runs.push_back(a);
+    RunResult b = a;
+    b.arm = "other";
+    b.name = "other-s" + std::to_string(seed);
+    b.metrics = SummarizeMetrics(SubsetRun("hard", 0.5 + 0.02 * seed));
+    runs.push_back(b);
+  }
+  RunResult plain;  // a run of the old schema: no subsets
+  plain.arm = "plain";
+  plain.seed = 1;
+  plain.name = "plain-s1";
+  plain.status = "ok";
+  plain.metrics = SummarizeMetrics(SyntheticRun(0.5));
+  runs.push_back(plain);
+  RunResult easy = plain;  // another subset name
+  easy.name = "plain-s2";
+  easy.seed = 2;
+  easy.metrics = SummarizeMetrics(SubsetRun("easy", 0.9));
+  runs.push_back(easy);
+  EXPECT_EQ(SubsetNames(runs), (std::vector<std::string>{"easy", "hard", "rest"}));
+
+  const std::string csv = ResultsCsv(runs);
+  const std::string header = csv.substr(0, csv.find('\n'));
+  EXPECT_TRUE(Contains(header,
+                       ",alarms_other,final_accuracy_easy,final_accuracy_hard,final_accuracy_rest,"
+                       "kdr_mean_median_easy,kdr_mean_median_hard,kdr_mean_median_rest,"
+                       "kdr_negative_fraction_median_easy,kdr_negative_fraction_median_hard,"
+                       "kdr_negative_fraction_median_rest,error"));
+  // naive-s1: no easy, hard 0.21, rest null; K_DR means -, 0.25, -1; fractions -, 0.5, 0.625.
+  EXPECT_TRUE(Contains(csv, "\nnaive,1,naive-s1,ok,"));
+  EXPECT_TRUE(Contains(csv, ",0,,0.21,,,0.25,-1,,0.5,0.625,\n"));
+  EXPECT_TRUE(Contains(csv, ",0,,,,,,,,,,\n")) << "plain-s1: every subset cell empty";
+
+  const std::vector<AblationArm> arms = {
+      {"naive", "", {}, 1}, {"other", "", {}, 2}, {"plain", "", {}, 3}};
+  const std::vector<ComparedMetric> metrics = ComparedMetrics(runs);
+  const std::string summary = SummaryCsv(SummarizeArms(arms, runs, metrics));
+  EXPECT_TRUE(Contains(summary, "\nnaive,final_accuracy_hard,3,0.22,0.01,"));
+  EXPECT_TRUE(Contains(summary, "\nnaive,final_accuracy_rest,0,,,,\n"));
+  EXPECT_TRUE(Contains(summary, "\nplain,final_accuracy_easy,1,0.9,,,\n"));
+
+  const ArmDifference* hard = FindDifference(PairedDifferences(arms, runs, "naive", metrics),
+                                             "other", "final_accuracy_hard");
+  ASSERT_NE(hard, nullptr);
+  EXPECT_EQ(hard->n_pairs(), 3);
+  EXPECT_NEAR(hard->difference->mean, 0.32, 1e-12);  // 0.31, 0.32, 0.33
+
+  const std::string md = ResultsMarkdown("t", "", arms, runs, "naive");
+  EXPECT_TRUE(Contains(md, "| arm | runs ok | acc easy | acc hard | acc rest | K_DR mean easy |"));
+  EXPECT_TRUE(Contains(md, "| other | final acc"));
+  EXPECT_TRUE(Contains(md, "| other | acc hard | 3 | +0.320 ["));
 }
 
 }  // namespace

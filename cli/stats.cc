@@ -1,0 +1,145 @@
+#include "cli/stats.h"
+
+#include <cmath>
+#include <limits>
+
+namespace kappa::cli {
+namespace {
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+constexpr double kInfinity = std::numeric_limits<double>::infinity();
+
+// The continued fraction of I_x(a, b) (Numerical Recipes' betacf, modified
+// Lentz), which converges fast for x < (a + 1) / (a + b + 2).
+double IncompleteBetaFraction(double a, double b, double x) {
+  constexpr int kMaxIterations = 1000;
+  constexpr double kEpsilon = 1e-15;
+  constexpr double kTiny = 1e-300;
+  const double qab = a + b;
+  const double qap = a + 1.0;
+  const double qam = a - 1.0;
+  double c = 1.0;
+  double d = 1.0 - qab * x / qap;
+  if (std::fabs(d) < kTiny) d = kTiny;
+  d = 1.0 / d;
+  double h = d;
+  for (int m = 1; m <= kMaxIterations; ++m) {
+    const double m2 = 2.0 * m;
+    // The even step.
+    double aa = m * (b - m) * x / ((qam + m2) * (a + m2));
+    d = 1.0 + aa * d;
+    if (std::fabs(d) < kTiny) d = kTiny;
+    c = 1.0 + aa / c;
+    if (std::fabs(c) < kTiny) c = kTiny;
+    d = 1.0 / d;
+    h *= d * c;
+    // The odd step.
+    aa = -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2));
+    d = 1.0 + aa * d;
+    if (std::fabs(d) < kTiny) d = kTiny;
+    c = 1.0 + aa / c;
+    if (std::fabs(c) < kTiny) c = kTiny;
+    d = 1.0 / d;
+    const double delta = d * c;
+    h *= delta;
+    if (std::fabs(delta - 1.0) < kEpsilon) break;
+  }
+  return h;
+}
+
+// I_x(a, b) given x and its complement y = 1 - x separately, so that an x
+// near 1 (the t CDF at large df) loses no digits.
+double IncompleteBeta(double a, double b, double x, double y) {
+  if (!(a > 0.0) || !(b > 0.0) || std::isnan(x) || std::isnan(y)) return kNaN;
+  if (x <= 0.0) return 0.0;
+  if (y <= 0.0) return 1.0;
+  // x^a y^b / B(a, b), in logs.
+  const double front = std::exp(std::lgamma(a + b) - std::lgamma(a) - std::lgamma(b) +
+                                a * std::log(x) + b * std::log(y));
+  if (x < (a + 1.0) / (a + b + 2.0)) return front * IncompleteBetaFraction(a, b, x) / a;
+  return 1.0 - front * IncompleteBetaFraction(b, a, y) / b;
+}
+
+double NormalCdf(double z) { return 0.5 * std::erfc(-z / std::sqrt(2.0)); }
+
+}  // namespace
+
+double RegularizedIncompleteBeta(double a, double b, double x) {
+  return IncompleteBeta(a, b, x, 1.0 - x);
+}
+
+double StudentTTwoSidedP(double t, double df) {
+  if (!(df > 0.0) || std::isnan(t)) return kNaN;
+  if (std::isinf(df)) return 2.0 * NormalCdf(-std::fabs(t));
+  if (std::isinf(t)) return 0.0;
+  // P(|T| >= |t|) = I_{df/(df+t²)}(df/2, 1/2).
+  const double t2 = t * t;
+  return IncompleteBeta(0.5 * df, 0.5, df / (df + t2), t2 / (df + t2));
+}
+
+double StudentTCdf(double t, double df) {
+  const double two_sided = StudentTTwoSidedP(t, df);
+  if (std::isnan(two_sided)) return kNaN;
+  return t >= 0.0 ? 1.0 - 0.5 * two_sided : 0.5 * two_sided;
+}
+
+double StudentTQuantile(double p, double df) {
+  if (!(df > 0.0) || !(p >= 0.0 && p <= 1.0)) return kNaN;
+  if (p == 0.0) return -kInfinity;
+  if (p == 1.0) return kInfinity;
+  if (p == 0.5) return 0.0;
+  if (p < 0.5) return -StudentTQuantile(1.0 - p, df);
+  // Bisection on the (monotone) CDF: slower than Newton, but it cannot
+  // diverge, and the experiment asks for a handful of quantiles.
+  double low = 0.0;
+  double high = 1.0;
+  while (StudentTCdf(high, df) < p) {
+    low = high;
+    high *= 2.0;
+    if (std::isinf(high)) return kInfinity;
+  }
+  for (int i = 0; i < 200 && high - low > 1e-13 * high; ++i) {
+    const double middle = 0.5 * (low + high);
+    if (StudentTCdf(middle, df) < p) {
+      low = middle;
+    } else {
+      high = middle;
+    }
+  }
+  return 0.5 * (low + high);
+}
+
+std::optional<double> MeanEstimate::ci_low() const {
+  if (!ci_half_width) return std::nullopt;
+  return mean - *ci_half_width;
+}
+
+std::optional<double> MeanEstimate::ci_high() const {
+  if (!ci_half_width) return std::nullopt;
+  return mean + *ci_half_width;
+}
+
+std::optional<MeanEstimate> EstimateMean(const std::vector<double>& values, double level) {
+  if (values.empty()) return std::nullopt;
+  MeanEstimate estimate;
+  estimate.n = static_cast<int>(values.size());
+  double sum = 0.0;
+  for (double v : values) sum += v;
+  estimate.mean = sum / estimate.n;
+  if (estimate.n < 2) return estimate;
+
+  double squares = 0.0;
+  for (double v : values) squares += (v - estimate.mean) * (v - estimate.mean);
+  estimate.std = std::sqrt(squares / (estimate.n - 1));
+  const double df = estimate.n - 1;
+  const double standard_error = estimate.std / std::sqrt(static_cast<double>(estimate.n));
+  estimate.ci_half_width = StudentTQuantile(0.5 * (1.0 + level), df) * standard_error;
+  if (standard_error > 0.0) {
+    estimate.p_value = StudentTTwoSidedP(estimate.mean / standard_error, df);
+  } else {
+    estimate.p_value = estimate.mean != 0.0 ? 0.0 : 1.0;
+  }
+  return estimate;
+}
+
+}  // namespace kappa::cli

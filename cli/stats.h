@@ -1,0 +1,50 @@
+// The small-sample statistics `kappa experiment` reports: Student's t
+// distribution (CDF and quantile, from the regularized incomplete beta
+// function), and the mean of a sample with its t confidence interval and a
+// two-sided one-sample t-test against 0 (a paired t-test when the sample is
+// of paired differences). Pure functions, no dependencies beyond <cmath>.
+#pragma once
+
+#include <optional>
+#include <vector>
+
+namespace kappa::cli {
+
+inline constexpr double kConfidenceLevel = 0.95;  // of every interval the experiment reports
+
+// I_x(a, b) for a, b > 0 and x in [0, 1] (0 below, 1 above): the CDF of
+// Beta(a, b) at x, by the continued fraction of Numerical Recipes §6.4.
+// Accurate to about 1e-13 relative; NaN for a or b <= 0 or a NaN x.
+double RegularizedIncompleteBeta(double a, double b, double x);
+
+// P(T <= t) for T ~ Student t with `df` > 0 degrees of freedom (df may be
+// fractional; df = +infinity is the standard normal). NaN for df <= 0.
+double StudentTCdf(double t, double df);
+// P(|T| >= |t|): the two-sided p-value of a t statistic.
+double StudentTTwoSidedP(double t, double df);
+// The t with StudentTCdf(t, df) == p, for p in (0, 1): ±infinity at p = 1
+// and 0, NaN outside [0, 1] or for df <= 0. E.g. (0.975, 1) = 12.706,
+// (0.975, 4) = 2.776, (0.975, +infinity) = 1.960.
+double StudentTQuantile(double p, double df);
+
+// A sample's mean and what it says about the population mean.
+struct MeanEstimate {
+  int n = 0;
+  double mean = 0.0;
+  double std = 0.0;  // sample standard deviation (divisor n - 1); 0 when n == 1
+  // t_{(1+level)/2, n-1} · std / √n, for the interval mean ± half_width.
+  // Unset when n < 2 (one value says nothing about its spread).
+  std::optional<double> ci_half_width;
+  // Two-sided p of the t-test of "the population mean is 0" (n - 1 df);
+  // unset when n < 2. With no spread (std 0) it is 0 when mean != 0, else 1.
+  std::optional<double> p_value;
+
+  std::optional<double> ci_low() const;
+  std::optional<double> ci_high() const;
+};
+
+// Unset for an empty sample. `level`: the interval's confidence, in (0, 1).
+std::optional<MeanEstimate> EstimateMean(const std::vector<double>& values,
+                                         double level = kConfidenceLevel);
+
+}  // namespace kappa::cli
