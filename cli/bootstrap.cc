@@ -41,6 +41,8 @@ std::string BootstrapKey(const services::Config& config, Role role) {
   absl::StrAppend(&text, "|sft=", sft.steps, ",", sft.batch_size, ",",
                   absl::StrFormat("%.17g,%.17g", sft.lr, sft.weight_decay), ",",
                   sft.warmup_steps, ",", sft.train_examples, ",", sft.seed);
+  // Only when set, so the keys of uncorrupted bootstraps stay what they were.
+  if (!sft.corrupt.empty()) absl::StrAppend(&text, "|corrupt=", sft.corrupt);
   absl::StrAppend(&text, "|alphabet=", model::CharTokenizer().alphabet());
   return absl::StrFormat("%016x", services::StableHash(text));
 }

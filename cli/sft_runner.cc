@@ -19,7 +19,9 @@
 #include "model/transformer.h"
 #include "services/atomic_file.h"
 #include "services/status_util.h"
+#include "tasks/answer_corruption.h"
 #include "tasks/from_config.h"
+#include "tasks/vector_dataset.h"
 
 namespace kappa::cli {
 namespace {
@@ -53,9 +55,51 @@ void WriteSummary(const std::string& dir, Role role, const SftResult& result) {
       {"train_examples", result.train_examples},
       {"eval_examples", result.eval_examples},
   };
+  if (!result.corrupt.empty()) {
+    auto number_or_null = [](const std::optional<double>& x) {
+      return x ? nlohmann::json(*x) : nlohmann::json(nullptr);
+    };
+    summary["corrupt"] = result.corrupt;
+    summary["corrupted_train_examples"] = result.corrupted_train_examples;
+    summary["covered_accuracy"] = number_or_null(result.covered_accuracy);
+    summary["covered_corrupt_agreement"] = number_or_null(result.covered_corrupt_agreement);
+    summary["rest_accuracy"] = number_or_null(result.rest_accuracy);
+  }
   const absl::Status written =
       services::WriteFileAtomically(dir + "/" + kSftSummaryFile, summary.dump(2) + "\n");
   if (!written.ok()) throw std::runtime_error(std::string(written.message()));
+}
+
+// The first `count` held-out examples split by `rule`: those it covers
+// (with their true answers, and again with the rule's answers) and the rest.
+struct CorruptionSplit {
+  tasks::VectorDataset covered, covered_as_corrupted, rest;
+};
+
+CorruptionSplit SplitByCorruption(const tasks::Dataset& dataset, size_t count,
+                                  const tasks::AnswerCorruption& rule) {
+  std::vector<tasks::Example> covered, covered_as_corrupted, rest;
+  for (size_t i = 0; i < std::min(count, dataset.size()); ++i) {
+    const tasks::Example& example = dataset.at(i);
+    if (!rule.Covers(example)) {
+      rest.push_back(example);
+      continue;
+    }
+    covered.push_back(example);
+    tasks::Example wrong = example;
+    wrong.answer = rule.AnswerFor(example);
+    covered_as_corrupted.push_back(std::move(wrong));
+  }
+  return {tasks::VectorDataset(std::move(covered)),
+          tasks::VectorDataset(std::move(covered_as_corrupted)),
+          tasks::VectorDataset(std::move(rest))};
+}
+
+// Greedy accuracy on `dataset` (all of it); unset when it is empty.
+std::optional<double> AccuracyIfAny(model::Decoder& decoder, const learner::PromptEncoder& prompts,
+                                    const tasks::Dataset& dataset, int64_t max_new_tokens) {
+  if (dataset.size() == 0) return std::nullopt;
+  return learner::DatasetAccuracy(decoder, prompts, dataset, dataset.size(), max_new_tokens);
 }
 
 absl::StatusOr<SftResult> RunSftOrThrow(const services::Config& config, Role role,
@@ -82,12 +126,33 @@ absl::StatusOr<SftResult> RunSftOrThrow(const services::Config& config, Role rol
   if (sft.train_examples > 0) {
     train_count = std::min(train_count, static_cast<size_t>(sft.train_examples));
   }
+  std::optional<tasks::AnswerCorruption> corruption;
+  if (!sft.corrupt.empty()) {
+    absl::StatusOr<tasks::AnswerCorruption> rule = tasks::AnswerCorruption::Named(sft.corrupt);
+    if (!rule.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "config key '", role_name, ".bootstrap.corrupt': ", rule.status().message()));
+    }
+    corruption = *std::move(rule);
+  }
   std::vector<learner::SftExample> examples;
   examples.reserve(train_count);
+  int64_t corrupted = 0;
   for (size_t i = 0; i < train_count; ++i) {
     const tasks::Example& example = (*train)->at(i);
+    std::string answer = example.answer;
+    if (corruption && corruption->Covers(example)) {
+      answer = corruption->AnswerFor(example);
+      ++corrupted;
+    }
     examples.push_back({tokenizer.Encode(example.prompt, /*add_bos=*/true),
-                        tokenizer.Encode(example.answer, /*add_bos=*/false, /*add_eos=*/true)});
+                        tokenizer.Encode(answer, /*add_bos=*/false, /*add_eos=*/true)});
+  }
+  if (corruption) {
+    log << absl::StrFormat(
+        "[%s sft] corrupt=%s: %d of %d training examples get its wrong "
+        "answer\n",
+        role_name, corruption->name(), corrupted, train_count);
   }
   const size_t eval_count = std::min<size_t>(
       (*heldout)->size(), static_cast<size_t>(std::max<int64_t>(config.trainer.eval_examples, 0)));
@@ -137,6 +202,24 @@ absl::StatusOr<SftResult> RunSftOrThrow(const services::Config& config, Role rol
     result.train_accuracy =
         learner::DatasetAccuracy(decoder, prompts, **train, std::min(eval_count, train_count),
                                  config.rollout.max_new_tokens);
+  }
+  if (corruption) {
+    result.corrupt = corruption->name();
+    result.corrupted_train_examples = corrupted;
+    const CorruptionSplit split = SplitByCorruption(**heldout, eval_count, *corruption);
+    const int64_t budget = config.rollout.max_new_tokens;
+    result.covered_accuracy = AccuracyIfAny(decoder, prompts, split.covered, budget);
+    result.covered_corrupt_agreement =
+        AccuracyIfAny(decoder, prompts, split.covered_as_corrupted, budget);
+    result.rest_accuracy = AccuracyIfAny(decoder, prompts, split.rest, budget);
+    log << absl::StrFormat(
+               "[%s sft] held-out: %d covered by %s, accuracy %.3f, answered as the rule "
+               "answers %.3f; %d others, accuracy %.3f\n",
+               role_name, split.covered.size(), corruption->name(),
+               result.covered_accuracy.value_or(0.0),
+               result.covered_corrupt_agreement.value_or(0.0), split.rest.size(),
+               result.rest_accuracy.value_or(0.0))
+        << std::flush;
   }
   result.seconds = elapsed();
   std::filesystem::path parent = std::filesystem::path(out_dir).parent_path();

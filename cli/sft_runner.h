@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <ostream>
 #include <string>
 #include <string_view>
@@ -31,6 +32,15 @@ struct SftResult {
   int64_t train_examples = 0;
   int64_t eval_examples = 0;
   double seconds = 0.0;          // training + evaluation wall time
+  // With bootstrap.corrupt: the rule, the training examples it answered
+  // wrongly, and on the held-out examples it covers the accuracy against the
+  // true answers and the share answered as the rule answers (how well the
+  // model learned the error); unset without a rule or covered examples.
+  std::string corrupt;
+  int64_t corrupted_train_examples = 0;
+  std::optional<double> covered_accuracy;
+  std::optional<double> covered_corrupt_agreement;
+  std::optional<double> rest_accuracy;
 };
 
 // The summary file written beside the checkpoint's weights.

@@ -10,9 +10,9 @@
 
 namespace kappa::learner {
 
-double DatasetAccuracy(model::Decoder& policy, const PromptEncoder& prompts,
-                       const tasks::Dataset& dataset, size_t count, int64_t max_new_tokens,
-                       int64_t vocab_limit) {
+std::vector<bool> DatasetCorrectness(model::Decoder& policy, const PromptEncoder& prompts,
+                                     const tasks::Dataset& dataset, size_t count,
+                                     int64_t max_new_tokens, int64_t vocab_limit) {
   count = std::min(count, dataset.size());
   std::vector<std::vector<int64_t>> prompt_ids;
   prompt_ids.reserve(count);
@@ -21,15 +21,28 @@ double DatasetAccuracy(model::Decoder& policy, const PromptEncoder& prompts,
     if (!ids.ok()) throw std::invalid_argument(std::string(ids.status().message()));
     prompt_ids.push_back(*std::move(ids));
   }
-  return GreedyAccuracy(
+  std::vector<bool> correct(count, false);
+  GreedyAccuracy(
       policy, prompt_ids, max_new_tokens,
       [&](size_t index, const std::vector<int64_t>& response) {
         const tasks::Example& example = dataset.at(index);
         absl::StatusOr<float> reward = tasks::ExactAnswerReward(example.task, example.answer,
                                                                 prompts.DecodeResponse(response));
-        return reward.ok() && *reward > 0.5f;
+        correct[index] = reward.ok() && *reward > 0.5f;
+        return correct[index];
       },
       /*batch_size=*/256, vocab_limit);
+  return correct;
+}
+
+double DatasetAccuracy(model::Decoder& policy, const PromptEncoder& prompts,
+                       const tasks::Dataset& dataset, size_t count, int64_t max_new_tokens,
+                       int64_t vocab_limit) {
+  const std::vector<bool> correct =
+      DatasetCorrectness(policy, prompts, dataset, count, max_new_tokens, vocab_limit);
+  if (correct.empty()) return 0.0;
+  return static_cast<double>(std::count(correct.begin(), correct.end(), true)) /
+         static_cast<double>(correct.size());
 }
 
 }  // namespace kappa::learner

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "learner/prompt_encoder.h"
 #include "model/transformer.h"
@@ -17,6 +18,13 @@ namespace kappa::learner {
 // ids; ids below `vocab_limit`, 0: every row). Throws std::invalid_argument
 // for an example `prompts` cannot encode (the learner checks them all at
 // start-up, PromptEncoder::EncodeAll).
+// One verdict per example (the same decoding and reward as DatasetAccuracy),
+// in dataset order, over the first `count` examples (clamped).
+std::vector<bool> DatasetCorrectness(model::Decoder& policy, const PromptEncoder& prompts,
+                                     const tasks::Dataset& dataset, size_t count,
+                                     int64_t max_new_tokens, int64_t vocab_limit = 0);
+
+// The share of DatasetCorrectness that is true; 0 for no example.
 double DatasetAccuracy(model::Decoder& policy, const PromptEncoder& prompts,
                        const tasks::Dataset& dataset, size_t count, int64_t max_new_tokens,
                        int64_t vocab_limit = 0);

@@ -27,6 +27,7 @@
 #include "learner/policy_publisher.h"
 #include "learner/prompt_encoder.h"
 #include "learner/run_state.h"
+#include "learner/step_config.h"
 #include "learner/trainer_loop.h"
 #include "learner/work_config.h"
 #include "model/checkpoint.h"
@@ -236,8 +237,13 @@ int Main(int argc, char** argv) {
   }
   const services::Config& config = in->config;
   StartPoint& start = in->start;
+  absl::StatusOr<LearningRateSchedule> schedule = MakeLearningRateSchedule(config);
+  if (!schedule.ok()) {
+    spdlog::error("{}", std::string(schedule.status().message()));
+    return 2;
+  }
   auto optimizer = std::make_unique<PolicyOptimizer>(
-      start.student, config.trainer.lr, config.trainer.weight_decay, config.trainer.max_grad_norm);
+      start.student, *schedule, config.trainer.weight_decay, config.trainer.max_grad_norm);
   if (!start.optimizer_path.empty()) {
     if (absl::Status loaded = services::CaptureExceptions(
             start.optimizer_path, [&] { optimizer->Load(start.optimizer_path); });
@@ -312,6 +318,32 @@ int Main(int argc, char** argv) {
   TrainerLoop trainer(config, in->run_dir, start.student, std::move(optimizer), start.state,
                       &coordinator, &publisher, *in->heldout, *in->prompts, in->vocab_limit,
                       in->rank);
+  absl::StatusOr<std::optional<tasks::AnswerCorruption>> corruption = TeacherCorruption(config);
+  if (!corruption.ok()) {
+    spdlog::error("{}", std::string(corruption.status().message()));
+    return 2;
+  }
+  const CorruptedSubset* subset = nullptr;  // owned by `trainer`
+  if (corruption->has_value()) {
+    auto owned = std::make_unique<CorruptedSubset>(
+        **corruption, *in->train, *in->heldout,
+        static_cast<size_t>(std::max<int64_t>(config.trainer.eval_examples, 0)));
+    subset = owned.get();
+    trainer.set_corrupted_subset(std::move(owned));
+  }
+  if (config.monitor.atlas_positions > 0 && in->rank.primary()) {
+    if (absl::Status opened = services::CaptureExceptions(
+            "conflict atlas",
+            [&] {
+              trainer.set_conflict_atlas(std::make_unique<ConflictAtlas>(
+                  in->run_dir + "/conflict_atlas.jsonl", config.monitor.atlas_positions, *in->train,
+                  in->prompts->tokenizer(), subset));
+            });
+        !opened.ok()) {
+      spdlog::error("{}", std::string(opened.message()));
+      return 2;
+    }
+  }
   // One registry for the process; /metrics only when asked for.
   services::metrics::Registry registry;
   LearnerMetrics learner_metrics(registry);

@@ -93,6 +93,15 @@ inline constexpr char kAlarms[] = "alarms";  // [{kind, step, message, values}],
 inline constexpr char kAlarmActive[] = "alarm_active";    // {kind: 0|1}
 inline constexpr char kEvalAccuracy[] = "eval_accuracy";  // on eval steps only
 
+// With teacher.bootstrap.corrupt only: {subset: value} for the rule's subset
+// and "rest" (values null where the subset had no position).
+inline constexpr char kKdrMeanBySubset[] = "kdr_mean_by_subset";
+inline constexpr char kKdrNegativeFractionBySubset[] = "kdr_negative_fraction_by_subset";
+inline constexpr char kKdrPositionsBySubset[] = "kdr_positions_by_subset";
+inline constexpr char kKdrTokenMeanBySubset[] =
+    "kdr_token_mean_by_subset";  // {subset: [per response token]}
+inline constexpr char kEvalAccuracyBySubset[] = "eval_accuracy_by_subset";  // on eval steps
+
 inline constexpr const char* kAllKeys[] = {
     kStep,
     kPolicyVersion,
@@ -157,6 +166,11 @@ inline constexpr const char* kAllKeys[] = {
     kAlarms,
     kAlarmActive,
     kEvalAccuracy,
+    kKdrMeanBySubset,
+    kKdrNegativeFractionBySubset,
+    kKdrPositionsBySubset,
+    kKdrTokenMeanBySubset,
+    kEvalAccuracyBySubset,
 };
 
 }  // namespace kappa::metrics_jsonl

@@ -135,7 +135,56 @@ AlarmConfig MakeAlarmConfig(const services::Config& config) {
   return out;
 }
 
+absl::StatusOr<LearningRateSchedule> MakeLearningRateSchedule(const services::Config& config) {
+  const services::Config::Trainer& trainer = config.trainer;
+  LearningRateSchedule schedule;
+  if (!(trainer.lr > 0)) return absl::InvalidArgumentError("config key 'trainer.lr' must be > 0");
+  schedule.peak = trainer.lr;
+  if (trainer.warmup_steps < 0) {
+    return absl::InvalidArgumentError("config key 'trainer.warmup_steps' must be >= 0");
+  }
+  schedule.warmup_steps = trainer.warmup_steps;
+  if (trainer.lr_schedule == "constant") {
+    schedule.decay = LearningRateSchedule::Decay::kConstant;
+  } else if (trainer.lr_schedule == "cosine") {
+    schedule.decay = LearningRateSchedule::Decay::kCosine;
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat("config key 'trainer.lr_schedule': '",
+                                                   trainer.lr_schedule,
+                                                   "' is neither constant nor cosine"));
+  }
+  if (!(trainer.min_lr_ratio >= 0 && trainer.min_lr_ratio <= 1)) {
+    return absl::InvalidArgumentError("config key 'trainer.min_lr_ratio' must be in [0, 1]");
+  }
+  schedule.min_ratio = trainer.min_lr_ratio;
+  schedule.total_steps = trainer.steps;
+  return schedule;
+}
+
+absl::StatusOr<std::optional<tasks::AnswerCorruption>> TeacherCorruption(
+    const services::Config& config) {
+  const std::string& name = config.teacher.bootstrap.corrupt;
+  if (name.empty()) return std::nullopt;
+  if (!config.teacher.checkpoint.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config key 'teacher.bootstrap.corrupt' ('", name,
+                     "') only shapes a bootstrapped teacher, but teacher.checkpoint is set"));
+  }
+  absl::StatusOr<tasks::AnswerCorruption> rule = tasks::AnswerCorruption::Named(name);
+  if (!rule.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config key 'teacher.bootstrap.corrupt': ", rule.status().message()));
+  }
+  return std::optional<tasks::AnswerCorruption>(*std::move(rule));
+}
+
 absl::Status ValidateStepConfig(const services::Config& config) {
+  if (absl::Status schedule = MakeLearningRateSchedule(config).status(); !schedule.ok()) {
+    return schedule;
+  }
+  if (absl::Status corruption = TeacherCorruption(config).status(); !corruption.ok()) {
+    return corruption;
+  }
   if (absl::Status rollout = rollout::ValidateRolloutSettings(config); !rollout.ok())
     return rollout;
   absl::StatusOr<HybridStepConfig> step = MakeHybridStepConfig(config);

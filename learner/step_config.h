@@ -3,18 +3,32 @@
 // a bad name is an INVALID_ARGUMENT naming the key before training starts.
 #pragma once
 
+#include <optional>
+
 #include "absl/status/statusor.h"
 #include "learner/algo/alarms.h"
 #include "learner/algo/hybrid_step.h"
+#include "learner/algo/lr_schedule.h"
 #include "services/config.h"
+#include "tasks/answer_corruption.h"
 
 namespace kappa::learner {
 
 absl::StatusOr<HybridStepConfig> MakeHybridStepConfig(const services::Config& config);
 AlarmConfig MakeAlarmConfig(const services::Config& config);
+// trainer.lr, warmup_steps, lr_schedule, min_lr_ratio, steps; INVALID_ARGUMENT
+// naming the key that is out of range.
+absl::StatusOr<LearningRateSchedule> MakeLearningRateSchedule(const services::Config& config);
+// The subset teacher.bootstrap.corrupt answers wrongly, whose accuracy and
+// K_DR the learner reports apart; nullopt when it is empty. INVALID_ARGUMENT
+// naming the key for an unknown rule or a configured teacher checkpoint
+// (which the bootstrap, and so the rule, never touches).
+absl::StatusOr<std::optional<tasks::AnswerCorruption>> TeacherCorruption(
+    const services::Config& config);
 
 // Everything the learner checks of the training configuration at start-up:
-// the step configuration and the alarm and m3_adapt bounds.
+// the step configuration, the learning-rate schedule, the teacher's
+// corruption rule and the alarm and m3_adapt bounds.
 absl::Status ValidateStepConfig(const services::Config& config);
 
 }  // namespace kappa::learner

@@ -118,6 +118,29 @@ void AddMonitors(const HybridStepReport& report, nlohmann::json& line) {
   line[keys::kMismatchTokens] = report.mismatch_tokens;
 }
 
+// The by-subset keys, written only when a subset is configured.
+void AddSubsets(const StepRecord& record, nlohmann::json& line) {
+  if (!record.kdr_by_subset.empty()) {
+    nlohmann::json mean = nlohmann::json::object(), negative = nlohmann::json::object(),
+                   positions = nlohmann::json::object(), token_mean = nlohmann::json::object();
+    for (const auto& [name, kdr] : record.kdr_by_subset) {
+      mean[name] = NumberOrNull(kdr.mean);
+      negative[name] = NumberOrNull(kdr.negative_fraction);
+      positions[name] = kdr.positions;
+      nlohmann::json per_token = nlohmann::json::array();
+      for (const std::optional<double>& k : kdr.token_mean) per_token.push_back(NumberOrNull(k));
+      token_mean[name] = std::move(per_token);
+    }
+    line[keys::kKdrMeanBySubset] = std::move(mean);
+    line[keys::kKdrNegativeFractionBySubset] = std::move(negative);
+    line[keys::kKdrPositionsBySubset] = std::move(positions);
+    line[keys::kKdrTokenMeanBySubset] = std::move(token_mean);
+  }
+  if (!record.eval_accuracy_by_subset.empty()) {
+    line[keys::kEvalAccuracyBySubset] = record.eval_accuracy_by_subset;
+  }
+}
+
 void AddAlarms(const StepRecord& record, nlohmann::json& line) {
   if (!record.alarm_events.empty()) {
     nlohmann::json list = nlohmann::json::array();
@@ -173,14 +196,18 @@ nlohmann::json ToJson(const StepRecord& record) {
   AddMonitors(record.report, line);
   AddAlarms(record, line);
   if (record.eval_accuracy) line[keys::kEvalAccuracy] = *record.eval_accuracy;
+  AddSubsets(record, line);
   return line;
 }
 
-nlohmann::json EvaluationJson(int64_t step, int64_t policy_version, double eval_accuracy) {
-  return {{keys::kStep, step},
-          {keys::kPolicyVersion, policy_version},
-          {keys::kEvalAccuracy, eval_accuracy},
-          {keys::kElapsedSeconds, 0.0}};
+nlohmann::json EvaluationJson(int64_t step, int64_t policy_version, double eval_accuracy,
+                              const std::map<std::string, double>& accuracy_by_subset) {
+  nlohmann::json line = {{keys::kStep, step},
+                         {keys::kPolicyVersion, policy_version},
+                         {keys::kEvalAccuracy, eval_accuracy},
+                         {keys::kElapsedSeconds, 0.0}};
+  if (!accuracy_by_subset.empty()) line[keys::kEvalAccuracyBySubset] = accuracy_by_subset;
+  return line;
 }
 
 }  // namespace kappa::learner

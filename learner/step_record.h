@@ -9,6 +9,7 @@
 #include <array>
 #include <cstdint>
 #include <iterator>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -17,6 +18,7 @@
 #include "learner/algo/alarms.h"
 #include "learner/algo/hybrid_step_report.h"
 #include "learner/coordinator.h"
+#include "learner/corrupted_subset.h"
 
 namespace kappa::learner {
 
@@ -50,6 +52,12 @@ struct StepRecord {
 
   std::optional<double> eval_accuracy;  // on evaluation steps
 
+  // With teacher.bootstrap.corrupt (learner/corrupted_subset.h), by subset
+  // name (the rule's and "rest"): K_DR on the step's rows of each subset,
+  // and on evaluation steps the held-out accuracy of each. Empty otherwise.
+  std::map<std::string, SubsetKdr> kdr_by_subset;
+  std::map<std::string, double> eval_accuracy_by_subset;
+
   double samples_per_second() const;
   double staleness_mean() const;
 };
@@ -62,6 +70,7 @@ StepObservation ObservationOf(const StepRecord& record);
 nlohmann::json ToJson(const StepRecord& record);
 
 // The line of an evaluation outside a training step (step 0, before training).
-nlohmann::json EvaluationJson(int64_t step, int64_t policy_version, double eval_accuracy);
+nlohmann::json EvaluationJson(int64_t step, int64_t policy_version, double eval_accuracy,
+                              const std::map<std::string, double>& accuracy_by_subset = {});
 
 }  // namespace kappa::learner

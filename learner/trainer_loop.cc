@@ -70,10 +70,30 @@ void TrainerLoop::PublishPolicy() {
   publisher_->Publish(std::move(snapshot));
 }
 
-double TrainerLoop::EvaluateHeldOut() {
-  return DatasetAccuracy(student_, prompts_, heldout_,
-                         static_cast<size_t>(config_.trainer.eval_examples),
-                         config_.rollout.max_new_tokens, vocab_limit_);
+TrainerLoop::HeldOutResult TrainerLoop::EvaluateHeldOut() {
+  const std::vector<bool> correct = DatasetCorrectness(
+      student_, prompts_, heldout_, static_cast<size_t>(config_.trainer.eval_examples),
+      config_.rollout.max_new_tokens, vocab_limit_);
+  HeldOutResult result;
+  if (!correct.empty()) {
+    result.accuracy = static_cast<double>(std::count(correct.begin(), correct.end(), true)) /
+                      static_cast<double>(correct.size());
+  }
+  if (subset_ != nullptr) result.by_subset = subset_->AccuracyBySubset(correct);
+  return result;
+}
+
+void TrainerLoop::ReportKdrBySubset(const std::vector<BufferedGroup>& buffered, int64_t group_size,
+                                    const torch::Tensor& response_mask, StepRecord& record) const {
+  if (subset_ == nullptr || !record.report.kdr_kernel.defined()) return;
+  std::vector<bool> row_covered;  // row g·G + i is sample i of group g
+  row_covered.reserve(buffered.size() * static_cast<size_t>(group_size));
+  for (const BufferedGroup& entry : buffered) {
+    row_covered.insert(row_covered.end(), static_cast<size_t>(group_size),
+                       subset_->TrainCovered(entry.example_index));
+  }
+  record.kdr_by_subset = CorruptedSubset::KdrBySubset(subset_->name(), record.report.kdr_kernel,
+                                                      response_mask, row_covered);
 }
 
 absl::Status TrainerLoop::SaveCheckpoint(int64_t step) {
@@ -149,6 +169,7 @@ absl::StatusOr<StepRecord> TrainerLoop::TrainOn(std::vector<BufferedGroup> buffe
   const TrainBatch batch =
       BuildTrainBatch(TakeGroups(buffered), config_.trainer.norm_std, /*pad_id=*/0,
                       step_->config().truncated, step_->config().advantage_std);
+  // (TakeGroups moved the groups out; lease ids and example indices stay.)
   // The training–inference mismatch is measured on the groups sampled with
   // the weights this step starts from (this rank's share, data parallel).
   const torch::Tensor on_policy =
@@ -160,6 +181,9 @@ absl::StatusOr<StepRecord> TrainerLoop::TrainOn(std::vector<BufferedGroup> buffe
   ++state_.step;
   state_.policy_version = state_.step;
   PublishPolicy();
+  ReportKdrBySubset(buffered, batch.group_size, batch.response_mask, record);
+  record.step = state_.step;
+  RecordConflicts(buffered, batch, record);
 
   const absl::Time now = absl::Now();
   record.step = state_.step;
@@ -177,6 +201,23 @@ absl::StatusOr<StepRecord> TrainerLoop::TrainOn(std::vector<BufferedGroup> buffe
   return record;
 }
 
+void TrainerLoop::RecordConflicts(const std::vector<BufferedGroup>& buffered,
+                                  const TrainBatch& batch, const StepRecord& record) {
+  if (atlas_ == nullptr || !rank_.primary() || !record.report.kdr_kernel.defined()) return;
+  std::vector<size_t> example_indices;
+  example_indices.reserve(buffered.size());
+  for (const BufferedGroup& entry : buffered) example_indices.push_back(entry.example_index);
+  absl::Status written;
+  const absl::Status thrown = services::CaptureExceptions("conflict atlas", [&] {
+    written = atlas_->Record(record.step, batch, record.report.kdr_kernel, example_indices);
+  });
+  if (!thrown.ok()) written = thrown;
+  if (!written.ok()) {
+    spdlog::error("{}", std::string(written.message()));
+    if (metrics_exporter_ != nullptr) metrics_exporter_->RecordWriteFailure("conflict_atlas");
+  }
+}
+
 void TrainerLoop::Observe(StepRecord& record) {
   record.alarm_events = alarms_->Observe(ObservationOf(record));
   for (const AlarmEvent& event : record.alarm_events) {
@@ -188,7 +229,11 @@ void TrainerLoop::Observe(StepRecord& record) {
   const bool eval_due =
       (config_.trainer.eval_every > 0 && record.step % config_.trainer.eval_every == 0) ||
       record.step == config_.trainer.steps;
-  if (rank_.primary() && eval_due) record.eval_accuracy = EvaluateHeldOut();
+  if (rank_.primary() && eval_due) {
+    HeldOutResult held_out = EvaluateHeldOut();
+    record.eval_accuracy = held_out.accuracy;
+    record.eval_accuracy_by_subset = std::move(held_out.by_subset);
+  }
 }
 
 void TrainerLoop::LogRecord(const nlohmann::json& record) {
@@ -215,9 +260,9 @@ absl::Status TrainerLoop::Run(const std::function<bool()>& stop_requested) {
   PublishPolicy();
   const absl::Time run_start = absl::Now();
   if (state_.step == 0 && rank_.primary()) {
-    const double accuracy = EvaluateHeldOut();
-    spdlog::info("step 0: held-out accuracy {:.3f}", accuracy);
-    LogRecord(EvaluationJson(0, state_.policy_version, accuracy));
+    const HeldOutResult held_out = EvaluateHeldOut();
+    spdlog::info("step 0: held-out accuracy {:.3f}", held_out.accuracy);
+    LogRecord(EvaluationJson(0, state_.policy_version, held_out.accuracy, held_out.by_subset));
   }
   last_step_end_ = absl::Now();
   while (state_.step < config_.trainer.steps) {

@@ -15,7 +15,9 @@
 #include "learner/algo/alarms.h"
 #include "learner/algo/hybrid_step.h"
 #include "learner/algo/optimizer_step.h"
+#include "learner/conflict_atlas.h"
 #include "learner/coordinator.h"
+#include "learner/corrupted_subset.h"
 #include "learner/data_parallel_setup.h"
 #include "learner/learner_metrics.h"
 #include "learner/metrics_log.h"
@@ -49,8 +51,22 @@ class TrainerLoop {
   // Also export each step to Prometheus (may stay null: no metrics).
   void set_metrics(LearnerMetrics* metrics) { metrics_exporter_ = metrics; }
 
+  // Report accuracy and K_DR on the subset a corrupted teacher answers
+  // wrongly apart from the rest (teacher.bootstrap.corrupt). Call before Run.
+  void set_corrupted_subset(std::unique_ptr<CorruptedSubset> subset) {
+    subset_ = std::move(subset);
+  }
+
+  // Append each step's most negative K_DR positions to the conflict atlas
+  // (primary rank only). Call before Run.
+  void set_conflict_atlas(std::unique_ptr<ConflictAtlas> atlas) { atlas_ = std::move(atlas); }
+
+  struct HeldOutResult {
+    double accuracy = 0.0;
+    std::map<std::string, double> by_subset;  // with a corrupted subset only
+  };
   // Greedy accuracy on the held-out split (trainer.eval_examples of it).
-  double EvaluateHeldOut();
+  HeldOutResult EvaluateHeldOut();
 
  private:
   void PublishPolicy();
@@ -61,6 +77,14 @@ class TrainerLoop {
   // record of the batch, the step and its timing (alarms and evaluation not
   // yet). Mutates state_ (step, policy version) and last_step_end_.
   absl::StatusOr<StepRecord> TrainOn(std::vector<BufferedGroup> buffered, absl::Time run_start);
+  // K_DR of the step's rows by subset, into `record` (with a subset and a
+  // K_DR measurement only). `buffered`: the step's groups, in batch order.
+  void ReportKdrBySubset(const std::vector<BufferedGroup>& buffered, int64_t group_size,
+                         const torch::Tensor& response_mask, StepRecord& record) const;
+  // The step's most negative K_DR positions to the atlas (with an atlas and
+  // a K_DR measurement only); a failed write is logged and counted.
+  void RecordConflicts(const std::vector<BufferedGroup>& buffered, const TrainBatch& batch,
+                       const StepRecord& record);
   // The record's alarms, and its held-out accuracy when an evaluation is due.
   void Observe(StepRecord& record);
   // The record to its sinks: metrics.jsonl, Prometheus, the log.
@@ -89,7 +113,9 @@ class TrainerLoop {
   const DataParallelSetup rank_;
   std::unique_ptr<MetricsLog> metrics_;  // the primary rank's
   LearnerMetrics* metrics_exporter_ = nullptr;
-  absl::Time last_step_end_;  // of the previous step (or the loop's start)
+  std::unique_ptr<CorruptedSubset> subset_;  // may stay null
+  std::unique_ptr<ConflictAtlas> atlas_;     // may stay null
+  absl::Time last_step_end_;                 // of the previous step (or the loop's start)
 };
 
 }  // namespace kappa::learner

@@ -142,6 +142,12 @@ constexpr Field kFields[] = {
         "Bootstrap SFT: train on the first N training examples; 0: the whole train split."),
     KAPPA_CONFIG_FIELD(student.bootstrap.seed,
                        "Bootstrap SFT: seed of the initialization and the example order."),
+    KAPPA_CONFIG_FIELD(student.bootstrap.corrupt,
+                       "Bootstrap SFT: empty: the true answers; else a rule that trains the "
+                       "examples it covers on a systematically wrong answer (an unreliable "
+                       "student): `carry_into_hundreds` (a+b ≥ 100 answered a+b−100) or "
+                       "`minus_as_plus` (a−b answered a+b). The learner then reports accuracy "
+                       "and K_DR on that subset and on the rest."),
 
     KAPPA_CONFIG_FIELD(teacher.checkpoint,
                        "Hugging Face model directory of the teacher; empty: bootstrap one by SFT "
@@ -172,6 +178,12 @@ constexpr Field kFields[] = {
         "Bootstrap SFT: train on the first N training examples; 0: the whole train split."),
     KAPPA_CONFIG_FIELD(teacher.bootstrap.seed,
                        "Bootstrap SFT: seed of the initialization and the example order."),
+    KAPPA_CONFIG_FIELD(teacher.bootstrap.corrupt,
+                       "Bootstrap SFT: empty: the true answers; else a rule that trains the "
+                       "examples it covers on a systematically wrong answer (an unreliable "
+                       "teacher): `carry_into_hundreds` (a+b ≥ 100 answered a+b−100) or "
+                       "`minus_as_plus` (a−b answered a+b). The learner then reports accuracy "
+                       "and K_DR on that subset and on the rest."),
     KAPPA_CONFIG_FIELD(
         teacher.address,
         "HOST:PORT the teacher serves on and the workers dial; under `kappa run` the "
@@ -303,7 +315,15 @@ constexpr Field kFields[] = {
                        "Prompts (groups) per optimizer step; each data-parallel rank trains "
                        "`groups_per_step / learner.world_size` of them."),
     KAPPA_CONFIG_FIELD(trainer.group_size, "G: samples per prompt."),
-    KAPPA_CONFIG_FIELD(trainer.lr, "AdamW learning rate."),
+    KAPPA_CONFIG_FIELD(trainer.lr, "AdamW learning rate: the peak of `lr_schedule`."),
+    KAPPA_CONFIG_FIELD(trainer.warmup_steps,
+                       "Linear learning-rate warm-up over this many optimizer steps, from "
+                       "lr / warmup_steps to lr; 0: none."),
+    KAPPA_CONFIG_FIELD(trainer.lr_schedule,
+                       "After the warm-up: `constant` (lr) or `cosine` (decays to "
+                       "`min_lr_ratio` × lr at step `trainer.steps`)."),
+    KAPPA_CONFIG_FIELD(trainer.min_lr_ratio,
+                       "`cosine`: the final learning rate as a fraction of lr, in [0, 1]."),
     KAPPA_CONFIG_FIELD(trainer.weight_decay, "AdamW weight decay."),
     KAPPA_CONFIG_FIELD(trainer.max_grad_norm, "Global-norm gradient clipping."),
     KAPPA_CONFIG_FIELD(trainer.lambda,
@@ -432,6 +452,12 @@ constexpr Field kFields[] = {
     KAPPA_CONFIG_FIELD(monitor.kdr_exact_every,
                        "Opt-in: steps between exact (autograd) K_DR samples; 0: never."),
     KAPPA_CONFIG_FIELD(monitor.kdr_exact_positions, "Positions per exact K_DR sample."),
+    KAPPA_CONFIG_FIELD(monitor.atlas_positions,
+                       "The conflict atlas: per step, this many positions with the most "
+                       "negative K_DR (K_DR < 0 only) go to `conflict_atlas.jsonl` with the "
+                       "prompt, the response, the sampled token, the teacher's preferred "
+                       "tokens, the advantage and the reward (`kappa report` shows them); 0: "
+                       "off."),
 
     KAPPA_CONFIG_FIELD(alarms.kappa_threshold,
                        "magnitude_drowning fires when the EMA of the applied ratio κ_eff = κ/λ "

@@ -31,6 +31,9 @@ struct SftConfig {  // `kappa sft` and the demo's bootstrap
   int64_t warmup_steps = 50;
   int64_t train_examples = 0;  // 0: the whole train split; else the first N
   uint64_t seed = 1;
+  // "": the true answers; else a tasks::AnswerCorruption rule: the examples
+  // it covers are trained on its wrong answers (an unreliable teacher).
+  std::string corrupt;
 };
 
 struct Config {
@@ -175,7 +178,12 @@ struct Config {
     int64_t steps = 60;
     int64_t groups_per_step = 8;       // prompts per optimizer step
     int64_t group_size = 8;            // G
+    // The rate: a linear warm-up over warmup_steps (0: none) to lr, then
+    // lr_schedule: constant | cosine (to min_lr_ratio · lr at `steps`).
     double lr = 1e-3;
+    int64_t warmup_steps = 0;
+    std::string lr_schedule = "constant";
+    double min_lr_ratio = 0.0;
     double weight_decay = 0.0;
     double max_grad_norm = 1.0;
     double lambda = 1.0;               // L = w_R L_R + λ L_D
@@ -260,6 +268,10 @@ struct Config {
     std::string kdr_estimator = "last_layer";  // last_layer | logit: the one the statistics use
     int64_t kdr_exact_every = 0;       // opt-in: steps between exact K_DR samples (0: never)
     int64_t kdr_exact_positions = 32;  // positions per exact sample
+    // The conflict atlas: the positions with the most negative K_DR of each
+    // step (with their text, the teacher's preferred tokens, the advantage
+    // and the reward) appended to <run>/conflict_atlas.jsonl; 0: off.
+    int64_t atlas_positions = 4;
   } monitor;
 
   struct Alarms {

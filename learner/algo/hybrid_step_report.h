@@ -32,6 +32,10 @@ struct HybridStepReport {
   // estimator at every response position (histograms).
   std::optional<KdrSummary> kdr;
   std::vector<float> kdr_values;
+  // The same estimator as a [B, L] float32 CPU tensor in batch row order,
+  // zero off the response positions (per-row reports: subsets, the conflict
+  // atlas); undefined when K_DR was not measured this step.
+  torch::Tensor kdr_kernel;
   // Exact K_DR on sampled positions (when it ran this step).
   int64_t exact_positions = 0;
   std::optional<KdrSummary> kdr_exact;

@@ -81,6 +81,7 @@ void KdrMonitor::Summarize(HybridStepReport* report) const {
   const torch::Tensor& kernel =
       monitor_.kdr_estimator == KdrEstimator::kLogit ? logit_ : last_layer_;
   report->kdr = SummarizeKdr(kernel, response_mask_);
+  report->kdr_kernel = (kernel * response_mask_).to(torch::kCPU, torch::kFloat32).contiguous();
   const torch::Tensor values =
       kernel.masked_select(response_mask_ > 0).to(torch::kCPU, torch::kFloat32).contiguous();
   report->kdr_values.assign(values.data_ptr<float>(), values.data_ptr<float>() + values.numel());

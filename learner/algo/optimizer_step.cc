@@ -31,21 +31,27 @@ torch::Tensor Float64Scalar(const torch::Tensor& t, const torch::Device& device)
                      : torch::zeros({}, torch::TensorOptions(device).dtype(torch::kFloat64));
 }
 
+LearningRateSchedule ConstantRate(double lr, int64_t warmup_steps) {
+  LearningRateSchedule schedule;
+  schedule.peak = lr;
+  schedule.warmup_steps = std::max<int64_t>(0, warmup_steps);
+  return schedule;
+}
+
 }  // namespace
+
+PolicyOptimizer::PolicyOptimizer(model::Decoder model, const LearningRateSchedule& schedule,
+                                 double weight_decay, double max_grad_norm)
+    : model_(std::move(model)),
+      params_(TrainableParameters(model_)),
+      optimizer_(params_, torch::optim::AdamWOptions(schedule.At(0)).weight_decay(weight_decay)),
+      schedule_(schedule),
+      max_grad_norm_(max_grad_norm) {}
 
 PolicyOptimizer::PolicyOptimizer(model::Decoder model, double lr, double weight_decay,
                                  double max_grad_norm, int64_t warmup_steps)
-    : model_(std::move(model)),
-      params_(TrainableParameters(model_)),
-      optimizer_(params_, torch::optim::AdamWOptions(lr).weight_decay(weight_decay)),
-      base_lr_(lr),
-      max_grad_norm_(max_grad_norm),
-      warmup_steps_(std::max<int64_t>(0, warmup_steps)) {}
-
-double PolicyOptimizer::LearningRate() const {
-  if (warmup_steps_ == 0 || step_ >= warmup_steps_) return base_lr_;
-  return base_lr_ * static_cast<double>(step_ + 1) / static_cast<double>(warmup_steps_);
-}
+    : PolicyOptimizer(std::move(model), ConstantRate(lr, warmup_steps), weight_decay,
+                      max_grad_norm) {}
 
 PolicyOptimizer::FlatGradient PolicyOptimizer::MakeFlatGradient() const {
   int64_t total = 0;
@@ -251,7 +257,7 @@ void PolicyOptimizer::ClipAndApply(double grad_norm, StepStats* stats) {
     // .grad is a view of reward_grad_ (see AttachGradients).
     reward_grad_.flat.mul_(max_grad_norm_ / (grad_norm + 1e-6));
   }
-  stats->lr = LearningRate();
+  stats->lr = schedule_.At(step_);
   for (auto& group : optimizer_.param_groups()) {
     static_cast<torch::optim::AdamWOptions&>(group.options()).lr(stats->lr);
   }

@@ -14,6 +14,7 @@
 #include "learner/algo/balance.h"
 #include "learner/algo/collectives.h"
 #include "learner/algo/hybrid_loss.h"
+#include "learner/algo/lr_schedule.h"
 #include "model/transformer.h"
 
 namespace kappa::learner {
@@ -49,8 +50,11 @@ struct StepStats {
 
 class PolicyOptimizer {
  public:
-  // max_grad_norm <= 0 disables clipping. The learning rate ramps linearly
-  // over the first `warmup_steps` steps.
+  // max_grad_norm <= 0 disables clipping. Step k (0-based, counted across a
+  // resume: Save/Load keep the counter) applies the rate schedule.At(k).
+  PolicyOptimizer(model::Decoder model, const LearningRateSchedule& schedule, double weight_decay,
+                  double max_grad_norm);
+  // A constant rate `lr` after a linear warm-up over `warmup_steps`.
   PolicyOptimizer(model::Decoder model, double lr, double weight_decay, double max_grad_norm,
                   int64_t warmup_steps = 0);
 
@@ -92,7 +96,6 @@ class PolicyOptimizer {
   int64_t step() const { return step_; }
 
  private:
-  double LearningRate() const;
   // Clips the gradients in .grad to max_grad_norm_ given their norm, then AdamW.
   void ClipAndApply(double grad_norm, StepStats* stats);
   // Gradient storage: each parameter's .grad is a view into one flat buffer
@@ -124,9 +127,8 @@ class PolicyOptimizer {
   Collectives* collectives_ = nullptr;
   FlatGradient reward_grad_, distill_grad_, sft_grad_;
   torch::optim::AdamW optimizer_;
-  double base_lr_;
+  LearningRateSchedule schedule_;
   double max_grad_norm_;
-  int64_t warmup_steps_;
   int64_t step_ = 0;
 };
 

@@ -36,6 +36,13 @@ StepRecord FullyMeasuredRecord() {
   record.alarm_events.push_back({AlarmKind::kCollapse, 1, "reward fell", {{"reward_mean", 0.1}}});
   record.alarm_active[2] = true;
   record.eval_accuracy = 0.5;
+  SubsetKdr covered;
+  covered.positions = 2;
+  covered.mean = -1.5;
+  covered.negative_fraction = 1.0;
+  covered.token_mean = {-1.0, std::nullopt, -2.0};
+  record.kdr_by_subset = {{"carry_into_hundreds", covered}, {"rest", SubsetKdr{}}};
+  record.eval_accuracy_by_subset = {{"carry_into_hundreds", 0.25}, {"rest", 0.75}};
   return record;
 }
 
@@ -75,6 +82,13 @@ TEST(StepRecord, LineCarriesTheStepsValues) {
   EXPECT_EQ(line[metrics_jsonl::kAlarmActive]["collapse"], 1);
   EXPECT_EQ(line[metrics_jsonl::kAlarmActive]["magnitude_drowning"], 0);
   EXPECT_EQ(line[metrics_jsonl::kAlarmActive]["inference_mismatch"], 0);
+  // By subset: unset values are null, never 0.
+  EXPECT_EQ(line[metrics_jsonl::kKdrMeanBySubset]["carry_into_hundreds"], -1.5);
+  EXPECT_TRUE(line[metrics_jsonl::kKdrMeanBySubset]["rest"].is_null());
+  EXPECT_EQ(line[metrics_jsonl::kKdrTokenMeanBySubset]["carry_into_hundreds"].dump(),
+            "[-1.0,null,-2.0]");
+  EXPECT_EQ(line[metrics_jsonl::kKdrPositionsBySubset]["rest"], 0);
+  EXPECT_EQ(line[metrics_jsonl::kEvalAccuracyBySubset]["rest"], 0.75);
   // Every row counted (Run without on-policy rows): the batch's tokens.
   EXPECT_EQ(line[metrics_jsonl::kMismatchTokens], record.report.mismatch_tokens);
   EXPECT_GT(record.report.mismatch_tokens, 0);

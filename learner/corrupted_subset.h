@@ -1,0 +1,65 @@
+// The examples an unreliable teacher answers wrongly on purpose
+// (teacher.bootstrap.corrupt, tasks/answer_corruption.h) and the statistics
+// the learner reports on them apart from the rest: held-out accuracy, and
+// K_DR per subset and per response token. Subsets are named by the rule
+// ("carry_into_hundreds") and kRest. Immutable after construction.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tasks/answer_corruption.h"
+#include "tasks/dataset.h"
+
+namespace kappa::learner {
+
+// K_DR at the response positions of one subset's rows.
+struct SubsetKdr {
+  int64_t positions = 0;
+  std::optional<double> mean;               // unset: no position
+  std::optional<double> negative_fraction;  // #{K < 0} / positions
+  // Mean K at response token 0, 1, ... (the first answer character, the
+  // second, ...); unset where no row of the subset has that token.
+  std::vector<std::optional<double>> token_mean;
+};
+
+class CorruptedSubset {
+ public:
+  static constexpr char kRest[] = "rest";
+
+  // Classifies every example of `train` and the first `heldout_count` of
+  // `heldout` (the evaluated ones) by `rule`.
+  CorruptedSubset(tasks::AnswerCorruption rule, const tasks::Dataset& train,
+                  const tasks::Dataset& heldout, size_t heldout_count);
+
+  const std::string& name() const { return rule_.name(); }
+
+  // REQUIRES: example_index < the training split's size.
+  bool TrainCovered(size_t example_index) const { return train_covered_.at(example_index); }
+
+  // Accuracy of each subset given one verdict per evaluated held-out example
+  // (in dataset order); a subset without examples is left out.
+  // REQUIRES: correct.size() <= heldout_count.
+  std::map<std::string, double> AccuracyBySubset(const std::vector<bool>& correct) const;
+
+  // K_DR by subset. kernel, response_mask: [B, L] (any float dtype, any
+  // device); row b belongs to the covered subset when row_covered[b].
+  // REQUIRES: row_covered.size() == B.
+  static std::map<std::string, SubsetKdr> KdrBySubset(const std::string& covered_name,
+                                                      const torch::Tensor& kernel,
+                                                      const torch::Tensor& response_mask,
+                                                      const std::vector<bool>& row_covered);
+
+ private:
+  tasks::AnswerCorruption rule_;
+  std::vector<bool> train_covered_;
+  std::vector<bool> heldout_covered_;
+};
+
+}  // namespace kappa::learner
