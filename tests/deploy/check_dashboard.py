@@ -45,7 +45,7 @@ REQUIRED_TITLES = [
     "Teacher score seconds",
     "Verifier verify seconds",
 ]
-ALARM_KINDS = ["magnitude_drowning", "directional_conflict", "collapse"]
+ALARM_KINDS = ["magnitude_drowning", "directional_conflict", "collapse", "inference_mismatch"]
 KAPPA_THRESHOLD = 10  # alarms.kappa_threshold default (services/config.h)
 
 
