@@ -215,6 +215,7 @@ absl::StatusOr<RunSeries> LoadRunSeries(const std::string& run_dir) {
     ApplyConfigText("", series.config_path, &series);
     series.config_problem = absl::StrCat(series.config_path, ": not found (default thresholds used)");
   }
+  series.atlas = LoadConflictAtlas(run_dir);
   return series;
 }
 

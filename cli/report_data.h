@@ -1,6 +1,7 @@
 // What `kappa report` draws, read from a run directory: metrics.jsonl as
 // per-step series (NaN where a step has no value, so charts show gaps, never
-// zeros), the alarm events, the K_DR-by-position rows, and config.yaml.
+// zeros), the alarm events, the K_DR-by-position rows, config.yaml and the
+// conflict atlas (cli/report_atlas.h).
 //
 // Reading is forgiving because the run may still be writing: a partial last
 // line is expected and silently left out; any other line that is not a JSON
@@ -10,13 +11,14 @@
 
 #include <cstdint>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "cli/report_atlas.h"
 
 namespace kappa::cli {
 
@@ -58,6 +60,10 @@ struct RunSeries {
   double conflict_threshold = 0.5;
   bool thresholds_from_config = false;
 
+  // <run_dir>/conflict_atlas.jsonl as LoadConflictAtlas read it; NOT_FOUND
+  // when the run has none or the series was not loaded from a directory.
+  absl::StatusOr<ConflictAtlasFile> atlas = absl::NotFoundError("no conflict atlas loaded");
+
   // The series of `field`; an all-NaN series when the field never appeared.
   std::vector<double> Series(const std::string& field) const;
   // Whether `field` has at least one finite value.
@@ -76,9 +82,10 @@ RunSeries ParseMetricsText(const std::string& text, const std::string& file_name
 void ApplyConfigText(const std::string& config_text, const std::string& file_name,
                      RunSeries* series);
 
-// <run_dir>/metrics.jsonl and <run_dir>/config.yaml. NOT_FOUND naming the
-// file when metrics.jsonl does not exist; a missing or broken config is not
-// an error (config_problem says why, the default thresholds are used).
+// <run_dir>/metrics.jsonl, <run_dir>/config.yaml and the conflict atlas.
+// NOT_FOUND naming the file when metrics.jsonl does not exist; a missing or
+// broken config is not an error (config_problem says why, the default
+// thresholds are used), nor is a missing or unreadable atlas (`atlas`).
 absl::StatusOr<RunSeries> LoadRunSeries(const std::string& run_dir);
 
 }  // namespace kappa::cli

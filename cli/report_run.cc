@@ -4,10 +4,12 @@
 #include <cmath>
 #include <filesystem>
 #include <limits>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "cli/experiment_results.h"
+#include "cli/report_atlas.h"
 #include "cli/report_html.h"
 #include "cli/report_svg.h"
 #include "learner/metrics_schema.h"
@@ -274,6 +276,43 @@ std::string PositionHeatmap(const RunSeries& s) {
   return RenderHeatmap(h);
 }
 
+// metrics.jsonl's kdr_positions_by_subset summed over the steps the atlas
+// has entries of: what the atlas's subset shares compare with.
+AtlasContext AtlasContextOf(const RunSeries& s) {
+  AtlasContext context;
+  if (!s.atlas.ok()) return context;
+  std::set<int64_t> atlas_steps;
+  for (const AtlasEntry& entry : s.atlas->entries) atlas_steps.insert(entry.step);
+  for (size_t i = 0; i < s.records.size(); ++i) {
+    if (atlas_steps.count(s.steps[i]) == 0) continue;
+    auto by_subset = s.records[i].find(metrics_jsonl::kKdrPositionsBySubset);
+    if (by_subset == s.records[i].end() || !by_subset->is_object()) continue;
+    for (const auto& [subset, positions] : by_subset->items()) {
+      if (positions.is_number_integer()) {
+        context.positions_by_subset[subset] += positions.get<int64_t>();
+      }
+    }
+  }
+  return context;
+}
+
+// The atlas's malformed lines (the first few, then how many more) and a read
+// error other than its absence, for the command's warnings.
+std::vector<std::string> AtlasProblems(const absl::StatusOr<ConflictAtlasFile>& atlas) {
+  if (!atlas.ok()) {
+    if (absl::IsNotFound(atlas.status())) return {};
+    return {absl::StrCat("conflict atlas: ", atlas.status().message())};
+  }
+  constexpr size_t kListed = 10;
+  std::vector<std::string> problems(
+      atlas->problems.begin(), atlas->problems.begin() + std::min(kListed, atlas->problems.size()));
+  if (atlas->problems.size() > kListed) {
+    problems.push_back(absl::StrCat(atlas->path, ": ", atlas->problems.size() - kListed,
+                                    " more malformed lines skipped"));
+  }
+  return problems;
+}
+
 std::optional<double> QuarterMean(const std::vector<double>& values, bool last) {
   std::vector<double> present;
   for (double v : values) {
@@ -388,6 +427,8 @@ std::string RunReportHtml(const RunSeries& series, const std::string& title) {
   for (const std::string& chart : Charts(series)) absl::StrAppend(&body, "<div>", chart, "</div>\n");
   absl::StrAppend(&body, "</div>\n<h2>K_DR by response position</h2>\n<div class=\"wide\">",
                   PositionHeatmap(series), "</div>\n");
+  absl::StrAppend(&body, "<h2>Conflict atlas</h2>\n",
+                  ConflictAtlasSectionHtml(series.atlas, AtlasContextOf(series)));
   absl::StrAppend(&body, "<h2>Alarms</h2>\n", AlarmTable(series));
   absl::StrAppend(&body, "<h2>Configuration</h2>\n<p class=\"meta\">", XmlEscape(series.config_path),
                   "</p>\n<pre class=\"config\">",
@@ -407,6 +448,9 @@ absl::StatusOr<RunReportOutcome> WriteRunReport(const std::string& run_dir,
   outcome.skipped_lines = series->skipped_lines;
   outcome.problems = series->problems;
   if (!series->config_problem.empty()) outcome.problems.push_back(series->config_problem);
+  for (std::string& problem : AtlasProblems(series->atlas)) {
+    outcome.problems.push_back(std::move(problem));
+  }
   std::filesystem::path dir = std::filesystem::path(run_dir).lexically_normal();
   if (!dir.has_filename()) dir = dir.parent_path();  // "runs/demo/"
   const std::string name = dir.filename().string();

@@ -9,13 +9,13 @@
 #include <cstdint>
 #include <filesystem>
 #include <iostream>
+#include <nlohmann/json.hpp>
 #include <regex>
 #include <set>
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
+#include "cli/report_atlas.h"
 #include "cli/report_data.h"
 #include "cli/report_experiment.h"
 #include "cli/report_run.h"
@@ -202,6 +202,7 @@ TEST(ReportData, EmptyAndOneLineRunsRenderNoData) {
       EXPECT_EQ(Count(html, "data-chart=\"" + id + "\""), 1u) << id;
     }
     EXPECT_GT(Count(html, "no data"), 0u);
+    EXPECT_EQ(Count(html, "data-section=\"conflict_atlas\""), 1u);
     EXPECT_FALSE(HasNonFiniteAttribute(html));
   }
 }
@@ -242,6 +243,227 @@ TEST(ReportData, MovingAverageKeepsGaps) {
   const std::string html = RunReportHtml(long_run, "t");
   EXPECT_NE(html.find("data-series=\"reward mean (batch), mean of 8\""), std::string::npos);
   EXPECT_FALSE(HasNonFiniteAttribute(html));
+}
+
+// --- conflict atlas
+
+// One line of conflict_atlas.jsonl as the learner writes it: "a+b=" answered
+// with `response`, the token at `token_index` conflicting.
+nlohmann::json AtlasLine(int64_t step, double kdr, const std::string& prompt,
+                         const std::string& response, int64_t token_index,
+                         const std::string& subset = "") {
+  const std::string token = token_index < static_cast<int64_t>(response.size())
+                                ? response.substr(token_index, 1)
+                                : "<eos>";
+  nlohmann::json line = {
+      {"step", step},
+      {"kdr", kdr},
+      {"prompt", prompt},
+      {"response", response},
+      {"token_index", token_index},
+      {"token", token},
+      {"student_prob", 0.61},
+      {"teacher_prob", 0.02},
+      {"teacher_top", {{{"token", "9"}, {"prob", 0.97}}, {{"token", token}, {"prob", 0.02}}}},
+      {"advantage", -0.8},
+      {"reward", 0.0}};
+  if (!subset.empty()) line["subset"] = subset;
+  return line;
+}
+
+std::string Lines(const std::vector<nlohmann::json>& lines) {
+  std::string text;
+  for (const nlohmann::json& line : lines) text += line.dump() + "\n";
+  return text;
+}
+
+std::vector<std::pair<int64_t, double>> StepsAndKdr(const std::vector<AtlasEntry>& entries) {
+  std::vector<std::pair<int64_t, double>> out;
+  for (const AtlasEntry& e : entries) out.emplace_back(e.step, e.kdr);
+  return out;
+}
+
+TEST(ReportAtlas, ResumedStepsReplaceEarlierOnesAndMalformedLinesAreCounted) {
+  std::string text = Lines({AtlasLine(1, -1.0, "1+1=", "2", 0), AtlasLine(1, -0.5, "1+2=", "3", 0),
+                            AtlasLine(2, -3.0, "9+9=", "18", 1), AtlasLine(2, -0.2, "1+3=", "4", 0),
+                            AtlasLine(3, -2.0, "5+5=", "10", 0)});
+  text += "{\"step\": 4, \"kdr\": -1,,}\n";  // line 6
+  // Resumed from the checkpoint of step 1: steps 2 and 3 again.
+  text += Lines({AtlasLine(2, -2.5, "9+8=", "17", 1), AtlasLine(2, -0.1, "2+2=", "4", 0)});
+  text += "{\"step\": 3}\n[1, 2]\n{\"step\": \"3\", \"kdr\": -1}\n";  // lines 9..11
+  text += Lines({AtlasLine(3, -0.3, "5+6=", "11", 1)});
+  text += "\n" + AtlasLine(4, -9.0, "x", "y", 0).dump().substr(0, 30);  // still being written
+
+  const ConflictAtlasFile atlas = ParseConflictAtlasText(text, "runs/x/conflict_atlas.jsonl");
+  EXPECT_EQ(StepsAndKdr(atlas.entries),
+            (std::vector<std::pair<int64_t, double>>{
+                {1, -1.0}, {1, -0.5}, {2, -2.5}, {2, -0.1}, {3, -0.3}}));
+  EXPECT_EQ(atlas.replaced_entries, 3);
+  EXPECT_EQ(atlas.skipped_lines, 4);
+  ASSERT_EQ(atlas.problems.size(), 4u);
+  EXPECT_NE(atlas.problems[0].find("runs/x/conflict_atlas.jsonl:6: not valid JSON"),
+            std::string::npos)
+      << atlas.problems[0];
+  EXPECT_NE(atlas.problems[1].find(":9: \"kdr\""), std::string::npos) << atlas.problems[1];
+  EXPECT_NE(atlas.problems[2].find(":10: not a JSON object"), std::string::npos)
+      << atlas.problems[2];
+  EXPECT_NE(atlas.problems[3].find(":11: \"step\" is not an integer"), std::string::npos)
+      << atlas.problems[3];
+  EXPECT_TRUE(atlas.partial_tail);
+
+  // The most negative over the whole run, most negative first.
+  EXPECT_EQ(StepsAndKdr(MostNegativeAtlasEntries(atlas.entries, 3)),
+            (std::vector<std::pair<int64_t, double>>{{2, -2.5}, {1, -1.0}, {1, -0.5}}));
+  EXPECT_EQ(MostNegativeAtlasEntries(atlas.entries, 100).size(), 5u);
+}
+
+TEST(ReportAtlas, ResumeThatRepeatsTheLastStepItself) {
+  // Crashed after writing step 5; resumed from step 4's checkpoint: step 5
+  // follows step 5. Its lines restart at the most negative K_DR.
+  const ConflictAtlasFile atlas = ParseConflictAtlasText(
+      Lines({AtlasLine(4, -1.0, "p", "1", 0), AtlasLine(5, -2.0, "p", "1", 0),
+             AtlasLine(5, -0.5, "p", "1", 0), AtlasLine(5, -1.5, "q", "2", 0),
+             AtlasLine(5, -1.5, "r", "3", 0), AtlasLine(6, -0.7, "p", "1", 0)}),
+      "a.jsonl");
+  EXPECT_EQ(StepsAndKdr(atlas.entries),
+            (std::vector<std::pair<int64_t, double>>{{4, -1.0}, {5, -1.5}, {5, -1.5}, {6, -0.7}}));
+  EXPECT_EQ(atlas.replaced_entries, 2);
+  EXPECT_EQ(atlas.skipped_lines, 0);
+}
+
+TEST(ReportAtlas, NullFieldsAreMissingNotZero) {
+  const ConflictAtlasFile atlas = ParseConflictAtlasText(
+      "{\"step\": 7, \"kdr\": -1.5, \"prompt\": null, \"response\": null, \"token_index\": null,"
+      " \"token\": null, \"student_prob\": null, \"teacher_prob\": null, \"teacher_top\": null,"
+      " \"advantage\": null, \"reward\": null, \"subset\": null}\n"
+      "{\"step\": 8, \"kdr\": -0.5, \"teacher_top\": [{\"token\": \"1\", \"prob\": null}, 3]}\n",
+      "a.jsonl");
+  ASSERT_EQ(atlas.entries.size(), 2u);
+  const AtlasEntry& e = atlas.entries[0];
+  EXPECT_EQ(e.step, 7);
+  EXPECT_DOUBLE_EQ(e.kdr, -1.5);
+  EXPECT_EQ(e.prompt, "");
+  EXPECT_FALSE(e.token_index || e.token || e.student_prob || e.teacher_prob || e.advantage ||
+               e.reward || e.subset);
+  EXPECT_TRUE(e.teacher_top.empty());
+  ASSERT_EQ(atlas.entries[1].teacher_top.size(), 1u);  // the non-object left out
+  EXPECT_FALSE(atlas.entries[1].teacher_top[0].prob);
+
+  const std::string html = ConflictAtlasSectionHtml(atlas, {});
+  EXPECT_EQ(Count(html, "class=\"atlas-row\""), 2u);
+  EXPECT_EQ(Count(html, "<mark"), 0u);  // no token to highlight
+  EXPECT_EQ(Count(html, "data-table=\"atlas_subset\""), 0u);
+  EXPECT_NE(html.find("data-row=\"token_index_unknown\""), std::string::npos);
+  EXPECT_FALSE(HasNonFiniteAttribute(html));
+}
+
+TEST(ReportAtlas, LocatesTheTokenOnlyWhereItPlausiblySits) {
+  auto at = [](const std::string& response, int64_t index, const std::string& token) {
+    AtlasEntry e;
+    e.response = response;
+    e.token_index = index;
+    e.token = token;
+    return LocateAtlasToken(e);
+  };
+  EXPECT_EQ(at("25", 0, "2"), std::optional<size_t>(0));
+  EXPECT_EQ(at("11", 1, "1"), std::optional<size_t>(1));  // the index decides between equal ones
+  EXPECT_EQ(at("é1", 1, "1"), std::optional<size_t>(2));  // characters, not bytes
+  EXPECT_EQ(at("Hello world", 1, " world"),
+            std::optional<size_t>(5));            // multi-character: its only place
+  EXPECT_EQ(at("aXbXc", 7, "X"), std::nullopt);   // ambiguous
+  EXPECT_EQ(at("25", 2, "<eos>"), std::nullopt);  // not in the decoded text
+  EXPECT_EQ(at("25", 0, ""), std::nullopt);
+}
+
+TEST(ReportAtlas, SectionShowsTheMostNegativeRowsEscapedAndHighlighted) {
+  std::vector<nlohmann::json> lines;
+  for (int step = 1; step <= 15; ++step) {
+    lines.push_back(AtlasLine(step, -1.0 - 0.01 * step, "57+68=", "125", 1, "carry_into_hundreds"));
+    lines.push_back(AtlasLine(step, -0.5, "1+2=", "3", 0, "rest"));
+  }
+  lines.push_back(AtlasLine(16, -9.0, "<script>alert(1)</script>", "25", 0, "rest"));
+  lines.push_back(AtlasLine(16, -5.0, "1+1=", "2", 1, "rest"));  // the end-of-text token
+  const ConflictAtlasFile atlas =
+      ParseConflictAtlasText(Lines(lines), "runs/x/conflict_atlas.jsonl");
+  AtlasContext context;
+  context.positions_by_subset = {{"carry_into_hundreds", 100}, {"rest", 900}};
+  const std::string html = ConflictAtlasSectionHtml(atlas, context);
+
+  EXPECT_EQ(Count(html, "data-section=\"conflict_atlas\""), 1u);
+  EXPECT_EQ(Count(html, "class=\"atlas-row\""), kAtlasTableRows);
+  // Most negative first: the script prompt, the end-of-text token, then step 15's carry.
+  const size_t script = html.find("&lt;script&gt;alert(1)&lt;/script&gt;");
+  const size_t eos = html.find("<mark class=\"atlas-token atlas-token-apart\"");
+  const size_t carry = html.find("data-step=\"15\"");
+  ASSERT_NE(script, std::string::npos);
+  EXPECT_LT(script, eos);
+  EXPECT_LT(eos, carry);
+  EXPECT_EQ(html.find("<script>"), std::string::npos);
+  EXPECT_NE(html.find("<mark class=\"atlas-token\">2</mark>5"), std::string::npos);
+  EXPECT_NE(html.find("1<mark class=\"atlas-token\">2</mark>5"), std::string::npos);
+  EXPECT_EQ(Count(html, "<mark class=\"atlas-token\">"), kAtlasTableRows - 1);
+  EXPECT_NE(html.find("&lt;eos&gt;</mark>"), std::string::npos);
+  EXPECT_NE(html.find("61.0%"), std::string::npos);  // the student's probability
+  EXPECT_NE(html.find("width:58px\"></span>97.0%"), std::string::npos);  // the teacher's top token
+  // The summary: 32 entries over 16 steps; 15 of them carry (46.9%) where
+  // carry has 10% of the positions; token index 1: 16 entries.
+  EXPECT_NE(html.find("32 entries over 16 steps (1–16)"), std::string::npos);
+  EXPECT_NE(
+      html.find(
+          "<tr data-row=\"subset_carry_into_hundreds\"><th>carry_into_hundreds</th>"
+          "<td class=\"num\">15</td><td class=\"num\">46.9%</td><td class=\"num\">10.0%</td>"),
+      std::string::npos);
+  EXPECT_NE(html.find("<tr data-row=\"token_index_1\"><th>1</th><td class=\"num\">16</td>"),
+            std::string::npos);
+  EXPECT_EQ(Count(ConflictAtlasSectionHtml(atlas, context, 3), "class=\"atlas-row\""), 3u);
+
+  const std::string none = ConflictAtlasSectionHtml(absl::NotFoundError("x"), {});
+  EXPECT_NE(none.find("has no conflict atlas"), std::string::npos);
+  EXPECT_EQ(Count(none, "<table"), 0u);
+  const std::string broken = ConflictAtlasSectionHtml(absl::UnavailableError("a <b> c"), {});
+  EXPECT_NE(broken.find("could not be read: a &lt;b&gt; c"), std::string::npos);
+}
+
+TEST(ReportAtlas, RunPageAndCommandOutcome) {
+  const std::string dir = MakeTempDir("kappa_report_atlas");
+  WriteFile(dir + "/metrics.jsonl", MetricsText(5));
+  const absl::StatusOr<RunReportOutcome> without = WriteRunReport(dir, "");
+  ASSERT_TRUE(without.ok()) << without.status();
+  const std::string plain = ReadFile(dir + "/report.html");
+  EXPECT_NE(plain.find("has no conflict atlas"), std::string::npos);
+
+  // With a corrupted teacher: the subset's share of the K_DR positions is
+  // over the steps the atlas covers (2 and 3): 20 + 30 of 230.
+  std::vector<nlohmann::json> records;
+  for (int step = 1; step <= 5; ++step) {
+    records.push_back(StepRecord(step));
+    records.back()["kdr_positions_by_subset"] = {{"carry", 10 * step}, {"rest", 90}};
+  }
+  WriteFile(dir + "/metrics.jsonl", Lines(records));
+  WriteFile(dir + "/conflict_atlas.jsonl", Lines({AtlasLine(2, -1.0, "1+1=", "2", 0, "carry"),
+                                                  AtlasLine(3, -2.0, "2+2=", "4", 0, "rest")}) +
+                                               "garbage\n");
+  const absl::StatusOr<RunReportOutcome> with = WriteRunReport(dir, "");
+  ASSERT_TRUE(with.ok()) << with.status();
+  EXPECT_EQ(with->skipped_lines, 0);  // metrics.jsonl's
+  ASSERT_FALSE(with->problems.empty());
+  EXPECT_NE(with->problems.back().find(dir + "/conflict_atlas.jsonl:3:"), std::string::npos)
+      << with->problems.back();
+  const std::string html = ReadFile(dir + "/report.html");
+  const size_t heatmap = html.find("data-chart=\"kdr_position_heatmap\"");
+  const size_t section = html.find(
+      "<h2>Conflict atlas</h2>\n<section class=\"atlas-section\" "
+      "data-section=\"conflict_atlas\">");
+  const size_t alarms = html.find("<h2>Alarms</h2>");
+  ASSERT_NE(section, std::string::npos);
+  EXPECT_LT(heatmap, section);
+  EXPECT_LT(section, alarms);
+  EXPECT_EQ(Count(html, "class=\"atlas-row\""), 2u);
+  EXPECT_NE(html.find("1 malformed line skipped"), std::string::npos);
+  EXPECT_NE(html.find("<tr data-row=\"subset_carry\"><th>carry</th><td class=\"num\">1</td>"
+                      "<td class=\"num\">50.0%</td><td class=\"num\">21.7%</td>"),
+            std::string::npos);
+  fs::remove_all(dir);
 }
 
 // --- SVG writer
@@ -536,6 +758,18 @@ TEST(ReportEndToEnd, KappaReportBinaryRendersInChromium) {
   metrics.insert(metrics.rfind('\n', step31) + 1, "#");
   metrics += StepRecord(61).dump().substr(0, 100);
   WriteFile(run + "/metrics.jsonl", metrics);
+  // The atlas: two positions a step, a malformed line 5, and among the 25
+  // most negative a prompt with markup and an end-of-text token.
+  std::vector<nlohmann::json> atlas_lines;
+  for (int step = 1; step <= 60; ++step) {
+    atlas_lines.push_back(AtlasLine(step, -1.0 - 0.01 * step, "57+68=", "125", 1));
+    atlas_lines.push_back(AtlasLine(step, -0.5, "1+2=", "3", 0));
+  }
+  atlas_lines[20] = AtlasLine(11, -7.0, "<script>alert(1)</script>", "25", 0);
+  atlas_lines[40] = AtlasLine(21, -6.0, "1+1=", "2", 1);
+  std::string atlas = Lines(atlas_lines);
+  atlas.insert(atlas.rfind('\n', atlas.find("\"step\":3,")) + 1, "{oops\n");
+  WriteFile(run + "/conflict_atlas.jsonl", atlas);
 
   const testing::CommandResult usage = testing::RunKappa({"report"});
   EXPECT_EQ(usage.exit_code, 2) << usage.output;
@@ -551,6 +785,8 @@ TEST(ReportEndToEnd, KappaReportBinaryRendersInChromium) {
   EXPECT_NE(result.output.find(run + "/metrics.jsonl:32:"), std::string::npos) << result.output;
   EXPECT_NE(result.output.find("1 malformed line skipped"), std::string::npos) << result.output;
   EXPECT_NE(result.output.find("(59 steps;"), std::string::npos) << result.output;  // 1..60 less 31
+  EXPECT_NE(result.output.find(run + "/conflict_atlas.jsonl:5:"), std::string::npos)
+      << result.output;
   const std::string page = run + "/report.html";
   ASSERT_TRUE(fs::exists(page));
   const std::string html = ReadFile(page);
@@ -595,6 +831,18 @@ TEST(ReportEndToEnd, KappaReportBinaryRendersInChromium) {
   EXPECT_NE(dom.find("kappa_threshold: 8"), std::string::npos);  // the config, verbatim
   EXPECT_EQ(Count(dom, "class=\"threshold\""), 3u);  // κ, K_DR, cosine 0 line
   EXPECT_NE(dom.find("metrics.jsonl:32:"), std::string::npos);  // the skipped line, on the page
+  // The conflict atlas after the heatmap: its 25 most negative positions, the
+  // token highlighted in 24 responses and shown apart for the end-of-text one.
+  const size_t atlas_section = dom.find("data-section=\"conflict_atlas\"");
+  ASSERT_NE(atlas_section, std::string::npos);
+  EXPECT_LT(dom.find("data-chart=\"kdr_position_heatmap\""), atlas_section);
+  EXPECT_EQ(Count(dom, "class=\"atlas-row\""), 25u);
+  EXPECT_EQ(Count(dom, "<mark class=\"atlas-token\">"), 24u);
+  EXPECT_EQ(Count(dom, "1<mark class=\"atlas-token\">2</mark>5"), 23u);
+  EXPECT_EQ(Count(dom, "<mark class=\"atlas-token atlas-token-apart\""), 1u);
+  EXPECT_NE(dom.find("&lt;script&gt;alert(1)&lt;/script&gt;"), std::string::npos);
+  EXPECT_EQ(dom.find("<script"), std::string::npos);
+  EXPECT_NE(dom.find("conflict_atlas.jsonl:5:"), std::string::npos);
 
   const std::string png_path = dir + "/report.png";
   RunShell(env + testing::ShellQuote(chromium) + flags + "--screenshot=" +
