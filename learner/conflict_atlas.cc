@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
+#include <set>
+#include <tuple>
 
 namespace kappa::learner {
 namespace {
@@ -107,11 +110,23 @@ std::vector<nlohmann::json> ConflictAtlas::Entries(
   if (static_cast<size_t>(batch.num_groups) != example_indices.size()) {
     throw std::invalid_argument("ConflictAtlas: one example index per group is required");
   }
+  // Samples of a group often share a response; the same (prompt, response,
+  // token) then has the same K_DR in every copy and is shown once.
   std::vector<nlohmann::json> entries;
+  std::set<std::tuple<size_t, std::string, int64_t>> shown;
   for (const KernelPosition& position :
-       MostNegativePositions(kernel, batch.response_mask, positions_per_step_)) {
-    entries.push_back(Entry(step, batch, position,
-                            example_indices[static_cast<size_t>(position.row / batch.group_size)]));
+       MostNegativePositions(kernel, batch.response_mask, std::numeric_limits<int64_t>::max())) {
+    if (static_cast<int64_t>(entries.size()) >= positions_per_step_) break;
+    const size_t example_index =
+        example_indices[static_cast<size_t>(position.row / batch.group_size)];
+    nlohmann::json entry = Entry(step, batch, position, example_index);
+    if (!shown
+             .emplace(example_index, entry["response"].get<std::string>(),
+                      entry["token_index"].get<int64_t>())
+             .second) {
+      continue;
+    }
+    entries.push_back(std::move(entry));
   }
   return entries;
 }

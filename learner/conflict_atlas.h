@@ -1,6 +1,7 @@
 // The conflict atlas: where and why the reward and the teacher disagree.
 // Each step, the response positions with the most negative K_DR (the cheap
-// estimator, K_DR < 0 only) go to <run>/conflict_atlas.jsonl, one line each:
+// estimator, K_DR < 0 only; a response that several samples of a group share
+// counts once) go to <run>/conflict_atlas.jsonl, one line each:
 //
 //   {"step": 12, "kdr": -3.2, "prompt": "57+68=", "response": "25",
 //    "token_index": 0, "token": "2", "student_prob": 0.61,

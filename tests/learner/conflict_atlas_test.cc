@@ -109,6 +109,32 @@ TEST_F(ConflictAtlasTest, EntryCarriesTextTeacherTokensAdvantageAndReward) {
   std::remove(path.c_str());
 }
 
+TEST_F(ConflictAtlasTest, ARepeatedResponseIsShownOnce) {
+  // Two samples with the same response "25": one entry for its token 0.
+  ScoredGroup group;
+  group.prompt_tokens = tokenizer_.Encode("57+68=", false);
+  for (float reward : {0.f, 0.f, 1.f}) {
+    ScoredSample sample;
+    sample.response_tokens = tokenizer_.Encode(reward > 0 ? "125" : "25", false);
+    sample.behavior_logprobs.assign(sample.response_tokens.size(), std::log(0.5f));
+    sample.reward = reward;
+    group.samples.push_back(sample);
+  }
+  const TrainBatch batch = BuildTrainBatch({group}, true, 0);
+  torch::Tensor kernel = torch::zeros_like(batch.response_mask);
+  const int64_t first = batch.response_mask[0].nonzero()[0][0].item<int64_t>();
+  kernel[0][first] = -5.0;
+  kernel[1][first] = -5.0;
+  kernel[2][first] = -1.0;
+  const std::string path = ::testing::TempDir() + "/atlas_r_" + std::to_string(::getpid());
+  ConflictAtlas atlas(path, 2, *train_, tokenizer_, nullptr);
+  const std::vector<nlohmann::json> entries = atlas.Entries(1, batch, kernel, {0});
+  ASSERT_EQ(entries.size(), 2u);
+  EXPECT_EQ(entries[0]["response"], "25");
+  EXPECT_EQ(entries[1]["response"], "125");
+  std::remove(path.c_str());
+}
+
 TEST_F(ConflictAtlasTest, NoNegativeKernelNoEntryAndSubsetIsNamed) {
   const std::string path = ::testing::TempDir() + "/atlas_s_" + std::to_string(::getpid());
   const CorruptedSubset subset(*tasks::AnswerCorruption::Named("carry_into_hundreds"), *train_,
@@ -117,6 +143,7 @@ TEST_F(ConflictAtlasTest, NoNegativeKernelNoEntryAndSubsetIsNamed) {
   EXPECT_TRUE(atlas.Entries(1, batch_, torch::ones_like(batch_.response_mask), {0}).empty());
   const std::vector<nlohmann::json> entries =
       atlas.Entries(1, batch_, -torch::ones_like(batch_.response_mask), {0});
+  // 2 + 3 response positions, all at -1: each once.
   ASSERT_EQ(entries.size(), 4u);
   EXPECT_EQ(entries[0]["subset"], "carry_into_hundreds");
   EXPECT_THROW(atlas.Entries(1, batch_, -torch::ones_like(batch_.response_mask), {}),
