@@ -13,6 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "cli/jsonl_lines.h"
 #include "cli/report_html.h"
 #include "cli/report_svg.h"
 
@@ -334,36 +335,19 @@ ConflictAtlasFile ParseConflictAtlasText(const std::string& text, const std::str
   ConflictAtlasFile atlas;
   atlas.path = file_name;
   ResumeFilter filter(&atlas);
-  size_t begin = 0;
-  int64_t line_number = 0;
-  while (begin < text.size()) {
-    size_t end = text.find('\n', begin);
-    const bool terminated = end != std::string::npos;
-    if (!terminated) end = text.size();
-    ++line_number;
-    const std::string line = text.substr(begin, end - begin);
-    begin = end + 1;
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    nlohmann::json record;
-    std::string why;
-    try {
-      record = nlohmann::json::parse(line);
-      why = Rejection(record);
-    } catch (const nlohmann::json::parse_error& e) {
-      why = absl::StrCat("not valid JSON (", e.what(), ")");
-    }
-    if (!why.empty() && !terminated) {
+  ForEachJsonLine(text, Rejection, [&](JsonLine& line) {
+    if (!line.why.empty() && !line.terminated) {
       atlas.partial_tail = true;  // still being written, not damage
-      continue;
+      return;
     }
     ++atlas.lines;
-    if (!why.empty()) {
+    if (!line.why.empty()) {
       ++atlas.skipped_lines;
-      atlas.problems.push_back(absl::StrCat(file_name, ":", line_number, ": ", why));
-      continue;
+      atlas.problems.push_back(absl::StrCat(file_name, ":", line.number, ": ", line.why));
+      return;
     }
-    filter.Add(EntryFromJson(record));
-  }
+    filter.Add(EntryFromJson(line.record));
+  });
   return atlas;
 }
 

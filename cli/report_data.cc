@@ -10,6 +10,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "cli/jsonl_lines.h"
 #include "learner/metrics_schema.h"
 #include "services/config.h"
 
@@ -89,41 +90,23 @@ RunSeries ParseMetricsText(const std::string& text, const std::string& file_name
   RunSeries series;
   series.metrics_path = file_name;
   std::map<int64_t, nlohmann::json> by_step;  // the later record of a step wins
-  size_t begin = 0;
-  int64_t line_number = 0;
-  while (begin < text.size()) {
-    size_t end = text.find('\n', begin);
-    const bool terminated = end != std::string::npos;
-    if (!terminated) end = text.size();
-    ++line_number;
-    const std::string line = text.substr(begin, end - begin);
-    begin = end + 1;
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+  ForEachJsonLine(text, Rejection, [&](JsonLine& line) {
     ++series.lines;
-    nlohmann::json record;
-    std::string why;
-    try {
-      record = nlohmann::json::parse(line);
-      why = Rejection(record);
-    } catch (const nlohmann::json::parse_error& e) {
-      // The parser's message says where in the line it stopped.
-      why = absl::StrCat("not valid JSON (", e.what(), ")");
+    if (line.why.empty()) {
+      const int64_t step = line.record[metrics_jsonl::kStep].get<int64_t>();
+      by_step[step] = std::move(line.record);
+      return;
     }
-    if (why.empty()) {
-      const int64_t step = record[metrics_jsonl::kStep].get<int64_t>();
-      by_step[step] = std::move(record);
-      continue;
-    }
-    if (!terminated) {
+    if (!line.terminated) {
       // The writer appends whole lines; an unterminated tail is one still
       // being written, not damage.
       series.partial_tail = true;
       --series.lines;
-      continue;
+      return;
     }
     ++series.skipped_lines;
-    series.problems.push_back(absl::StrCat(file_name, ":", line_number, ": ", why));
-  }
+    series.problems.push_back(absl::StrCat(file_name, ":", line.number, ": ", line.why));
+  });
 
   const size_t n = by_step.size();
   series.steps.reserve(n);
