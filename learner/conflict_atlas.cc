@@ -53,16 +53,21 @@ std::string ConflictAtlas::TokenText(int64_t id) const {
 nlohmann::json ConflictAtlas::Entry(int64_t step, const TrainBatch& batch,
                                     const KernelPosition& position, size_t example_index) const {
   const int64_t b = position.row, t = position.column;
-  const torch::Tensor mask = batch.response_mask[b].to(torch::kCPU);
-  const torch::Tensor targets = batch.target_tokens[b].to(torch::kCPU);
+  // One copy of the row to the host, then plain reads (no per-element sync).
+  const torch::Tensor mask_row =
+      batch.response_mask[b].to(torch::kCPU, torch::kFloat32).contiguous();
+  const torch::Tensor target_row =
+      batch.target_tokens[b].to(torch::kCPU, torch::kInt64).contiguous();
+  const auto mask = mask_row.accessor<float, 1>();
+  const auto targets = target_row.accessor<int64_t, 1>();
   std::vector<int64_t> response;
   int64_t token_index = 0;
   for (int64_t c = 0; c < mask.size(0); ++c) {
-    if (mask[c].item<float>() <= 0) continue;
+    if (mask[c] <= 0) continue;
     if (c < t) ++token_index;
-    response.push_back(targets[c].item<int64_t>());
+    response.push_back(targets[c]);
   }
-  const int64_t token = targets[t].item<int64_t>();
+  const int64_t token = targets[t];
   nlohmann::json entry = {
       {"step", step},
       {"kdr", position.value},

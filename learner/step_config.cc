@@ -165,11 +165,6 @@ absl::StatusOr<std::optional<tasks::AnswerCorruption>> TeacherCorruption(
     const services::Config& config) {
   const std::string& name = config.teacher.bootstrap.corrupt;
   if (name.empty()) return std::nullopt;
-  if (!config.teacher.checkpoint.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("config key 'teacher.bootstrap.corrupt' ('", name,
-                     "') only shapes a bootstrapped teacher, but teacher.checkpoint is set"));
-  }
   absl::StatusOr<tasks::AnswerCorruption> rule = tasks::AnswerCorruption::Named(name);
   if (!rule.ok()) {
     return absl::InvalidArgumentError(
@@ -184,6 +179,13 @@ absl::Status ValidateStepConfig(const services::Config& config) {
   }
   if (absl::Status corruption = TeacherCorruption(config).status(); !corruption.ok()) {
     return corruption;
+  }
+  // On the user's configuration (kappa run fills teacher.checkpoint in with
+  // the bootstrapped one before it starts the learner).
+  if (!config.teacher.bootstrap.corrupt.empty() && !config.teacher.checkpoint.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config key 'teacher.bootstrap.corrupt' ('", config.teacher.bootstrap.corrupt,
+                     "') only shapes a bootstrapped teacher, but teacher.checkpoint is set"));
   }
   if (absl::Status rollout = rollout::ValidateRolloutSettings(config); !rollout.ok())
     return rollout;

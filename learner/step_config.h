@@ -21,8 +21,9 @@ AlarmConfig MakeAlarmConfig(const services::Config& config);
 absl::StatusOr<LearningRateSchedule> MakeLearningRateSchedule(const services::Config& config);
 // The subset teacher.bootstrap.corrupt answers wrongly, whose accuracy and
 // K_DR the learner reports apart; nullopt when it is empty. INVALID_ARGUMENT
-// naming the key for an unknown rule or a configured teacher checkpoint
-// (which the bootstrap, and so the rule, never touches).
+// naming the key for an unknown rule. (ValidateStepConfig also refuses the
+// rule beside a configured teacher.checkpoint, which the bootstrap, and so
+// the rule, never touches.)
 absl::StatusOr<std::optional<tasks::AnswerCorruption>> TeacherCorruption(
     const services::Config& config);
 

@@ -181,12 +181,11 @@ absl::StatusOr<StepRecord> TrainerLoop::TrainOn(std::vector<BufferedGroup> buffe
   ++state_.step;
   state_.policy_version = state_.step;
   PublishPolicy();
-  ReportKdrBySubset(buffered, batch.group_size, batch.response_mask, record);
   record.step = state_.step;
+  ReportKdrBySubset(buffered, batch.group_size, batch.response_mask, record);
   RecordConflicts(buffered, batch, record);
 
   const absl::Time now = absl::Now();
-  record.step = state_.step;
   record.policy_version = state_.policy_version;
   record.samples = batch.num_groups * batch.group_size;
   record.reward_mean = batch.rewards.mean().item<double>();

@@ -80,7 +80,10 @@ arms:
     description: "no rollout workers: kappa run refuses it"
     overrides: [workers=0]
   - name: naive
-    overrides: [trainer.distill_gate=all]
+    # With an unreliable teacher: the learner reports the subset the rule
+    # covers apart and writes the conflict atlas.
+    overrides: [trainer.distill_gate=all, task.operators=+-, teacher.bootstrap.corrupt=minus_as_plus,
+                trainer.eval_every=1]
 )");
   const std::string out = dir_ + "/out";
   const auto result = RunKappa({"experiment", dir_ + "/abl.yaml", "--quick", "--out", out});
@@ -100,6 +103,16 @@ arms:
     EXPECT_TRUE(fs::exists(out + "/logs/" + std::string(run) + ".log")) << run;
   }
   EXPECT_TRUE(Contains(ReadFile(out + "/commands.txt"), "trainer.distill_gate=none"));
+  // The corrupted teacher's subset, end to end: the learner's by-subset
+  // keys, the atlas file, the experiment's subset columns.
+  const std::string naive_run = out + "/runs/naive-s1";
+  const std::string naive_metrics = ReadFile(naive_run + "/metrics.jsonl");
+  EXPECT_TRUE(Contains(naive_metrics, "\"eval_accuracy_by_subset\":{\"minus_as_plus\":"));
+  EXPECT_TRUE(Contains(naive_metrics, "\"kdr_mean_by_subset\":{\"minus_as_plus\":"));
+  // Opened at start (this tiny student scores 0 everywhere, so K_DR is 0
+  // and the atlas has no line; learner_conflict_atlas_test checks lines).
+  EXPECT_TRUE(fs::exists(naive_run + "/conflict_atlas.jsonl"));
+  EXPECT_TRUE(Contains(ReadFile(out + "/results.csv"), "final_accuracy_minus_as_plus"));
 
   const std::string csv = ReadFile(out + "/results.csv");
   EXPECT_TRUE(Contains(csv, "\nbroken,1,broken-s1,failed,")) << csv;
