@@ -101,7 +101,7 @@ class Session {
     // A worker reports once its /metrics is up, before it asks for work;
     // prometheus.yml follows within a poll interval (on a toy run the first
     // steps may already be trained by then).
-    if (const int code = AwaitReady(names); code >= 0) return Stop(code);
+    if (const int code = AwaitReady(names, /*training=*/true); code >= 0) return Stop(code);
     WritePrometheusConfig();
     return Stop(FollowTraining());
   }
@@ -141,12 +141,14 @@ class Session {
   }
 
   // -1 once every process in `names` has reported where it listens; else
-  // an exit code.
-  int AwaitReady(std::vector<std::string> pending) {
+  // an exit code. `training`: the learner may already be training (the
+  // workers' reports: the first ones send groups while a slow one has not
+  // reported), so a process that dies meanwhile is restarted as in training.
+  int AwaitReady(std::vector<std::string> pending, bool training = false) {
     const auto deadline = Clock::now() + options_.health_timeout;
     while (true) {
       if (TerminationSignal() != 0) return Interrupted();
-      if (const int code = CheckChildren(/*training=*/false); code >= 0) return code;
+      if (const int code = CheckChildren(training); code >= 0) return code;
       for (auto it = pending.begin(); it != pending.end();) {
         absl::StatusOr<bool> ready = CollectReady(*it);
         if (!ready.ok()) {
