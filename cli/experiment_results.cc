@@ -47,11 +47,8 @@ std::optional<double> MedianOf(const std::vector<nlohmann::json>& steps, const c
   return Median(std::move(values));
 }
 
-// The per-subset fields (docs/metrics.md): objects {"<subset>": number or
-// null, ..., "rest": ...}.
-constexpr char kEvalAccuracyBySubset[] = "eval_accuracy_by_subset";
-constexpr char kKdrMeanBySubset[] = "kdr_mean_by_subset";
-constexpr char kKdrNegativeFractionBySubset[] = "kdr_negative_fraction_by_subset";
+// The per-subset fields (metrics_jsonl::k*BySubset, docs/metrics.md) are
+// objects {"<subset>": number or null, ..., "rest": ...}.
 constexpr char kRestSubset[] = "rest";
 
 const nlohmann::json* ObjectAt(const nlohmann::json& record, const char* key) {
@@ -342,7 +339,7 @@ RunMetrics SummarizeMetrics(const std::vector<nlohmann::json>& records) {
       metrics.final_accuracy = accuracy;
       metrics.final_accuracy_step = step;
     }
-    if (const nlohmann::json* by_subset = ObjectAt(*record, kEvalAccuracyBySubset)) {
+    if (const nlohmann::json* by_subset = ObjectAt(*record, metrics_jsonl::kEvalAccuracyBySubset)) {
       metrics.final_accuracy_by_subset = SubsetValues(*by_subset);
     }
     if (step < 1) continue;
@@ -382,9 +379,9 @@ RunMetrics SummarizeMetrics(const std::vector<nlohmann::json>& records) {
   metrics.kdr_negative_fraction_median = MedianOf(steps, metrics_jsonl::kKdrNegativeFraction);
   metrics.kdr_negative_weighted_fraction_median =
       MedianOf(steps, metrics_jsonl::kKdrNegativeWeightedFraction);
-  metrics.kdr_mean_median_by_subset = SubsetMedians(steps, kKdrMeanBySubset);
+  metrics.kdr_mean_median_by_subset = SubsetMedians(steps, metrics_jsonl::kKdrMeanBySubset);
   metrics.kdr_negative_fraction_median_by_subset =
-      SubsetMedians(steps, kKdrNegativeFractionBySubset);
+      SubsetMedians(steps, metrics_jsonl::kKdrNegativeFractionBySubset);
   for (const std::string& kind : AlarmKinds()) metrics.alarms[kind] = AlarmStats{};
   for (const nlohmann::json& record : steps) {
     CountAlarms(record, record[metrics_jsonl::kStep].get<int64_t>(), &metrics.alarms);
