@@ -266,6 +266,51 @@ TEST_F(ExperimentTest, ShippedAblationFileIsValid) {
   EXPECT_EQ((*configs)[0].trainer.steps, 100);
 }
 
+// The science experiments (issue 20) and their shared testbed: every run of
+// every file resolves, the arms set what their names say, and --quick keeps
+// one seed.
+struct ScienceFile {
+  std::string file;
+  size_t arms;
+};
+
+TEST_F(ExperimentTest, ShippedScienceExperimentsAreValid) {
+  const std::string dir = std::string(KAPPA_SOURCE_DIR) + "/configs/experiments/";
+  for (const ScienceFile& file :
+       {ScienceFile{"unreliable_teacher.yaml", 5}, ScienceFile{"kappa_regimes.yaml", 10},
+        ScienceFile{"all_zero_groups.yaml", 4}}) {
+    SCOPED_TRACE(file.file);
+    absl::StatusOr<AblationSpec> spec = LoadAblationSpec(dir + file.file);
+    ASSERT_TRUE(spec.ok()) << spec.status();
+    EXPECT_EQ(fs::path(spec->base_config).filename(), "testbed.yaml");
+    ASSERT_EQ(spec->arms.size(), file.arms);
+    absl::StatusOr<std::vector<services::Config>> configs =
+        ResolveRunConfigs(*spec, PlanRuns(*spec, dir_));
+    ASSERT_TRUE(configs.ok()) << configs.status();
+    ASSERT_EQ(configs->size(), 3 * file.arms);
+    for (const services::Config& config : *configs) {
+      EXPECT_EQ(config.task.heldout_size, 1000);
+      EXPECT_EQ(config.trainer.eval_examples, 1000);
+      EXPECT_EQ(config.trainer.steps, 500);
+    }
+    if (file.file == "unreliable_teacher.yaml") {
+      EXPECT_EQ((*configs)[0].teacher.bootstrap.corrupt, "carry_into_hundreds");
+      EXPECT_EQ((*configs)[3].trainer.distill_gate, "none");  // grpo_only
+    } else if (file.file == "kappa_regimes.yaml") {
+      EXPECT_DOUBLE_EQ((*configs)[4 * 3].trainer.lambda, 0.001);  // naive_l0.001
+      EXPECT_EQ((*configs)[9 * 3].trainer.balance, (std::vector<std::string>{"m3_norm"}));
+      EXPECT_DOUBLE_EQ((*configs)[9 * 3].trainer.kappa_target, 50.0);
+    } else {
+      EXPECT_EQ((*configs)[0].student.bootstrap.steps, 200);
+      EXPECT_EQ((*configs)[3].trainer.distill_gate, "rstg");
+    }
+    ASSERT_TRUE(ApplyQuick(&*spec).ok());
+    configs = ResolveRunConfigs(*spec, PlanRuns(*spec, dir_));
+    ASSERT_TRUE(configs.ok()) << configs.status();
+    EXPECT_EQ(configs->size(), file.arms);
+  }
+}
+
 // --- results
 
 nlohmann::json Step(int64_t step, double distill) {
