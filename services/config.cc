@@ -145,8 +145,9 @@ constexpr Field kFields[] = {
     KAPPA_CONFIG_FIELD(student.bootstrap.corrupt,
                        "Bootstrap SFT: empty: the true answers; else a rule that trains the "
                        "examples it covers on a systematically wrong answer (an unreliable "
-                       "student): `carry_into_hundreds` (a+b ≥ 100 answered a+b−100) or "
-                       "`minus_as_plus` (a−b answered a+b). The learner then reports accuracy "
+                       "student): `carry_into_hundreds` (a+b ≥ 100 answered a+b−100), "
+                       "`hundreds_plus_one` (a+b ≥ 100 answered a+b+100) or `minus_as_plus` (a−b "
+                       "answered a+b). The learner then reports accuracy "
                        "and K_DR on that subset and on the rest."),
 
     KAPPA_CONFIG_FIELD(teacher.checkpoint,
@@ -181,8 +182,9 @@ constexpr Field kFields[] = {
     KAPPA_CONFIG_FIELD(teacher.bootstrap.corrupt,
                        "Bootstrap SFT: empty: the true answers; else a rule that trains the "
                        "examples it covers on a systematically wrong answer (an unreliable "
-                       "teacher): `carry_into_hundreds` (a+b ≥ 100 answered a+b−100) or "
-                       "`minus_as_plus` (a−b answered a+b). The learner then reports accuracy "
+                       "teacher): `carry_into_hundreds` (a+b ≥ 100 answered a+b−100), "
+                       "`hundreds_plus_one` (a+b ≥ 100 answered a+b+100) or `minus_as_plus` (a−b "
+                       "answered a+b). The learner then reports accuracy "
                        "and K_DR on that subset and on the rest."),
     KAPPA_CONFIG_FIELD(
         teacher.address,

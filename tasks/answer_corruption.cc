@@ -42,13 +42,15 @@ std::optional<BinaryProblem> ParseBinaryProblem(const Example& example) {
 
 const std::vector<std::string>& AnswerCorruptionNames() {
   static const std::vector<std::string>* names =
-      new std::vector<std::string>{"carry_into_hundreds", "minus_as_plus"};
+      new std::vector<std::string>{"carry_into_hundreds", "hundreds_plus_one", "minus_as_plus"};
   return *names;
 }
 
 absl::StatusOr<AnswerCorruption> AnswerCorruption::Named(std::string_view name) {
   if (name == "carry_into_hundreds")
     return AnswerCorruption(std::string(name), Kind::kCarryIntoHundreds);
+  if (name == "hundreds_plus_one")
+    return AnswerCorruption(std::string(name), Kind::kHundredsPlusOne);
   if (name == "minus_as_plus") return AnswerCorruption(std::string(name), Kind::kMinusAsPlus);
   return absl::InvalidArgumentError(
       absl::StrCat("unknown answer corruption '", std::string(name),
@@ -63,6 +65,12 @@ std::optional<long long> AnswerCorruption::WrongAnswer(const Example& example) c
       if (problem->op == '+' && problem->a >= 0 && problem->b >= 0 &&
           problem->a + problem->b >= 100) {
         return problem->a + problem->b - 100;
+      }
+      return std::nullopt;
+    case Kind::kHundredsPlusOne:
+      if (problem->op == '+' && problem->a >= 0 && problem->b >= 0 &&
+          problem->a + problem->b >= 100) {
+        return problem->a + problem->b + 100;
       }
       return std::nullopt;
     case Kind::kMinusAsPlus:

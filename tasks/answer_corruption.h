@@ -7,6 +7,10 @@
 // Rules (AnswerCorruptionNames()):
 //   carry_into_hundreds  "a+b=" with a + b ≥ 100: answered a + b − 100 (the
 //                        carry into the hundreds is dropped: 57+68 → 25).
+//   hundreds_plus_one    "a+b=" with a + b ≥ 100: answered a + b + 100 (the
+//                        hundreds digit one too high: 57+68 → 225). Only the
+//                        first answer token is wrong, and the answer keeps
+//                        its length, so the error sits at one position.
 //   minus_as_plus        "a-b=": answered a + b (the operator misread).
 // Other examples keep their answers. No libtorch, no gRPC.
 #pragma once
@@ -33,7 +37,7 @@ class AnswerCorruption {
   std::string AnswerFor(const Example& example) const;
 
  private:
-  enum class Kind { kCarryIntoHundreds, kMinusAsPlus };
+  enum class Kind { kCarryIntoHundreds, kHundredsPlusOne, kMinusAsPlus };
   AnswerCorruption(std::string name, Kind kind) : name_(std::move(name)), kind_(kind) {}
   // The wrong answer when covered.
   std::optional<long long> WrongAnswer(const Example& example) const;

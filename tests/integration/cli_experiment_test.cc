@@ -294,7 +294,7 @@ TEST_F(ExperimentTest, ShippedScienceExperimentsAreValid) {
       EXPECT_EQ(config.trainer.steps, 500);
     }
     if (file.file == "unreliable_teacher.yaml") {
-      EXPECT_EQ((*configs)[0].teacher.bootstrap.corrupt, "carry_into_hundreds");
+      EXPECT_EQ((*configs)[0].teacher.bootstrap.corrupt, "hundreds_plus_one");
       EXPECT_EQ((*configs)[3].trainer.distill_gate, "none");  // grpo_only
     } else if (file.file == "kappa_regimes.yaml") {
       EXPECT_DOUBLE_EQ((*configs)[4 * 3].trainer.lambda, 0.001);  // naive_l0.001

@@ -31,6 +31,19 @@ TEST(AnswerCorruption, CarryIntoHundredsDropsTheHundredOfLargeSums) {
   }
 }
 
+TEST(AnswerCorruption, HundredsPlusOneRaisesTheHundredsDigitOnly) {
+  absl::StatusOr<AnswerCorruption> rule = AnswerCorruption::Named("hundreds_plus_one");
+  ASSERT_TRUE(rule.ok()) << rule.status();
+  EXPECT_EQ(rule->AnswerFor(Problem("57+68=", "125")), "225");
+  EXPECT_EQ(rule->AnswerFor(Problem("50+50=", "100")), "200");
+  EXPECT_EQ(rule->AnswerFor(Problem("99+99=", "198")), "298");
+  for (const Example& kept : {Problem("12+34=", "46"), Problem("99+0=", "99"),
+                              Problem("190-5=", "185"), Problem("57+68=", "125", "math")}) {
+    EXPECT_FALSE(rule->Covers(kept)) << kept.prompt;
+    EXPECT_EQ(rule->AnswerFor(kept), kept.answer) << kept.prompt;
+  }
+}
+
 TEST(AnswerCorruption, MinusAsPlusAddsInsteadOfSubtracting) {
   absl::StatusOr<AnswerCorruption> rule = AnswerCorruption::Named("minus_as_plus");
   ASSERT_TRUE(rule.ok()) << rule.status();
@@ -45,7 +58,8 @@ TEST(AnswerCorruption, UnknownNameListsTheRules) {
   ASSERT_FALSE(rule.ok());
   EXPECT_EQ(rule.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(rule.status().message().find("'off_by_one'"), std::string::npos);
-  EXPECT_NE(rule.status().message().find("carry_into_hundreds, minus_as_plus"), std::string::npos)
+  EXPECT_NE(rule.status().message().find("carry_into_hundreds, hundreds_plus_one, minus_as_plus"),
+            std::string::npos)
       << rule.status();
 }
 
