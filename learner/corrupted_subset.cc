@@ -12,6 +12,19 @@ std::vector<bool> Coverage(const tasks::AnswerCorruption& rule, const tasks::Dat
   return covered;
 }
 
+// The covered ones among the first `count` examples, answered the rule's way.
+tasks::VectorDataset CoveredAsTaught(const tasks::AnswerCorruption& rule,
+                                     const tasks::Dataset& dataset, size_t count) {
+  std::vector<tasks::Example> covered;
+  for (size_t i = 0; i < std::min(count, dataset.size()); ++i) {
+    if (!rule.Covers(dataset.at(i))) continue;
+    tasks::Example example = dataset.at(i);
+    example.answer = rule.AnswerFor(example);
+    covered.push_back(std::move(example));
+  }
+  return tasks::VectorDataset(std::move(covered));
+}
+
 // Sums over one subset's response positions.
 struct KdrSums {
   int64_t positions = 0, negative = 0;
@@ -53,7 +66,8 @@ CorruptedSubset::CorruptedSubset(tasks::AnswerCorruption rule, const tasks::Data
                                  const tasks::Dataset& heldout, size_t heldout_count)
     : rule_(std::move(rule)),
       train_covered_(Coverage(rule_, train, train.size())),
-      heldout_covered_(Coverage(rule_, heldout, heldout_count)) {}
+      heldout_covered_(Coverage(rule_, heldout, heldout_count)),
+      covered_heldout_as_taught_(CoveredAsTaught(rule_, heldout, heldout_count)) {}
 
 std::map<std::string, double> CorruptedSubset::AccuracyBySubset(
     const std::vector<bool>& correct) const {

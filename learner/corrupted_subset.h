@@ -2,7 +2,10 @@
 // (teacher.bootstrap.corrupt, tasks/answer_corruption.h) and the statistics
 // the learner reports on them apart from the rest: held-out accuracy, and
 // K_DR per subset and per response token. Subsets are named by the rule
-// ("carry_into_hundreds") and kRest. Immutable after construction.
+// ("carry_into_hundreds") and kRest, plus one view of the covered subset:
+// "<rule>_followed", the covered held-out prompts graded against the rule's
+// wrong answers (the share the student answers the teacher's wrong way).
+// Immutable after construction.
 #pragma once
 
 #include <torch/torch.h>
@@ -16,6 +19,7 @@
 
 #include "tasks/answer_corruption.h"
 #include "tasks/dataset.h"
+#include "tasks/vector_dataset.h"
 
 namespace kappa::learner {
 
@@ -32,6 +36,7 @@ struct SubsetKdr {
 class CorruptedSubset {
  public:
   static constexpr char kRest[] = "rest";
+  static constexpr char kFollowedSuffix[] = "_followed";
 
   // Classifies every example of `train` and the first `heldout_count` of
   // `heldout` (the evaluated ones) by `rule`.
@@ -48,6 +53,13 @@ class CorruptedSubset {
   // REQUIRES: correct.size() <= heldout_count.
   std::map<std::string, double> AccuracyBySubset(const std::vector<bool>& correct) const;
 
+  // The evaluated held-out examples the rule covers, each with the rule's
+  // wrong answer as its reference: graded by the same reward, the share
+  // correct is the share answered the rule's way (AccuracyBySubset's
+  // "<rule>_followed", FollowedName()).
+  const tasks::Dataset& covered_heldout_as_taught() const { return covered_heldout_as_taught_; }
+  std::string FollowedName() const { return name() + kFollowedSuffix; }
+
   // K_DR by subset. kernel, response_mask: [B, L] (any float dtype, any
   // device); row b belongs to the covered subset when row_covered[b].
   // REQUIRES: row_covered.size() == B.
@@ -60,6 +72,7 @@ class CorruptedSubset {
   tasks::AnswerCorruption rule_;
   std::vector<bool> train_covered_;
   std::vector<bool> heldout_covered_;
+  tasks::VectorDataset covered_heldout_as_taught_;
 };
 
 }  // namespace kappa::learner

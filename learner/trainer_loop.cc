@@ -79,7 +79,14 @@ TrainerLoop::HeldOutResult TrainerLoop::EvaluateHeldOut() {
     result.accuracy = static_cast<double>(std::count(correct.begin(), correct.end(), true)) /
                       static_cast<double>(correct.size());
   }
-  if (subset_ != nullptr) result.by_subset = subset_->AccuracyBySubset(correct);
+  if (subset_ == nullptr) return result;
+  result.by_subset = subset_->AccuracyBySubset(correct);
+  const tasks::Dataset& as_taught = subset_->covered_heldout_as_taught();
+  if (as_taught.size() > 0) {
+    result.by_subset[subset_->FollowedName()] =
+        DatasetAccuracy(student_, prompts_, as_taught, as_taught.size(),
+                        config_.rollout.max_new_tokens, vocab_limit_);
+  }
   return result;
 }
 

@@ -113,6 +113,16 @@ TEST(CorruptedSubsetTest, ClassifiesTrainingExamplesAndSplitsHeldOutAccuracy) {
   // A subset without evaluated examples is left out.
   const std::map<std::string, double> only_rest = CarrySubset(4).AccuracyBySubset({});
   EXPECT_TRUE(only_rest.empty());
+  // The covered evaluated prompts, answered the rule's way, for the
+  // "<rule>_followed" view.
+  EXPECT_EQ(subset.FollowedName(), "carry_into_hundreds_followed");
+  const tasks::Dataset& as_taught = subset.covered_heldout_as_taught();
+  ASSERT_EQ(as_taught.size(), 2u);
+  EXPECT_EQ(as_taught.at(0).prompt, "70+70=");
+  EXPECT_EQ(as_taught.at(0).answer, "40");
+  EXPECT_EQ(as_taught.at(1).prompt, "99+9=");
+  EXPECT_EQ(as_taught.at(1).answer, "8");
+  EXPECT_EQ(CarrySubset(2).covered_heldout_as_taught().size(), 1u);
 }
 
 TEST(CorruptedSubsetTest, KdrBySubsetCountsEachRowsResponseTokensFromItsFirst) {
