@@ -113,6 +113,9 @@ arms:
   // and the atlas has no line; learner_conflict_atlas_test checks lines).
   EXPECT_TRUE(fs::exists(naive_run + "/conflict_atlas.jsonl"));
   EXPECT_TRUE(Contains(ReadFile(out + "/results.csv"), "final_accuracy_minus_as_plus"));
+  // And how often the student gives the teacher's wrong answer.
+  EXPECT_TRUE(Contains(naive_metrics, "\"minus_as_plus_followed\":"));
+  EXPECT_TRUE(Contains(ReadFile(out + "/results.csv"), "final_accuracy_minus_as_plus_followed"));
 
   const std::string csv = ReadFile(out + "/results.csv");
   EXPECT_TRUE(Contains(csv, "\nbroken,1,broken-s1,failed,")) << csv;
