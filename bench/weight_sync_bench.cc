@@ -10,6 +10,10 @@
 // Cases (each its own publisher, server and watcher; freed before the next):
 //   <shape> float32   float32 wire into a float32 model
 //   <shape> bfloat16  bfloat16 wire into a bfloat16 model (rollout.weights_dtype=auto)
+//   <shape> c10d-*    rollout.weight_transport: c10d: the learner's
+//                     WeightBroadcaster sends each version to the watcher in
+//                     a Gloo group of two (one broadcast per parameter, CPU
+//                     tensors; NCCL on GPUs), no WatchPolicy stream
 //   <shape> delta-*   rollout.weight_delta: each version changes the tensors
 //                     of the first --delta-layers layers by 1e-5·N(0,1)
 //                     (an optimizer-like step on a few tensors), the rest
@@ -21,7 +25,9 @@
 // default dtype is set, explicitly float32.
 //
 // Usage: kappa_bench_weight_sync [--shapes 0.5b,1.5b] [--versions N]
-//                                [--delta-layers N] [--no-delta]
+//                                [--delta-layers N] [--no-delta] [--no-c10d]
+// With c10d cases, the last lines are `c10d/grpc <shape> <dtype>
+// s_per_version_ratio=X`: both paths on the same weights in one run.
 #include <spdlog/spdlog.h>
 #include <sys/resource.h>
 #include <torch/torch.h>
@@ -30,6 +36,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -38,9 +45,11 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "bench/qwen_shapes.h"
+#include "cli/free_port.h"
 #include "learner/coordinator.h"
 #include "learner/learner_service.h"
 #include "learner/policy_publisher.h"
+#include "learner/weight_broadcaster.h"
 #include "learner/work_config.h"
 #include "model/checkpoint.h"
 #include "model/model_config.h"
@@ -119,10 +128,12 @@ struct Case {
   torch::ScalarType model;
   bool delta;
   int versions;
+  bool c10d = false;
 };
 
-void Run(const Case& c, const kappa::model::ModelConfig& config,
-         std::vector<std::pair<std::string, torch::Tensor>>& weights, int delta_layers) {
+// Runs one case; returns its reported seconds per version.
+double Run(const Case& c, const kappa::model::ModelConfig& config,
+           std::vector<std::pair<std::string, torch::Tensor>>& weights, int delta_layers) {
   kappa::learner::PublisherOptions publisher_options;
   publisher_options.keep_delta_bases = c.delta;
   kappa::learner::PolicyPublisher publisher(publisher_options);
@@ -135,6 +146,22 @@ void Run(const Case& c, const kappa::model::ModelConfig& config,
   kappa::learner::LearnerService service(
       dataset, [](size_t) { return std::vector<int32_t>{1}; }, work,
       kappa::learner::GroupExpectationsFor(work, 151936), &coordinator, &publisher);
+  std::unique_ptr<kappa::learner::WeightBroadcaster> broadcaster;
+  if (c.c10d) {
+    absl::StatusOr<int> port = kappa::cli::PickFreePort("127.0.0.1");
+    if (!port.ok()) {
+      std::fprintf(stderr, "%s\n", port.status().ToString().c_str());
+      std::exit(1);
+    }
+    kappa::learner::WeightBroadcastOptions group;
+    group.workers = 1;
+    group.store = absl::StrCat("tcp://127.0.0.1:", *port);
+    group.dtype = c.wire;
+    group.timeout = std::chrono::minutes(5);
+    broadcaster = std::make_unique<kappa::learner::WeightBroadcaster>(&publisher, group);
+    service.set_weight_broadcaster(broadcaster.get());
+    broadcaster->Start();
+  }
   auto server = kappa::services::GrpcServer::Start("127.0.0.1:0", {&service});
   if (!server.ok()) {
     std::fprintf(stderr, "%s\n", server.status().ToString().c_str());
@@ -144,7 +171,7 @@ void Run(const Case& c, const kappa::model::ModelConfig& config,
   options.dtype = c.model;
   kappa::rollout::PolicyWatcher watcher(
       kappa::services::MakeChannel(absl::StrCat("127.0.0.1:", (*server)->port())), options,
-      kappa::rollout::WeightSyncOptions{c.wire, c.delta});
+      kappa::rollout::WeightSyncOptions{c.wire, c.delta, c.c10d});
   watcher.Start();
 
   int64_t version_bytes = 0;
@@ -204,8 +231,10 @@ void Run(const Case& c, const kappa::model::ModelConfig& config,
   std::fflush(stdout);
   watcher.Stop();
   service.Shutdown();
+  if (broadcaster != nullptr) broadcaster->Stop();
   publisher.Shutdown();
   (*server)->Shutdown(absl::Seconds(1));
+  return reported;
 }
 
 }  // namespace
@@ -215,6 +244,7 @@ int main(int argc, char** argv) {
   int versions = 4;
   int delta_layers = 1;
   bool delta = true;
+  bool c10d = true;
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
     auto value = [&]() -> std::string {
@@ -232,12 +262,15 @@ int main(int argc, char** argv) {
       delta_layers = std::atoi(value().c_str());
     } else if (flag == "--no-delta") {
       delta = false;
+    } else if (flag == "--no-c10d") {
+      c10d = false;
     } else {
       std::fprintf(stderr, "unknown flag %s\n", flag.c_str());
       return 2;
     }
   }
   spdlog::set_level(spdlog::level::warn);
+  std::map<std::string, double> seconds;  // "<shape> <case>" -> s/version
   std::printf("torch threads %d\n", torch::get_num_threads());
   for (const std::string& shape : shapes) {
     const kappa::model::ModelConfig config = Shape(shape);
@@ -245,6 +278,12 @@ int main(int argc, char** argv) {
     std::vector<Case> cases = {
         {shape, "float32", torch::kFloat32, torch::kFloat32, false, big ? 1 : versions},
         {shape, "bfloat16", torch::kBFloat16, torch::kBFloat16, false, versions}};
+    if (c10d) {
+      cases.push_back({shape, "c10d-float32", torch::kFloat32, torch::kFloat32, false,
+                       big ? 1 : versions, true});
+      cases.push_back(
+          {shape, "c10d-bfloat16", torch::kBFloat16, torch::kBFloat16, false, versions, true});
+    }
     if (delta && !big) {
       cases.push_back({shape, "delta-float32", torch::kFloat32, torch::kFloat32, true, versions});
       cases.push_back(
@@ -257,8 +296,17 @@ int main(int argc, char** argv) {
       // bfloat16 here, or a fresh 1.5B copy would pass through 6.2 GB of
       // float32 (the worker binary does that: cold versions cost more there).
       torch::set_default_dtype(c10::scalarTypeToTypeMeta(c.model));
-      Run(c, config, weights, delta_layers);
+      seconds[c.shape + " " + c.label] = Run(c, config, weights, delta_layers);
       torch::set_default_dtype(c10::scalarTypeToTypeMeta(torch::kFloat32));
+    }
+  }
+  for (const std::string& shape : shapes) {
+    for (const char* dtype : {"float32", "bfloat16"}) {
+      const auto grpc = seconds.find(shape + " " + dtype);
+      const auto c10d_case = seconds.find(shape + " c10d-" + dtype);
+      if (grpc == seconds.end() || c10d_case == seconds.end()) continue;
+      std::printf("c10d/grpc %s %s s_per_version_ratio=%.3f\n", shape.c_str(), dtype,
+                  c10d_case->second / grpc->second);
     }
   }
   return 0;

@@ -160,6 +160,10 @@ int RunCommand(const std::vector<std::string>& args) {
     return 1;
   }
   ResolveListenAddresses(config);
+  if (absl::Status status = ResolveWeightGroup(config); !status.ok()) {
+    std::cerr << "kappa run: " << status.message() << "\n";
+    return 1;
+  }
   const std::string config_yaml = (fs::path(*run_dir) / "config.yaml").string();
   if (absl::Status status = WriteResolvedConfig(config, config_yaml); !status.ok()) {
     std::cerr << "kappa run: " << status.message() << "\n";

@@ -91,6 +91,20 @@ void ResolveListenAddresses(services::Config& config) {
   }
 }
 
+absl::Status ResolveWeightGroup(services::Config& config) {
+  if (config.rollout.weight_transport != "c10d") return absl::OkStatus();
+  if (config.learner.weight_group_workers == 0) {
+    config.learner.weight_group_workers = config.workers;
+  }
+  if (config.learner.weight_group_store.empty()) {
+    absl::StatusOr<int> port = PickFreePort(config.host);
+    if (!port.ok()) return port.status();
+    config.learner.weight_group_store =
+        absl::StrCat("tcp://", ConnectAddress(absl::StrCat(config.host, ":", *port)));
+  }
+  return absl::OkStatus();
+}
+
 ProcessSpec WorkerSpec(const ServiceProcess& worker, const std::string& teacher,
                        const std::string& verifier, const std::string& learner) {
   ProcessSpec spec = worker.spec;

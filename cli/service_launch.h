@@ -35,6 +35,13 @@ absl::StatusOr<std::string> FindServiceBinary(const std::string& binary);
 // as written.
 void ResolveListenAddresses(services::Config& config);
 
+// rollout.weight_transport: c10d: the learner's weight group takes every
+// worker kappa run starts (learner.weight_group_workers 0 becomes
+// `workers`) and meets on a loopback port picked here when
+// learner.weight_group_store is empty (PickFreePort's race). Anything else
+// is left as written.
+absl::Status ResolveWeightGroup(services::Config& config);
+
 // One process of a local run. Its command line asks it to bind its gRPC
 // server (if it has one) and its /metrics endpoint on port 0 and to report
 // both in `ready_file` (services/ready_file.h).

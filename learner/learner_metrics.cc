@@ -165,6 +165,15 @@ void LearnerMetrics::RecordPolicyTraffic(const PolicyTraffic& traffic) {
       .SetTotal(static_cast<double>(traffic.versions_full));
   r.GetCounter("kappa_learner_policy_versions_sent_total", versions, {{"encoding", "delta"}})
       .SetTotal(static_cast<double>(traffic.versions_delta));
+  r.GetCounter("kappa_learner_weight_group_versions_total",
+               "Policy versions broadcast to the same-host weight group (once for all members).")
+      .SetTotal(static_cast<double>(traffic.group_versions));
+  r.GetCounter("kappa_learner_weight_group_bytes_total",
+               "Tensor bytes of the versions broadcast to the weight group (once, not per member).")
+      .SetTotal(static_cast<double>(traffic.group_bytes));
+  r.GetCounter("kappa_learner_weight_group_seconds_total",
+               "Seconds the learner spent broadcasting versions to the weight group.")
+      .SetTotal(traffic.group_seconds);
 }
 
 void LearnerMetrics::RecordCoordinator(const CoordinatorCounters& counters) {

@@ -32,6 +32,10 @@ class LearnerMetrics {
     int64_t versions_full = 0, versions_delta = 0;
     int64_t bytes_full = 0, bytes_delta = 0;
     int64_t saved_delta = 0, saved_bfloat16 = 0;
+    // The same-host weight group (learner/weight_broadcaster.h): versions
+    // every member received, their bytes (once), seconds in the broadcast.
+    int64_t group_versions = 0, group_bytes = 0;
+    double group_seconds = 0;
   };
   void RecordPolicyTraffic(const PolicyTraffic& traffic);
   // A write to the run directory that failed: `what` is "checkpoint" (the

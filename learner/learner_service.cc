@@ -6,8 +6,10 @@
 #include <cstring>
 #include <thread>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "services/grpc_util.h"
 #include "services/stable_hash.h"
 #include "services/torch_tensor_codec.h"
 
@@ -31,6 +33,21 @@ absl::Status SubmitError(SubmitVerdict verdict, const std::string& lease_id) {
   }
   return absl::NotFoundError(absl::StrCat("lease_id: lease '", lease_id,
                                           "' is not open (expired, re-issued or never issued)"));
+}
+
+// A request's weights_dtype: DTYPE_UNSPECIFIED means float32.
+absl::StatusOr<torch::ScalarType> PolicyWeightsDtype(kappa::v1::DType dtype) {
+  switch (dtype) {
+    case kappa::v1::DTYPE_UNSPECIFIED:
+    case kappa::v1::DTYPE_FLOAT32:
+      return torch::kFloat32;
+    case kappa::v1::DTYPE_BFLOAT16:
+      return torch::kBFloat16;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(
+          "weights_dtype: ", kappa::v1::DType_Name(dtype), " (", static_cast<int>(dtype),
+          ") is not a policy weight dtype (DTYPE_FLOAT32 or DTYPE_BFLOAT16)"));
+  }
 }
 
 }  // namespace
@@ -262,20 +279,9 @@ bool LearnerService::SendPolicyDelta(const EncodedDelta& delta,
 grpc::Status LearnerService::WatchPolicy(grpc::ServerContext* context,
                                          const kappa::v1::WatchPolicyRequest* request,
                                          grpc::ServerWriter<kappa::v1::PolicyChunk>* writer) {
-  torch::ScalarType dtype = torch::kFloat32;
-  switch (request->weights_dtype()) {
-    case kappa::v1::DTYPE_UNSPECIFIED:
-    case kappa::v1::DTYPE_FLOAT32:
-      break;
-    case kappa::v1::DTYPE_BFLOAT16:
-      dtype = torch::kBFloat16;
-      break;
-    default:
-      return {grpc::StatusCode::INVALID_ARGUMENT,
-              absl::StrCat("weights_dtype: ", kappa::v1::DType_Name(request->weights_dtype()), " (",
-                           static_cast<int>(request->weights_dtype()),
-                           ") is not a policy weight dtype (DTYPE_FLOAT32 or DTYPE_BFLOAT16)")};
-  }
+  absl::StatusOr<torch::ScalarType> wire = PolicyWeightsDtype(request->weights_dtype());
+  if (!wire.ok()) return services::ToGrpcStatus(wire.status());
+  const torch::ScalarType dtype = *wire;
   // The version (and its identity) the worker holds, as this stream knows it.
   int64_t known = request->known_version();
   uint64_t known_id = request->known_policy_id();
@@ -293,6 +299,28 @@ grpc::Status LearnerService::WatchPolicy(grpc::ServerContext* context,
     known = snapshot->version;
     known_id = publisher_->PolicyId(known);
   }
+  return grpc::Status::OK;
+}
+
+grpc::Status LearnerService::JoinWeightGroup(grpc::ServerContext* /*context*/,
+                                             const kappa::v1::JoinWeightGroupRequest* request,
+                                             kappa::v1::JoinWeightGroupResponse* response) {
+  if (broadcaster_ == nullptr) {
+    return {grpc::StatusCode::FAILED_PRECONDITION,
+            "this learner offers no weight group (learner.weight_group_workers is 0); use "
+            "rollout.weight_transport: grpc"};
+  }
+  absl::StatusOr<torch::ScalarType> dtype = PolicyWeightsDtype(request->weights_dtype());
+  if (!dtype.ok()) return services::ToGrpcStatus(dtype.status());
+  const torch::Device device =
+      request->cuda()
+          ? torch::Device(torch::kCUDA,
+                          static_cast<c10::DeviceIndex>(std::max(request->cuda_index(), 0)))
+          : torch::Device(torch::kCPU);
+  absl::StatusOr<kappa::v1::JoinWeightGroupResponse> joined =
+      broadcaster_->Join(request->worker_id(), device, *dtype);
+  if (!joined.ok()) return services::ToGrpcStatus(joined.status());
+  *response = *std::move(joined);
   return grpc::Status::OK;
 }
 

@@ -11,6 +11,7 @@
 #include "learner/coordinator.h"
 #include "learner/group_decoder.h"
 #include "learner/policy_publisher.h"
+#include "learner/weight_broadcaster.h"
 #include "learner/work_config.h"
 #include "tasks/dataset.h"
 
@@ -50,6 +51,15 @@ class LearnerService final : public kappa::v1::Learner::Service {
                            const kappa::v1::WatchPolicyRequest* request,
                            grpc::ServerWriter<kappa::v1::PolicyChunk>* writer) override;
 
+  // FAILED_PRECONDITION unless set_weight_broadcaster() gave a group.
+  grpc::Status JoinWeightGroup(grpc::ServerContext* context,
+                               const kappa::v1::JoinWeightGroupRequest* request,
+                               kappa::v1::JoinWeightGroupResponse* response) override;
+
+  // The same-host weight group JoinWeightGroup assigns ranks in (null: none
+  // offered). Call before the server starts; `broadcaster` outlives it.
+  void set_weight_broadcaster(WeightBroadcaster* broadcaster) { broadcaster_ = broadcaster; }
+
   // Stops handing out work and ends open streams' waits.
   void Shutdown() { shutting_down_ = true; }
   const ServiceCounters& counters() const { return counters_; }
@@ -66,6 +76,7 @@ class LearnerService final : public kappa::v1::Learner::Service {
   const GroupExpectations expectations_;
   Coordinator* const coordinator_;
   PolicyPublisher* const publisher_;
+  WeightBroadcaster* broadcaster_ = nullptr;
   std::atomic<bool> shutting_down_{false};
   std::atomic<int64_t> next_stream_{0};
   ServiceCounters counters_;

@@ -300,6 +300,21 @@ int Main(int argc, char** argv) {
       },
       work, GroupExpectationsFor(work, in->vocab_limit), &coordinator, &publisher);
 
+  // learner.weight_group_workers: same-host workers get every version in
+  // one c10d broadcast (learner/weight_broadcaster.h); rank 0 publishes.
+  absl::StatusOr<std::optional<WeightBroadcastOptions>> group_options =
+      WeightBroadcastOptionsFromConfig(config, start.student->parameters().front().device());
+  if (!group_options.ok()) {
+    spdlog::error("configuration: {}", std::string(group_options.status().message()));
+    return 2;
+  }
+  std::unique_ptr<WeightBroadcaster> broadcaster;
+  if (group_options->has_value() && in->rank.primary()) {
+    broadcaster = std::make_unique<WeightBroadcaster>(&publisher, **group_options);
+    service.set_weight_broadcaster(broadcaster.get());
+    broadcaster->Start();
+  }
+
   absl::StatusOr<services::ServerOptions> server_options =
       services::ServerOptionsFromConfig(config);
   if (!server_options.ok()) {
@@ -351,10 +366,17 @@ int Main(int argc, char** argv) {
     learner_metrics.RecordCoordinator(coordinator.counters());
     learner_metrics.RecordInvalidGroups(service.counters().groups_invalid.load());
     const ServiceCounters& c = service.counters();
-    learner_metrics.RecordPolicyTraffic(
-        {c.policy_versions_full.load(), c.policy_versions_delta.load(), c.policy_bytes_full.load(),
-         c.policy_bytes_delta.load(), c.policy_bytes_saved_delta.load(),
-         c.policy_bytes_saved_bfloat16.load()});
+    LearnerMetrics::PolicyTraffic traffic{
+        c.policy_versions_full.load(),     c.policy_versions_delta.load(),
+        c.policy_bytes_full.load(),        c.policy_bytes_delta.load(),
+        c.policy_bytes_saved_delta.load(), c.policy_bytes_saved_bfloat16.load()};
+    if (broadcaster != nullptr) {
+      const WeightBroadcastCounters& group = broadcaster->counters();
+      traffic.group_versions = group.versions.load();
+      traffic.group_bytes = group.bytes.load();
+      traffic.group_seconds = static_cast<double>(group.microseconds.load()) / 1e6;
+    }
+    learner_metrics.RecordPolicyTraffic(traffic);
   });
   trainer.set_metrics(&learner_metrics);
   absl::StatusOr<std::unique_ptr<services::metrics::MetricsServer>> metrics_server =
@@ -374,6 +396,7 @@ int Main(int argc, char** argv) {
 
   service.Shutdown();
   coordinator.Shutdown();
+  if (broadcaster != nullptr) broadcaster->Stop();
   publisher.Shutdown();
   (*server)->Shutdown(absl::Seconds(2));
   if (status.ok()) {

@@ -109,9 +109,11 @@ int main(int argc, char** argv) {
   }
   options.weight_sync.weights_dtype = *weights_dtype;
   options.weight_sync.weight_delta = config->rollout.weight_delta;
-  spdlog::info("policy weights travel as {}{}",
+  options.weight_sync.c10d = config->rollout.weight_transport == "c10d";
+  spdlog::info("policy weights travel as {}{}{}",
                c10::toString(kappa::rollout::WireDtype(options.weight_sync, options.dtype)),
-               options.weight_sync.weight_delta ? ", as lossless deltas when possible" : "");
+               options.weight_sync.weight_delta ? ", as lossless deltas when possible" : "",
+               options.weight_sync.c10d ? ", in the learner's weight group when it forms" : "");
   options.max_outstanding = static_cast<int32_t>(config->rollout.max_outstanding);
   options.sampler.rpc_deadline = absl::Milliseconds(config->rollout.rpc_deadline_ms);
   options.sampler.default_max_new_tokens = config->rollout.max_new_tokens;

@@ -99,6 +99,19 @@ Policy PolicyWatcher::Publish(Policy policy, uint64_t policy_id) {
   return policy;
 }
 
+void PolicyWatcher::PublishSpare(int64_t version, uint64_t policy_id) {
+  Policy previous = Publish(Policy{version, spare_}, policy_id);
+  std::swap(current_config_json_, spare_config_json_);
+  spare_ = std::move(previous.model);
+  if (spare_ == nullptr) spare_config_json_.clear();
+}
+
+bool PolicyWatcher::WaitForStop(absl::Duration timeout) const {
+  absl::MutexLock lock(&mu_);
+  mu_.AwaitWithTimeout(absl::Condition(&stopping_), timeout);
+  return stopping_;
+}
+
 absl::StatusOr<std::map<std::string, torch::Tensor>> PolicyWatcher::Destination(
     const std::string& model_config_json) {
   // A config the learner sent that does not build is bad input, whatever threw.
@@ -127,6 +140,7 @@ absl::StatusOr<std::map<std::string, torch::Tensor>> PolicyWatcher::Destination(
 }
 
 void PolicyWatcher::Loop() {
+  if (sync_.c10d) ReceiveFromGroup();
   Backoff backoff(options_.initial_backoff, options_.max_backoff);
   while (true) {
     const int64_t published_before = published_versions_.load();
@@ -199,10 +213,7 @@ grpc::Status PolicyWatcher::WatchOnce() {
     // (Counted first: a caller woken by the version sees them.)
     if (assembled.delta) delta_versions_.fetch_add(1);
     bytes_received_.fetch_add(assembled.data_bytes);
-    Policy previous = Publish(Policy{assembled.version, spare_}, assembled.policy_id);
-    std::swap(current_config_json_, spare_config_json_);
-    spare_ = std::move(previous.model);
-    if (spare_ == nullptr) spare_config_json_.clear();
+    PublishSpare(assembled.version, assembled.policy_id);
     if (offer_delta) set_base(Current(), assembled.policy_id);
     spdlog::info("policy version {} loaded on {} ({} parameters, {} {} bytes{}, {:.1f} ms)",
                  assembled.version, options_.device.str(), assembled.weights.size(),

@@ -14,6 +14,12 @@
 // may then send only the XOR of the new bytes against it
 // (learner/policy_publisher.h), reconstructed here bit for bit.
 //
+// With rollout.weight_transport: c10d the worker first asks the learner for
+// a rank in its same-host weight group (learner/weight_broadcaster.h) and
+// receives each version there, one c10d broadcast per parameter into the
+// same inactive copy, published the same way; when the group cannot form,
+// is closed or fails, it falls back to WatchPolicy for good.
+//
 // Threading: Start() and Stop() may be called from any thread; Current() and
 // WaitForVersion() from any number of threads. Locks: thread_mu_, then mu_.
 #pragma once
@@ -39,6 +45,9 @@
 
 namespace kappa::model {
 class Decoder;
+}
+namespace kappa::learner {
+class WeightGroup;
 }
 
 namespace kappa::rollout {
@@ -68,6 +77,9 @@ struct WeightSyncOptions {
   // weights give the wire dtype's bytes exactly (the same dtype, or a
   // bfloat16 wire into float32 parameters).
   bool weight_delta = false;
+  // rollout.weight_transport: c10d: receive versions in the learner's
+  // same-host weight group while it lasts, WatchPolicy before and after.
+  bool c10d = false;
 };
 
 // rollout.weights_dtype: "auto" (nullopt), "float32" or "bfloat16"; anything
@@ -106,6 +118,8 @@ class PolicyWatcher {
   // Versions that arrived as deltas, and chunk data bytes received.
   int64_t delta_versions() const { return delta_versions_.load(); }
   int64_t bytes_received() const { return bytes_received_.load(); }
+  // Versions received in the weight group (the others came over WatchPolicy).
+  int64_t group_versions() const { return group_versions_.load(); }
 
  private:
   // The watch thread: WatchOnce() until Stop(), with backoff between streams.
@@ -115,6 +129,26 @@ class PolicyWatcher {
   // Makes `policy` current; wakes WaitForVersion() callers it satisfies.
   // Returns the policy it replaced.
   Policy Publish(Policy policy, uint64_t policy_id) ABSL_LOCKS_EXCLUDED(mu_);
+  // Publishes spare_, just filled with `version`, and keeps the model it
+  // replaces as the next inactive copy.
+  void PublishSpare(int64_t version, uint64_t policy_id) ABSL_LOCKS_EXCLUDED(mu_);
+  // Waits up to `timeout` for Stop(); true once stopping.
+  bool WaitForStop(absl::Duration timeout) const ABSL_LOCKS_EXCLUDED(mu_);
+
+  // --- the weight group (policy_watcher_group.cc)
+  // Joins the learner's group and receives versions there until it ends;
+  // returns to fall back to WatchPolicy (or on Stop()).
+  void ReceiveFromGroup() ABSL_LOCKS_EXCLUDED(mu_);
+  // The group's answer once every member has joined; an error status when
+  // the learner offers none to this worker (or on Stop(): CANCELLED).
+  absl::StatusOr<kappa::v1::JoinWeightGroupResponse> JoinGroup(c10::ScalarType wire)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Takes part in the broadcast of one announced version and publishes it
+  // when it built and filled the inactive copy; an error status (the
+  // version is rejected, the membership kept) when it did not. Throws what
+  // the group throws.
+  absl::Status ReceiveVersion(learner::WeightGroup& group, const std::string& manifest_bytes)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // The inactive copy for a version with this config.json: the spare model
   // when no one else holds it and its config matches, else a new one.
   absl::StatusOr<std::map<std::string, torch::Tensor>> Destination(
@@ -151,6 +185,7 @@ class PolicyWatcher {
   std::atomic<int64_t> models_allocated_{0};
   std::atomic<int64_t> delta_versions_{0};
   std::atomic<int64_t> bytes_received_{0};
+  std::atomic<int64_t> group_versions_{0};
 };
 
 }  // namespace kappa::rollout

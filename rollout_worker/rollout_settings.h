@@ -11,7 +11,8 @@ namespace kappa::rollout {
 
 // INVALID_ARGUMENT naming the first bad key among rollout.engine,
 // rollout.max_batch_rows, rollout.max_sequence_tokens, rollout.temperature,
-// rollout.top_p, rollout.top_k and rollout.min_p; else OK.
+// rollout.top_p, rollout.top_k, rollout.min_p, rollout.weight_transport and
+// learner.weight_group_workers; else OK.
 absl::Status ValidateRolloutSettings(const services::Config& config);
 
 }  // namespace kappa::rollout

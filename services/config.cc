@@ -239,6 +239,15 @@ constexpr Field kFields[] = {
         learner.dist_store,
         "Where the ranks meet: `tcp://HOST:PORT` (rank 0 listens) or `file:///PATH`; empty with "
         "`world_size` > 1: `kappa run` picks a loopback port."),
+    KAPPA_CONFIG_FIELD(
+        learner.weight_group_workers,
+        "Rollout workers on the learner's host that receive every policy version in one c10d "
+        "broadcast from the learner (Gloo on the CPU, NCCL when `learner.device` is CUDA) "
+        "instead of a WatchPolicy stream each; they set `rollout.weight_transport: c10d`. 0: "
+        "none. Under `kappa run`, 0 with `rollout.weight_transport: c10d` means `workers`."),
+    KAPPA_CONFIG_FIELD(learner.weight_group_store,
+                       "`tcp://HOST:PORT` where the weight group meets (the learner listens); "
+                       "empty under `kappa run`: a loopback port it picks."),
 
     KAPPA_CONFIG_FIELD(security.tls, "TLS on every server and channel."),
     KAPPA_CONFIG_FIELD(security.cert_file,
@@ -311,6 +320,11 @@ constexpr Field kFields[] = {
     KAPPA_CONFIG_FIELD(rollout.weight_delta,
                        "Send each policy version as a lossless delta against the version the "
                        "worker holds (bitwise; never lossy)."),
+    KAPPA_CONFIG_FIELD(rollout.weight_transport,
+                       "How the worker receives policy versions: `grpc` (a WatchPolicy stream) "
+                       "or `c10d` (the learner's same-host weight group, "
+                       "`learner.weight_group_workers`; WatchPolicy when the group cannot form "
+                       "or closes)."),
 
     KAPPA_CONFIG_FIELD(trainer.steps, "Optimizer steps of the RL phase."),
     KAPPA_CONFIG_FIELD(trainer.groups_per_step,

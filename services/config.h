@@ -120,6 +120,11 @@ struct Config {
     // Where the ranks meet: tcp://HOST:PORT (rank 0 listens) or file:///PATH.
     // kappa run picks a loopback port when world_size > 1 and this is empty.
     std::string dist_store;
+    // Same-host workers that get every policy version in one c10d broadcast
+    // (learner/weight_broadcaster.h); 0: none. The group meets at the store
+    // (tcp://HOST:PORT, the learner listens; kappa run picks one if empty).
+    int64_t weight_group_workers = 0;
+    std::string weight_group_store;
   } learner;
   // Transport security of every gRPC channel and server (docs/security.md).
   // Off by default: the local demo runs on loopback.
@@ -171,6 +176,9 @@ struct Config {
     std::string weights_dtype = "auto";
     // A version travels as a lossless delta against the one the worker holds.
     bool weight_delta = false;
+    // "grpc" (WatchPolicy) or "c10d" (the learner's weight group, falling
+    // back to WatchPolicy when it cannot form or closes).
+    std::string weight_transport = "grpc";
   } rollout;
 
   // --- training

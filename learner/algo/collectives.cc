@@ -75,7 +75,7 @@ std::unique_ptr<Collectives> OverStore(const c10::intrusive_ptr<::c10d::Store>& 
 
 }  // namespace
 
-std::unique_ptr<Collectives> ConnectCollectives(const CollectivesOptions& options) {
+c10::intrusive_ptr<::c10d::Store> ConnectStore(const CollectivesOptions& options) {
   if (options.world_size < 1 || options.rank < 0 || options.rank >= options.world_size) {
     throw std::invalid_argument("collectives: rank " + std::to_string(options.rank) +
                                 " outside world size " + std::to_string(options.world_size));
@@ -108,7 +108,16 @@ std::unique_ptr<Collectives> ConnectCollectives(const CollectivesOptions& option
                                 "' must be tcp://HOST:PORT or file:///PATH");
   }
   store->setTimeout(options.timeout);
+  return store;
+}
+
+std::unique_ptr<Collectives> CollectivesOverStore(const c10::intrusive_ptr<::c10d::Store>& store,
+                                                  const CollectivesOptions& options) {
   return OverStore(store, options.rank, options.world_size, options.device, options.timeout);
+}
+
+std::unique_ptr<Collectives> ConnectCollectives(const CollectivesOptions& options) {
+  return CollectivesOverStore(ConnectStore(options), options);
 }
 
 struct InProcessRendezvous::Impl {

@@ -13,6 +13,7 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <torch/csrc/distributed/c10d/Store.hpp>
 #include <vector>
 
 namespace kappa::learner {
@@ -46,6 +47,16 @@ struct CollectivesOptions {
 // the timeout passes). Throws std::invalid_argument on a bad store address,
 // rank or size, std::runtime_error when the rendezvous fails.
 std::unique_ptr<Collectives> ConnectCollectives(const CollectivesOptions& options);
+
+// The store of `options` alone (rank 0 of a tcp:// store serves it and
+// waits until all world_size ranks have connected, or the timeout). Throws
+// as ConnectCollectives does.
+c10::intrusive_ptr<::c10d::Store> ConnectStore(const CollectivesOptions& options);
+
+// A process group of options.rank / world_size / device over `store`
+// (options.store is not read). Blocks until every rank has joined.
+std::unique_ptr<Collectives> CollectivesOverStore(const c10::intrusive_ptr<::c10d::Store>& store,
+                                                  const CollectivesOptions& options);
 
 // For tests: `world_size` ranks in this process, one per thread, meeting
 // in an in-memory store. Call from each rank's own thread.

@@ -10,7 +10,8 @@
 // trains three steps of GRPO + top-k-with-tail reverse KL (k = 8, the
 // vocabulary head in chunks of 64 positions, activation checkpointing, bf16
 // autocast, two micro-batches: the file's settings but for k and the chunk).
-// Then:
+// Both workers receive the policy in the learner's c10d weight group
+// (rollout.weight_transport: c10d), not over WatchPolicy. Then:
 //   - κ and K_DR are finite numbers at every step, and non-zero where the
 //     reward gradient is; the teacher's tail mass is in [0, 1]; teacher_bytes
 //     is exactly B·L·k·12 for an L the prompts and responses allow: the
@@ -289,6 +290,9 @@ TEST_F(QwenGsm8kRunTest, TrainsTinyQwenModelsOnGsm8kWithTopkTailRows) {
       "trainer.checkpoint_every=0",
       "monitor.kappa_every=1",
       "monitor.kdr_every=1",
+      // Both workers take every version in the learner's c10d weight group
+      // (Gloo here: CPU tensors), 151,936 embedding rows a version.
+      "rollout.weight_transport=c10d",
   };
   absl::StatusOr<services::Config> config = services::LoadConfig(kConfig, overrides);
   ASSERT_TRUE(config.ok()) << config.status();
@@ -305,6 +309,19 @@ TEST_F(QwenGsm8kRunTest, TrainsTinyQwenModelsOnGsm8kWithTopkTailRows) {
   ASSERT_EQ(run.exit_code, 0) << run.output << "\n"
                               << kappa::testing::ReadAll(run_dir / "logs" / "learner.log");
   std::cout << "kappa run: " << seconds << " s\n";
+
+  // Every version reached both workers through the weight group: none came
+  // over WatchPolicy, and the learner logged a broadcast per version.
+  for (const char* worker : {"rollout-0.log", "rollout-1.log"}) {
+    const std::string log = kappa::testing::ReadAll(run_dir / "logs" / worker);
+    EXPECT_NE(log.find("from the weight group"), std::string::npos) << worker << ":\n" << log;
+    EXPECT_EQ(log.find(" loaded on cpu ("), std::string::npos)
+        << worker << " loaded a version over WatchPolicy:\n"
+        << log;
+  }
+  EXPECT_NE(kappa::testing::ReadAll(run_dir / "logs" / "learner.log")
+                .find("weight group formed at tcp://"),
+            std::string::npos);
 
   // The bounds of L, the batch's padded row length: prompt + response − 1.
   const std::vector<std::vector<int64_t>> prompts = PromptIds(student, config->task.system_prompt);
