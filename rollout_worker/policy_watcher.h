@@ -80,6 +80,9 @@ struct WeightSyncOptions {
   // rollout.weight_transport: c10d: receive versions in the learner's
   // same-host weight group while it lasts, WatchPolicy before and after.
   bool c10d = false;
+  // How long the other members have to join after the learner's first
+  // answer, and the group's rendezvous and collective timeout.
+  absl::Duration group_timeout = absl::Seconds(60);
 };
 
 // rollout.weights_dtype: "auto" (nullopt), "float32" or "bfloat16"; anything
@@ -140,7 +143,10 @@ class PolicyWatcher {
   // returns to fall back to WatchPolicy (or on Stop()).
   void ReceiveFromGroup() ABSL_LOCKS_EXCLUDED(mu_);
   // The group's answer once every member has joined; an error status when
-  // the learner offers none to this worker (or on Stop(): CANCELLED).
+  // the learner offers none to this worker, when the others have not all
+  // joined sync_.group_timeout after the first answer (DEADLINE_EXCEEDED),
+  // or on Stop() (CANCELLED). (A Stop() while the group's rendezvous runs
+  // waits for it, group_timeout at most.)
   absl::StatusOr<kappa::v1::JoinWeightGroupResponse> JoinGroup(c10::ScalarType wire)
       ABSL_LOCKS_EXCLUDED(mu_);
   // Takes part in the broadcast of one announced version and publishes it

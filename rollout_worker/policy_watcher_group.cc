@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <exception>
+#include <optional>
 #include <set>
 #include <stdexcept>
 #include <utility>
@@ -24,7 +25,6 @@ namespace {
 // store for the next version's manifest (a store round trip each).
 constexpr absl::Duration kJoinPollInterval = absl::Milliseconds(50);
 constexpr absl::Duration kManifestPollInterval = absl::Milliseconds(5);
-constexpr std::chrono::milliseconds kGroupTimeout = std::chrono::seconds(60);
 
 bool Retryable(grpc::StatusCode code) {
   return code == grpc::StatusCode::UNAVAILABLE || code == grpc::StatusCode::DEADLINE_EXCEEDED;
@@ -39,6 +39,8 @@ absl::StatusOr<kappa::v1::JoinWeightGroupResponse> PolicyWatcher::JoinGroup(c10:
   request.set_cuda(options_.device.is_cuda());
   request.set_cuda_index(options_.device.has_index() ? options_.device.index() : 0);
   request.set_weights_dtype(services::ToWireDType(wire));
+  // From the first answer on, the other members have this long to join.
+  std::optional<absl::Time> give_up;
   while (true) {
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
@@ -47,6 +49,12 @@ absl::StatusOr<kappa::v1::JoinWeightGroupResponse> PolicyWatcher::JoinGroup(c10:
     if (status.ok() && response.joined() >= response.world_size() - 1) return response;
     if (!status.ok() && !Retryable(status.error_code())) {
       return services::FromGrpcStatus(status);
+    }
+    if (status.ok() && !give_up) give_up = absl::Now() + sync_.group_timeout;
+    if (give_up && absl::Now() > *give_up) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("only ", response.joined(), " of ", response.world_size() - 1,
+                       " members joined within ", absl::FormatDuration(sync_.group_timeout)));
     }
     if (WaitForStop(status.ok() ? kJoinPollInterval : backoff.Next())) {
       return absl::CancelledError("policy watcher stopped");
@@ -69,8 +77,9 @@ void PolicyWatcher::ReceiveFromGroup() {
     // NCCL on this worker's GPU; Gloo on CPU tensors otherwise (copied to
     // the policy's device parameter by parameter).
     const c10::Device device = joined->nccl() ? options_.device : c10::Device(c10::kCPU);
-    group = learner::WeightGroup::Connect(
-        {joined->store(), joined->rank(), joined->world_size(), device, kGroupTimeout});
+    group =
+        learner::WeightGroup::Connect({joined->store(), joined->rank(), joined->world_size(),
+                                       device, absl::ToChronoMilliseconds(sync_.group_timeout)});
     spdlog::info("weight group: rank {} of {} at {} ({})", joined->rank(), joined->world_size(),
                  joined->store(), joined->nccl() ? "NCCL" : "Gloo");
     for (int64_t sequence = 1;; ++sequence) {

@@ -321,6 +321,20 @@ TEST_F(WeightGroupSyncTest, AWorkerAskingALearnerWithoutAGroupUsesWatchPolicy) {
       << refused.error_message();
 }
 
+TEST_F(WeightGroupSyncTest, AMemberWhoseGroupNeverFillsUsesWatchPolicy) {
+  Serve(2);  // the second member never comes
+  model::Decoder source = MakeDecoder(TinyConfig(), 6);
+  const Weights v0 = CopyWeights(source);
+  publisher_->Publish(Snapshot(0, v0));
+  WeightSyncOptions sync;
+  sync.group_timeout = absl::Seconds(1);
+  PolicyWatcher* watcher = Watcher("w0", torch::kFloat32, sync);
+  ASSERT_TRUE(watcher->WaitForVersion(0, absl::Now() + kWait).ok());
+  ExpectModelHolds(*watcher->Current().model, v0, torch::kFloat32);
+  EXPECT_EQ(watcher->group_versions(), 0);
+  EXPECT_FALSE(broadcaster_->counters().formed.load());
+}
+
 TEST_F(WeightGroupSyncTest, BadJoinsAreRefusedNamingTheReason) {
   // w0 joins by RPC only and never meets the group: its rendezvous times out.
   Serve(1, torch::kFloat32, std::chrono::seconds(2));
