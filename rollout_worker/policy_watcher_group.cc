@@ -41,6 +41,7 @@ absl::StatusOr<kappa::v1::JoinWeightGroupResponse> PolicyWatcher::JoinGroup(c10:
   request.set_weights_dtype(services::ToWireDType(wire));
   // From the first answer on, the other members have this long to join.
   std::optional<absl::Time> give_up;
+  kappa::v1::JoinWeightGroupResponse last;  // the latest answer
   while (true) {
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
@@ -50,10 +51,13 @@ absl::StatusOr<kappa::v1::JoinWeightGroupResponse> PolicyWatcher::JoinGroup(c10:
     if (!status.ok() && !Retryable(status.error_code())) {
       return services::FromGrpcStatus(status);
     }
-    if (status.ok() && !give_up) give_up = absl::Now() + sync_.group_timeout;
+    if (status.ok()) {
+      last = response;
+      if (!give_up) give_up = absl::Now() + sync_.group_timeout;
+    }
     if (give_up && absl::Now() > *give_up) {
       return absl::DeadlineExceededError(
-          absl::StrCat("only ", response.joined(), " of ", response.world_size() - 1,
+          absl::StrCat("only ", last.joined(), " of ", last.world_size() - 1,
                        " members joined within ", absl::FormatDuration(sync_.group_timeout)));
     }
     if (WaitForStop(status.ok() ? kJoinPollInterval : backoff.Next())) {

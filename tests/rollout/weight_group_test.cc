@@ -27,6 +27,7 @@
 #include "services/grpc_util.h"
 #include "services/server.h"
 #include "tests/rollout/test_policy.h"
+#include "tests/rollout/weight_test_util.h"
 
 namespace kappa::rollout {
 namespace {
@@ -36,32 +37,21 @@ using learner::PolicySnapshot;
 using learner::WeightBroadcaster;
 using learner::WeightBroadcastOptions;
 using learner::WeightGroup;
+using testing::CopyWeights;
+using testing::EmptyDataset;
+using testing::Eventually;
+using testing::ExpectModelHolds;
+using testing::kWait;
 using testing::MakeDecoder;
+using testing::SameBytes;
+using testing::Snapshot;
 using testing::TinyConfig;
-using Weights = std::map<std::string, torch::Tensor>;
-
-constexpr absl::Duration kWait = absl::Seconds(30);
+using testing::Weights;
 
 // A loopback store address nobody listens on right now.
 std::string FreeStore() {
   absl::StatusOr<int> port = cli::PickFreePort("127.0.0.1");
   return "tcp://127.0.0.1:" + std::to_string(port.ok() ? *port : 1);
-}
-
-bool SameBytes(const torch::Tensor& a, const torch::Tensor& b) {
-  const torch::Tensor x = a.detach().to(torch::kCPU).contiguous();
-  const torch::Tensor y = b.detach().to(torch::kCPU).contiguous();
-  return x.scalar_type() == y.scalar_type() && x.sizes() == y.sizes() &&
-         std::memcmp(x.data_ptr(), y.data_ptr(), x.numel() * x.element_size()) == 0;
-}
-
-bool Eventually(const std::function<bool()>& done) {
-  const absl::Time deadline = absl::Now() + kWait;
-  while (!done()) {
-    if (absl::Now() > deadline) return false;
-    absl::SleepFor(absl::Milliseconds(5));
-  }
-  return true;
 }
 
 TEST(WeightGroupTest, VersionsGoOutInOrderAndLeaveAndCloseAreSeen) {
@@ -124,23 +114,7 @@ TEST(WeightGroupTest, AStoreThatIsNotTcpIsRefused) {
   EXPECT_THROW(WeightGroup::Connect({"file:///tmp/x", 0, 2, torch::kCPU}), std::invalid_argument);
 }
 
-class EmptyDataset final : public tasks::Dataset {
- public:
-  size_t size() const override { return 1; }
-  const tasks::Example& at(size_t) const override { return example_; }
-
- private:
-  tasks::Example example_{"e", "1+1=", "2", "arithmetic", ""};
-};
-
-Weights CopyWeights(model::Decoder& decoder) {
-  Weights weights;
-  for (const auto& [name, tensor] : model::NamedWeights(decoder)) {
-    weights.emplace(name, tensor.detach().to(torch::kCPU, torch::kFloat32).clone());
-  }
-  return weights;
-}
-
+// Every tensor moved by 1e-3·N(0,1): an optimizer-like step on all of them.
 Weights Perturbed(const Weights& weights, uint64_t seed) {
   torch::manual_seed(seed);
   Weights next;
@@ -148,24 +122,6 @@ Weights Perturbed(const Weights& weights, uint64_t seed) {
     next.emplace(name, tensor + 1e-3 * torch::randn_like(tensor));
   }
   return next;
-}
-
-std::shared_ptr<const PolicySnapshot> Snapshot(int64_t version, const Weights& weights) {
-  auto snapshot = std::make_shared<PolicySnapshot>();
-  snapshot->version = version;
-  snapshot->model_config_json = TinyConfig().ToJson();
-  for (const auto& [name, tensor] : weights) snapshot->weights.emplace_back(name, tensor.clone());
-  return snapshot;
-}
-
-// `model` holds `expected` rounded through `wire` into the model's dtype.
-void ExpectModelHolds(model::Decoder& model, const Weights& expected, torch::ScalarType wire) {
-  const Weights loaded = model::NamedWeights(model);
-  ASSERT_EQ(loaded.size(), expected.size());
-  for (const auto& [name, tensor] : expected) {
-    const torch::Tensor& got = loaded.at(name);
-    EXPECT_TRUE(SameBytes(got, tensor.to(wire).to(got.scalar_type()))) << name;
-  }
 }
 
 class WeightGroupSyncTest : public ::testing::Test {

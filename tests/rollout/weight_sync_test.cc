@@ -26,6 +26,7 @@
 #include "services/grpc_util.h"
 #include "services/server.h"
 #include "tests/rollout/test_policy.h"
+#include "tests/rollout/weight_test_util.h"
 
 namespace kappa::rollout {
 namespace {
@@ -34,29 +35,16 @@ using learner::PolicyPublisher;
 using learner::PolicySnapshot;
 using learner::PublisherOptions;
 using testing::ChunkWeights;
+using testing::CopyWeights;
+using testing::EmptyDataset;
+using testing::Eventually;
+using testing::ExpectModelHolds;
+using testing::kWait;
 using testing::MakeDecoder;
+using testing::SameBytes;
+using testing::Snapshot;
 using testing::TinyConfig;
-using Weights = std::map<std::string, torch::Tensor>;
-
-constexpr absl::Duration kWait = absl::Seconds(30);
-
-class EmptyDataset final : public tasks::Dataset {
- public:
-  size_t size() const override { return 1; }
-  const tasks::Example& at(size_t) const override { return example_; }
-
- private:
-  tasks::Example example_{"e", "1+1=", "2", "arithmetic", ""};
-};
-
-// Deep CPU float32 copies of a decoder's parameters.
-Weights CopyWeights(model::Decoder& decoder) {
-  Weights weights;
-  for (const auto& [name, tensor] : model::NamedWeights(decoder)) {
-    weights.emplace(name, tensor.detach().to(torch::kCPU, torch::kFloat32).clone());
-  }
-  return weights;
-}
+using testing::Weights;
 
 // An optimizer-like step on a few tensors: small changes to every element of two.
 Weights Updated(const Weights& weights, uint64_t seed) {
@@ -74,49 +62,10 @@ Weights Updated(const Weights& weights, uint64_t seed) {
   return next;
 }
 
-std::shared_ptr<const PolicySnapshot> Snapshot(int64_t version, const Weights& weights) {
-  auto snapshot = std::make_shared<PolicySnapshot>();
-  snapshot->version = version;
-  snapshot->model_config_json = TinyConfig().ToJson();
-  for (const auto& [name, tensor] : weights) snapshot->weights.emplace_back(name, tensor.clone());
-  return snapshot;
-}
-
-// Bit for bit (torch::equal would take -0 for +0).
-bool SameBytes(const torch::Tensor& a, const torch::Tensor& b) {
-  const torch::Tensor x = a.detach().to(torch::kCPU).contiguous();
-  const torch::Tensor y = b.detach().to(torch::kCPU).contiguous();
-  return x.scalar_type() == y.scalar_type() && x.sizes() == y.sizes() &&
-         std::memcmp(x.data_ptr(), y.data_ptr(), x.numel() * x.element_size()) == 0;
-}
-
-// Every parameter of `model` equals `expected` converted to the model's dtype
-// through `wire` (the rounding the wire applies), bit for bit.
-void ExpectModelHolds(model::Decoder& model, const Weights& expected, torch::ScalarType wire) {
-  const Weights loaded = model::NamedWeights(model);
-  ASSERT_EQ(loaded.size(), expected.size());
-  for (const auto& [name, tensor] : expected) {
-    const torch::Tensor& got = loaded.at(name);
-    const torch::Tensor want = tensor.to(wire).to(got.scalar_type());
-    EXPECT_TRUE(SameBytes(got, want)) << name;
-  }
-}
-
 int64_t WireBytes(const Weights& weights, int64_t element_bytes) {
   int64_t total = 0;
   for (const auto& [name, tensor] : weights) total += tensor.numel() * element_bytes;
   return total;
-}
-
-// The service counts a version after its last chunk is written, which may
-// be after the worker published it.
-bool Eventually(const std::function<bool()>& done) {
-  const absl::Time deadline = absl::Now() + kWait;
-  while (!done()) {
-    if (absl::Now() > deadline) return false;
-    absl::SleepFor(absl::Milliseconds(5));
-  }
-  return true;
 }
 
 class WeightSyncTest : public ::testing::Test {
