@@ -57,10 +57,19 @@ BpeModel BpeModel::FromJson(const JsonNode& model, bool byte_level) {
 
   const JsonNode vocab = model.Field("vocab");
   if (!vocab.value.is_object()) vocab.Fail("must be an object of token -> id");
+  // The id table is dense (ids index it), so an id far past the number of
+  // tokens would allocate for nothing: real vocabularies number their
+  // tokens 0..N-1. (A fuzzer found {"a": 712140173} taking gigabytes.)
+  const int64_t id_bound = 4 * static_cast<int64_t>(vocab.value.size()) + 65536;
   for (const auto& [file_token, id_value] : vocab.value.items()) {
     if (!id_value.is_number_integer() || id_value.get<int64_t>() < 0 ||
         id_value.get<int64_t>() > INT32_MAX) {
       vocab.Fail("the id of \"" + file_token + "\" must be a non-negative integer");
+    }
+    if (id_value.get<int64_t>() >= id_bound) {
+      vocab.Fail("the id of \"" + file_token + "\" (" + std::to_string(id_value.get<int64_t>()) +
+                 ") is far past the vocabulary's " + std::to_string(vocab.value.size()) +
+                 " tokens (ids must be below 4 x tokens + 65536; kappa keeps a dense id table)");
     }
     const auto id = static_cast<int32_t>(id_value.get<int64_t>());
     std::string token = file_token;

@@ -129,6 +129,18 @@ TEST(HfTokenizerTest, UnimplementedComponentsAreRefusedByNameAndPath) {
   EXPECT_NE(LoadError(file).find("follows a ByteLevel step"), std::string::npos) << LoadError(file);
 }
 
+// Ids index a dense table: one far past the vocabulary's size is refused
+// by name instead of allocating gigabytes (found by hf_tokenizer_fuzzer).
+TEST(HfTokenizerTest, AnIdFarPastTheVocabularyIsRefused) {
+  json file = ByteLevelTokenizer();
+  file["model"]["vocab"]["zzz"] = 712140173;
+  const std::string error = LoadError(file);
+  EXPECT_NE(error.find("the id of \"zzz\" (712140173) is far past the vocabulary's"),
+            std::string::npos)
+      << error;
+  EXPECT_NE(error.find("model.vocab"), std::string::npos) << error;
+}
+
 TEST(HfTokenizerTest, SentencePieceBpeWithByteFallbackAndTemplate) {
   const HfTokenizer tok = FromJson(SentencePieceTokenizer(/*byte_fallback=*/true));
   // "ab a" -> "▁ab▁a": ▁+a merges first (rank 0), then a+b cannot (a is taken).
