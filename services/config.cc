@@ -242,9 +242,10 @@ constexpr Field kFields[] = {
     KAPPA_CONFIG_FIELD(
         learner.weight_group_workers,
         "Rollout workers on the learner's host that receive every policy version in one c10d "
-        "broadcast from the learner (Gloo on the CPU, NCCL when `learner.device` is CUDA) "
-        "instead of a WatchPolicy stream each; they set `rollout.weight_transport: c10d`. 0: "
-        "none. Under `kappa run`, 0 with `rollout.weight_transport: c10d` means `workers`."),
+        "broadcast from the learner (NCCL when the learner and every member have a GPU of "
+        "their own, else Gloo on CPU tensors) instead of a WatchPolicy stream each; they set "
+        "`rollout.weight_transport: c10d`. 0: none. Under `kappa run`, 0 with "
+        "`rollout.weight_transport: c10d` means `workers`."),
     KAPPA_CONFIG_FIELD(learner.weight_group_store,
                        "`tcp://HOST:PORT` where the weight group meets (the learner listens); "
                        "empty under `kappa run`: a loopback port it picks."),

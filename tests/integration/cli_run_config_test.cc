@@ -85,11 +85,13 @@ TEST_F(RunConfigTest, UnknownTeacherValuePrecisionIsRejected) {
 
 TEST_F(RunConfigTest, BadRolloutEngineOrSamplingKeysAreRejected) {
   const std::string path = Config("ok.yaml", "name: t\n");
-  for (const auto& [override_text, key] :
-       std::vector<std::pair<std::string, std::string>>{{"rollout.engine=paged", "rollout.engine"},
-                                                        {"rollout.top_k=-1", "rollout.top_k"},
-                                                        {"rollout.min_p=1.5", "rollout.min_p"},
-                                                        {"rollout.top_p=0", "rollout.top_p"}}) {
+  for (const auto& [override_text, key] : std::vector<std::pair<std::string, std::string>>{
+           {"rollout.engine=paged", "rollout.engine"},
+           {"rollout.top_k=-1", "rollout.top_k"},
+           {"rollout.min_p=1.5", "rollout.min_p"},
+           {"rollout.top_p=0", "rollout.top_p"},
+           {"rollout.weight_transport=nccl", "rollout.weight_transport"},
+           {"learner.weight_group_workers=-1", "learner.weight_group_workers"}}) {
     auto result = RunKappa({"run", path, override_text, "runs_dir=" + dir_ + "/runs"});
     EXPECT_NE(result.exit_code, 0) << override_text;
     EXPECT_NE(result.output.find(key), std::string::npos) << result.output;
