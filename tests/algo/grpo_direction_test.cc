@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <iostream>
 #include <memory>
 #include <vector>
 
@@ -73,6 +74,7 @@ TEST(GrpoDirectionTest, OnPolicyStepsRaiseTheRewardOfABandit) {
   const double after = MeanReward(SampleBandit(model, prompt, 32, 8, 2000));
   EXPECT_LT(before, 0.2);
   EXPECT_GT(after, 0.8) << "reward " << before << " -> " << after;
+  std::cout << "bandit reward " << before << " -> " << after << "\n";
 }
 
 }  // namespace
