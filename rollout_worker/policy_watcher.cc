@@ -145,15 +145,13 @@ void PolicyWatcher::Loop() {
   while (true) {
     const int64_t published_before = published_versions_.load();
     const grpc::Status status = WatchOnce();
-    absl::MutexLock lock(&mu_);
-    if (stopping_) return;
+    if (WaitForStop(absl::ZeroDuration())) return;
     if (published_versions_.load() != published_before) backoff.Reset();
     const absl::Duration delay = backoff.Next();
     spdlog::warn("WatchPolicy stream ended ({}: {}); reconnecting in {:.0f} ms",
                  static_cast<int>(status.error_code()), status.error_message(),
                  absl::ToDoubleMilliseconds(delay));
-    mu_.AwaitWithTimeout(absl::Condition(&stopping_), delay);
-    if (stopping_) return;
+    if (WaitForStop(delay)) return;
   }
 }
 

@@ -48,14 +48,8 @@ std::unique_ptr<WeightGroup> WeightGroup::Connect(const WeightGroupOptions& opti
     throw std::invalid_argument("weight group: store '" + options.store +
                                 "' must be tcp://HOST:PORT");
   }
-  CollectivesOptions collectives_options;
-  collectives_options.store = options.store;
-  collectives_options.rank = options.rank;
-  collectives_options.world_size = options.world_size;
-  collectives_options.device = options.device;
-  collectives_options.timeout = options.timeout;
-  c10::intrusive_ptr<::c10d::Store> store = ConnectStore(collectives_options);
-  std::unique_ptr<Collectives> collectives = CollectivesOverStore(store, collectives_options);
+  c10::intrusive_ptr<::c10d::Store> store = ConnectStore(options);
+  std::unique_ptr<Collectives> collectives = CollectivesOverStore(store, options);
   return std::unique_ptr<WeightGroup>(new WeightGroup(
       std::move(store), std::move(collectives), options.rank, options.world_size, options.device));
 }

@@ -24,7 +24,6 @@
 
 #include <torch/torch.h>
 
-#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -34,22 +33,17 @@
 
 namespace kappa::learner {
 
-struct WeightGroupOptions {
-  std::string store;  // tcp://HOST:PORT: rank 0 listens, the others connect
-  int rank = 0;
-  int world_size = 1;
-  // Gloo for CPU tensors, NCCL for CUDA ones: every rank's tensors live here
-  // (each rank its own GPU under NCCL).
-  torch::Device device = torch::kCPU;
-  // The rendezvous and each collective give up after this long.
-  std::chrono::milliseconds timeout = std::chrono::seconds(60);
-};
+// Where and how the ranks meet: the collectives' options, with a
+// tcp://HOST:PORT store (rank 0 listens, the others connect). `device`:
+// Gloo for CPU tensors, NCCL for CUDA ones (each rank its own GPU).
+using WeightGroupOptions = CollectivesOptions;
 
 class WeightGroup {
  public:
   // Meets the other ranks: blocks until all world_size have joined or the
-  // timeout passes. Throws std::invalid_argument on a bad store, rank or
-  // size, std::runtime_error when the rendezvous fails.
+  // timeout passes. Throws std::invalid_argument on a store that is not
+  // tcp://HOST:PORT, a bad rank or size, std::runtime_error when the
+  // rendezvous fails.
   static std::unique_ptr<WeightGroup> Connect(const WeightGroupOptions& options);
 
   int rank() const { return rank_; }
