@@ -310,8 +310,11 @@ void DecodeEngine::RecordTokens(const std::vector<int64_t>& slots, const Sampled
     sequence.tokens.push_back(token);
     sequence.logprobs.push_back(sampled.logprobs[i]);
     const std::vector<int64_t>& stops = request.spec.stop_token_ids;
-    const bool stopped = std::find(stops.begin(), stops.end(), token) != stops.end();
-    if (!stopped && static_cast<int64_t>(sequence.tokens.size()) < request.budget) continue;
+    const bool at_budget = static_cast<int64_t>(sequence.tokens.size()) >= request.budget;
+    const bool stopped =
+        std::find(stops.begin(), stops.end(), token) != stops.end() ||
+        (!at_budget && request.spec.stops_after && request.spec.stops_after(sequence.tokens));
+    if (!stopped && !at_budget) continue;
     sequence.truncated = !stopped;
     const int64_t index = slot.request;
     slot = Slot{};

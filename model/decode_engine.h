@@ -1,8 +1,8 @@
 // A continuous-batching decode engine: a fixed number of slots, each holding
 // one response being sampled. A row leaves its slot the step it stops (a
-// stop id or its budget) and the oldest waiting request takes free slots at
-// the next step, so a batch never waits for its longest row the way
-// model::Sample's does.
+// stop id, its request's stop check such as a stop string, or its budget)
+// and the oldest waiting request takes free slots at the next step, so a
+// batch never waits for its longest row the way model::Sample's does.
 //
 // Memory: the keys/values live in one SlotKVCache of `max_rows` slots ×
 // `max_sequence_tokens` columns, allocated once (or, with
@@ -33,6 +33,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -59,6 +60,12 @@ struct DecodeRequest {
   TokenSampling sampling;  // sampleable_vocab_size 0: every row of the model
   std::vector<int64_t> stop_token_ids;
   uint64_t seed = 0;  // row g draws from RowRandom(RowSeed(seed, g))
+  // Optional. Called with a row's response so far after each token it
+  // samples that is neither a stop id nor the last of its budget; true ends
+  // the row there as stopped (not truncated), freeing its slot. Runs on the
+  // Step() thread; must not throw. The worker's stop strings use it
+  // (rollout::StopStringCheck).
+  std::function<bool(const std::vector<int64_t>& response)> stops_after;
 };
 
 struct DecodeResult {

@@ -330,6 +330,11 @@ absl::StatusOr<model::DecodeRequest> GroupSampler::EngineRequest(const kappa::v1
   request.sampling.min_p = params->min_p;
   request.sampling.sampleable_vocab_size = params->sampleable_vocab_size;
   request.stop_token_ids = params->stop_token_ids;
+  // Rows leave their slots the step a stop string appears; GroupOf's cut
+  // still defines where each response ends.
+  request.stops_after = StopStringCheck(
+      std::vector<std::string>(item.stop_strings().begin(), item.stop_strings().end()),
+      options_.decode);
   request.seed = ItemSeed(item, options_);
   return request;
 }

@@ -85,7 +85,8 @@ class GroupSampler {
   // The decode-engine request of `item` with `policy` (rollout.engine =
   // continuous): the same validation and settings as Sample(), G rows
   // sharing one prefill, each seeded from the item's sampling seed (so the
-  // engine and Sample() draw the same tokens for an item). `id` is echoed in
+  // engine and Sample() draw the same tokens for an item), its rows ending
+  // the step a stop string appears (StopStringCheck). `id` is echoed in
   // the engine's result. INVALID_ARGUMENT for an unusable item,
   // DEADLINE_EXCEEDED for an expired lease, FAILED_PRECONDITION without a
   // policy. Thread-compatible (reads the options only).

@@ -1,5 +1,8 @@
 #include "rollout_worker/stop_strings.h"
 
+#include <algorithm>
+#include <utility>
+
 namespace kappa::rollout {
 namespace {
 
@@ -39,6 +42,22 @@ bool CutAtStopString(model::SampledSequence& sequence, const std::vector<std::st
   if (sequence.logprobs.size() > *keep) sequence.logprobs.resize(*keep);
   sequence.truncated = false;
   return true;
+}
+
+StopCheck StopStringCheck(std::vector<std::string> stop_strings, TokenDecoder decode) {
+  size_t longest = 0;
+  for (const std::string& stop : stop_strings) longest = std::max(longest, stop.size());
+  if (longest == 0) return nullptr;
+  // Every token that decodes to at least one byte: the tail covers a stop
+  // string completed by the newest token, with one token of context before.
+  const size_t window = longest + 2;
+  return [stop_strings = std::move(stop_strings), decode = std::move(decode),
+          window](const std::vector<int64_t>& response) {
+    const size_t start = response.size() > window ? response.size() - window : 0;
+    const std::vector<int64_t> tail(response.begin() + static_cast<long>(start), response.end());
+    if (!ContainsAny(decode(tail), stop_strings)) return false;
+    return start == 0 || ContainsAny(decode(response), stop_strings);
+  };
 }
 
 }  // namespace kappa::rollout

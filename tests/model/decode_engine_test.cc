@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <stdexcept>
@@ -148,6 +149,55 @@ TEST(DecodeEngineTest, SeededSamplingEqualsModelSampleWithRowSeeds) {
   engine.Add(RequestOf(reseeded, 1, model));
   const auto other = RunToIdle(engine, 3);
   EXPECT_NE(other.at(1).samples[0].tokens, results.at(100).samples[0].tokens);
+}
+
+// A request's stop check (the worker's stop strings) ends a row the step it
+// fires, as stopped, and its slot goes to a waiting row: each row is the
+// free run's cut right after the first token the check fires on, and the
+// engine samples fewer tokens in fewer steps.
+TEST(DecodeEngineTest, AStopCheckEndsARowTheStepItFiresAndFreesItsSlot) {
+  auto model = Shared(TinyDecoder(2, /*tied=*/true, 7, /*scale=*/3.0));
+  const std::vector<Job> jobs = RaggedJobs(TokenSampling{1.0, 1.0, 0, 0.0, 0});
+  const std::vector<int64_t> check_tokens = {4, 9, 11, 17};
+  const auto fires_on = [&](int64_t token) {
+    return std::find(check_tokens.begin(), check_tokens.end(), token) != check_tokens.end();
+  };
+  DecodeEngine free_run(DecodeEngineOptions{3, 24});
+  DecodeEngine checked(DecodeEngineOptions{3, 24});
+  int64_t calls = 0;
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    free_run.Add(RequestOf(jobs[i], i, model));
+    DecodeRequest request = RequestOf(jobs[i], i, model);
+    request.stops_after = [&](const std::vector<int64_t>& response) {
+      ++calls;
+      EXPECT_FALSE(response.empty());
+      return fires_on(response.back());
+    };
+    checked.Add(std::move(request));
+  }
+  const auto want = RunToIdle(free_run, 3);
+  const auto got = RunToIdle(checked, 3);
+  ASSERT_EQ(got.size(), jobs.size());
+  int cut = 0;
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    std::vector<SampledSequence> expected = want.at(i).samples;
+    for (SampledSequence& sequence : expected) {
+      const auto first = std::find_if(sequence.tokens.begin(), sequence.tokens.end(), fires_on);
+      // The check is not asked about a row's last token (a stop id or its
+      // budget's end): such a row ends as the free run's does.
+      if (first == sequence.tokens.end() || first + 1 == sequence.tokens.end()) continue;
+      const size_t keep = static_cast<size_t>(first - sequence.tokens.begin()) + 1;
+      sequence.tokens.resize(keep);
+      sequence.logprobs.resize(keep);
+      sequence.truncated = false;
+      ++cut;
+    }
+    ExpectSameSamples(got.at(i).samples, expected, "job " + std::to_string(i));
+  }
+  EXPECT_GE(cut, 3) << "the check should cut several rows";
+  EXPECT_GT(calls, 0);
+  EXPECT_LT(checked.stats().tokens, free_run.stats().tokens);
+  EXPECT_LT(checked.stats().steps, free_run.stats().steps);
 }
 
 TEST(DecodeEngineTest, MemoryStaysWithinTheBoundUnderAQueueOfTenTimesTheSlots) {

@@ -247,5 +247,46 @@ TEST(Stopping, StopStringsCutRightAfterTheCompletingToken) {
   EXPECT_LE(decodes, 10);
 }
 
+// The engine's per-token check: it fires on the token that completes a stop
+// string, decodes only a short tail while there is none, and confirms a
+// tail's match on the whole response.
+TEST(Stopping, StopStringCheckFiresFromTheCompletingTokenAndDecodesATail) {
+  const model::CharTokenizer tokenizer;
+  std::vector<size_t> decoded;
+  const TokenDecoder decode = [&](const std::vector<int64_t>& ids) {
+    decoded.push_back(ids.size());
+    return tokenizer.Decode(ids);
+  };
+  EXPECT_FALSE(StopStringCheck({}, decode));
+  EXPECT_FALSE(StopStringCheck({"", ""}, decode));
+  const StopCheck check = StopStringCheck({"+3", ""}, decode);
+  ASSERT_TRUE(check);
+  const std::vector<int64_t> ids = tokenizer.Encode("12+34=46");
+  // Asked after every token, it first fires on the 4th, "12+3".
+  for (size_t k = 1; k <= 4; ++k) {
+    const std::vector<int64_t> prefix(ids.begin(), ids.begin() + static_cast<long>(k));
+    EXPECT_EQ(check(prefix), k == 4) << tokenizer.Decode(prefix);
+  }
+  // A 300-token response without the stop string: each call decodes at most
+  // the longest stop string + 2 tokens.
+  const std::vector<int64_t> ones = tokenizer.Encode(std::string(300, '1'));
+  decoded.clear();
+  for (size_t k = 1; k <= ones.size(); ++k) {
+    EXPECT_FALSE(check(std::vector<int64_t>(ones.begin(), ones.begin() + static_cast<long>(k))));
+  }
+  EXPECT_EQ(decoded.size(), ones.size());
+  EXPECT_EQ(*std::max_element(decoded.begin(), decoded.end()), 4u);
+  std::vector<int64_t> completed = ones;
+  for (int64_t id : tokenizer.Encode("+3")) completed.push_back(id);
+  EXPECT_TRUE(check(completed));
+  // A decoder whose text of a tail is not a piece of the whole text (a
+  // tail-only match): the whole response's decode has the last word.
+  const TokenDecoder tail_lies = [&](const std::vector<int64_t>& ids) {
+    return ids.size() <= 4 ? std::string("+3") : tokenizer.Decode(ids);
+  };
+  EXPECT_FALSE(StopStringCheck({"+3"}, tail_lies)(ones));
+  EXPECT_TRUE(StopStringCheck({"+3"}, tail_lies)(completed));
+}
+
 }  // namespace
 }  // namespace kappa::rollout
