@@ -32,6 +32,8 @@ std::string BootstrapKey(const services::Config& config, Role role) {
   std::string text = absl::StrCat("kappa-bootstrap-v1|", RoleName(role), "|seed=", config.seed);
   absl::StrAppend(&text, "|task=", task.kind, ",", task.min_digits, ",", task.max_digits, ",",
                   task.operators, ",", task.train_size, ",", task.heldout_size);
+  // Only when set, so the keys of held-out-first bootstraps stay what they were.
+  if (task.heldout_draw != "first") absl::StrAppend(&text, ",heldout_draw=", task.heldout_draw);
   if (task.kind == "jsonl") {
     absl::StrAppend(&text, ",", FileStamp(task.train_path), ",", FileStamp(task.heldout_path));
   }

@@ -72,6 +72,12 @@ constexpr Field kFields[] = {
     KAPPA_CONFIG_FIELD(task.train_size, "arithmetic: training prompts."),
     KAPPA_CONFIG_FIELD(task.heldout_size,
                        "arithmetic: held-out prompts (never overlapping the training ones)."),
+    KAPPA_CONFIG_FIELD(task.heldout_draw,
+                       "arithmetic: which distinct problems are held out. `first`: the first "
+                       "`heldout_size` drawn (so a large held-out set takes most of the few "
+                       "one-digit sums and leaves the training split harder than it); "
+                       "`interleaved`: evenly spaced among the first `train_size + "
+                       "heldout_size` drawn, so both splits come from one distribution."),
     KAPPA_CONFIG_FIELD(task.train_path,
                        "jsonl: the training split's file (required when `kind` is jsonl)."),
     KAPPA_CONFIG_FIELD(task.heldout_path,

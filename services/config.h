@@ -54,6 +54,7 @@ struct Config {
     std::string operators = "+";       // subset of "+-*"
     int64_t train_size = 2000;
     int64_t heldout_size = 200;
+    std::string heldout_draw = "first";  // first | interleaved (tasks::HeldOutDraw)
     std::string train_path;            // jsonl only
     std::string heldout_path;          // jsonl only
     // jsonl: how a line maps to an example (tasks::JsonlOptions). messages_key

@@ -104,6 +104,39 @@ uint64_t ProblemSpace(const ArithmeticSpec& spec, const std::vector<char>& opera
   return total;
 }
 
+// The first `wanted` distinct problems of the spec's stream, in draw order.
+absl::StatusOr<std::vector<Problem>> DrawDistinct(const ArithmeticSpec& spec,
+                                                  const std::vector<char>& operators,
+                                                  uint64_t wanted) {
+  ProblemSampler sampler(spec, operators);
+  std::unordered_set<std::string> seen;
+  seen.reserve(wanted);
+  // Draws are not uniform over problems (digit count first), so a space that
+  // is nearly exhausted may need many draws; bound them rather than spin.
+  const uint64_t max_draws = 64 * wanted + (1u << 20);
+  std::vector<Problem> problems;
+  problems.reserve(wanted);
+  for (uint64_t draws = 0; problems.size() < wanted;) {
+    if (++draws > max_draws) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("arithmetic: could not draw ", wanted, " distinct problems in ", max_draws,
+                       " draws; widen the digit range or lower the sizes"));
+    }
+    Problem problem = sampler.Next();
+    if (seen.insert(problem.prompt).second) problems.push_back(std::move(problem));
+  }
+  return problems;
+}
+
+// Whether the i-th distinct problem drawn is held out (ArithmeticSpec::heldout_draw).
+bool IsHeldOut(const ArithmeticSpec& spec, size_t i) {
+  if (spec.heldout_draw == ArithmeticSpec::HeldOutDraw::kFirst) return i < spec.heldout_size;
+  // Problem i is held out when it carries the running count of held-out
+  // problems, heldout_size * (i + 1) / total, over an integer.
+  const uint64_t total = spec.train_size + spec.heldout_size;
+  return (spec.heldout_size * (i + 1)) / total > (spec.heldout_size * i) / total;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Dataset>> MakeArithmeticDataset(const ArithmeticSpec& spec,
@@ -126,34 +159,18 @@ absl::StatusOr<std::unique_ptr<Dataset>> MakeArithmeticDataset(const ArithmeticS
         " and operators '", std::string(operators->begin(), operators->end()), "'"));
   }
 
-  // Both splits come from one stream: held-out first, so it does not depend
-  // on train_size, then train, skipping every prompt already drawn.
-  ProblemSampler sampler(spec, *operators);
-  std::unordered_set<std::string> seen;
-  seen.reserve(wanted);
-  // Draws are not uniform over problems (digit count first), so a space that
-  // is nearly exhausted may need many draws; bound them rather than spin.
-  const uint64_t max_draws = 64 * wanted + (1u << 20);
-  uint64_t draws = 0;
+  absl::StatusOr<std::vector<Problem>> problems = DrawDistinct(spec, *operators, wanted);
+  if (!problems.ok()) return problems.status();
   std::vector<Example> examples;
-  for (Split current : {Split::kHeldOut, Split::kTrain}) {
-    const size_t count = current == Split::kHeldOut ? spec.heldout_size : spec.train_size;
-    const char* prefix = current == Split::kHeldOut ? "heldout-" : "train-";
-    for (size_t i = 0; i < count;) {
-      if (++draws > max_draws) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "arithmetic: could not draw ", wanted, " distinct problems in ", max_draws,
-            " draws; widen the digit range or lower the sizes"));
-      }
-      Problem problem = sampler.Next();
-      if (!seen.insert(problem.prompt).second) continue;
-      if (current == split) {
-        examples.push_back(Example{absl::StrCat(prefix, i), std::move(problem.prompt),
-                                   std::move(problem.answer), "arithmetic", /*system=*/""});
-      }
-      ++i;
-    }
-    if (current == split) break;
+  size_t index_in_split[2] = {0, 0};
+  for (size_t i = 0; i < problems->size(); ++i) {
+    const Split drawn = IsHeldOut(spec, i) ? Split::kHeldOut : Split::kTrain;
+    const size_t id = index_in_split[drawn == Split::kHeldOut]++;
+    if (drawn != split) continue;
+    Problem& problem = (*problems)[i];
+    examples.push_back(Example{absl::StrCat(drawn == Split::kHeldOut ? "heldout-" : "train-", id),
+                               std::move(problem.prompt), std::move(problem.answer), "arithmetic",
+                               /*system=*/""});
   }
   return std::unique_ptr<Dataset>(new VectorDataset(std::move(examples)));
 }

@@ -41,12 +41,22 @@ struct ArithmeticSpec {
   uint64_t seed = 1;
   size_t train_size = 2000;
   size_t heldout_size = 200;
+  // Which of the distinct problems drawn are held out:
+  //   kFirst: the first heldout_size, then train_size more for training;
+  //     the held-out set does not depend on train_size, but since operand
+  //     digit counts are drawn first, a large one takes most of the few
+  //     one-digit sums (100 of 10,000 two-digit problems, a quarter of the
+  //     draws) and the training split is left harder than the held-out one.
+  //   kInterleaved: of the first train_size + heldout_size distinct
+  //     problems, every (total / heldout_size)-th, evenly spaced; both
+  //     splits then have the same mix of problems.
+  enum class HeldOutDraw { kFirst, kInterleaved } heldout_draw = HeldOutDraw::kFirst;
 };
 
 enum class Split { kTrain, kHeldOut };
 
-// Deterministic in spec.seed. Train and held-out never share a prompt: the
-// held-out prompts are drawn first and excluded from train. Errors
+// Deterministic in spec.seed. Train and held-out never share a prompt (see
+// ArithmeticSpec::heldout_draw for which are held out). Errors
 // (INVALID_ARGUMENT) when the spec is inconsistent or the space of distinct
 // problems is too small for the requested sizes.
 absl::StatusOr<std::unique_ptr<Dataset>> MakeArithmeticDataset(const ArithmeticSpec& spec,

@@ -17,6 +17,12 @@ absl::StatusOr<std::unique_ptr<Dataset>> MakeDataset(const services::Config& con
     spec.seed = config.seed;
     spec.train_size = static_cast<size_t>(task.train_size);
     spec.heldout_size = static_cast<size_t>(task.heldout_size);
+    if (task.heldout_draw == "interleaved") {
+      spec.heldout_draw = ArithmeticSpec::HeldOutDraw::kInterleaved;
+    } else if (task.heldout_draw != "first") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("task.heldout_draw: '", task.heldout_draw, "' is not first or interleaved"));
+    }
     return MakeArithmeticDataset(spec, split);
   }
   if (task.kind == "jsonl") {

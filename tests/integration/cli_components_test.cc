@@ -131,6 +131,10 @@ TEST(BootstrapKeyTest, ChangesWithWhatDeterminesTheWeights) {
   more_data.task.train_size += 1;
   EXPECT_NE(BootstrapKey(more_data, Role::kStudent), student);
 
+  services::Config interleaved = config;
+  interleaved.task.heldout_draw = "interleaved";  // another training split
+  EXPECT_NE(BootstrapKey(interleaved, Role::kStudent), student);
+
   services::Config longer_sft = config;
   longer_sft.student.bootstrap.steps += 1;
   EXPECT_NE(BootstrapKey(longer_sft, Role::kStudent), student);

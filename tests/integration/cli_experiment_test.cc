@@ -291,7 +291,8 @@ TEST_F(ExperimentTest, ShippedScienceExperimentsAreValid) {
     for (const services::Config& config : *configs) {
       EXPECT_EQ(config.task.heldout_size, 1000);
       EXPECT_EQ(config.trainer.eval_examples, 1000);
-      EXPECT_EQ(config.trainer.steps, 500);
+      EXPECT_EQ(config.task.heldout_draw, "interleaved");
+      EXPECT_EQ(config.trainer.steps, 1500);
     }
     if (file.file == "unreliable_teacher.yaml") {
       EXPECT_EQ((*configs)[0].teacher.bootstrap.corrupt, "hundreds_plus_one");

@@ -94,6 +94,52 @@ TEST(ArithmeticDatasetTest, HeldOutIndependentOfTrainSize) {
   for (size_t i = 0; i < small->size(); ++i) EXPECT_EQ(small->at(i).prompt, large->at(i).prompt);
 }
 
+// Share of a split's prompts whose operands both have one digit.
+double OneDigitShare(const Dataset& dataset) {
+  size_t one_digit = 0;
+  for (size_t i = 0; i < dataset.size(); ++i) {
+    const std::string& prompt = dataset.at(i).prompt;
+    if (prompt.size() == 4) ++one_digit;  // "a+b="
+  }
+  return static_cast<double>(one_digit) / static_cast<double>(dataset.size());
+}
+
+// Held out first, a large held-out set takes most of the 100 one-digit sums
+// (a quarter of the draws) and leaves the training split harder; held out
+// interleaved, both splits have the same mix, from the same distinct draws.
+TEST(ArithmeticDatasetTest, InterleavedHeldOutHasTheTrainingSplitsMix) {
+  ArithmeticSpec spec;
+  spec.train_size = 4000;
+  spec.heldout_size = 1000;
+  auto first_train = Make(spec, Split::kTrain);
+  auto first_heldout = Make(spec, Split::kHeldOut);
+  EXPECT_GT(OneDigitShare(*first_heldout), 5 * OneDigitShare(*first_train));
+
+  spec.heldout_draw = ArithmeticSpec::HeldOutDraw::kInterleaved;
+  auto train = Make(spec, Split::kTrain);
+  auto heldout = Make(spec, Split::kHeldOut);
+  ASSERT_EQ(train->size(), 4000u);
+  ASSERT_EQ(heldout->size(), 1000u);
+  EXPECT_EQ(heldout->at(999).id, "heldout-999");
+  EXPECT_EQ(train->at(3999).id, "train-3999");
+  const double train_share = OneDigitShare(*train), heldout_share = OneDigitShare(*heldout);
+  EXPECT_GT(train_share, 0.01);
+  EXPECT_NEAR(heldout_share, train_share, 0.5 * train_share);
+  // The same 5000 distinct problems as held out first, split differently.
+  std::set<std::string> first, interleaved;
+  for (const auto* d : {first_train.get(), first_heldout.get()}) {
+    for (size_t i = 0; i < d->size(); ++i) first.insert(d->at(i).prompt);
+  }
+  for (const auto* d : {train.get(), heldout.get()}) {
+    for (size_t i = 0; i < d->size(); ++i) interleaved.insert(d->at(i).prompt);
+  }
+  EXPECT_EQ(interleaved.size(), 5000u);
+  EXPECT_EQ(interleaved, first);
+  // Evenly spaced: the 5th, 10th, ... distinct problem is held out.
+  EXPECT_NE(heldout->at(0).prompt, first_heldout->at(0).prompt);
+  EXPECT_EQ(heldout->at(0).prompt, first_heldout->at(4).prompt);
+}
+
 TEST(ArithmeticDatasetTest, NoOverlapAndNoDuplicatesEvenWhenSpaceIsExhausted) {
   ArithmeticSpec spec;
   spec.min_digits = 1;

@@ -281,6 +281,19 @@ TEST_F(JsonlDatasetTest, MakeDatasetMapsTheTaskKeys) {
             "task.format: unknown format 'gsm9k' (expected gsm8k or math)");
 }
 
+TEST_F(JsonlDatasetTest, MakeDatasetMapsTheArithmeticHeldOutDraw) {
+  services::Config config;
+  config.task.train_size = 40;
+  config.task.heldout_size = 10;
+  config.task.heldout_draw = "interleaved";
+  auto first = MakeDataset(config, Split::kHeldOut);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ((*first)->size(), 10u);
+  config.task.heldout_draw = "last";
+  EXPECT_EQ(std::string(MakeDataset(config, Split::kHeldOut).status().message()),
+            "task.heldout_draw: 'last' is not first or interleaved");
+}
+
 TEST_F(JsonlDatasetTest, MissingFileIsNotFound) {
   EXPECT_EQ(LoadJsonlDataset("/nonexistent/kappa.jsonl").status().code(),
             absl::StatusCode::kNotFound);
