@@ -55,10 +55,11 @@ bool CutAtStopString(model::SampledSequence& sequence, const std::vector<std::st
 // the stop string. A call decodes only the response's last (longest stop
 // string's bytes + 2) tokens and, when that tail's text holds a stop
 // string, confirms on the whole response's decode, so it costs about the
-// longest stop string per token, not the response's length. It can miss a stop string spread over more tokens than that (ones
-// that decode to no text); the row then runs on and CutAtStopString still
-// cuts it. It never stops a row whose whole decode holds no stop string.
-// Empty when no stop string is non-empty (nothing to check).
+// longest stop string per token, not the response's length. It can miss a
+// stop string spread over more tokens than that (ones that decode to no
+// text); the row then runs on and CutAtStopString still cuts it. It never
+// stops a row whose whole decode holds no stop string. Empty when no stop
+// string is non-empty (nothing to check).
 using StopCheck = std::function<bool(const std::vector<int64_t>& response)>;
 StopCheck StopStringCheck(std::vector<std::string> stop_strings, TokenDecoder decode);
 
