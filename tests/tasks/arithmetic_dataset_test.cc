@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <initializer_list>
 #include <set>
 #include <string>
 
@@ -94,6 +95,15 @@ TEST(ArithmeticDatasetTest, HeldOutIndependentOfTrainSize) {
   for (size_t i = 0; i < small->size(); ++i) EXPECT_EQ(small->at(i).prompt, large->at(i).prompt);
 }
 
+// The distinct prompts of the given splits together.
+std::set<std::string> PromptsOf(std::initializer_list<const Dataset*> splits) {
+  std::set<std::string> prompts;
+  for (const Dataset* split : splits) {
+    for (size_t i = 0; i < split->size(); ++i) prompts.insert(split->at(i).prompt);
+  }
+  return prompts;
+}
+
 // Share of a split's prompts whose operands both have one digit.
 double OneDigitShare(const Dataset& dataset) {
   size_t one_digit = 0;
@@ -126,15 +136,9 @@ TEST(ArithmeticDatasetTest, InterleavedHeldOutHasTheTrainingSplitsMix) {
   EXPECT_GT(train_share, 0.01);
   EXPECT_NEAR(heldout_share, train_share, 0.5 * train_share);
   // The same 5000 distinct problems as held out first, split differently.
-  std::set<std::string> first, interleaved;
-  for (const auto* d : {first_train.get(), first_heldout.get()}) {
-    for (size_t i = 0; i < d->size(); ++i) first.insert(d->at(i).prompt);
-  }
-  for (const auto* d : {train.get(), heldout.get()}) {
-    for (size_t i = 0; i < d->size(); ++i) interleaved.insert(d->at(i).prompt);
-  }
+  const std::set<std::string> interleaved = PromptsOf({train.get(), heldout.get()});
   EXPECT_EQ(interleaved.size(), 5000u);
-  EXPECT_EQ(interleaved, first);
+  EXPECT_EQ(interleaved, PromptsOf({first_train.get(), first_heldout.get()}));
   // Evenly spaced: the 5th, 10th, ... distinct problem is held out.
   EXPECT_NE(heldout->at(0).prompt, first_heldout->at(0).prompt);
   EXPECT_EQ(heldout->at(0).prompt, first_heldout->at(4).prompt);
@@ -148,10 +152,7 @@ TEST(ArithmeticDatasetTest, NoOverlapAndNoDuplicatesEvenWhenSpaceIsExhausted) {
   spec.heldout_size = 20;  // exactly the 10*10 possible "a+b=" prompts
   auto train = Make(spec, Split::kTrain);
   auto heldout = Make(spec, Split::kHeldOut);
-  std::set<std::string> prompts;
-  for (size_t i = 0; i < train->size(); ++i) prompts.insert(train->at(i).prompt);
-  for (size_t i = 0; i < heldout->size(); ++i) prompts.insert(heldout->at(i).prompt);
-  EXPECT_EQ(prompts.size(), 100u);
+  EXPECT_EQ(PromptsOf({train.get(), heldout.get()}).size(), 100u);
 }
 
 TEST(ArithmeticDatasetTest, DigitCountsCoverTheRange) {
