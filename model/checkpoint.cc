@@ -226,8 +226,7 @@ Decoder LoadCheckpoint(const std::string& dir, const LoadOptions& options) {
   }
   const ModelConfig config = ReadModelConfig(dir);
   const CheckpointWeights weights = CheckpointWeights::Open(dir);
-  Decoder model(config, /*random_init=*/false);
-  model->to(options.device, options.dtype);
+  Decoder model(config, /*random_init=*/false, Placement{options.device, options.dtype});
   CopyCheckpointWeights(model, weights);
   return model;
 }

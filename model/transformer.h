@@ -71,12 +71,27 @@ struct ForwardOutput {
   torch::Tensor hidden;  // [B, T, D] final hidden state (after the last norm)
 };
 
+// Where a Decoder's parameters and buffers are made, and in what dtype.
+struct Placement {
+  torch::Device device = torch::kCPU;
+  torch::ScalarType dtype = torch::kFloat32;
+};
+
 class DecoderImpl : public torch::nn::Module {
  public:
-  // Parameters in float32 on the CPU. With random_init, initialized as HF
-  // does (N(0, 0.02), zero biases, unit norms); without, left as the modules
-  // construct them, for a caller that overwrites every one (LoadCheckpoint).
-  explicit DecoderImpl(const ModelConfig& config, bool random_init = true);
+  // Parameters and buffers on `placement` (default: float32 on the CPU).
+  // With random_init, initialized as HF does (N(0, 0.02), zero biases, unit
+  // norms); without, left as the modules construct them, for a caller that
+  // overwrites every one (LoadCheckpoint, a rollout worker's policy copy).
+  // libtorch's modules make their parameters in float32 on the CPU. Without
+  // random_init each piece (the embedding, one block, the final norm, an
+  // untied lm_head) moves to `placement` as soon as it is built, so at most
+  // one piece exists in float32 on the host at a time: a bfloat16 or CUDA
+  // model needs its own size plus its largest piece, not its float32 size.
+  // With random_init the values are drawn over the whole float32 model (the
+  // same numbers whatever the placement) and the model moves at the end.
+  explicit DecoderImpl(const ModelConfig& config, bool random_init = true,
+                       const Placement& placement = {});
 
   // tokens: [B, T] int64. attention_mask: optional [B, T] bool/int (1 = real
   // token, 0 = padding); padding keys are never attended. positions: optional
@@ -87,10 +102,8 @@ class DecoderImpl : public torch::nn::Module {
   // cache->length.. and the queries attend to every valid cached key;
   // cache->length advances by T. Throws std::invalid_argument on bad shapes,
   // positions >= max_position_embeddings or a full cache.
-  ForwardOutput Forward(const torch::Tensor& tokens,
-                        const torch::Tensor& attention_mask = {},
-                        const torch::Tensor& positions = {},
-                        KVCache* cache = nullptr);
+  ForwardOutput Forward(const torch::Tensor& tokens, const torch::Tensor& attention_mask = {},
+                        const torch::Tensor& positions = {}, KVCache* cache = nullptr);
 
   // Forward without the output projection: `hidden` as Forward gives it
   // (same graph, same checkpointing, the same cache writes), `logits`

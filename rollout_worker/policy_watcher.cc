@@ -126,8 +126,9 @@ absl::StatusOr<std::map<std::string, torch::Tensor>> PolicyWatcher::Destination(
           spare_.reset();  // a sampler's reference keeps the old one alive
           const model::ModelConfig config = model::ModelConfig::FromJson(model_config_json);
           // No random initialization: every parameter is written before use.
-          auto decoder = std::make_shared<model::Decoder>(config, /*random_init=*/false);
-          (*decoder)->to(options_.device, options_.dtype);
+          // Built piece by piece on the device in its dtype (no float32 copy).
+          auto decoder = std::make_shared<model::Decoder>(
+              config, /*random_init=*/false, model::Placement{options_.device, options_.dtype});
           (*decoder)->eval();
           for (auto& parameter : (*decoder)->parameters()) parameter.set_requires_grad(false);
           spare_ = std::move(decoder);

@@ -1,9 +1,11 @@
+#include "model/transformer.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <string>
 
-#include "model/transformer.h"
+#include "model/checkpoint.h"
 #include "tests/model/test_models.h"
 
 namespace kappa::model {
@@ -37,9 +39,12 @@ torch::Tensor ReferenceLogits(Decoder& model, const torch::Tensor& tokens) {
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     auto x = rms(h, p + "input_layernorm.weight");
-    auto q = torch::matmul(x, w[p + "self_attn.q_proj.weight"].t()).view({T, H, hd}).transpose(0, 1);
-    auto k = torch::matmul(x, w[p + "self_attn.k_proj.weight"].t()).view({T, KV, hd}).transpose(0, 1);
-    auto v = torch::matmul(x, w[p + "self_attn.v_proj.weight"].t()).view({T, KV, hd}).transpose(0, 1);
+    auto q =
+        torch::matmul(x, w[p + "self_attn.q_proj.weight"].t()).view({T, H, hd}).transpose(0, 1);
+    auto k =
+        torch::matmul(x, w[p + "self_attn.k_proj.weight"].t()).view({T, KV, hd}).transpose(0, 1);
+    auto v =
+        torch::matmul(x, w[p + "self_attn.v_proj.weight"].t()).view({T, KV, hd}).transpose(0, 1);
     q = q * cos + rotate_half(q) * sin;
     k = k * cos + rotate_half(k) * sin;
     k = k.repeat_interleave(H / KV, 0);
@@ -182,12 +187,49 @@ TEST(DecoderTest, InitFollowsHuggingFace) {
   EXPECT_NEAR(w.mean().item<float>(), 0.0, 0.002);
 }
 
+// Every parameter and buffer of `model` has `dtype`.
+void ExpectAllOf(Decoder& model, torch::ScalarType dtype) {
+  for (const auto& p : model->named_parameters())
+    EXPECT_EQ(p.value().scalar_type(), dtype) << p.key();
+  for (const auto& b : model->named_buffers()) EXPECT_EQ(b.value().scalar_type(), dtype) << b.key();
+}
+
+TEST(DecoderTest, APlacementBuildsTheModelThereAsConvertingItWould) {
+  torch::NoGradGuard no_grad;
+  const Placement bf16{torch::kCPU, torch::kBFloat16};
+  const auto tokens = torch::randint(3, 21, {2, 7}, torch::kLong);
+  for (const bool tied : {false, true}) {
+    SCOPED_TRACE(tied ? "tied" : "untied");
+    Decoder reference = TinyDecoder(4, tied);
+    Decoder converted = CloneDecoder(reference);
+    converted->to(torch::kBFloat16);
+
+    // Built for weights to be written (LoadCheckpoint, a worker's copy).
+    Decoder placed(reference->config(), /*random_init=*/false, bf16);
+    ExpectAllOf(placed, torch::kBFloat16);
+    EXPECT_EQ(placed->lm_head()->weight.scalar_type(), torch::kBFloat16);
+    LoadWeights(placed, NamedWeights(reference));
+    EXPECT_TRUE(torch::equal(placed->Forward(tokens).logits, converted->Forward(tokens).logits));
+
+    // Randomly initialized: the default placement's values, rounded.
+    torch::manual_seed(3);
+    Decoder drawn(reference->config(), /*random_init=*/true, bf16);
+    torch::manual_seed(3);
+    Decoder drawn_then_converted(reference->config());
+    drawn_then_converted->to(torch::kBFloat16);
+    ExpectAllOf(drawn, torch::kBFloat16);
+    const auto expected = drawn_then_converted->named_parameters();
+    for (const auto& p : drawn->named_parameters()) {
+      EXPECT_TRUE(torch::equal(p.value(), expected[p.key()])) << p.key();
+    }
+  }
+}
+
 TEST(DecoderTest, TiedEmbeddingsShareOneParameter) {
   Decoder model = TinyDecoder(4, /*tied=*/true);
   auto params = model->named_parameters();
   EXPECT_EQ(params.find("lm_head.weight"), nullptr);
-  EXPECT_EQ(model->lm_head()->weight.data_ptr(),
-            params["model.embed_tokens.weight"].data_ptr());
+  EXPECT_EQ(model->lm_head()->weight.data_ptr(), params["model.embed_tokens.weight"].data_ptr());
   auto tokens = torch::randint(3, 21, {1, 6}, torch::kLong);
   auto h = model->Forward(tokens).hidden;
   auto expected = torch::matmul(h, params["model.embed_tokens.weight"].t());
