@@ -1,5 +1,4 @@
 #include "cli/bootstrap.h"
-#include "services/stable_hash.h"
 
 #include <sys/stat.h>
 
@@ -9,6 +8,7 @@
 #include "absl/strings/str_format.h"
 #include "model/checkpoint.h"
 #include "model/tokenizer.h"
+#include "services/stable_hash.h"
 
 namespace kappa::cli {
 namespace {
@@ -41,10 +41,16 @@ std::string BootstrapKey(const services::Config& config, Role role) {
                   shape.num_hidden_layers, ",", shape.num_attention_heads, ",",
                   shape.num_key_value_heads, ",", shape.max_position_embeddings);
   absl::StrAppend(&text, "|sft=", sft.steps, ",", sft.batch_size, ",",
-                  absl::StrFormat("%.17g,%.17g", sft.lr, sft.weight_decay), ",",
-                  sft.warmup_steps, ",", sft.train_examples, ",", sft.seed);
+                  absl::StrFormat("%.17g,%.17g", sft.lr, sft.weight_decay), ",", sft.warmup_steps,
+                  ",", sft.train_examples, ",", sft.seed);
   // Only when set, so the keys of uncorrupted bootstraps stay what they were.
   if (!sft.corrupt.empty()) absl::StrAppend(&text, "|corrupt=", sft.corrupt);
+  // Likewise for bootstraps trained to a step count. The checks read the
+  // first trainer.eval_examples training prompts, so that count is part of it.
+  if (sft.target_accuracy > 0) {
+    absl::StrAppend(&text, "|target=", absl::StrFormat("%.17g", sft.target_accuracy), ",",
+                    sft.check_every, ",", config.trainer.eval_examples);
+  }
   absl::StrAppend(&text, "|alphabet=", model::CharTokenizer().alphabet());
   return absl::StrFormat("%016x", services::StableHash(text));
 }
@@ -62,10 +68,10 @@ absl::StatusOr<std::string> EnsureBootstrapCheckpoint(const services::Config& co
       role == Role::kTeacher ? config.teacher.checkpoint : config.student.checkpoint;
   if (!configured.empty()) {
     if (!model::CheckpointExists(configured)) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          role_name, ".checkpoint '", configured,
-          "' holds no checkpoint (config.json + model.safetensors); leave it empty to "
-          "bootstrap one by SFT"));
+      return absl::FailedPreconditionError(
+          absl::StrCat(role_name, ".checkpoint '", configured,
+                       "' holds no checkpoint (config.json + model.safetensors); leave it empty to "
+                       "bootstrap one by SFT"));
     }
     log << "[" << role_name << "] using configured checkpoint " << configured << "\n";
     return configured;

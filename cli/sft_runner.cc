@@ -6,6 +6,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -55,6 +56,10 @@ void WriteSummary(const std::string& dir, Role role, const SftResult& result) {
       {"train_examples", result.train_examples},
       {"eval_examples", result.eval_examples},
   };
+  if (result.target_accuracy > 0) {
+    summary["target_accuracy"] = result.target_accuracy;
+    summary["reached_target"] = result.reached_target;
+  }
   if (!result.corrupt.empty()) {
     auto number_or_null = [](const std::optional<double>& x) {
       return x ? nlohmann::json(*x) : nlohmann::json(nullptr);
@@ -100,6 +105,51 @@ std::optional<double> AccuracyIfAny(model::Decoder& decoder, const learner::Prom
                                     const tasks::Dataset& dataset, int64_t max_new_tokens) {
   if (dataset.size() == 0) return std::nullopt;
   return learner::DatasetAccuracy(decoder, prompts, dataset, dataset.size(), max_new_tokens);
+}
+
+// bootstrap.target_accuracy and check_every as they are used: the target in
+// [0, 1], at least one step between checks, prompts to check on.
+absl::Status ValidateTarget(const services::SftConfig& sft, const std::string& role_name,
+                            size_t check_examples) {
+  if (!(sft.target_accuracy >= 0.0 && sft.target_accuracy <= 1.0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config key '", role_name,
+                     ".bootstrap.target_accuracy': ", sft.target_accuracy, " is not in [0, 1]"));
+  }
+  if (sft.target_accuracy == 0.0) return absl::OkStatus();
+  if (sft.check_every < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "config key '", role_name, ".bootstrap.check_every': ", sft.check_every, " is not >= 1"));
+  }
+  if (check_examples == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config key '", role_name,
+                     ".bootstrap.target_accuracy' needs trainer.eval_examples > 0 (the "
+                     "training prompts it is checked on)"));
+  }
+  return absl::OkStatus();
+}
+
+// SftOptions::stop_after for bootstrap.target_accuracy: every check_every
+// steps, greedy accuracy on the first `check_examples` training examples;
+// true (and result->reached_target) at the first check that reaches the
+// target. Each check is logged. `decoder`, `train` and `log` must outlive it.
+std::function<bool(int64_t)> StopAtTargetAccuracy(
+    const services::SftConfig& sft, const std::string& role_name, model::Decoder& decoder,
+    const learner::PromptEncoder& prompts, const tasks::Dataset& train, size_t check_examples,
+    int64_t max_new_tokens, std::ostream& log, SftResult* result) {
+  return [=, &decoder, &train, &log](int64_t done) {
+    if (done % sft.check_every != 0) return false;
+    const double accuracy =
+        learner::DatasetAccuracy(decoder, prompts, train, check_examples, max_new_tokens);
+    result->reached_target = accuracy >= sft.target_accuracy;
+    log << absl::StrFormat(
+               "[%s sft] step %d: accuracy on %d training prompts %.3f (target %.3f)%s\n",
+               role_name, done, check_examples, accuracy, sft.target_accuracy,
+               result->reached_target ? ": reached, stopping" : "")
+        << std::flush;
+    return result->reached_target;
+  };
 }
 
 absl::StatusOr<SftResult> RunSftOrThrow(const services::Config& config, Role role,
@@ -156,6 +206,12 @@ absl::StatusOr<SftResult> RunSftOrThrow(const services::Config& config, Role rol
   }
   const size_t eval_count = std::min<size_t>(
       (*heldout)->size(), static_cast<size_t>(std::max<int64_t>(config.trainer.eval_examples, 0)));
+  // The training prompts the target (and train_accuracy) are measured on.
+  const size_t check_count = std::min(
+      train_count, static_cast<size_t>(std::max<int64_t>(config.trainer.eval_examples, 0)));
+  if (absl::Status target = ValidateTarget(sft, role_name, check_count); !target.ok()) {
+    return target;
+  }
 
   torch::manual_seed(sft.seed);
   model::Decoder decoder(DecoderConfig(RoleShape(config, role), role, tokenizer));
@@ -164,15 +220,15 @@ absl::StatusOr<SftResult> RunSftOrThrow(const services::Config& config, Role rol
   result.checkpoint_dir = out_dir;
   result.train_examples = static_cast<int64_t>(train_count);
   result.eval_examples = static_cast<int64_t>(eval_count);
-  result.steps = sft.steps;
   if (eval_count > 0) {
     result.accuracy_before = learner::DatasetAccuracy(decoder, prompts, **heldout, eval_count,
                                                       config.rollout.max_new_tokens);
   }
-  log << absl::StrFormat("[%s sft] %d train examples, %d steps, batch %d, lr %g; held-out "
-                         "accuracy before: %.3f (%d examples)\n",
-                         role_name, train_count, sft.steps, sft.batch_size, sft.lr,
-                         result.accuracy_before, eval_count)
+  log << absl::StrFormat(
+             "[%s sft] %d train examples, %d steps, batch %d, lr %g; held-out "
+             "accuracy before: %.3f (%d examples)\n",
+             role_name, train_count, sft.steps, sft.batch_size, sft.lr, result.accuracy_before,
+             eval_count)
       << std::flush;
 
   learner::SftOptions options;
@@ -186,12 +242,19 @@ absl::StatusOr<SftResult> RunSftOrThrow(const services::Config& config, Role rol
   options.on_step = [&](int64_t step, double loss) {
     // `step` is 0-based; report the count of steps done.
     const int64_t done = step + 1;
+    result.steps = done;
     if (done % report_every == 0 || done == sft.steps) {
-      log << absl::StrFormat("[%s sft] step %d/%d loss %.4f (%.1f s)\n", role_name, done,
-                             sft.steps, loss, elapsed())
+      log << absl::StrFormat("[%s sft] step %d/%d loss %.4f (%.1f s)\n", role_name, done, sft.steps,
+                             loss, elapsed())
           << std::flush;
     }
   };
+  if (sft.target_accuracy > 0) {
+    result.target_accuracy = sft.target_accuracy;
+    options.stop_after =
+        StopAtTargetAccuracy(sft, role_name, decoder, prompts, **train, check_count,
+                             config.rollout.max_new_tokens, log, &result);
+  }
   result.loss = sft.steps > 0 ? learner::SftTrain(decoder, examples, options) : 0.0;
 
   if (eval_count > 0) {
@@ -199,9 +262,8 @@ absl::StatusOr<SftResult> RunSftOrThrow(const services::Config& config, Role rol
                                                config.rollout.max_new_tokens);
     // The same measure on examples it trained on: a large gap means it
     // memorized rather than learned the task.
-    result.train_accuracy =
-        learner::DatasetAccuracy(decoder, prompts, **train, std::min(eval_count, train_count),
-                                 config.rollout.max_new_tokens);
+    result.train_accuracy = learner::DatasetAccuracy(decoder, prompts, **train, check_count,
+                                                     config.rollout.max_new_tokens);
   }
   if (corruption) {
     result.corrupt = corruption->name();
@@ -226,10 +288,11 @@ absl::StatusOr<SftResult> RunSftOrThrow(const services::Config& config, Role rol
   if (!parent.empty()) std::filesystem::create_directories(parent);
   model::SaveCheckpoint(out_dir, decoder);
   WriteSummary(out_dir, role, result);
-  log << absl::StrFormat("[%s sft] held-out accuracy %.3f -> %.3f (train %.3f), final loss "
-                         "%.4f, %.1f s; saved %s\n",
-                         role_name, result.accuracy_before, result.accuracy,
-                         result.train_accuracy, result.loss, result.seconds, out_dir)
+  log << absl::StrFormat(
+             "[%s sft] held-out accuracy %.3f -> %.3f (train %.3f), final loss "
+             "%.4f after %d steps, %.1f s; saved %s\n",
+             role_name, result.accuracy_before, result.accuracy, result.train_accuracy, result.loss,
+             result.steps, result.seconds, out_dir)
       << std::flush;
   return result;
 }

@@ -28,7 +28,11 @@ struct SftResult {
   double train_accuracy = 0.0;   // the same measure on the first training examples
   double accuracy = 0.0;         // after training
   double loss = 0.0;             // NLL of the last step
-  int64_t steps = 0;
+  int64_t steps = 0;             // steps trained (fewer than configured at a target)
+  // With bootstrap.target_accuracy: the target, and whether a check reached
+  // it (false: it trained all `steps` short of it).
+  double target_accuracy = 0.0;
+  bool reached_target = false;
   int64_t train_examples = 0;
   int64_t eval_examples = 0;
   double seconds = 0.0;          // training + evaluation wall time

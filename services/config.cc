@@ -155,6 +155,15 @@ constexpr Field kFields[] = {
                        "`hundreds_plus_one` (a+b ≥ 100 answered a+b+100) or `minus_as_plus` (a−b "
                        "answered a+b). The learner then reports accuracy "
                        "and K_DR on that subset and on the rest."),
+    KAPPA_CONFIG_FIELD(student.bootstrap.target_accuracy,
+                       "Bootstrap SFT: > 0 stops training at the first check where greedy "
+                       "accuracy on the first `trainer.eval_examples` training prompts reaches "
+                       "it (the held-out split plays no part in the choice); `steps` is then a "
+                       "cap and still the length of the learning-rate schedule. A warm start "
+                       "stated as an accuracy carries over to another task, where a step count "
+                       "does not. 0: train all `steps`."),
+    KAPPA_CONFIG_FIELD(student.bootstrap.check_every,
+                       "Bootstrap SFT with `target_accuracy`: steps between two accuracy checks."),
 
     KAPPA_CONFIG_FIELD(teacher.checkpoint,
                        "Hugging Face model directory of the teacher; empty: bootstrap one by SFT "
@@ -192,6 +201,15 @@ constexpr Field kFields[] = {
                        "`hundreds_plus_one` (a+b ≥ 100 answered a+b+100) or `minus_as_plus` (a−b "
                        "answered a+b). The learner then reports accuracy "
                        "and K_DR on that subset and on the rest."),
+    KAPPA_CONFIG_FIELD(teacher.bootstrap.target_accuracy,
+                       "Bootstrap SFT: > 0 stops training at the first check where greedy "
+                       "accuracy on the first `trainer.eval_examples` training prompts reaches "
+                       "it (the held-out split plays no part in the choice); `steps` is then a "
+                       "cap and still the length of the learning-rate schedule. A warm start "
+                       "stated as an accuracy carries over to another task, where a step count "
+                       "does not. 0: train all `steps`."),
+    KAPPA_CONFIG_FIELD(teacher.bootstrap.check_every,
+                       "Bootstrap SFT with `target_accuracy`: steps between two accuracy checks."),
     KAPPA_CONFIG_FIELD(
         teacher.address,
         "HOST:PORT the teacher serves on and the workers dial; under `kappa run` the "

@@ -34,6 +34,12 @@ struct SftConfig {  // `kappa sft` and the demo's bootstrap
   // "": the true answers; else a tasks::AnswerCorruption rule: the examples
   // it covers are trained on its wrong answers (an unreliable teacher).
   std::string corrupt;
+  // > 0: every `check_every` steps, greedy accuracy on the first
+  // trainer.eval_examples training prompts is measured, and training stops
+  // at the first check that reaches it; `steps` is then a cap (and still
+  // the length of the learning-rate schedule). 0: train all `steps`.
+  double target_accuracy = 0.0;
+  int64_t check_every = 50;
 };
 
 struct Config {

@@ -133,6 +133,7 @@ double SftTrain(model::Decoder& model, const std::vector<SftExample>& examples,
     optimizer.step();
     loss_value = loss.item<double>();
     if (options.on_step) options.on_step(step, loss_value);
+    if (options.stop_after && options.stop_after(step + 1)) break;
   }
   return loss_value;
 }

@@ -27,6 +27,10 @@ struct SftOptions {
   double max_grad_norm = 1.0;  // <= 0 disables clipping
   uint64_t seed = 0;         // minibatch sampling (with replacement)
   std::function<void(int64_t step, double loss)> on_step;  // optional
+  // Optional: called after each step (after on_step) with the count of steps
+  // done; true ends training there, before `steps` (an early stop at a
+  // target accuracy). The learning-rate schedule stays the one over `steps`.
+  std::function<bool(int64_t steps_done)> stop_after;
 };
 
 // Mean NLL over positions where mask > 0. logits [B, T, V], targets [B, T]
@@ -38,7 +42,8 @@ torch::Tensor SftNll(const torch::Tensor& logits, const torch::Tensor& targets,
 // Trains `model` in place with AdamW on the NLL of the answer tokens only
 // (prompt tokens are context, not targets). Returns the loss of the last
 // step. Throws std::invalid_argument on empty examples, prompts or answers,
-// or sequences longer than the model's max_position_embeddings.
+// or sequences longer than the model's max_position_embeddings. Stops early
+// when options.stop_after says so.
 double SftTrain(model::Decoder& model, const std::vector<SftExample>& examples,
                 const SftOptions& options);
 

@@ -68,6 +68,25 @@ TEST(SftTrainTest, LearnsATrivialMappingAndGreedyDecodingGetsItRight) {
   EXPECT_EQ(GreedyAccuracy(model, prompts, 3, correct, 4), 1.0);
 }
 
+TEST(SftTrainTest, StopAfterEndsTrainingAtTheStepItSaysSo) {
+  torch::manual_seed(0);
+  model::Decoder model(testing::TinyConfig());
+  const std::vector<SftExample> examples = {{{1, 3}, {Target(3), 2}}, {{1, 4}, {Target(4), 2}}};
+  SftOptions options;
+  options.steps = 50;
+  options.batch_size = 4;
+  int64_t steps_seen = 0;
+  std::vector<int64_t> asked;
+  options.on_step = [&](int64_t, double) { ++steps_seen; };
+  options.stop_after = [&](int64_t done) {
+    asked.push_back(done);
+    return done == 7;
+  };
+  SftTrain(model, examples, options);
+  EXPECT_EQ(steps_seen, 7);
+  EXPECT_EQ(asked, (std::vector<int64_t>{1, 2, 3, 4, 5, 6, 7}));
+}
+
 TEST(SftTrainTest, RejectsBadInput) {
   model::Decoder model(testing::TinyConfig());
   SftOptions options;
@@ -75,8 +94,9 @@ TEST(SftTrainTest, RejectsBadInput) {
   EXPECT_THROW(SftTrain(model, {{{1}, {}}}, options), std::invalid_argument);
   EXPECT_THROW(SftTrain(model, {{std::vector<int64_t>(20, 3), {2}}}, options),
                std::invalid_argument);
-  EXPECT_THROW(GreedyAccuracy(model, {}, 3, [](size_t, const std::vector<int64_t>&) { return true; }),
-               std::invalid_argument);
+  EXPECT_THROW(
+      GreedyAccuracy(model, {}, 3, [](size_t, const std::vector<int64_t>&) { return true; }),
+      std::invalid_argument);
 }
 
 }  // namespace

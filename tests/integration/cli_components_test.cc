@@ -24,9 +24,9 @@ namespace {
 using testing::MakeTempDir;
 
 TEST(CliArgsTest, SeparatesConfigOverridesAndFlags) {
-  auto line = ParseCommandLine({"--role", "teacher", "c.yaml", "trainer.steps=3",
-                                "--out=/tmp/x", "workers=2", "--resume"},
-                               {"--role", "--out"}, {"--resume"});
+  auto line = ParseCommandLine(
+      {"--role", "teacher", "c.yaml", "trainer.steps=3", "--out=/tmp/x", "workers=2", "--resume"},
+      {"--role", "--out"}, {"--resume"});
   ASSERT_TRUE(line.ok()) << line.status();
   EXPECT_EQ(line->config_path, "c.yaml");
   EXPECT_EQ(line->overrides, (std::vector<std::string>{"trainer.steps=3", "workers=2"}));
@@ -74,8 +74,12 @@ TEST(MetricsTailTest, ReturnsOnlyCompleteNewLines) {
 TEST(RunProgressTest, TracksFirstAndLastEvalAndFormats) {
   RunProgress progress;
   progress.total_steps = 60;
-  progress.Update({{"step", 10}, {"policy_version", 10}, {"reward_mean", 0.25},
-                   {"loss_reward", 0.01}, {"loss_distill", 0.5}, {"samples_per_second", 40.0},
+  progress.Update({{"step", 10},
+                   {"policy_version", 10},
+                   {"reward_mean", 0.25},
+                   {"loss_reward", 0.01},
+                   {"loss_distill", 0.5},
+                   {"samples_per_second", 40.0},
                    {"eval_accuracy", 0.3}});
   progress.Update({{"step", 11}, {"policy_version", 11}, {"reward_mean", 0.375}});
   progress.Update({{"step", 20}, {"policy_version", 20}, {"eval_accuracy", 0.55}});
@@ -95,12 +99,14 @@ TEST(RunProgressTest, TracksFirstAndLastEvalAndFormats) {
 TEST(RunProgressTest, AlarmsGetALineWhenTheyFireAndStayInTheBarWhileActive) {
   RunProgress progress;
   progress.total_steps = 60;
-  progress.Update({{"step", 41}, {"kappa", 12.5},
+  progress.Update({{"step", 41},
+                   {"kappa", 12.5},
                    {"alarm_active", {{"magnitude_drowning", 0}, {"collapse", 0}}}});
   EXPECT_TRUE(progress.TakeAlarmLines().empty());
   progress.Update(
       {{"step", 42},
-       {"alarms", {{{"kind", "magnitude_drowning"}, {"step", 42}, {"message", "kappa_eff EMA 12.1 > 10"}}}},
+       {"alarms",
+        {{{"kind", "magnitude_drowning"}, {"step", 42}, {"message", "kappa_eff EMA 12.1 > 10"}}}},
        {"alarm_active", {{"magnitude_drowning", 1}, {"collapse", 0}}}});
   EXPECT_EQ(progress.TakeAlarmLines(),
             std::vector<std::string>{"step 42 ALARM magnitude_drowning: kappa_eff EMA 12.1 > 10"});
@@ -139,9 +145,21 @@ TEST(BootstrapKeyTest, ChangesWithWhatDeterminesTheWeights) {
   longer_sft.student.bootstrap.steps += 1;
   EXPECT_NE(BootstrapKey(longer_sft, Role::kStudent), student);
 
+  services::Config to_a_target = config;
+  to_a_target.student.bootstrap.target_accuracy = 0.4;
+  const std::string target_key = BootstrapKey(to_a_target, Role::kStudent);
+  EXPECT_NE(target_key, student);
+  services::Config checked_on_more = to_a_target;  // the checks read eval_examples prompts
+  checked_on_more.trainer.eval_examples += 1;
+  EXPECT_NE(BootstrapKey(checked_on_more, Role::kStudent), target_key);
+  services::Config checked_less_often = to_a_target;
+  checked_less_often.student.bootstrap.check_every += 1;
+  EXPECT_NE(BootstrapKey(checked_less_often, Role::kStudent), target_key);
+
   // Settings that do not touch the SFT weights keep the cache.
   services::Config other_run = config;
   other_run.trainer.steps = 7;
+  other_run.trainer.eval_examples += 1;  // without a target, only the evaluation
   other_run.workers = 5;
   other_run.name = "other";
   EXPECT_EQ(BootstrapKey(other_run, Role::kTeacher), teacher);

@@ -3,7 +3,6 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
-
 #include <nlohmann/json.hpp>
 
 #include "model/checkpoint.h"
@@ -57,8 +56,8 @@ class SftCommandTest : public ::testing::Test {
 
 TEST_F(SftCommandTest, WritesLoadableCheckpointAndSummary) {
   const std::string out = dir_ + "/student-ckpt";
-  auto result = RunKappa({"sft", config_, "--role", "student", "--out", out,
-                          "student.bootstrap.steps=5"});
+  auto result =
+      RunKappa({"sft", config_, "--role", "student", "--out", out, "student.bootstrap.steps=5"});
   ASSERT_EQ(result.exit_code, 0) << result.output;
   EXPECT_NE(result.output.find("held-out accuracy"), std::string::npos) << result.output;
   EXPECT_NE(result.output.find("step 5/5"), std::string::npos) << result.output;
@@ -89,6 +88,54 @@ TEST_F(SftCommandTest, DefaultsToDataDirSlashRole) {
   ASSERT_TRUE(model::CheckpointExists(data_dir + "/teacher"));
   EXPECT_EQ(model::LoadCheckpoint(data_dir + "/teacher")->config().hidden_size, 24);
   EXPECT_TRUE(std::filesystem::exists(data_dir + "/teacher/sft_summary.json"));
+}
+
+TEST_F(SftCommandTest, StopsAtTheFirstCheckThatReachesTheTargetAccuracy) {
+  const std::string out = dir_ + "/teacher-ckpt";
+  auto result =
+      RunKappa({"sft", config_, "--role", "teacher", "--out", out, "teacher.bootstrap.steps=600",
+                "teacher.bootstrap.lr=1.0e-2", "teacher.bootstrap.target_accuracy=0.25",
+                "teacher.bootstrap.check_every=10"});
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_NE(result.output.find("reached, stopping"), std::string::npos) << result.output;
+  const nlohmann::json summary = nlohmann::json::parse(ReadFile(out + "/sft_summary.json"));
+  const int64_t steps = summary.at("steps").get<int64_t>();
+  EXPECT_LT(steps, 600);
+  EXPECT_EQ(steps % 10, 0);
+  EXPECT_TRUE(summary.at("reached_target").get<bool>());
+  EXPECT_DOUBLE_EQ(summary.at("target_accuracy").get<double>(), 0.25);
+  EXPECT_GE(summary.at("train_accuracy").get<double>(), 0.25);
+  // A check before the last one was short of the target (at step 30 here).
+  ASSERT_GT(steps, 10);
+  EXPECT_NE(result.output.find("step " + std::to_string(steps - 10) + ": accuracy on 10"),
+            std::string::npos)
+      << result.output;
+}
+
+TEST_F(SftCommandTest, AnUnreachedTargetTrainsAllStepsAndAWrongOneIsRefused) {
+  const std::string out = dir_ + "/student-ckpt";
+  auto capped =
+      RunKappa({"sft", config_, "--role", "student", "--out", out,
+                "student.bootstrap.target_accuracy=1", "student.bootstrap.check_every=2"});
+  ASSERT_EQ(capped.exit_code, 0) << capped.output;
+  const nlohmann::json summary = nlohmann::json::parse(ReadFile(out + "/sft_summary.json"));
+  EXPECT_EQ(summary.at("steps").get<int64_t>(), 4);
+  EXPECT_FALSE(summary.at("reached_target").get<bool>());
+
+  auto wrong = RunKappa({"sft", config_, "--role", "student", "--out", dir_ + "/y",
+                         "student.bootstrap.target_accuracy=1.5"});
+  EXPECT_NE(wrong.exit_code, 0);
+  EXPECT_NE(wrong.output.find("student.bootstrap.target_accuracy': 1.5 is not in [0, 1]"),
+            std::string::npos)
+      << wrong.output;
+  auto never_checked =
+      RunKappa({"sft", config_, "--role", "student", "--out", dir_ + "/y",
+                "student.bootstrap.target_accuracy=0.5", "student.bootstrap.check_every=0"});
+  EXPECT_NE(never_checked.exit_code, 0);
+  EXPECT_NE(never_checked.output.find("student.bootstrap.check_every': 0 is not >= 1"),
+            std::string::npos)
+      << never_checked.output;
+  EXPECT_FALSE(model::CheckpointExists(dir_ + "/y"));
 }
 
 TEST_F(SftCommandTest, RejectsBadRoleAndMissingRole) {
