@@ -3,6 +3,7 @@
 #include <ctime>
 #include <filesystem>
 #include <iostream>
+#include <optional>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -28,16 +29,19 @@ namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
 constexpr const char* kUsage =
-    "usage: kappa experiment ABLATION.yaml [key=value ...] [--quick] [--out DIR]\n";
+    "usage: kappa experiment ABLATION.yaml [key=value ...] [--quick] [--resume] [--out DIR]\n";
 
 // A fresh DIR for this experiment: a previous one (non-empty) is moved aside
 // to DIR.<timestamp>, so results never mix runs of two experiments and
-// `kappa run` never has to move a same-named run directory itself.
-absl::Status PrepareOutDir(const fs::path& out) {
-  absl::StatusOr<std::string> aside = MoveAsideIfNonEmpty(out.string(), "experiment");
-  if (!aside.ok()) return aside.status();
-  if (!aside->empty()) {
-    std::cerr << "kappa experiment: previous " << out.string() << " moved to " << *aside << "\n";
+// `kappa run` never has to move a same-named run directory itself. With
+// `resume` the previous DIR stays: its finished runs are kept (RunAll).
+absl::Status PrepareOutDir(const fs::path& out, bool resume) {
+  if (!resume) {
+    absl::StatusOr<std::string> aside = MoveAsideIfNonEmpty(out.string(), "experiment");
+    if (!aside.ok()) return aside.status();
+    if (!aside->empty()) {
+      std::cerr << "kappa experiment: previous " << out.string() << " moved to " << *aside << "\n";
+    }
   }
   std::error_code ec;
   fs::create_directories(out / "logs", ec);
@@ -97,7 +101,8 @@ std::string OneLineSummary(const RunMetrics& m) {
 struct ExperimentPlan {
   AblationSpec spec;
   bool quick = false;
-  fs::path out;  // DIR
+  bool resume = false;  // --resume: keep DIR and the runs finished in it
+  fs::path out;         // DIR
   std::vector<PlannedRun> runs;
   std::vector<services::Config> configs;  // one per run
   std::string title;                      // of results.md and report.html
@@ -124,6 +129,7 @@ absl::StatusOr<ExperimentPlan> LoadPlan(const CommandLine& line) {
   plan.spec = *std::move(loaded);
   AblationSpec& spec = plan.spec;
   plan.quick = line.Has("--quick");
+  plan.resume = line.Has("--resume");
   if (plan.quick) {
     if (absl::Status status = ApplyQuick(&spec); !status.ok()) return status;
   }
@@ -155,7 +161,7 @@ absl::StatusOr<std::vector<std::vector<std::string>>> PrepareOutput(const Experi
   std::error_code ec;
   const fs::path self = fs::read_symlink("/proc/self/exe", ec);
   if (ec) return absl::InternalError(absl::StrCat("/proc/self/exe: ", ec.message()));
-  if (absl::Status status = PrepareOutDir(plan.out); !status.ok()) return status;
+  if (absl::Status status = PrepareOutDir(plan.out, plan.resume); !status.ok()) return status;
   std::vector<std::vector<std::string>> argvs;
   std::string commands;
   for (const PlannedRun& run : plan.runs) {
@@ -265,8 +271,30 @@ ChildRunOutcome RunOne(const ExperimentPlan& plan, size_t i, const std::vector<s
   return outcome;
 }
 
-// Every run in turn, until one is interrupted or a termination signal
-// arrives; the results are rewritten after each.
+// With --resume: the metrics of the run `plan.runs[i]` left by an earlier
+// attempt in the same DIR, when it reached the run's last step; nothing
+// otherwise (no run, an unreadable one, or one that stopped short).
+std::optional<RunMetrics> FinishedEarlier(const ExperimentPlan& plan, size_t i) {
+  if (!plan.resume) return std::nullopt;
+  absl::StatusOr<RunMetrics> metrics =
+      ReadRunMetrics((plan.out / "runs" / plan.runs[i].name / "metrics.jsonl").string());
+  if (!metrics.ok() || metrics->last_step != plan.configs[i].trainer.steps) return std::nullopt;
+  return *std::move(metrics);
+}
+
+// Records a run FinishedEarlier found as done, with a line on stderr.
+void KeepEarlierRun(const ExperimentPlan& plan, size_t i, RunMetrics metrics, RunResult* result) {
+  result->status = "ok";
+  result->wall_seconds = metrics.train_seconds.value_or(0.0);
+  std::cerr << absl::StrFormat("[experiment %d/%d] %s finished in an earlier attempt, kept: %s\n",
+                               i + 1, plan.runs.size(), plan.runs[i].name, OneLineSummary(metrics))
+            << std::flush;
+  result->metrics = std::move(metrics);
+}
+
+// Every run in turn (with --resume, those not finished earlier), until one
+// is interrupted or a termination signal arrives; the results are rewritten
+// after each.
 RunTally RunAll(const ExperimentPlan& plan, const std::vector<std::vector<std::string>>& argvs,
                 Clock::time_point start, std::vector<RunResult>* results) {
   RunTally tally;
@@ -274,6 +302,10 @@ RunTally RunAll(const ExperimentPlan& plan, const std::vector<std::vector<std::s
     if (TerminationSignal() != 0) {
       tally.interrupted = true;
       break;
+    }
+    if (std::optional<RunMetrics> earlier = FinishedEarlier(plan, i)) {
+      KeepEarlierRun(plan, i, *std::move(earlier), &(*results)[i]);
+      continue;
     }
     const ChildRunOutcome outcome = RunOne(plan, i, argvs[i], SecondsSince(start), &(*results)[i]);
     if (!outcome.success) {
@@ -306,7 +338,7 @@ int Summarize(const ExperimentPlan& plan, const std::vector<RunResult>& results,
 }  // namespace
 
 int ExperimentCommand(const std::vector<std::string>& args) {
-  absl::StatusOr<CommandLine> line = ParseCommandLine(args, {"--out"}, {"--quick"});
+  absl::StatusOr<CommandLine> line = ParseCommandLine(args, {"--out"}, {"--quick", "--resume"});
   if (!line.ok()) {
     std::cerr << "kappa experiment: " << line.status().message() << "\n" << kUsage;
     return 2;

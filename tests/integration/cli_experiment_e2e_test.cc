@@ -155,10 +155,29 @@ arms:
   EXPECT_TRUE(Contains(html, "Differences against naive (paired by seed)"));
   EXPECT_TRUE(Contains(html, "data-diff=\"grpo_only:final_eval_accuracy\""));
 
+  // --resume keeps DIR: the two runs that finished are read back, not run
+  // again; the failed one runs (and fails) again.
+  const auto metrics_time = fs::last_write_time(out + "/runs/naive-s1/metrics.jsonl");
+  const auto resumed =
+      RunKappa({"experiment", dir_ + "/abl.yaml", "--quick", "--resume", "--out", out});
+  EXPECT_EQ(resumed.exit_code, 1) << resumed.output;
+  EXPECT_TRUE(Contains(resumed.output,
+                       "[experiment 1/3] grpo_only-s1 finished in an earlier "
+                       "attempt, kept: final acc"));
+  EXPECT_TRUE(Contains(resumed.output, "[experiment 3/3] naive-s1 finished in an earlier attempt"));
+  EXPECT_TRUE(Contains(resumed.output, "[experiment 2/3] arm broken, seed 1"));
+  EXPECT_FALSE(Contains(resumed.output, "arm naive, seed 1")) << "not run again";
+  EXPECT_EQ(fs::last_write_time(out + "/runs/naive-s1/metrics.jsonl"), metrics_time);
+  EXPECT_TRUE(Contains(resumed.output, "| grpo_only | 1/1 |"));
+  const std::string resumed_csv = ReadFile(out + "/results.csv");
+  EXPECT_EQ(CsvRow(resumed_csv, "naive").at(3), "ok") << resumed_csv;
+  EXPECT_EQ(CsvRow(resumed_csv, "naive").at(6), "3") << resumed_csv;
+  EXPECT_TRUE(Contains(resumed_csv, "\nbroken,1,broken-s1,failed,")) << resumed_csv;
+
   // A bad override on the command line is refused before the previous
   // results in DIR are moved aside.
-  const auto again = RunKappa({"experiment", dir_ + "/abl.yaml", "--quick", "--out", out,
-                               "trainer.stepz=1"});
+  const auto again =
+      RunKappa({"experiment", dir_ + "/abl.yaml", "--quick", "--out", out, "trainer.stepz=1"});
   EXPECT_EQ(again.exit_code, 1);
   EXPECT_TRUE(Contains(again.output, "trainer.stepz"));
   EXPECT_TRUE(fs::exists(out + "/results.md")) << "a rejected experiment touches nothing";
