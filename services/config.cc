@@ -42,6 +42,16 @@ constexpr Field MakeField(const char* key, const char* description, FieldRef (*g
 #define KAPPA_CONFIG_FIELD(path, description) \
   MakeField(#path, description, [](Config& c) -> FieldRef { return &c.path; })
 
+// Descriptions shared by the student's and the teacher's bootstrap keys.
+constexpr char kTargetAccuracyHelp[] =
+    "Bootstrap SFT: > 0 stops training at the first check where greedy accuracy on the first "
+    "`trainer.eval_examples` training prompts reaches it (the held-out split plays no part in "
+    "the choice); `steps` is then a cap and still the length of the learning-rate schedule. A "
+    "warm start stated as an accuracy carries over to another task, where a step count does "
+    "not. 0: train all `steps`.";
+constexpr char kCheckEveryHelp[] =
+    "Bootstrap SFT with `target_accuracy`: steps between two accuracy checks.";
+
 // Constant-initialized (no constructor runs), so it is usable from any
 // static initializer and the order of initialization does not matter.
 constexpr Field kFields[] = {
@@ -155,15 +165,8 @@ constexpr Field kFields[] = {
                        "`hundreds_plus_one` (a+b ≥ 100 answered a+b+100) or `minus_as_plus` (a−b "
                        "answered a+b). The learner then reports accuracy "
                        "and K_DR on that subset and on the rest."),
-    KAPPA_CONFIG_FIELD(student.bootstrap.target_accuracy,
-                       "Bootstrap SFT: > 0 stops training at the first check where greedy "
-                       "accuracy on the first `trainer.eval_examples` training prompts reaches "
-                       "it (the held-out split plays no part in the choice); `steps` is then a "
-                       "cap and still the length of the learning-rate schedule. A warm start "
-                       "stated as an accuracy carries over to another task, where a step count "
-                       "does not. 0: train all `steps`."),
-    KAPPA_CONFIG_FIELD(student.bootstrap.check_every,
-                       "Bootstrap SFT with `target_accuracy`: steps between two accuracy checks."),
+    KAPPA_CONFIG_FIELD(student.bootstrap.target_accuracy, kTargetAccuracyHelp),
+    KAPPA_CONFIG_FIELD(student.bootstrap.check_every, kCheckEveryHelp),
 
     KAPPA_CONFIG_FIELD(teacher.checkpoint,
                        "Hugging Face model directory of the teacher; empty: bootstrap one by SFT "
@@ -201,15 +204,8 @@ constexpr Field kFields[] = {
                        "`hundreds_plus_one` (a+b ≥ 100 answered a+b+100) or `minus_as_plus` (a−b "
                        "answered a+b). The learner then reports accuracy "
                        "and K_DR on that subset and on the rest."),
-    KAPPA_CONFIG_FIELD(teacher.bootstrap.target_accuracy,
-                       "Bootstrap SFT: > 0 stops training at the first check where greedy "
-                       "accuracy on the first `trainer.eval_examples` training prompts reaches "
-                       "it (the held-out split plays no part in the choice); `steps` is then a "
-                       "cap and still the length of the learning-rate schedule. A warm start "
-                       "stated as an accuracy carries over to another task, where a step count "
-                       "does not. 0: train all `steps`."),
-    KAPPA_CONFIG_FIELD(teacher.bootstrap.check_every,
-                       "Bootstrap SFT with `target_accuracy`: steps between two accuracy checks."),
+    KAPPA_CONFIG_FIELD(teacher.bootstrap.target_accuracy, kTargetAccuracyHelp),
+    KAPPA_CONFIG_FIELD(teacher.bootstrap.check_every, kCheckEveryHelp),
     KAPPA_CONFIG_FIELD(
         teacher.address,
         "HOST:PORT the teacher serves on and the workers dial; under `kappa run` the "
@@ -753,8 +749,10 @@ absl::Status ApplyMapping(const YAML::Node& mapping, const std::string& prefix,
       return absl::InvalidArgumentError(absl::StrCat(where, ": duplicate key '", key, "'"));
     }
     if (const Field* field = FindField(key)) {
-      absl::Status status =
-          AssignNode(*field, value, absl::StrCat(file_name, ":", value.IsNull() ? LineOf(key_node, mapping) : LineOf(value, key_node)),
+      absl::Status status = AssignNode(
+          *field, value,
+          absl::StrCat(file_name, ":",
+                       value.IsNull() ? LineOf(key_node, mapping) : LineOf(value, key_node)),
           config);
       if (!status.ok()) return status;
     } else if (IsSection(key)) {
@@ -812,9 +810,8 @@ absl::StatusOr<Config> ParseConfig(const std::string& yaml_text, const std::stri
     absl::Status status = ApplyMapping(root, "", file_name, &seen, &config);
     if (!status.ok()) return status;
   } else if (!root.IsNull()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(file_name, ":", LineOf(root, root), ": expected a mapping of keys, got ",
-                     NodeKind(root)));
+    return absl::InvalidArgumentError(absl::StrCat(
+        file_name, ":", LineOf(root, root), ": expected a mapping of keys, got ", NodeKind(root)));
   }
   for (const std::string& override_text : overrides) {
     absl::Status status = ApplyOverride(override_text, &config);
