@@ -45,8 +45,9 @@ std::string BootstrapKey(const services::Config& config, Role role) {
                   ",", sft.train_examples, ",", sft.seed);
   // Only when set, so the keys of uncorrupted bootstraps stay what they were.
   if (!sft.corrupt.empty()) absl::StrAppend(&text, "|corrupt=", sft.corrupt);
-  // Likewise for bootstraps trained to a step count. The checks read the
-  // first trainer.eval_examples training prompts, so that count is part of it.
+  // Only when set too, so the keys of step-count bootstraps stay what they
+  // were. The checks read the first trainer.eval_examples training prompts,
+  // so that count is part of the key.
   if (sft.target_accuracy > 0) {
     absl::StrAppend(&text, "|target=", absl::StrFormat("%.17g", sft.target_accuracy), ",",
                     sft.check_every, ",", config.trainer.eval_examples);
