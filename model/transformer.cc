@@ -340,13 +340,10 @@ DecoderImpl::DecoderImpl(const ModelConfig& config, bool random_init, const Plac
   auto [cos, sin] = RopeTables(config_);
   rope_cos_ = register_buffer("rope_cos", cos);
   rope_sin_ = register_buffer("rope_sin", sin);
-  if (random_init) {
-    InitLikeHf(*this);
-    to(placement.device, placement.dtype);
-  } else {
-    rope_cos_.set_data(rope_cos_.to(placement.device, placement.dtype));
-    rope_sin_.set_data(rope_sin_.to(placement.device, placement.dtype));
-  }
+  if (random_init) InitLikeHf(*this);
+  // Everything not placed yet: the whole model after random_init, else only
+  // the RoPE tables (pieces already placed are left as they are, no copy).
+  to(placement.device, placement.dtype);
 }
 
 KVCache DecoderImpl::NewCache(int64_t batch, int64_t capacity) const {
