@@ -46,10 +46,12 @@ std::string BootstrapKey(const services::Config& config, Role role) {
   // Only when set, so the keys of uncorrupted bootstraps stay what they were.
   if (!sft.corrupt.empty()) absl::StrAppend(&text, "|corrupt=", sft.corrupt);
   // Only when set too, so the keys of step-count bootstraps stay what they
-  // were. The checks read the first trainer.eval_examples training prompts,
-  // so that count is part of the key.
+  // were. The checks read trainer.eval_examples training prompts, so that
+  // count is part of the key; "spread": they are spread over the split
+  // (the first ones were read before, and those bootstraps stopped
+  // elsewhere).
   if (sft.target_accuracy > 0) {
-    absl::StrAppend(&text, "|target=", absl::StrFormat("%.17g", sft.target_accuracy), ",",
+    absl::StrAppend(&text, "|target-spread=", absl::StrFormat("%.17g", sft.target_accuracy), ",",
                     sft.check_every, ",", config.trainer.eval_examples);
   }
   absl::StrAppend(&text, "|alphabet=", model::CharTokenizer().alphabet());

@@ -21,6 +21,7 @@
 #include "services/atomic_file.h"
 #include "services/status_util.h"
 #include "tasks/answer_corruption.h"
+#include "tasks/dataset_sample.h"
 #include "tasks/from_config.h"
 #include "tasks/vector_dataset.h"
 
@@ -100,6 +101,13 @@ CorruptionSplit SplitByCorruption(const tasks::Dataset& dataset, size_t count,
           tasks::VectorDataset(std::move(rest))};
 }
 
+// The first `count` examples of `dataset` (all of them if it has fewer).
+tasks::VectorDataset FirstExamples(const tasks::Dataset& dataset, size_t count) {
+  std::vector<tasks::Example> examples;
+  for (size_t i = 0; i < std::min(count, dataset.size()); ++i) examples.push_back(dataset.at(i));
+  return tasks::VectorDataset(std::move(examples));
+}
+
 // Greedy accuracy on `dataset` (all of it); unset when it is empty.
 std::optional<double> AccuracyIfAny(model::Decoder& decoder, const learner::PromptEncoder& prompts,
                                     const tasks::Dataset& dataset, int64_t max_new_tokens) {
@@ -131,21 +139,21 @@ absl::Status ValidateTarget(const services::SftConfig& sft, const std::string& r
 }
 
 // SftOptions::stop_after for bootstrap.target_accuracy: every check_every
-// steps, greedy accuracy on the first `check_examples` training examples;
-// true (and result->reached_target) at the first check that reaches the
-// target. Each check is logged. `decoder`, `train` and `log` must outlive it.
+// steps, greedy accuracy on all of `check` (training examples); true (and
+// result->reached_target) at the first check that reaches the target. Each
+// check is logged. `decoder`, `check` and `log` must outlive it.
 std::function<bool(int64_t)> StopAtTargetAccuracy(
     const services::SftConfig& sft, const std::string& role_name, model::Decoder& decoder,
-    const learner::PromptEncoder& prompts, const tasks::Dataset& train, size_t check_examples,
-    int64_t max_new_tokens, std::ostream& log, SftResult* result) {
-  return [=, &decoder, &train, &log](int64_t done) {
+    const learner::PromptEncoder& prompts, const tasks::Dataset& check, int64_t max_new_tokens,
+    std::ostream& log, SftResult* result) {
+  return [=, &decoder, &check, &log](int64_t done) {
     if (done % sft.check_every != 0) return false;
     const double accuracy =
-        learner::DatasetAccuracy(decoder, prompts, train, check_examples, max_new_tokens);
+        learner::DatasetAccuracy(decoder, prompts, check, check.size(), max_new_tokens);
     result->reached_target = accuracy >= sft.target_accuracy;
     log << absl::StrFormat(
                "[%s sft] step %d: accuracy on %d training prompts %.3f (target %.3f)%s\n",
-               role_name, done, check_examples, accuracy, sft.target_accuracy,
+               role_name, done, check.size(), accuracy, sft.target_accuracy,
                result->reached_target ? ": reached, stopping" : "")
         << std::flush;
     return result->reached_target;
@@ -206,10 +214,12 @@ absl::StatusOr<SftResult> RunSftOrThrow(const services::Config& config, Role rol
   }
   const size_t eval_count = std::min<size_t>(
       (*heldout)->size(), static_cast<size_t>(std::max<int64_t>(config.trainer.eval_examples, 0)));
-  // The training prompts the target (and train_accuracy) are measured on.
-  const size_t check_count = std::min(
-      train_count, static_cast<size_t>(std::max<int64_t>(config.trainer.eval_examples, 0)));
-  if (absl::Status target = ValidateTarget(sft, role_name, check_count); !target.ok()) {
+  // The training prompts the target (and train_accuracy) are measured on:
+  // spread over the examples trained on, so that they have their mix.
+  const tasks::VectorDataset check = tasks::EvenlySpacedSample(
+      FirstExamples(**train, train_count),
+      static_cast<size_t>(std::max<int64_t>(config.trainer.eval_examples, 0)));
+  if (absl::Status target = ValidateTarget(sft, role_name, check.size()); !target.ok()) {
     return target;
   }
 
@@ -251,9 +261,8 @@ absl::StatusOr<SftResult> RunSftOrThrow(const services::Config& config, Role rol
   };
   if (sft.target_accuracy > 0) {
     result.target_accuracy = sft.target_accuracy;
-    options.stop_after =
-        StopAtTargetAccuracy(sft, role_name, decoder, prompts, **train, check_count,
-                             config.rollout.max_new_tokens, log, &result);
+    options.stop_after = StopAtTargetAccuracy(sft, role_name, decoder, prompts, check,
+                                              config.rollout.max_new_tokens, log, &result);
   }
   result.loss = sft.steps > 0 ? learner::SftTrain(decoder, examples, options) : 0.0;
 
@@ -262,7 +271,7 @@ absl::StatusOr<SftResult> RunSftOrThrow(const services::Config& config, Role rol
                                                config.rollout.max_new_tokens);
     // The same measure on examples it trained on: a large gap means it
     // memorized rather than learned the task.
-    result.train_accuracy = learner::DatasetAccuracy(decoder, prompts, **train, check_count,
+    result.train_accuracy = learner::DatasetAccuracy(decoder, prompts, check, check.size(),
                                                      config.rollout.max_new_tokens);
   }
   if (corruption) {

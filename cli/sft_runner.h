@@ -25,7 +25,7 @@ const services::SftConfig& RoleBootstrap(const services::Config& config, Role ro
 struct SftResult {
   std::string checkpoint_dir;
   double accuracy_before = 0.0;  // held-out greedy accuracy of the fresh model
-  double train_accuracy = 0.0;   // the same measure on the first training examples
+  double train_accuracy = 0.0;   // the same measure on training examples spread over the split
   double accuracy = 0.0;         // after training
   double loss = 0.0;             // NLL of the last step
   int64_t steps = 0;             // steps trained (fewer than configured at a target)

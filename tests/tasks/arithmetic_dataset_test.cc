@@ -3,10 +3,15 @@
 #include <initializer_list>
 #include <set>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "tasks/answer.h"
 #include "tasks/dataset.h"
+#include "tasks/dataset_sample.h"
+#include "tasks/vector_dataset.h"
 
 namespace kappa::tasks {
 namespace {
@@ -142,6 +147,51 @@ TEST(ArithmeticDatasetTest, InterleavedHeldOutHasTheTrainingSplitsMix) {
   // Evenly spaced: the 5th, 10th, ... distinct problem is held out.
   EXPECT_NE(heldout->at(0).prompt, first_heldout->at(0).prompt);
   EXPECT_EQ(heldout->at(0).prompt, first_heldout->at(4).prompt);
+}
+
+TEST(EvenlySpacedSampleTest, TakesEveryKthExampleInOrder) {
+  std::vector<Example> examples;
+  for (int i = 0; i < 10; ++i) examples.push_back({absl::StrCat("e", i), "", "", "arithmetic", ""});
+  const VectorDataset dataset(std::move(examples));
+  const VectorDataset four = EvenlySpacedSample(dataset, 4);
+  ASSERT_EQ(four.size(), 4u);
+  EXPECT_EQ(four.at(0).id, "e0");
+  EXPECT_EQ(four.at(1).id, "e2");
+  EXPECT_EQ(four.at(2).id, "e5");
+  EXPECT_EQ(four.at(3).id, "e7");
+  EXPECT_EQ(EvenlySpacedSample(dataset, 10).at(9).id, "e9");
+  EXPECT_EQ(EvenlySpacedSample(dataset, 50).size(), 10u);
+  EXPECT_EQ(EvenlySpacedSample(dataset, 0).size(), 0u);
+}
+
+// Share of problems whose two operands have different digit counts ("7-42=").
+double MixedLengthShare(const Dataset& dataset) {
+  size_t mixed = 0;
+  for (size_t i = 0; i < dataset.size(); ++i) {
+    const std::string& prompt = dataset.at(i).prompt;
+    const size_t op = prompt.find_first_of("+-", 1);
+    const size_t digits_after = prompt.size() - op - 2;  // "ab-c=": op at 2, 1 digit after
+    if (op != digits_after) ++mixed;
+  }
+  return static_cast<double>(mixed) / static_cast<double>(dataset.size());
+}
+
+// A split that nearly exhausts its space (17,000 of the 20,000 `+-`
+// problems) lists the problems drawn digit counts first at its start and
+// the leftover two-digit ones at its end: its first 1000 are not its mix,
+// an evenly spaced 1000 are (what a bootstrap's target is checked on).
+TEST(EvenlySpacedSampleTest, HasTheMixOfASplitThatExhaustsItsSpace) {
+  ArithmeticSpec spec;
+  spec.operators = {'+', '-'};
+  spec.train_size = 16000;
+  spec.heldout_size = 1000;
+  spec.heldout_draw = ArithmeticSpec::HeldOutDraw::kInterleaved;
+  auto train = Make(spec, Split::kTrain);
+  std::vector<Example> first;
+  for (size_t i = 0; i < 1000; ++i) first.push_back(train->at(i));
+  const double whole = MixedLengthShare(*train);
+  EXPECT_GT(MixedLengthShare(VectorDataset(std::move(first))), 1.5 * whole);
+  EXPECT_NEAR(MixedLengthShare(EvenlySpacedSample(*train, 1000)), whole, 0.1 * whole);
 }
 
 TEST(ArithmeticDatasetTest, NoOverlapAndNoDuplicatesEvenWhenSpaceIsExhausted) {

@@ -1,0 +1,22 @@
+// A subset of a dataset that has the whole dataset's mix.
+//
+// The arithmetic splits list problems in draw order, and the draws are not
+// uniform over problems (digit counts first), so the first problems of a
+// split that nearly exhausts its problem space are the easy, short ones and
+// the last are mostly the longest operands. A measurement on "the first N"
+// of such a split is biased; one on an evenly spaced sample is not.
+#pragma once
+
+#include <cstddef>
+
+#include "tasks/dataset.h"
+#include "tasks/vector_dataset.h"
+
+namespace kappa::tasks {
+
+// Copies of the examples at indices ⌊i · size / count⌋, i = 0 … count − 1:
+// `count` examples spread evenly over `dataset`, in its order. All of them
+// when count >= dataset.size(); none when count is 0.
+VectorDataset EvenlySpacedSample(const Dataset& dataset, size_t count);
+
+}  // namespace kappa::tasks
