@@ -272,13 +272,14 @@ TEST_F(ExperimentTest, ShippedAblationFileIsValid) {
 struct ScienceFile {
   std::string file;
   size_t arms;
+  int64_t steps = 1500;  // trainer.steps of every run
 };
 
 TEST_F(ExperimentTest, ShippedScienceExperimentsAreValid) {
   const std::string dir = std::string(KAPPA_SOURCE_DIR) + "/configs/experiments/";
   for (const ScienceFile& file :
        {ScienceFile{"unreliable_teacher.yaml", 5}, ScienceFile{"kappa_regimes.yaml", 10},
-        ScienceFile{"all_zero_groups.yaml", 4}, ScienceFile{"second_task.yaml", 1}}) {
+        ScienceFile{"all_zero_groups.yaml", 4}, ScienceFile{"second_task.yaml", 1, 3000}}) {
     SCOPED_TRACE(file.file);
     absl::StatusOr<AblationSpec> spec = LoadAblationSpec(dir + file.file);
     ASSERT_TRUE(spec.ok()) << spec.status();
@@ -292,7 +293,7 @@ TEST_F(ExperimentTest, ShippedScienceExperimentsAreValid) {
       EXPECT_EQ(config.task.heldout_size, 1000);
       EXPECT_EQ(config.trainer.eval_examples, 1000);
       EXPECT_EQ(config.task.heldout_draw, "interleaved");
-      EXPECT_EQ(config.trainer.steps, 1500);
+      EXPECT_EQ(config.trainer.steps, file.steps);
     }
     if (file.file == "unreliable_teacher.yaml") {
       EXPECT_EQ((*configs)[0].teacher.bootstrap.corrupt, "hundreds_plus_one");
@@ -305,6 +306,7 @@ TEST_F(ExperimentTest, ShippedScienceExperimentsAreValid) {
       EXPECT_EQ((*configs)[0].task.operators, "+-");
       EXPECT_DOUBLE_EQ((*configs)[0].teacher.bootstrap.target_accuracy, 0.99);
       EXPECT_DOUBLE_EQ((*configs)[0].student.bootstrap.target_accuracy, 0.43);
+      EXPECT_EQ((*configs)[0].task.train_size, 16000);
     } else {
       EXPECT_EQ((*configs)[0].student.bootstrap.steps, 200);
       EXPECT_EQ((*configs)[3].trainer.distill_gate, "rstg");
