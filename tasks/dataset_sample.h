@@ -2,8 +2,9 @@
 //
 // The arithmetic splits list problems in draw order, and the draws are not
 // uniform over problems (digit counts first), so the first problems of a
-// split that nearly exhausts its problem space are the easy, short ones and
-// the last are mostly the longest operands. A measurement on "the first N"
+// split that nearly exhausts its problem space over-represent short operands
+// (one-digit and mixed-length ones, of which few exist) and the last are
+// mostly two long operands. A measurement on "the first N"
 // of such a split is biased; one on an evenly spaced sample is not.
 #pragma once
 
