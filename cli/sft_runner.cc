@@ -101,13 +101,6 @@ CorruptionSplit SplitByCorruption(const tasks::Dataset& dataset, size_t count,
           tasks::VectorDataset(std::move(rest))};
 }
 
-// The first `count` examples of `dataset` (all of them if it has fewer).
-tasks::VectorDataset FirstExamples(const tasks::Dataset& dataset, size_t count) {
-  std::vector<tasks::Example> examples;
-  for (size_t i = 0; i < std::min(count, dataset.size()); ++i) examples.push_back(dataset.at(i));
-  return tasks::VectorDataset(std::move(examples));
-}
-
 // Greedy accuracy on `dataset` (all of it); unset when it is empty.
 std::optional<double> AccuracyIfAny(model::Decoder& decoder, const learner::PromptEncoder& prompts,
                                     const tasks::Dataset& dataset, int64_t max_new_tokens) {
@@ -217,7 +210,7 @@ absl::StatusOr<SftResult> RunSftOrThrow(const services::Config& config, Role rol
   // The training prompts the target (and train_accuracy) are measured on:
   // spread over the examples trained on, so that they have their mix.
   const tasks::VectorDataset check = tasks::EvenlySpacedSample(
-      FirstExamples(**train, train_count),
+      **train, train_count,
       static_cast<size_t>(std::max<int64_t>(config.trainer.eval_examples, 0)));
   if (absl::Status target = ValidateTarget(sft, role_name, check.size()); !target.ok()) {
     return target;

@@ -47,9 +47,8 @@ constexpr char kTargetAccuracyHelp[] =
     "Bootstrap SFT: > 0 stops training at the first check where greedy accuracy on "
     "`trainer.eval_examples` training prompts, spread evenly over the training split, reaches it "
     "(the held-out split plays no part in the choice); `steps` is then a cap and still the "
-    "length of the learning-rate schedule. A "
-    "warm start stated as an accuracy carries over to another task, where a step count does "
-    "not. 0: train all `steps`.";
+    "length of the learning-rate schedule. A warm start stated as an accuracy carries over to "
+    "another task, where a step count does not. 0: train all `steps`.";
 constexpr char kCheckEveryHelp[] =
     "Bootstrap SFT with `target_accuracy`: steps between two accuracy checks.";
 

@@ -4,8 +4,8 @@
 // uniform over problems (digit counts first), so the first problems of a
 // split that nearly exhausts its problem space over-represent short operands
 // (one-digit and mixed-length ones, of which few exist) and the last are
-// mostly two long operands. A measurement on "the first N"
-// of such a split is biased; one on an evenly spaced sample is not.
+// mostly two long operands. A measurement on "the first N" of such a split
+// is biased; one on an evenly spaced sample is not.
 #pragma once
 
 #include <cstddef>
@@ -15,9 +15,10 @@
 
 namespace kappa::tasks {
 
-// Copies of the examples at indices ⌊i · size / count⌋, i = 0 … count − 1:
-// `count` examples spread evenly over `dataset`, in its order. All of them
-// when count >= dataset.size(); none when count is 0.
-VectorDataset EvenlySpacedSample(const Dataset& dataset, size_t count);
+// Copies of the examples at indices ⌊i · n / count⌋, i = 0 … count − 1,
+// where n = min(population, dataset.size()): `count` examples spread evenly
+// over the first n, in the dataset's order. All n of them when count >= n;
+// none when count is 0.
+VectorDataset EvenlySpacedSample(const Dataset& dataset, size_t population, size_t count);
 
 }  // namespace kappa::tasks

@@ -153,15 +153,21 @@ TEST(EvenlySpacedSampleTest, TakesEveryKthExampleInOrder) {
   std::vector<Example> examples;
   for (int i = 0; i < 10; ++i) examples.push_back({absl::StrCat("e", i), "", "", "arithmetic", ""});
   const VectorDataset dataset(std::move(examples));
-  const VectorDataset four = EvenlySpacedSample(dataset, 4);
+  const VectorDataset four = EvenlySpacedSample(dataset, 10, 4);
   ASSERT_EQ(four.size(), 4u);
   EXPECT_EQ(four.at(0).id, "e0");
   EXPECT_EQ(four.at(1).id, "e2");
   EXPECT_EQ(four.at(2).id, "e5");
   EXPECT_EQ(four.at(3).id, "e7");
-  EXPECT_EQ(EvenlySpacedSample(dataset, 10).at(9).id, "e9");
-  EXPECT_EQ(EvenlySpacedSample(dataset, 50).size(), 10u);
-  EXPECT_EQ(EvenlySpacedSample(dataset, 0).size(), 0u);
+  EXPECT_EQ(EvenlySpacedSample(dataset, 10, 10).at(9).id, "e9");
+  EXPECT_EQ(EvenlySpacedSample(dataset, 10, 50).size(), 10u);
+  EXPECT_EQ(EvenlySpacedSample(dataset, 10, 0).size(), 0u);
+  // Over the first 5 only: indices 0, ⌊5/3⌋ = 1, ⌊10/3⌋ = 3.
+  const VectorDataset prefix = EvenlySpacedSample(dataset, 5, 3);
+  ASSERT_EQ(prefix.size(), 3u);
+  EXPECT_EQ(prefix.at(1).id, "e1");
+  EXPECT_EQ(prefix.at(2).id, "e3");
+  EXPECT_EQ(EvenlySpacedSample(dataset, 100, 10).size(), 10u);
 }
 
 // Share of problems whose two operands have different digit counts ("7-42=").
@@ -191,7 +197,8 @@ TEST(EvenlySpacedSampleTest, HasTheMixOfASplitThatExhaustsItsSpace) {
   for (size_t i = 0; i < 1000; ++i) first.push_back(train->at(i));
   const double whole = MixedLengthShare(*train);
   EXPECT_GT(MixedLengthShare(VectorDataset(std::move(first))), 1.5 * whole);
-  EXPECT_NEAR(MixedLengthShare(EvenlySpacedSample(*train, 1000)), whole, 0.1 * whole);
+  EXPECT_NEAR(MixedLengthShare(EvenlySpacedSample(*train, train->size(), 1000)), whole,
+              0.1 * whole);
 }
 
 TEST(ArithmeticDatasetTest, NoOverlapAndNoDuplicatesEvenWhenSpaceIsExhausted) {
