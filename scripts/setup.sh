@@ -1,11 +1,33 @@
 #!/usr/bin/env bash
-# Installs the Debian 12 packages kappa needs to build, test and run.
+# Installs the Debian 12 packages kappa needs, in one of two sets:
+#
+#   bash scripts/setup.sh          # or `setup.sh build`: PACKAGES, what the
+#                                  # build and `kappa run` need (scripts/demo.sh)
+#   bash scripts/setup.sh test     # PACKAGES + TEST_PACKAGES + FUZZ_PACKAGES +
+#                                  # Node.js/npm (scripts/test.sh)
+#
 # Idempotent: packages already present are skipped, so a warm machine costs
-# only one dpkg query.
+# only one dpkg query. Exit status: 0, apt-get's on a failed install, 2 for an
+# unknown mode.
 set -euo pipefail
 
-# What the build needs (deploy/docker/Dockerfile's build stage installs
-# exactly these; tests/deploy checks it).
+MODE=${1:-build}
+case "$MODE" in
+  build | test) ;;
+  *)
+    echo "usage: setup.sh [build|test]" >&2
+    exit 2
+    ;;
+esac
+
+# What the build and the demo run need (deploy/docker/Dockerfile's build stage
+# installs exactly these; tests/deploy checks it). `kappa run` needs nothing
+# more: the run report is written by C++ (cli/), and python3 is only the
+# interpreter of the verifier's sandbox for `code` tasks (the demo's task is
+# arithmetic). The test libraries (libgtest, libgmock, libbenchmark) stay in
+# this set: scripts/demo.sh configures the build directory scripts/test.sh
+# later builds in full, and with KAPPA_BUILD_TESTS on (the default)
+# configuring needs GTest.
 PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config git
   libtorch-dev libopenblas0-pthread libgloo-dev
@@ -37,24 +59,27 @@ TEST_PACKAGES=(
 FUZZ_PACKAGES=(
   clang libclang-rt-14-dev llvm clang-format
 )
-ALL_PACKAGES=("${PACKAGES[@]}" "${TEST_PACKAGES[@]}" "${FUZZ_PACKAGES[@]}")
+WANTED=("${PACKAGES[@]}")
+if [[ $MODE == test ]]; then
+  WANTED+=("${TEST_PACKAGES[@]}" "${FUZZ_PACKAGES[@]}")
+fi
 
 missing=()
-for pkg in "${ALL_PACKAGES[@]}"; do
+for pkg in "${WANTED[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed"; then
     missing+=("$pkg")
   fi
 done
 
-# Node.js and npm: a machine may already have them from elsewhere (NodeSource's
-# nodejs bundles npm and conflicts with Debian's npm), so only a machine
-# without them gets Debian's.
-if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+# Node.js and npm (test set only): a machine may already have them from
+# elsewhere (NodeSource's nodejs bundles npm and conflicts with Debian's npm),
+# so only a machine without them gets Debian's.
+if [[ $MODE == test ]] && { ! command -v node >/dev/null || ! command -v npm >/dev/null; }; then
   missing+=(nodejs npm)
 fi
 
 if ((${#missing[@]} == 0)); then
-  echo "setup: all ${#ALL_PACKAGES[@]} packages present"
+  echo "setup: all ${#WANTED[@]} packages present"
   exit 0
 fi
 

@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """Structure of deploy/docker/Dockerfile and Dockerfile.cuda (no Docker engine
 needed): a build stage and a runtime stage; the CPU build stage installs
-exactly scripts/setup.sh's PACKAGES (the CUDA one the same minus libtorch-dev,
-which would shadow the CUDA libtorch); the build COPYs every source directory
+exactly scripts/setup.sh's PACKAGES, the build set (`setup.sh build`, what
+scripts/demo.sh installs; not TEST_PACKAGES or FUZZ_PACKAGES, which only
+`setup.sh test` adds), the CUDA one the same minus libtorch-dev, which would
+shadow the CUDA libtorch; the build COPYs every source directory
 the top-level CMakeLists.txt adds (but tests/) and builds kappa_suite; the
 runtime stage is a slim Debian, copies all five binaries and the entrypoint,
 ends as a non-root USER and has an ENTRYPOINT.
