@@ -10,6 +10,7 @@
 // so only sizes and times mean anything.
 #include <fcntl.h>
 #include <sys/resource.h>
+#include <torch/torch.h>
 #include <unistd.h>
 
 #include <chrono>

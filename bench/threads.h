@@ -4,7 +4,7 @@
 #pragma once
 
 #include <dlfcn.h>
-#include <torch/torch.h>
+#include <torch/utils.h>
 
 namespace kappa::bench {
 

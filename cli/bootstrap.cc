@@ -1,6 +1,7 @@
 #include "cli/bootstrap.h"
 
 #include <sys/stat.h>
+#include <torch/torch.h>
 
 #include <filesystem>
 

@@ -1,5 +1,7 @@
 #include "cli/experiment_command.h"
 
+#include <torch/torch.h>
+
 #include <ctime>
 #include <filesystem>
 #include <iostream>

@@ -1,5 +1,7 @@
 #include "cli/model_commands.h"
 
+#include <torch/torch.h>
+
 #include <cstdio>
 #include <iostream>
 #include <nlohmann/json.hpp>

@@ -1,5 +1,6 @@
 #include "cli/run_command.h"
 
+#include <torch/torch.h>
 #include <unistd.h>
 
 #include <filesystem>

@@ -1,5 +1,7 @@
 #include "learner/conflict_atlas.h"
 
+#include <torch/torch.h>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>

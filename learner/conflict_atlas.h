@@ -16,7 +16,7 @@
 // Cheap: a top-N over the step's kernel and N small decodes.
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <cstdint>
 #include <memory>

@@ -1,5 +1,7 @@
 #include "learner/coordinator.h"
 
+#include <torch/torch.h>
+
 #include <algorithm>
 #include <random>
 

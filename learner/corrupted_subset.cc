@@ -1,5 +1,7 @@
 #include "learner/corrupted_subset.h"
 
+#include <torch/torch.h>
+
 #include <algorithm>
 
 namespace kappa::learner {

@@ -8,7 +8,7 @@
 // Immutable after construction.
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <cstddef>
 #include <cstdint>

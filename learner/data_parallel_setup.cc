@@ -1,6 +1,7 @@
 #include "learner/data_parallel_setup.h"
 
 #include <spdlog/spdlog.h>
+#include <torch/torch.h>
 
 #include <chrono>
 

@@ -1,5 +1,7 @@
 #include "learner/dataset_accuracy.h"
 
+#include <torch/torch.h>
+
 #include <algorithm>
 #include <stdexcept>
 #include <string>

@@ -1,6 +1,7 @@
 #include "learner/group_decoder.h"
 
 #include <google/protobuf/stubs/common.h>
+#include <torch/torch.h>
 
 #include <algorithm>
 #include <optional>

@@ -1,5 +1,7 @@
 #include "learner/learner_metrics.h"
 
+#include <torch/torch.h>
+
 #include <cmath>
 #include <optional>
 #include <utility>

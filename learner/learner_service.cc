@@ -1,6 +1,7 @@
 #include "learner/learner_service.h"
 
 #include <spdlog/spdlog.h>
+#include <torch/torch.h>
 
 #include <algorithm>
 #include <cstring>

@@ -5,6 +5,7 @@
 //                 [--world-size R --rank N|auto --dist-store URL]
 //   kappa-learner --health-check HOST:PORT
 #include <spdlog/spdlog.h>
+#include <torch/torch.h>
 #include <unistd.h>
 
 #include <chrono>

@@ -1,5 +1,7 @@
 #include "learner/policy_publisher.h"
 
+#include <torch/torch.h>
+
 #include <algorithm>
 #include <cstring>
 #include <random>

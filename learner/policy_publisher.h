@@ -13,7 +13,7 @@
 // on), so a worker holding an older version gets a full one.
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <cstdint>
 #include <map>

@@ -1,6 +1,7 @@
 #include "learner/run_state.h"
 
 #include <spdlog/spdlog.h>
+#include <torch/torch.h>
 
 #include <cmath>
 #include <filesystem>

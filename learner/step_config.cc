@@ -1,5 +1,7 @@
 #include "learner/step_config.h"
 
+#include <torch/torch.h>
+
 #include <string>
 
 #include "absl/strings/str_cat.h"

@@ -1,5 +1,7 @@
 #include "learner/step_record.h"
 
+#include <torch/torch.h>
+
 #include <cmath>
 #include <numeric>
 

@@ -1,6 +1,7 @@
 #include "learner/trainer_loop.h"
 
 #include <spdlog/spdlog.h>
+#include <torch/torch.h>
 
 #include <algorithm>
 #include <filesystem>

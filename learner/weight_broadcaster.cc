@@ -1,6 +1,7 @@
 #include "learner/weight_broadcaster.h"
 
 #include <spdlog/spdlog.h>
+#include <torch/torch.h>
 
 #include <exception>
 #include <set>

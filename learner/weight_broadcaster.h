@@ -28,7 +28,7 @@
 // owner. Locks: mu_ only.
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <atomic>
 #include <chrono>

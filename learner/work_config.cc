@@ -1,5 +1,7 @@
 #include "learner/work_config.h"
 
+#include <torch/torch.h>
+
 #include <algorithm>
 #include <string>
 #include <vector>

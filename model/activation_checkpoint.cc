@@ -1,5 +1,7 @@
 #include "model/activation_checkpoint.h"
 
+#include <torch/torch.h>
+
 #include <stdexcept>
 #include <string>
 #include <utility>

@@ -3,7 +3,7 @@
 // keeping its intermediate activations, and is recomputed in backward.
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <functional>
 #include <vector>

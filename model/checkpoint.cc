@@ -1,7 +1,8 @@
 #include "model/checkpoint.h"
 
-#include <stdio.h>  // renameat2, RENAME_EXCHANGE
 #include <fcntl.h>
+#include <stdio.h>  // renameat2, RENAME_EXCHANGE
+#include <torch/torch.h>
 #include <unistd.h>
 
 #include <cerrno>

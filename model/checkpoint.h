@@ -5,7 +5,7 @@
 // and vLLM as it is; what they write (Llama, Qwen2, Qwen3) loads here.
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <map>
 #include <optional>

@@ -1,5 +1,7 @@
 #include "model/decode_engine.h"
 
+#include <torch/torch.h>
+
 #include <algorithm>
 #include <chrono>
 #include <stdexcept>

@@ -29,8 +29,6 @@
 // std::invalid_argument (bad requests, at Add()) as model:: does.
 #pragma once
 
-#include <torch/torch.h>
-
 #include <cstdint>
 #include <deque>
 #include <functional>

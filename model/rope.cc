@@ -1,5 +1,7 @@
 #include "model/rope.h"
 
+#include <torch/torch.h>
+
 #include <cmath>
 
 namespace kappa::model {

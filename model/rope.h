@@ -3,7 +3,7 @@
 // rope_scaling applied.
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include "model/model_config.h"
 

@@ -5,7 +5,7 @@
 // Errors are std::runtime_error naming the file (and the tensor).
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <cstdint>
 #include <map>

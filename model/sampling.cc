@@ -1,6 +1,7 @@
 #include "model/sampling.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <torch/torch.h>
 
 #include <algorithm>
 #include <mutex>

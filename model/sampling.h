@@ -1,7 +1,8 @@
 // Batched autoregressive sampling with a KV cache.
 #pragma once
 
-#include <torch/torch.h>
+#include <ATen/core/Generator.h>
+#include <c10/core/Device.h>
 
 #include <cstdint>
 #include <optional>

@@ -1,5 +1,7 @@
 #include "model/token_sampler.h"
 
+#include <torch/torch.h>
+
 #include <algorithm>
 #include <limits>
 #include <stdexcept>

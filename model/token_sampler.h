@@ -16,7 +16,7 @@
 // greedy rows): what the learner recomputes for the same policy.
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <cstdint>
 #include <random>

@@ -1,5 +1,6 @@
 #include "model/transformer.h"
 
+#include <torch/torch.h>
 #include <torch/version.h>
 
 #ifdef __GLIBC__

@@ -7,7 +7,10 @@
 // checkpoints interchange; ModelConfig says which parameters exist.
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/nn/module.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/pimpl.h>
+#include <torch/types.h>
 
 #include <memory>
 #include <vector>

@@ -8,6 +8,7 @@
 //
 // Flags are parsed by services/cli_flags.h, shared by every kappa binary.
 #include <spdlog/spdlog.h>
+#include <torch/torch.h>
 #include <unistd.h>
 
 #include <algorithm>

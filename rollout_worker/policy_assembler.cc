@@ -1,6 +1,7 @@
 #include "rollout_worker/policy_assembler.h"
 
 #include <spdlog/spdlog.h>
+#include <torch/torch.h>
 
 #include <cstring>
 #include <exception>

@@ -16,7 +16,7 @@
 // weights under the same number) is rejected.
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <cstdint>
 #include <functional>

@@ -1,6 +1,7 @@
 #include "rollout_worker/policy_watcher.h"
 
 #include <spdlog/spdlog.h>
+#include <torch/torch.h>
 
 #include <exception>
 #include <utility>

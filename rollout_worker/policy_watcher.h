@@ -27,7 +27,7 @@
 #include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
 #include <grpcpp/grpcpp.h>
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <atomic>
 #include <cstdint>

@@ -1,6 +1,7 @@
 // PolicyWatcher's c10d path: membership of the learner's same-host weight
 // group (learner/weight_broadcaster.h, learner/algo/weight_group.h).
 #include <spdlog/spdlog.h>
+#include <torch/torch.h>
 
 #include <algorithm>
 #include <exception>

@@ -1,5 +1,7 @@
 #include "rollout_worker/stop_strings.h"
 
+#include <torch/torch.h>
+
 #include <algorithm>
 #include <utility>
 

@@ -1,6 +1,7 @@
 #include "rollout_worker/teacher_demonstrations.h"
 
 #include <spdlog/spdlog.h>
+#include <torch/torch.h>
 
 #include <string>
 #include <utility>

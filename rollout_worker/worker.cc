@@ -1,6 +1,7 @@
 #include "rollout_worker/worker.h"
 
 #include <spdlog/spdlog.h>
+#include <torch/torch.h>
 
 #include <algorithm>
 #include <chrono>

@@ -2,6 +2,7 @@
 
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
+#include <torch/torch.h>
 
 #include <mutex>
 

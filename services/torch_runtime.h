@@ -2,7 +2,7 @@
 // not oversubscribe the cores, and the device a process computes on.
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <cstdint>
 #include <string>

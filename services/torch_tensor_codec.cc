@@ -1,5 +1,7 @@
 #include "services/torch_tensor_codec.h"
 
+#include <torch/torch.h>
+
 #include <cstring>
 #include <stdexcept>
 #include <string>

@@ -3,7 +3,7 @@
 // libtorch.
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <string_view>
 

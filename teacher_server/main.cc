@@ -6,6 +6,7 @@
 //
 // Serves until SIGTERM/SIGINT, then drains in-flight calls and exits within 2 s.
 #include <spdlog/spdlog.h>
+#include <torch/torch.h>
 #include <unistd.h>
 
 #include <cstdio>

@@ -1,5 +1,7 @@
 #include "teacher_server/scorer.h"
 
+#include <torch/torch.h>
+
 #include <algorithm>
 #include <stdexcept>
 #include <string>

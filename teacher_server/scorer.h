@@ -7,7 +7,7 @@
 // No proto types here: the service translates messages at its edge.
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <cstdint>
 #include <string>

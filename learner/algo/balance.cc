@@ -1,5 +1,7 @@
 #include "learner/algo/balance.h"
 
+#include <torch/torch.h>
+
 #include <algorithm>
 #include <cmath>
 #include <set>

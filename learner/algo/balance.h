@@ -7,7 +7,7 @@
 // Order within a step: mask (loss level), project, then norm or λ.
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <optional>
 #include <string>

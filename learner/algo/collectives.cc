@@ -1,5 +1,7 @@
 #include "learner/algo/collectives.h"
 
+#include <torch/torch.h>
+
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>

@@ -8,7 +8,7 @@
 // store's timeout (std::runtime_error from c10d).
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <chrono>
 #include <memory>

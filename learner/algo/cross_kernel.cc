@@ -1,5 +1,7 @@
 #include "learner/algo/cross_kernel.h"
 
+#include <torch/torch.h>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>

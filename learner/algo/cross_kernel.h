@@ -3,7 +3,7 @@
 // K_DR(n) < 0: a reward step raises the distillation loss at position n.
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <array>
 #include <cstdint>

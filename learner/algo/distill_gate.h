@@ -9,7 +9,7 @@
 // Groups with reward variance keep plain GRPO in every mode.
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <cstdint>
 #include <string>

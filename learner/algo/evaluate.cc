@@ -1,5 +1,7 @@
 #include "learner/algo/evaluate.h"
 
+#include <torch/torch.h>
+
 #include <algorithm>
 #include <stdexcept>
 

@@ -1,5 +1,7 @@
 #include "learner/algo/fused_token_terms.h"
 
+#include <torch/torch.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <stdexcept>

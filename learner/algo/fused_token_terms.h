@@ -14,7 +14,7 @@
 // ops over chunks of rows (no [B, L, V] temporary beyond one chunk).
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 namespace kappa::learner {
 

@@ -1,5 +1,7 @@
 #include "learner/algo/hybrid_loss.h"
 
+#include <torch/torch.h>
+
 #include <stdexcept>
 #include <string>
 #include <utility>

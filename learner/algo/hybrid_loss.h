@@ -6,7 +6,7 @@
 // (K_DR, masks and gates need them), AggregateTerms weights and averages.
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <cstdint>
 

@@ -1,5 +1,7 @@
 #include "learner/algo/hybrid_step.h"
 
+#include <torch/torch.h>
+
 #include <cmath>
 #include <stdexcept>
 #include <string>

@@ -15,7 +15,7 @@
 // libtorch only: the service layer feeds it TrainBatches and logs the report.
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <cstdint>
 #include <memory>

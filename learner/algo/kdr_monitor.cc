@@ -1,5 +1,7 @@
 #include "learner/algo/kdr_monitor.h"
 
+#include <torch/torch.h>
+
 #include <algorithm>
 #include <chrono>
 #include <utility>

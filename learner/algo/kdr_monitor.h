@@ -12,7 +12,7 @@
 // MeasureExact at the same parameters (before the optimizer update).
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <cstdint>
 #include <functional>

@@ -1,5 +1,7 @@
 #include "learner/algo/logit_gradients.h"
 
+#include <torch/torch.h>
+
 #include <stdexcept>
 
 #include "learner/algo/logprob_losses.h"

@@ -5,7 +5,7 @@
 // every gradient with respect to the raw logits z carries a factor 1/τ.
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <cstdint>
 

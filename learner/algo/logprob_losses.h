@@ -3,7 +3,7 @@
 // PPO ratio, the distillation KL and the entropy of the same forward pass.
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <cstdint>
 

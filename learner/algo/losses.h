@@ -4,7 +4,7 @@
 // the *target* tokens: position t predicts tokens[:, t + 1].
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <string>
 

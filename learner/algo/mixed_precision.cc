@@ -1,6 +1,7 @@
 #include "learner/algo/mixed_precision.h"
 
 #include <ATen/autocast_mode.h>
+#include <torch/torch.h>
 #include <torch/version.h>
 
 #include <stdexcept>

@@ -4,7 +4,7 @@
 // log_softmax in float32 whatever the logits' dtype: StableLogSoftmax).
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <string>
 

@@ -1,10 +1,12 @@
 #include "learner/algo/optimizer_step.h"
 
+#include <torch/torch.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <stdexcept>
-#include <unistd.h>
 
 namespace kappa::learner {
 namespace {

@@ -4,7 +4,8 @@
 // μ L_SFT)); plain steps backward the weighted sum once. Then clip, AdamW.
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/optim/adamw.h>
+#include <torch/types.h>
 
 #include <cstdint>
 #include <optional>

@@ -1,5 +1,7 @@
 #include "learner/algo/sft.h"
 
+#include <torch/torch.h>
+
 #include <algorithm>
 #include <cmath>
 #include <random>

@@ -3,7 +3,7 @@
 // NLL term RSTG adds for verified teacher answers.
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <cstdint>
 #include <functional>

@@ -1,5 +1,7 @@
 #include "learner/algo/train_batch.h"
 
+#include <torch/torch.h>
+
 #include <algorithm>
 #include <cmath>
 #include <stdexcept>

@@ -2,7 +2,7 @@
 // their padded tensor form for one training step.
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <cstdint>
 #include <string>

@@ -1,5 +1,7 @@
 #include "learner/algo/vocab_head.h"
 
+#include <torch/torch.h>
+
 #include <algorithm>
 #include <stdexcept>
 #include <string>

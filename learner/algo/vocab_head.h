@@ -15,7 +15,7 @@
 // at the teacher's ids; the full-vocabulary KLs are reduced inside it.
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <cstdint>
 

@@ -1,5 +1,7 @@
 #include "learner/algo/weight_group.h"
 
+#include <torch/torch.h>
+
 #include <algorithm>
 #include <stdexcept>
 #include <utility>

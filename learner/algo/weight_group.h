@@ -22,11 +22,12 @@
 // rank falls back to gRPC). One thread per rank uses the group.
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <torch/csrc/distributed/c10d/Store.hpp>
 #include <vector>
 
 #include "learner/algo/collectives.h"

@@ -1,7 +1,8 @@
 // A small decoder and a scored batch for the training-path tests.
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <vector>
 

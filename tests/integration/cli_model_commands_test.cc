@@ -4,6 +4,7 @@
 // and bad arguments or a missing directory are refused naming the flag or
 // the path.
 #include <gtest/gtest.h>
+#include <torch/torch.h>
 
 #include <algorithm>
 #include <filesystem>

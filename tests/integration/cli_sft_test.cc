@@ -1,6 +1,7 @@
 // `kappa sft` end to end on a tiny config: a loadable checkpoint of the
 // configured shape and a summary with the numbers it printed.
 #include <gtest/gtest.h>
+#include <torch/torch.h>
 
 #include <filesystem>
 #include <nlohmann/json.hpp>

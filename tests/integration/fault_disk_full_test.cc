@@ -8,6 +8,7 @@
 // (Root only, to mount the tmpfs; skipped with the reason otherwise.)
 #include <gtest/gtest.h>
 #include <sys/mount.h>
+#include <torch/torch.h>
 #include <unistd.h>
 
 #include <cerrno>

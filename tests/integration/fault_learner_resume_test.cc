@@ -14,6 +14,7 @@
 // reproducible step for step; docs/reliability.md.)
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <torch/torch.h>
 #include <unistd.h>
 
 #include <chrono>

@@ -31,6 +31,7 @@
 #include <sched.h>
 #include <signal.h>
 #include <sys/ioctl.h>
+#include <torch/torch.h>
 #include <unistd.h>
 
 #include <chrono>

@@ -7,6 +7,7 @@
 // accepted group is trained, counted as dropped, or still buffered), and
 // training must finish every step with each lease once.
 #include <gtest/gtest.h>
+#include <torch/torch.h>
 #include <unistd.h>
 
 #include <chrono>

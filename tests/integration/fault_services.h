@@ -8,7 +8,7 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
-#include <torch/torch.h>
+#include <torch/utils.h>
 #include <unistd.h>
 
 #include <chrono>

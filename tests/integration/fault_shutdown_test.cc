@@ -8,6 +8,7 @@
 // verifier. Each must exit cleanly within kBound.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <torch/torch.h>
 #include <unistd.h>
 
 #include <chrono>

@@ -1,6 +1,7 @@
 #include "learner/coordinator.h"
 
 #include <gtest/gtest.h>
+#include <torch/torch.h>
 
 #include <set>
 #include <string>

@@ -3,6 +3,7 @@
 #include "learner/data_parallel_setup.h"
 
 #include <gtest/gtest.h>
+#include <torch/torch.h>
 
 #include <set>
 

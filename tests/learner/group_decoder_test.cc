@@ -4,6 +4,7 @@
 #include "learner/group_decoder.h"
 
 #include <gtest/gtest.h>
+#include <torch/torch.h>
 
 #include <cmath>
 #include <string>

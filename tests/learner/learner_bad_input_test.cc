@@ -8,10 +8,11 @@
 // would be lost with it), so the learner reports it in its log and counters;
 // the table reads the status from the log line. Stream-level errors end the
 // stream with the status.
-#include <gtest/gtest.h>
 #include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
 #include <spdlog/sinks/base_sink.h>
 #include <spdlog/spdlog.h>
+#include <torch/torch.h>
 
 #include <algorithm>
 #include <chrono>

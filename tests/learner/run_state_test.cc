@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <spdlog/sinks/base_sink.h>
 #include <spdlog/spdlog.h>
+#include <torch/torch.h>
 #include <unistd.h>
 
 #include <algorithm>

@@ -4,6 +4,7 @@
 #include "learner/step_record.h"
 
 #include <gtest/gtest.h>
+#include <torch/torch.h>
 
 #include <fstream>
 #include <set>

@@ -3,6 +3,7 @@
 #include "learner/work_config.h"
 
 #include <gtest/gtest.h>
+#include <torch/torch.h>
 
 #include "kappa/v1/teacher.pb.h"
 

@@ -5,6 +5,7 @@
 #include "model/activation_checkpoint.h"
 
 #include <gtest/gtest.h>
+#include <torch/torch.h>
 
 #include <algorithm>
 #include <ostream>

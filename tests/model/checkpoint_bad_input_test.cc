@@ -2,14 +2,14 @@
 // with a std::runtime_error that names the file and, where there is one, the
 // tensor or the config.json field (and both shapes for a mis-shaped tensor).
 #include <gtest/gtest.h>
+#include <torch/torch.h>
 #include <unistd.h>
-
-#include <nlohmann/json.hpp>
 
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 

@@ -1,4 +1,7 @@
+#include "model/checkpoint.h"
+
 #include <gtest/gtest.h>
+#include <torch/torch.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -7,7 +10,6 @@
 #include <functional>
 #include <string>
 
-#include "model/checkpoint.h"
 #include "tests/model/test_models.h"
 
 namespace kappa::model {

@@ -1,6 +1,7 @@
 #include "model/decode_engine.h"
 
 #include <gtest/gtest.h>
+#include <torch/torch.h>
 
 #include <algorithm>
 #include <map>

@@ -8,14 +8,14 @@
 // token by token through the KV cache. Then load -> save -> load is
 // bit-identical, and the reference reads what kappa wrote.
 #include <gtest/gtest.h>
+#include <torch/torch.h>
 #include <unistd.h>
-
-#include <nlohmann/json.hpp>
 
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 

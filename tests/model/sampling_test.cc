@@ -1,10 +1,12 @@
+#include "model/sampling.h"
+
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
+#include <torch/torch.h>
 
 #include <algorithm>
 #include <vector>
 
-#include "model/sampling.h"
 #include "tests/model/test_models.h"
 
 namespace kappa::model {

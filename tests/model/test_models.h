@@ -1,7 +1,8 @@
 // Small decoders shared by the model tests.
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include "model/model_config.h"
 #include "model/transformer.h"

@@ -1,6 +1,7 @@
 #include "model/token_sampler.h"
 
 #include <gtest/gtest.h>
+#include <torch/torch.h>
 
 #include <algorithm>
 #include <cmath>

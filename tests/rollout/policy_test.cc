@@ -1,5 +1,6 @@
 // PolicyAssembler rules and PolicyWatcher against an in-process fake learner.
 #include <gtest/gtest.h>
+#include <torch/torch.h>
 
 #include <memory>
 

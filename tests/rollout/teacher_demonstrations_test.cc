@@ -7,7 +7,10 @@
 //   prompt  student  teacher
 //   3+4=    "8"      "7"
 //   1+1=    "2"      "2"
+#include "rollout_worker/teacher_demonstrations.h"
+
 #include <gtest/gtest.h>
+#include <torch/torch.h>
 
 #include <map>
 #include <memory>
@@ -16,7 +19,6 @@
 #include <vector>
 
 #include "model/tokenizer.h"
-#include "rollout_worker/teacher_demonstrations.h"
 #include "rollout_worker/worker.h"
 #include "services/grpc_util.h"
 #include "services/server.h"

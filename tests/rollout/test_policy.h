@@ -2,7 +2,8 @@
 // the learner publishes them.
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <algorithm>
 #include <cstring>

@@ -7,6 +7,7 @@
 #include "learner/algo/weight_group.h"
 
 #include <gtest/gtest.h>
+#include <torch/torch.h>
 
 #include <cstring>
 #include <functional>

@@ -4,6 +4,7 @@
 // stream breaks mid-version).
 #include <gtest/gtest.h>
 #include <sys/wait.h>
+#include <torch/torch.h>
 
 #include <atomic>
 #include <cstdio>

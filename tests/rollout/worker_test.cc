@@ -4,6 +4,7 @@
 #include "rollout_worker/worker.h"
 
 #include <gtest/gtest.h>
+#include <torch/torch.h>
 
 #include <atomic>
 #include <cmath>

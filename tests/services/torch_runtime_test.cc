@@ -2,6 +2,7 @@
 #include "services/torch_runtime.h"
 
 #include <gtest/gtest.h>
+#include <torch/torch.h>
 
 namespace kappa::services {
 namespace {

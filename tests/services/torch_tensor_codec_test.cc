@@ -1,6 +1,7 @@
 #include "services/torch_tensor_codec.h"
 
 #include <gtest/gtest.h>
+#include <torch/torch.h>
 
 #include <limits>
 #include <string>
