@@ -1,25 +1,27 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets (tests/fuzz/) with clang, ASan and UBSan in
-# their own build directory (build-fuzz, no libtorch), replays every seed
+# the build directory scripts/sanitize.sh also uses (build-asan, no libtorch,
+# configured by scripts/configure_clang_asan.sh: after sanitize.sh, only the
+# fuzz executables are left to compile and link), replays every seed
 # corpus once through ctest (label `fuzz`), then fuzzes each target for a
 # bounded time, two at a time (2 cores).
 #
 # The seed corpora in tests/fuzz/corpus/<target>/ are only read; what the
 # fuzzer finds goes to a temporary directory. Fails if any target crashes,
 # leaks, times out on an input or breaks one of its checks; the reproducer is
-# kept in build-fuzz/fuzz-artifacts/<target>/ and the log tail is printed.
-# Reproduce with: build-fuzz/tests/fuzz/<target> <reproducer>
+# kept in build-asan/fuzz-artifacts/<target>/ and the log tail is printed.
+# Reproduce with: build-asan/tests/fuzz/<target> <reproducer>
 #
 #   bash scripts/fuzz.sh                 # every target, 30 s each
 #   KAPPA_FUZZ_SECONDS=300 bash scripts/fuzz.sh config_fuzzer
 #
 # Environment: KAPPA_FUZZ_SECONDS (per target, default 30), KAPPA_FUZZ_JOBS
 # (targets at once, default 2), KAPPA_JOBS (build jobs, default 2),
-# KAPPA_FUZZ_BUILD_DIR (default build-fuzz).
+# KAPPA_FUZZ_BUILD_DIR (default build-asan).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-BUILD_DIR=${KAPPA_FUZZ_BUILD_DIR:-build-fuzz}
+BUILD_DIR=${KAPPA_FUZZ_BUILD_DIR:-build-asan}
 SECONDS_EACH=${KAPPA_FUZZ_SECONDS:-30}
 PARALLEL=${KAPPA_FUZZ_JOBS:-2}
 ALL_TARGETS=(tensor_codec_fuzzer tokenizer_fuzzer hf_tokenizer_fuzzer model_config_fuzzer answer_fuzzer config_fuzzer)
@@ -28,11 +30,7 @@ if (($# > 0)); then TARGETS=("$@"); else TARGETS=("${ALL_TARGETS[@]}"); fi
 # Same ccache settings as scripts/build.sh, so CI reuses the objects.
 export CCACHE_BASEDIR="$PWD"
 export CCACHE_NOHASHDIR=1
-if [[ ! -f "$BUILD_DIR/build.ninja" ]]; then
-  cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-    -DCMAKE_CXX_COMPILER=clang++ -DKAPPA_TORCH=OFF -DKAPPA_FUZZ=ON \
-    -DKAPPA_SANITIZE=address,undefined -DKAPPA_WERROR=OFF
-fi
+bash scripts/configure_clang_asan.sh "$BUILD_DIR"
 cmake --build "$BUILD_DIR" -j "${KAPPA_JOBS:-2}" --target "${TARGETS[@]}"
 
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1}

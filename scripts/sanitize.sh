@@ -5,7 +5,8 @@
 # out (KAPPA_TORCH=OFF): it is not instrumented, and the model code is covered
 # by the normal build's tests.
 #
-#   bash scripts/sanitize.sh            # ASan + UBSan in build-asan (CI runs this)
+#   bash scripts/sanitize.sh            # ASan + UBSan in build-asan (CI runs this;
+#                                       # scripts/fuzz.sh reuses the directory)
 #   bash scripts/sanitize.sh thread     # TSan in build-tsan, the gRPC service tests only
 #
 # The address mode first runs scripts/thread_safety_check.sh: clang's
@@ -32,7 +33,8 @@ case "$MODE" in
     export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:strict_string_checks=1:check_initialization_order=1:detect_stack_use_after_return=1}
     export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$SUPPRESSIONS/lsan.supp:print_suppressions=0}
     export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
-    TEST_FILTER=()
+    # The fuzz targets' corpus replays (label fuzz) are scripts/fuzz.sh's.
+    TEST_FILTER=(-LE fuzz)
     ;;
   thread)
     BUILD_DIR=build-tsan
@@ -60,7 +62,10 @@ fi
 # Same ccache settings as scripts/build.sh, so CI reuses the objects.
 export CCACHE_BASEDIR="$PWD"
 export CCACHE_NOHASHDIR=1
-if [[ ! -f "$BUILD_DIR/build.ninja" ]]; then
+if [[ $MODE == address ]]; then
+  # Shared with scripts/fuzz.sh: one clang build for both stages.
+  bash scripts/configure_clang_asan.sh "$BUILD_DIR"
+elif [[ ! -f "$BUILD_DIR/build.ninja" ]]; then
   cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DCMAKE_CXX_COMPILER=clang++ -DKAPPA_TORCH=OFF -DKAPPA_SANITIZE="$SANITIZE" \
     -DKAPPA_WERROR=OFF

@@ -99,6 +99,9 @@ def text(path, cache={}):
             cache[path] = ""
     return cache[path]
 
+def pch_header_follows(argv, index):  # `-include .../cmake_pch.hxx` (cmake/torch_pch.cmake)
+    return index + 1 < len(argv) and argv[index + 1].endswith("cmake_pch.hxx")
+
 def marked(path):
     return bool(MARK.search(text(path)))
 
@@ -139,12 +142,14 @@ for rel in chosen:
     while argv and os.path.basename(argv[0]) in ("ccache", "sccache"):
         argv = argv[1:]
     args, skip = [], 0
-    for arg in argv[1:]:
+    for arg_index, arg in enumerate(argv[1:], start=1):
         if skip:
             skip -= 1
             continue
         if arg in ("-o", "-MF", "-MT", "-MQ"):
             skip = 1
+        elif arg == "-include" and pch_header_follows(argv, arg_index):
+            skip = 1  # GCC's precompiled <torch/torch.h>: clang cannot read it
         elif arg in ("-c", "-MD", "-MMD") or os.path.normpath(os.path.join(entry["directory"], arg)) == source:
             pass
         elif re.match(r"-W(?![alp],)", arg) or arg in ("-pedantic", "-pedantic-errors"):
