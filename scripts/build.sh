@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Configures and builds kappa into ./build (Ninja, ccache when present).
+# Configures and builds kappa into ./build (Ninja, clang++, ccache when present).
 # Extra arguments go to cmake's configure step. KAPPA_BUILD_TARGETS (space
 # separated, e.g. "kappa_suite") builds only those targets; unset, everything
 # (the libraries, binaries, test binaries and benchmarks).
@@ -10,8 +10,14 @@ BUILD_DIR=${KAPPA_BUILD_DIR:-build}
 # a second build directory reuses the objects ccache already holds.
 export CCACHE_BASEDIR="$PWD"
 export CCACHE_NOHASHDIR=1
+# clang++ unless CXX names another compiler: with its precompiled
+# <torch/torch.h> (-fpch-instantiate-templates, cmake/torch_pch.cmake) a
+# libtorch translation unit costs ~7 s of CPU against ~29 s with g++'s PCH
+# and ~51 s with neither (docs/running.md, "Build time"). g++ still builds
+# the tree (the GPU machine uses it).
 if [[ ! -f "$BUILD_DIR/build.ninja" ]]; then
-  cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@"
+  cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DCMAKE_CXX_COMPILER="${CXX:-clang++}" "$@"
 fi
 targets=()
 for target in ${KAPPA_BUILD_TARGETS:-}; do

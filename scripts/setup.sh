@@ -29,7 +29,7 @@ esac
 # later builds in full, and with KAPPA_BUILD_TESTS on (the default)
 # configuring needs GTest.
 PACKAGES=(
-  build-essential cmake ninja-build ccache pkg-config git
+  build-essential clang cmake ninja-build ccache pkg-config git
   libtorch-dev libopenblas0-pthread libgloo-dev
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libspdlog-dev libfmt-dev
@@ -53,11 +53,12 @@ TEST_PACKAGES=(
   chromium fonts-dejavu-core
 )
 
-# The sanitizer and fuzz builds (scripts/sanitize.sh, scripts/fuzz.sh): clang,
-# its sanitizer/libFuzzer runtimes, and llvm-symbolizer for readable stacks;
+# The sanitizer and fuzz builds (scripts/sanitize.sh, scripts/fuzz.sh): clang's
+# sanitizer/libFuzzer runtimes (clang itself is in PACKAGES: it builds
+# everything), and llvm-symbolizer for readable stacks;
 # clang-format (and git clang-format) for scripts/check_format.sh.
 FUZZ_PACKAGES=(
-  clang libclang-rt-14-dev llvm clang-format
+  libclang-rt-14-dev llvm clang-format
 )
 WANTED=("${PACKAGES[@]}")
 if [[ $MODE == test ]]; then

@@ -72,7 +72,11 @@ def apt_packages(run_text):
 def cmake_source_dirs(path):
     text = open(path).read()
     dirs = set()
-    for d in re.findall(r"add_subdirectory\(\s*([^\s)]+)", text):
+    # add_subdirectory(dir), and include(dir/file.cmake) (not a module such
+    # as include(CTest)): both must be copied.
+    found = re.findall(r"add_subdirectory\(\s*([^\s)]+)", text)
+    found += re.findall(r"\binclude\(\s*([^\s)$]+/[^\s)]+)", text)
+    for d in found:
         top = d.split("/")[0]
         if top != "tests":
             dirs.add(top)
