@@ -5,6 +5,8 @@
 # compiled with KAPPA_CUDA against the c10/cuda and CUDA runtime headers.
 # Object libraries only: nothing is linked or run (the GPU machine does that
 # with a CUDA libtorch: -DKAPPA_CUDA=ON without the compile-check flag).
+# No precompiled <torch/torch.h> (KAPPA_PCH=OFF): building it would cost
+# more than the one C++ file it would serve.
 #
 #   scripts/cuda_compile_check.sh            # build dir: build-cuda-check
 #   BUILD_DIR=/tmp/x CUDA_FLAGS=-allow-unsupported-compiler scripts/cuda_compile_check.sh
@@ -24,7 +26,7 @@ fi
 
 cmake -S . -B "$build_dir" -G Ninja \
   -DKAPPA_BUILD_SERVICES=OFF -DKAPPA_BUILD_TESTS=OFF \
-  -DKAPPA_CUDA=ON -DKAPPA_CUDA_COMPILE_CHECK=ON \
+  -DKAPPA_CUDA=ON -DKAPPA_CUDA_COMPILE_CHECK=ON -DKAPPA_PCH=OFF \
   ${CUDA_FLAGS:+"-DCMAKE_CUDA_FLAGS=${CUDA_FLAGS}"}
 ninja -C "$build_dir" kappa_cuda_compile_check
 echo "cuda_compile_check: CUDA objects compiled in $build_dir"
