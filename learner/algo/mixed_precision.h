@@ -6,7 +6,10 @@
 
 #include <torch/types.h>
 
+#include <optional>
 #include <string>
+
+#include "model/autocast_state.h"
 
 namespace kappa::learner {
 
@@ -23,15 +26,11 @@ const char* PrecisionName(Precision precision);
 class AutocastGuard {
  public:
   AutocastGuard(const torch::Device& device, Precision precision);
-  ~AutocastGuard();
   AutocastGuard(const AutocastGuard&) = delete;
   AutocastGuard& operator=(const AutocastGuard&) = delete;
 
  private:
-  bool active_ = false;
-  torch::DeviceType device_type_ = torch::kCPU;
-  bool previous_enabled_ = false;
-  torch::ScalarType previous_dtype_ = torch::kFloat32;
+  std::optional<model::AutocastScope> scope_;  // empty for fp32
 };
 
 }  // namespace kappa::learner

@@ -8,6 +8,7 @@
 
 #include "learner/algo/logit_gradients.h"
 #include "learner/algo/logprob_losses.h"
+#include "model/autocast_state.h"
 
 namespace kappa::learner {
 namespace {
@@ -87,7 +88,12 @@ class VocabHeadFunction : public torch::autograd::Function<VocabHeadFunction> {
     ctx->saved_data["full_kl"] = full_kl;
     ctx->saved_data["temperature"] = temperature;
     ctx->saved_data["chunk"] = chunk;
-    ctx->save_for_backward({hidden, weight, targets, full_teacher, topk_ids, lse, kl});
+    // The backward recomputes the logits under the same autocast state, so
+    // it differentiates the function this forward evaluated.
+    const model::AutocastState autocast = model::AutocastState::Current(hidden.device().type());
+    ctx->saved_data["autocast_enabled"] = autocast.enabled;
+    ctx->saved_data["autocast_dtype"] = static_cast<int64_t>(autocast.dtype);
+    ctx->save_for_backward({hidden, weight, targets, full_teacher, topk_ids});
     ctx->mark_non_differentiable({entropy});
     // The L_R and L_D passes each bring some of the gradients, never all.
     ctx->set_materialize_grads(false);
@@ -98,7 +104,6 @@ class VocabHeadFunction : public torch::autograd::Function<VocabHeadFunction> {
     const variable_list saved = ctx->get_saved_variables();
     const torch::Tensor &hidden = saved[0], &weight = saved[1], &targets = saved[2];
     const torch::Tensor &full_teacher = saved[3], &topk_ids = saved[4];
-    const torch::Tensor &lse = saved[5], &kl = saved[6];
     const auto kl_kind = static_cast<FullKl>(ctx->saved_data["full_kl"].toInt());
     const double temperature = ctx->saved_data["temperature"].toDouble();
     const int64_t chunk = ctx->saved_data["chunk"].toInt();
@@ -109,6 +114,11 @@ class VocabHeadFunction : public torch::autograd::Function<VocabHeadFunction> {
     if (!any) return {torch::Tensor(), torch::Tensor(), {}, {}, {}, {}, {}, {}};
 
     torch::NoGradGuard no_grad;
+    const model::AutocastScope forward_autocast(
+        hidden.device().type(),
+        model::AutocastState{
+            ctx->saved_data["autocast_enabled"].toBool(),
+            static_cast<torch::ScalarType>(ctx->saved_data["autocast_dtype"].toInt())});
     const int64_t rows = hidden.size(0);
     torch::Tensor grad_hidden = torch::empty_like(hidden);
     torch::Tensor grad_weight = torch::zeros_like(weight);
@@ -116,8 +126,10 @@ class VocabHeadFunction : public torch::autograd::Function<VocabHeadFunction> {
     for (int64_t start = 0; start < rows; start += chunk) {
       const int64_t n = std::min(chunk, rows - start);
       const torch::Tensor h = hidden.narrow(0, start, n);
+      // p from the recomputed logits' own logsumexp: each row sums to 1
+      // whatever rounding the logits took.
       const torch::Tensor s = ScaledLogits(h, w, temperature);
-      const torch::Tensor lp = s - lse.narrow(0, start, n).unsqueeze(-1);
+      const torch::Tensor lp = s - s.logsumexp(-1, /*keepdim=*/true);
       const torch::Tensor p = lp.exp();
       // ∂/∂s of everything the node gave out, one chunk [n, V].
       torch::Tensor ds = torch::zeros_like(s);
@@ -134,8 +146,8 @@ class VocabHeadFunction : public torch::autograd::Function<VocabHeadFunction> {
         const torch::Tensor q = full_teacher.narrow(0, start, n).to(lp.scalar_type());
         const torch::Tensor form =
             kl_kind == FullKl::kReverse
-                ? p * (lp - q - kl.narrow(0, start, n).unsqueeze(-1))  // reverse KL
-                : p - q.exp();                                         // forward KL
+                ? p * (lp - q - ReverseKlFromLogProbs(lp, q).unsqueeze(-1))  // reverse KL
+                : p - q.exp();                                               // forward KL
         ds += g_kl.narrow(0, start, n).unsqueeze(-1) * form;
       }
       // s = z / τ and z = h W^T.

@@ -14,6 +14,7 @@
 #include "learner/algo/hybrid_step.h"
 #include "learner/algo/logit_gradients.h"
 #include "learner/algo/logprob_losses.h"
+#include "learner/algo/mixed_precision.h"
 #include "learner/algo/train_batch.h"
 #include "tests/algo/tiny_model.h"
 
@@ -84,10 +85,18 @@ struct Measured {
   torch::Tensor token_logprobs, distill, entropy_per_position;  // at response positions
 };
 
-Measured Measure(model::Decoder& m, const TrainBatch& batch, const LossConfig& config) {
+// The forward under `precision`'s autocast, the backward outside it, as the
+// learner's step does.
+Measured Measure(model::Decoder& m, const TrainBatch& batch, const LossConfig& config,
+                 Precision precision = Precision::kFloat32) {
   Measured out;
-  const TokenTerms tokens = ComputeTokenTerms(m, batch, config);
-  const LossTerms terms = AggregateTerms(tokens, batch, config);
+  TokenTerms tokens;
+  LossTerms terms;
+  {
+    const AutocastGuard autocast(torch::kCPU, precision);
+    tokens = ComputeTokenTerms(m, batch, config);
+    terms = AggregateTerms(tokens, batch, config);
+  }
   const torch::Tensor at = batch.response_mask > 0;
   out.token_logprobs = tokens.token_logprobs.detach().masked_select(at);
   out.distill = tokens.distill.detach().masked_select(at);
@@ -163,6 +172,34 @@ TEST(VocabHead, ChunkedTermsAndGradientsEqualTheWholeVocabularyPath) {
           ExpectSame(Measure(m, batch, config), whole, what);
         }
       }
+    }
+  }
+}
+
+// Under bf16 autocast the node's forward multiplies in bf16; its backward
+// recomputes the logits under the same state and normalises them by their
+// own logsumexp (issue 44 item 1). Before, it recomputed them in fp32 and
+// divided by the bf16 forward's normaliser: on confident rows (logits ~20)
+// the sampled token's gradient took the wrong sign.
+TEST(VocabHead, UnderBf16AutocastTheChunkedHeadHasThePlainHeadsGradients) {
+  model::Decoder m = TinyModel(3);
+  {
+    torch::NoGradGuard no_grad;
+    const torch::Tensor logits = m->forward(torch::arange(3, 16).unsqueeze(0));
+    m->OutputWeight().mul_(20.0 / logits.abs().max().item<double>());
+  }
+  for (const Case& c : Cases()) {
+    const TrainBatch batch = BatchFor(c, 11);
+    LossConfig config;
+    config.distill = c.loss;
+    const Measured whole = Measure(m, batch, config, Precision::kBFloat16);
+    config.vocab_chunk_positions = 4;
+    const Measured chunked = Measure(m, batch, config, Precision::kBFloat16);
+    for (size_t i = 0; i < whole.reward_grads.size(); ++i) {
+      ExpectClose(chunked.reward_grads[i], whole.reward_grads[i], 3e-2,
+                  c.name + " bf16 ∇L_R param " + std::to_string(i));
+      ExpectClose(chunked.distill_grads[i], whole.distill_grads[i], 3e-2,
+                  c.name + " bf16 ∇L_D param " + std::to_string(i));
     }
   }
 }

@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "model/autocast_state.h"
 #include "model/transformer.h"
 #include "tests/model/test_models.h"
 
@@ -55,6 +56,43 @@ TEST(CheckpointTest, RecomputesOncePerBackwardAndMatchesDirectGradients) {
   EXPECT_TRUE(torch::allclose(w.grad(), 2 * direct[1], 1e-6, 1e-7));
   // The graph is freed now: a third pass is libtorch's error.
   EXPECT_THROW(loss.backward(), c10::Error);
+}
+
+// Under bf16 autocast the recomputation in backward runs under the
+// forward's autocast state (issue 44 item 2): its projection is a bf16
+// tensor, as in the forward, and the gradients are those of the plain bf16
+// segment to bf16 tolerance.
+TEST(CheckpointTest, RecomputesUnderTheForwardsAutocastState) {
+  torch::manual_seed(4);
+  auto w = torch::randn({16, 16}, torch::requires_grad());
+  auto x = torch::randn({8, 16}, torch::requires_grad());
+  std::vector<c10::ScalarType> projection_types;
+  auto fn = [&](const torch::Tensor& in) {
+    const torch::Tensor projected = F::linear(in, w);
+    projection_types.push_back(projected.scalar_type());
+    return torch::tanh(projected.to(torch::kFloat32));
+  };
+  std::vector<torch::Tensor> direct;
+  torch::Tensor checkpointed;
+  {
+    AutocastScope bf16(torch::kCPU, AutocastState{true, torch::kBFloat16});
+    const torch::Tensor out = fn(x);
+    direct = torch::autograd::grad({out.square().sum()}, {x, w});
+    projection_types.clear();
+    checkpointed = Checkpoint(fn, x, {w});
+  }
+  // Outside the scope, as the learner's backward is: the recomputation must
+  // re-enter the forward's state.
+  checkpointed.square().sum().backward();
+  ASSERT_EQ(projection_types.size(), 2u);
+  EXPECT_EQ(projection_types[0], torch::kBFloat16) << "forward";
+  EXPECT_EQ(projection_types[1], torch::kBFloat16) << "recomputation in backward";
+  const auto close = [](const torch::Tensor& a, const torch::Tensor& b) {
+    return (a - b).abs().max().item<double>() <= 2e-2 * b.abs().max().item<double>();
+  };
+  EXPECT_TRUE(close(x.grad(), direct[0]));
+  EXPECT_TRUE(close(w.grad(), direct[1]));
+  EXPECT_FALSE(AutocastState::Current(torch::kCPU).enabled) << "the scope restored autocast off";
 }
 
 TEST(CheckpointTest, OnlyWhatRequiresGradGetsAGradient) {
