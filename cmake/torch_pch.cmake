@@ -1,25 +1,27 @@
 # One precompiled <torch/torch.h> for every C++ target that compiles against
 # libtorch (KAPPA_PCH, on by default).
 #
-# Why: parsing libtorch's API is about half of what a libtorch translation
-# unit costs (a 300-line test: ~51 s of CPU without the PCH, ~29 s with it;
-# docs/running.md, "Build time"). The PCH is built once, by kappa_torch_pch,
-# and every other libtorch target reuses it (REUSE_FROM), so the ~150
-# libtorch translation units parse libtorch zero times instead of once each.
+# Why: parsing and instantiating libtorch's API was most of what a libtorch
+# translation unit cost (tests/algo/losses_test.cc: ~51 s of CPU with g++ and
+# no PCH, ~29 s with g++'s PCH, 7 s with clang's, which instantiates the
+# templates once with -fpch-instantiate-templates; docs/running.md, "Build
+# time"). The PCH is built once, by kappa_torch_pch, and every other libtorch
+# target reuses it (REUSE_FROM).
 #
 # Which targets: those whose compile includes libtorch, i.e. that link
 # kappa_torch directly or through a library's public interface (not through a
 # private link: those do not see libtorch's headers). Torch-free targets
 # (proto, services, tasks, verifier, the tokenizers) never get it, and
 # tests/includes/check_include_rules.py keeps their sources free of libtorch
-# headers. Targets with CUDA sources are left alone (nvcc has no GCC PCH).
+# headers. Targets with CUDA sources are left alone (nvcc reads no PCH).
 #
-# GCC accepts one PCH in translation units whose flags differ in ways that do
-# not touch libtorch's headers (-g1 vs -g, extra -D macros the headers never
-# read); CMake adds -Winvalid-pch, and with -Werror a PCH GCC refuses fails
-# the build instead of silently parsing the header again.
+# The PCH must fit every user: a macro defined differently (or, for g++, at
+# all) where it is included than where it was built makes the compiler refuse
+# it. CMake adds -Winvalid-pch, so with -Werror g++ fails the build instead of
+# silently parsing the header again; clang refuses conflicting definitions
+# outright. Flags that define macros go on kappa_torch for all (-pthread).
 #
-# With ccache, GCC PCH consumers are cached only with sloppiness
+# With ccache, PCH users are cached only with sloppiness
 # pch_defines,time_macros (ccache's manual, "Precompiled headers"): the top
 # CMakeLists.txt passes it to the launcher.
 
