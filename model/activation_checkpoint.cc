@@ -46,9 +46,7 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
     ctx->saved_data[kRecompute] = c10::IValue::make_capsule(std::move(recompute));
     // The recomputation runs under this forward's autocast state (as
     // torch.utils.checkpoint does): bf16 GEMMs stay bf16 in backward.
-    const AutocastState autocast = AutocastState::Current(input.device().type());
-    ctx->saved_data["autocast_enabled"] = autocast.enabled;
-    ctx->saved_data["autocast_dtype"] = static_cast<int64_t>(autocast.dtype);
+    ctx->saved_data["autocast"] = AutocastState::Current(input.device().type()).Encode();
     return out;
   }
 
@@ -85,9 +83,7 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
     {
       torch::AutoGradMode grad_mode(true);
       const AutocastScope forward_autocast(
-          input.device().type(), AutocastState{ctx->saved_data.at("autocast_enabled").toBool(),
-                                               static_cast<c10::ScalarType>(
-                                                   ctx->saved_data.at("autocast_dtype").toInt())});
+          input.device().type(), AutocastState::Decode(ctx->saved_data.at("autocast").toInt()));
       out = recompute->fn(input);
     }
     if (!out.requires_grad()) return grads;  // fn does not depend on what requires grad

@@ -50,6 +50,13 @@ AutocastState AutocastState::Current(c10::DeviceType device_type) {
   return AutocastState{Enabled(device_type), Dtype(device_type)};
 }
 
+int64_t AutocastState::Encode() const { return enabled ? static_cast<int64_t>(dtype) : -1; }
+
+AutocastState AutocastState::Decode(int64_t code) {
+  if (code < 0) return AutocastState{};
+  return AutocastState{true, static_cast<c10::ScalarType>(code)};
+}
+
 AutocastScope::AutocastScope(c10::DeviceType device_type, AutocastState state) {
   if (!HasAutocast(device_type)) return;
   active_ = true;

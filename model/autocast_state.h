@@ -10,6 +10,8 @@
 #include <c10/core/DeviceType.h>
 #include <c10/core/ScalarType.h>
 
+#include <cstdint>
+
 namespace kappa::model {
 
 struct AutocastState {
@@ -19,6 +21,12 @@ struct AutocastState {
   // The state autocast has for `device_type` now (CPU or CUDA; any other
   // device type reads as disabled).
   static AutocastState Current(c10::DeviceType device_type);
+
+  // One integer for an autograd node's saved_data (which holds IValues):
+  // the dtype's code when enabled, -1 when not. Decode(Encode()) is the
+  // state again (a disabled state's dtype is not kept).
+  int64_t Encode() const;
+  static AutocastState Decode(int64_t code);
 };
 
 // Sets `state` for `device_type` for the scope's lifetime and restores the

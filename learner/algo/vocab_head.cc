@@ -90,9 +90,7 @@ class VocabHeadFunction : public torch::autograd::Function<VocabHeadFunction> {
     ctx->saved_data["chunk"] = chunk;
     // The backward recomputes the logits under the same autocast state, so
     // it differentiates the function this forward evaluated.
-    const model::AutocastState autocast = model::AutocastState::Current(hidden.device().type());
-    ctx->saved_data["autocast_enabled"] = autocast.enabled;
-    ctx->saved_data["autocast_dtype"] = static_cast<int64_t>(autocast.dtype);
+    ctx->saved_data["autocast"] = model::AutocastState::Current(hidden.device().type()).Encode();
     ctx->save_for_backward({hidden, weight, targets, full_teacher, topk_ids});
     ctx->mark_non_differentiable({entropy});
     // The L_R and L_D passes each bring some of the gradients, never all.
@@ -115,10 +113,7 @@ class VocabHeadFunction : public torch::autograd::Function<VocabHeadFunction> {
 
     torch::NoGradGuard no_grad;
     const model::AutocastScope forward_autocast(
-        hidden.device().type(),
-        model::AutocastState{
-            ctx->saved_data["autocast_enabled"].toBool(),
-            static_cast<torch::ScalarType>(ctx->saved_data["autocast_dtype"].toInt())});
+        hidden.device().type(), model::AutocastState::Decode(ctx->saved_data["autocast"].toInt()));
     const int64_t rows = hidden.size(0);
     torch::Tensor grad_hidden = torch::empty_like(hidden);
     torch::Tensor grad_weight = torch::zeros_like(weight);
