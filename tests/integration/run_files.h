@@ -4,16 +4,15 @@
 #pragma once
 
 #include <sys/types.h>
+#include <unistd.h>
 
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 namespace kappa::testing {
 
@@ -68,16 +67,25 @@ inline TrainedGroups ReadTrainedGroups(const std::filesystem::path& metrics) {
   return trained;
 }
 
-// The pid of the process whose command line contains `needle` (pgrep -f;
-// `needle` is used as a regex, fine for paths and flags); 0 when none.
+// The pid of the one process whose command line (its arguments joined by
+// spaces) contains `needle`, read from /proc; 0 when none does. Not pgrep -f
+// through popen: Debian's /bin/sh (dash) does not exec its last command, so
+// the `sh -c "pgrep ... needle"` shell matches too, and once pids wrap around
+// (pid_max is 32768 on a long CI run) that short-lived shell can sort first.
 inline pid_t FindProcess(const std::string& needle) {
-  FILE* pipe = popen(("pgrep -f -- '" + needle + "'").c_str(), "r");
-  long pid = 0;
-  if (pipe != nullptr) {
-    if (fscanf(pipe, "%ld", &pid) != 1) pid = 0;
-    pclose(pipe);
+  const pid_t self = getpid();
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename().string();
+    if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
+    const pid_t pid = static_cast<pid_t>(std::stol(name));
+    if (pid == self) continue;
+    std::string command_line = ReadAll(entry.path() / "cmdline");
+    for (char& c : command_line) {
+      if (c == '\0') c = ' ';
+    }
+    if (command_line.find(needle) != std::string::npos) return pid;
   }
-  return static_cast<pid_t>(pid);
+  return 0;
 }
 
 }  // namespace kappa::testing
