@@ -8,6 +8,7 @@
 #include <string>
 #include <utility>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "kappa/v1/teacher.pb.h"
 #include "services/tensor_codec.h"
@@ -79,8 +80,44 @@ std::optional<std::pair<int64_t, int64_t>> FirstTrue(const torch::Tensor& mask) 
   return std::make_pair(at[0].item<int64_t>(), at[1].item<int64_t>());
 }
 
+// SCORE_FORM_TOPK's teacher_tail_logmass: float32 [T], each entry log q(T)
+// <= 0 (rounding slack as for a log-prob) or −inf (an empty tail, k = V).
+// Required: rebuilding it from the k values (1 − Σ top-k) is what it
+// replaces, and is off by many nats on a peaked bfloat16 row.
+absl::StatusOr<torch::Tensor> DecodeTailLogMass(const kappa::v1::ScoredSample& in, int64_t length,
+                                                const std::string& field) {
+  const std::string tail_field = field + ".teacher_tail_logmass";
+  if (!in.has_teacher_tail_logmass()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(tail_field,
+                     ": missing; the TOPK form needs the teacher's float32 tail "
+                     "mass (a teacher or worker that predates it)"));
+  }
+  if (in.teacher_tail_logmass().dtype() != kappa::v1::DTYPE_FLOAT32) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        tail_field, ": dtype ", std::string(services::DTypeName(in.teacher_tail_logmass().dtype())),
+        " is not float32 (the tail mass is sent in float32 whatever the values' dtype)"));
+  }
+  auto tail = services::DecodeTensor(in.teacher_tail_logmass(), tail_field,
+                                     /*reject_non_finite=*/false);  // −inf: an empty tail
+  if (!tail.ok()) return tail.status();
+  if (tail->dim() != 1 || tail->size(0) != length) {
+    return absl::InvalidArgumentError(absl::StrCat(tail_field, ": shape ", c10::str(tail->sizes()),
+                                                   " does not match [", length, "]"));
+  }
+  const torch::Tensor bad = (*tail > kMaxLogProb).logical_or(torch::isnan(*tail));
+  if (bad.any().item<bool>()) {
+    const int64_t t = bad.nonzero()[0][0].item<int64_t>();
+    return absl::InvalidArgumentError(absl::StrCat(tail_field, "[", t,
+                                                   "]: ", (*tail)[t].item<float>(),
+                                                   " is not a log-mass (want <= 0 or -inf)"));
+  }
+  return tail->clamp_max(0.0).contiguous();
+}
+
 // SCORE_FORM_TOPK: teacher_logprobs [T, k] and teacher_topk_ids [T, k] with
-// k = min(top_k, V), distinct ids in [0, V) per row, finite log-probs <= 0.
+// k = min(top_k, V), distinct ids in [0, V) per row, finite log-probs <= 0,
+// and teacher_tail_logmass [T] (DecodeTailLogMass).
 // They stay compact through the learner (TrainBatch::teacher_topk_ids): the
 // top-k losses, their logit gradients, K_DR and RSTG read the k ids and
 // values; no [T, V] row is made (bench/README.md has the bytes per token).
@@ -138,8 +175,11 @@ absl::Status DecodeTopkTeacher(const kappa::v1::ScoredSample& in, int64_t length
         absl::StrCat(field, ".teacher_logprobs[", t, ", ", j, "]: ", logprobs[t][j].item<float>(),
                      " is not a log-probability (want finite and <= 0)"));
   }
+  auto tail = DecodeTailLogMass(in, length, field);
+  if (!tail.ok()) return tail.status();
   sample.teacher_logprobs = logprobs.contiguous();
   sample.teacher_topk_ids = id64.contiguous();
+  sample.teacher_tail_logmass = *std::move(tail);
   return absl::OkStatus();
 }
 

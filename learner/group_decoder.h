@@ -29,7 +29,8 @@ struct GroupExpectations {
 
 // Teacher log-probs reach the loss as ScoredSample.teacher_logprobs: FULL as
 // [T, V], SAMPLED as [T], and TOPK as [T, k] with teacher_topk_ids [T, k]
-// (int64), compact as on the wire.
+// (int64), compact as on the wire, and teacher_tail_logmass [T] (float32,
+// required: a TOPK sample without it is INVALID_ARGUMENT naming the field).
 absl::StatusOr<ScoredGroup> DecodeScoredGroup(const kappa::v1::ScoredGroup& message,
                                               const GroupExpectations& expect);
 

@@ -509,6 +509,15 @@ absl::Status GroupSampler::Score(const kappa::v1::WorkItem& item, int64_t vocab_
         if (shape_status.ok()) {
           shape_status = CheckShape(scored.topk_ids(), field + ".topk_ids", {length, k});
         }
+        if (shape_status.ok() && !scored.has_tail_logmass()) {
+          shape_status = absl::InternalError(
+              absl::StrCat(field,
+                           ".tail_logmass: missing (a teacher that predates the "
+                           "float32 tail mass of the TOPK form)"));
+        }
+        if (shape_status.ok()) {
+          shape_status = CheckShape(scored.tail_logmass(), field + ".tail_logmass", {length});
+        }
         break;
       }
       default:
@@ -518,6 +527,7 @@ absl::Status GroupSampler::Score(const kappa::v1::WorkItem& item, int64_t vocab_
     *sample.mutable_teacher_logprobs() = std::move(*scored.mutable_logprobs());
     if (form == kappa::v1::SCORE_FORM_TOPK) {
       *sample.mutable_teacher_topk_ids() = std::move(*scored.mutable_topk_ids());
+      *sample.mutable_teacher_tail_logmass() = std::move(*scored.mutable_tail_logmass());
     }
   }
   return absl::OkStatus();

@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <limits>
 #include <stdexcept>
 #include <string>
 
@@ -92,6 +93,13 @@ std::vector<torch::Tensor> ResponseLogProbs(model::Decoder& model,
   return logprobs.split_with_sizes(row_counts, 0);
 }
 
+torch::Tensor TailLogMass(const torch::Tensor& logprobs, const torch::Tensor& ids) {
+  const torch::Tensor outside =
+      logprobs.to(torch::kFloat32)
+          .scatter(-1, ids.to(torch::kInt64), -std::numeric_limits<float>::infinity());
+  return outside.logsumexp(-1).contiguous();
+}
+
 ScoredTensors SelectForm(const torch::Tensor& full_logprobs,
                          const std::vector<int64_t>& response_tokens, ScoreForm form,
                          int64_t top_k) {
@@ -114,6 +122,7 @@ ScoredTensors SelectForm(const torch::Tensor& full_logprobs,
       auto [values, ids] = full_logprobs.topk(top_k, /*dim=*/-1, /*largest=*/true, /*sorted=*/true);
       out.logprobs = values.contiguous();
       out.topk_ids = ids.to(torch::kInt32).contiguous();
+      out.tail_logmass = TailLogMass(full_logprobs, ids);
       break;
     }
     case ScoreForm::kSampled: {

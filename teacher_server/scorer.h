@@ -25,14 +25,25 @@ struct TokenSequence {
 
 enum class ScoreForm {
   kFull,     // logprobs [T, V]
-  kTopK,     // logprobs [T, k] (descending) and topk_ids [T, k] int32
+  kTopK,     // logprobs [T, k] (descending), topk_ids [T, k] int32 and
+             // tail_logmass [T]
   kSampled,  // logprobs [T]: log q(response_tokens[t])
 };
 
 struct ScoredTensors {
   torch::Tensor logprobs;  // float32, CPU
   torch::Tensor topk_ids;  // int32, CPU; kTopK only (undefined otherwise)
+  // float32, CPU; kTopK only: log Σ_{v ∉ topk_ids} q(v), the teacher's tail
+  // mass taken from the float32 row itself (TailLogMass below).
+  torch::Tensor tail_logmass;
 };
+
+// log of the mass outside each row's `ids`: logsumexp over the ids of
+// `logprobs` [T, V] (float32) that are not in `ids` [T, k], [T] float32;
+// −inf when the k ids are the whole row. Summing the tail, not subtracting
+// the k largest from 1, keeps it exact to float32 on a peaked row (top-1
+// 0.99, tail 1e-5), where 1 − Σ top-k rounds to 0 or below.
+torch::Tensor TailLogMass(const torch::Tensor& logprobs, const torch::Tensor& ids);
 
 // Log-probs [T_i, V] (float32, CPU) at the response positions of each
 // sequence, over the first V = vocab_limit ids (0: every row of the model):

@@ -266,6 +266,10 @@ absl::Status TeacherService::ScoreImpl(const kappa::v1::ScoreRequest& request, a
       if (scored.topk_ids.defined()) {
         services::EncodeTensor(scored.topk_ids, out->mutable_topk_ids(), kappa::v1::DTYPE_INT32);
       }
+      if (scored.tail_logmass.defined()) {  // float32 whatever the values' wire dtype
+        services::EncodeTensor(scored.tail_logmass, out->mutable_tail_logmass(),
+                               kappa::v1::DTYPE_FLOAT32);
+      }
     }
   }
   return absl::OkStatus();

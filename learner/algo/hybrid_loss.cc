@@ -21,7 +21,8 @@ torch::Tensor DistillTokenLoss(const torch::Tensor& logprobs, const torch::Tenso
     const torch::Tensor set_logprobs = logprobs.gather(-1, teacher.topk_ids);
     return config.distill == DistillLoss::kTopkReverseKl
                ? TopkReverseKl(set_logprobs, q.to(set_logprobs.scalar_type()))
-               : TopkTailReverseKl(set_logprobs, q.to(set_logprobs.scalar_type()));
+               : TopkTailReverseKl(set_logprobs, q.to(set_logprobs.scalar_type()),
+                                   teacher.tail_logmass);
   }
   if (!teacher.topk() && teacher.full(batch.target_tokens)) {
     if (q.sizes() != logprobs.sizes()) {

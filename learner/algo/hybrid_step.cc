@@ -30,9 +30,12 @@ std::optional<TailMass> TeacherTailMass(const TeacherRows& teacher,
                                         const torch::Tensor& response_mask) {
   if (!teacher.topk()) return std::nullopt;
   torch::NoGradGuard no_grad;
-  const torch::Tensor tail = (1.0 - teacher.logprobs.to(torch::kFloat64).exp().sum(-1))
-                                 .clamp(0.0, 1.0)
-                                 .masked_select(response_mask > 0);
+  // The teacher's own float32 tail when it sent one (the service path
+  // always does): 1 − Σ top-k cancels on a peaked bfloat16 row.
+  const torch::Tensor tail_mass = teacher.tail_logmass.defined()
+                                      ? teacher.tail_logmass.to(torch::kFloat64).exp()
+                                      : 1.0 - teacher.logprobs.to(torch::kFloat64).exp().sum(-1);
+  const torch::Tensor tail = tail_mass.clamp(0.0, 1.0).masked_select(response_mask > 0);
   if (tail.numel() == 0) return std::nullopt;
   TailMass mass;
   mass.mean = tail.mean().item<double>();
@@ -245,9 +248,10 @@ HybridStepReport HybridStep::Run(const TrainBatch& batch_in, const torch::Tensor
         batch, params, [this](const TrainBatch& rows) { return Forward(rows); }, &report);
   }
 
-  // Combine (m3_project, m3_norm or λ), clip, AdamW; then m3_adapt moves λ.
+  // Combine (m3_project, m3_norm or λ), clip, AdamW; then m3_adapt moves λ
+  // (not after a skipped, non-finite step).
   report.stats = optimizer_->FinishStep();
-  if (lambda_controller_ && report.stats.measured) {
+  if (lambda_controller_ && report.stats.measured && !report.stats.skipped()) {
     lambda_controller_->Update(report.stats.reward_grad_norm, report.stats.distill_grad_norm);
   }
   return report;

@@ -18,8 +18,10 @@ struct TailMass {
   double p95 = 0.0;
 };
 
-// The tail mass of top-k teacher rows at the response positions; nullopt
-// for other rows or an empty mask. logprobs [B, L, k], response_mask [B, L].
+// The tail mass q(T) of top-k teacher rows at the response positions, from
+// the float32 tail_logmass the teacher sent (1 − Σ top-k without it);
+// nullopt for other rows or an empty mask. logprobs [B, L, k], response_mask
+// [B, L].
 std::optional<TailMass> TeacherTailMass(const TeacherRows& teacher,
                                         const torch::Tensor& response_mask);
 

@@ -92,7 +92,8 @@ torch::Tensor DistillLogitGradient(const torch::Tensor& logprobs, const TeacherR
       const torch::Tensor set_logp = logprobs.gather(-1, ids);
       const torch::Tensor set_logq = q.to(logprobs.scalar_type());
       const torch::Tensor tail_logp = TailLogMass(set_logp);
-      const torch::Tensor tail_ratio = tail_logp - TailLogMass(set_logq);
+      const torch::Tensor tail_ratio =
+          tail_logp - TeacherTailLogMass(set_logq, teacher.tail_logmass);
       const torch::Tensor set_ratio = set_logp - set_logq;
       const torch::Tensor kl =
           ((set_logp.exp() * set_ratio).sum(-1) + tail_logp.exp() * tail_ratio).unsqueeze(-1);

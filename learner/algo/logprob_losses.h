@@ -25,17 +25,27 @@ torch::Tensor ForwardKlFromLogProbs(const torch::Tensor& student_logprobs,
 torch::Tensor TopkReverseKl(const torch::Tensor& student_set_logprobs,
                             const torch::Tensor& teacher_set_logprobs);
 // KL over k + 1 buckets, the k ids and one tail bucket holding the rest of
-// each distribution (p_T = 1 − Σ_S p, q_T = 1 − Σ_S q):
+// each distribution (p_T = 1 − Σ_S p; q_T as TeacherTailLogMass gives it):
 //   Σ_{v∈S} p_v (log p_v − log q_v) + p_T (log p_T − log q_T).
 // The student's side must be exact log-probs (normalised over the whole
-// vocabulary).
+// vocabulary). teacher_tail_logmass [...]: the teacher's log q_T as it sent
+// it (TeacherRows::tail_logmass), or undefined.
 torch::Tensor TopkTailReverseKl(const torch::Tensor& student_set_logprobs,
-                                const torch::Tensor& teacher_set_logprobs);
+                                const torch::Tensor& teacher_set_logprobs,
+                                const torch::Tensor& teacher_tail_logmass = {});
 // log of the mass outside the set, log(1 − Σ exp(set_logprobs)), [...]. The
 // mass is floored at kTailFloor: a teacher whose k log-probs round to a sum
 // of 1 or more (bfloat16 rows) has an empty tail, not a negative one.
 inline constexpr double kTailFloor = 1e-12;
 torch::Tensor TailLogMass(const torch::Tensor& set_logprobs);
+// The teacher's log q_T in the dtype of its set log-probs: `sent` (the
+// float32 value the teacher computed over the ids outside its top-k) floored
+// at log kTailFloor, the student's floor, so an empty tail (k = V, −inf on
+// the wire) stays finite; undefined `sent`: TailLogMass(teacher_set_logprobs),
+// which on a peaked bfloat16 row is off by many nats (docs/algorithms.md
+// §2.4), so the learner's service path always has `sent`.
+torch::Tensor TeacherTailLogMass(const torch::Tensor& teacher_set_logprobs,
+                                 const torch::Tensor& sent);
 // set_logprobs − logsumexp(set_logprobs): the distribution restricted to the
 // set and renormalised there, [..., k].
 torch::Tensor Renormalized(const torch::Tensor& set_logprobs);

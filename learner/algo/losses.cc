@@ -55,6 +55,7 @@ TeacherRows TeacherRows::Flatten() const {
     out.logprobs = logprobs.reshape({-1, logprobs.size(-1)});
   }
   if (topk()) out.topk_ids = topk_ids.reshape({-1, topk_ids.size(-1)});
+  if (tail_logmass.defined()) out.tail_logmass = tail_logmass.reshape({-1});
   return out;
 }
 
@@ -63,6 +64,7 @@ TeacherRows TeacherRows::Select(const torch::Tensor& rows) const {
   TeacherRows out;
   out.logprobs = logprobs.index_select(0, rows);
   if (topk()) out.topk_ids = topk_ids.index_select(0, rows);
+  if (tail_logmass.defined()) out.tail_logmass = tail_logmass.index_select(0, rows);
   return out;
 }
 
@@ -71,6 +73,7 @@ TeacherRows TeacherRows::Narrow(int64_t start, int64_t n) const {
   TeacherRows out;
   out.logprobs = logprobs.narrow(0, start, n);
   if (topk()) out.topk_ids = topk_ids.narrow(0, start, n);
+  if (tail_logmass.defined()) out.tail_logmass = tail_logmass.narrow(0, start, n);
   return out;
 }
 
@@ -232,12 +235,25 @@ torch::Tensor TailLogMass(const torch::Tensor& set_logprobs) {
   return (-torch::expm1(set_logprobs.logsumexp(-1))).clamp_min(kTailFloor).log();
 }
 
+torch::Tensor TeacherTailLogMass(const torch::Tensor& teacher_set_logprobs,
+                                 const torch::Tensor& sent) {
+  if (!sent.defined()) return TailLogMass(teacher_set_logprobs);
+  if (sent.sizes() != teacher_set_logprobs.sizes().slice(0, teacher_set_logprobs.dim() - 1)) {
+    throw std::invalid_argument("TeacherTailLogMass: tail " + c10::str(sent.sizes()) +
+                                " does not match the set rows " +
+                                c10::str(teacher_set_logprobs.sizes()));
+  }
+  return sent.to(teacher_set_logprobs.scalar_type()).clamp_min(std::log(kTailFloor));
+}
+
 torch::Tensor TopkTailReverseKl(const torch::Tensor& student_set_logprobs,
-                                const torch::Tensor& teacher_set_logprobs) {
+                                const torch::Tensor& teacher_set_logprobs,
+                                const torch::Tensor& teacher_tail_logmass) {
   CheckSameShape(student_set_logprobs, teacher_set_logprobs, "TopkTailReverseKl");
   const torch::Tensor student_tail = TailLogMass(student_set_logprobs);
+  const torch::Tensor teacher_tail = TeacherTailLogMass(teacher_set_logprobs, teacher_tail_logmass);
   const torch::Tensor on_set = ReverseKlFromLogProbs(student_set_logprobs, teacher_set_logprobs);
-  return on_set + student_tail.exp() * (student_tail - TailLogMass(teacher_set_logprobs));
+  return on_set + student_tail.exp() * (student_tail - teacher_tail);
 }
 
 torch::Tensor EntropyFromLogProbs(const torch::Tensor& logprobs) {

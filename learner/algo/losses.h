@@ -36,10 +36,13 @@ inline bool IsTopkLoss(DistillLoss loss) {
 //   full     logprobs [..., V]
 //   sampled  logprobs [...], the sampled token's log q(y)
 //   top-k    logprobs [..., k] of topk_ids [..., k], the teacher's k most
-//            likely tokens (distinct per position)
+//            likely tokens (distinct per position), and tail_logmass [...]
+//            (float32), log q of the ids outside them, computed by the
+//            teacher (undefined: rebuilt from the k values, TeacherTailLogMass)
 struct TeacherRows {
   torch::Tensor logprobs;
   torch::Tensor topk_ids;  // int64; defined exactly in the top-k form
+  torch::Tensor tail_logmass = {};
 
   bool defined() const { return logprobs.defined(); }
   bool topk() const { return topk_ids.defined(); }

@@ -36,6 +36,12 @@ void ValidateTopkIds(const ScoredSample& s, size_t g, size_t i) {
              c10::str(s.teacher_logprobs.sizes()));
   }
   if ((ids < 0).any().item<bool>()) Fail(g, i, "negative teacher_topk_ids");
+  const torch::Tensor& tail = s.teacher_tail_logmass;
+  if (tail.defined() && (tail.dim() != 1 || tail.size(0) != ids.size(0))) {
+    Fail(g, i,
+         "teacher_tail_logmass " + c10::str(tail.sizes()) + " must be [T] for " +
+             std::to_string(ids.size(0)) + " top-k rows");
+  }
   const int64_t k = ids.size(1);
   if (k > 1) {
     const torch::Tensor sorted = std::get<0>(ids.sort(1));
@@ -101,6 +107,10 @@ std::pair<TeacherForm, int64_t> Validate(const std::vector<ScoredGroup>& groups)
                    " differ from the first sample's " + std::to_string(vocab));
         }
         ValidateTopkIds(s, g, i);
+        if (s.teacher_tail_logmass.defined() !=
+            groups[0].samples[0].teacher_tail_logmass.defined()) {
+          Fail(g, i, "teacher_tail_logmass must be given for all top-k samples or for none");
+        }
       }
       if (!torch::isfinite(t).all().item<bool>()) Fail(g, i, "non-finite teacher_logprobs");
     }
@@ -119,7 +129,7 @@ std::pair<TeacherForm, int64_t> Validate(const std::vector<ScoredGroup>& groups)
 
 int64_t TrainBatch::teacher_bytes() const {
   int64_t bytes = 0;
-  for (const torch::Tensor* t : {&teacher_logprobs, &teacher_topk_ids}) {
+  for (const torch::Tensor* t : {&teacher_logprobs, &teacher_topk_ids, &teacher_tail_logmass}) {
     if (t->defined()) bytes += static_cast<int64_t>(t->nbytes());
   }
   return bytes;
@@ -136,6 +146,7 @@ TrainBatch TrainBatch::To(const torch::Device& device) const {
   out.advantages = move(advantages);
   out.teacher_logprobs = move(teacher_logprobs);
   out.teacher_topk_ids = move(teacher_topk_ids);
+  out.teacher_tail_logmass = move(teacher_tail_logmass);
   out.rewards = move(rewards);
   out.sft_input_tokens = move(sft_input_tokens);
   out.sft_attention_mask = move(sft_attention_mask);
@@ -157,6 +168,7 @@ TrainBatch TrainBatch::SelectRows(const torch::Tensor& rows) const {
   out.advantages = pick(advantages);
   out.teacher_logprobs = pick(teacher_logprobs);
   out.teacher_topk_ids = pick(teacher_topk_ids);
+  out.teacher_tail_logmass = pick(teacher_tail_logmass);
   out.group_size = group_size;
   return out;
 }
@@ -198,7 +210,8 @@ std::vector<MicroBatch> SplitMicroBatches(const TrainBatch& batch, int64_t max_s
     for (torch::Tensor* t :
          {&micro.batch.input_tokens, &micro.batch.attention_mask, &micro.batch.target_tokens,
           &micro.batch.response_mask, &micro.batch.old_logprobs, &micro.batch.advantages,
-          &micro.batch.teacher_logprobs, &micro.batch.teacher_topk_ids}) {
+          &micro.batch.teacher_logprobs, &micro.batch.teacher_topk_ids,
+          &micro.batch.teacher_tail_logmass}) {
       if (t->defined() && t->dim() >= 2) *t = t->narrow(1, 0, micro.length);
     }
     micro.batch.num_groups = 0;  // rows of several groups: no group structure
@@ -311,6 +324,10 @@ TrainBatch BuildTrainBatch(const std::vector<ScoredGroup>& groups, bool norm_std
     out.teacher_logprobs =
         torch::full({batch, max_len, k}, -std::log(static_cast<double>(k + 1)), torch::kFloat32);
     out.teacher_topk_ids = torch::arange(k, torch::kInt64).expand({batch, max_len, k}).contiguous();
+    if (groups[0].samples[0].teacher_tail_logmass.defined()) {
+      out.teacher_tail_logmass =
+          torch::full({batch, max_len}, -std::log(static_cast<double>(k + 1)), torch::kFloat32);
+    }
   }
   auto input = out.input_tokens.accessor<int64_t, 2>();
   auto target = out.target_tokens.accessor<int64_t, 2>();
@@ -348,6 +365,9 @@ TrainBatch BuildTrainBatch(const std::vector<ScoredGroup>& groups, bool norm_std
       }
       if (form == TeacherForm::kTopk) {
         out.teacher_topk_ids[b].narrow(0, first, resp_len).copy_(s.teacher_topk_ids);
+      }
+      if (out.teacher_tail_logmass.defined()) {
+        out.teacher_tail_logmass[b].narrow(0, first, resp_len).copy_(s.teacher_tail_logmass);
       }
     }
   }

@@ -21,6 +21,9 @@ struct ScoredSample {
   // teacher's top k; distinct per row), or undefined (no distillation).
   torch::Tensor teacher_logprobs;
   torch::Tensor teacher_topk_ids;  // int64; defined exactly in the top-k form
+  // Top-k form: [T] float32, the teacher's log q of the ids outside
+  // teacher_topk_ids (TeacherRows::tail_logmass); all samples or none.
+  torch::Tensor teacher_tail_logmass;
   // The response hit its token budget without a stop id (see TruncatedResponses).
   bool truncated = false;
 };
@@ -51,6 +54,7 @@ struct TrainBatch {
   // ids 0..k-1 with log-probs log(1/(k+1)) (finite, a non-empty tail).
   torch::Tensor teacher_logprobs;
   torch::Tensor teacher_topk_ids;
+  torch::Tensor teacher_tail_logmass;  // [B, L] with top-k rows that carry it; padding log(1/(k+1))
   torch::Tensor rewards;  // [num_groups, G] float32, as the advantages saw them
   int64_t num_groups = 0;
   int64_t group_size = 0;
@@ -64,8 +68,8 @@ struct TrainBatch {
   torch::Tensor sft_mask;            // [S, L'] float32, 1 at teacher response tokens
   int64_t num_demonstrations = 0;
 
-  TeacherRows teacher() const { return {teacher_logprobs, teacher_topk_ids}; }
-  // Bytes of the teacher rows (log-probs and ids) this batch holds.
+  TeacherRows teacher() const { return {teacher_logprobs, teacher_topk_ids, teacher_tail_logmass}; }
+  // Bytes of the teacher rows (log-probs, ids and tails) this batch holds.
   int64_t teacher_bytes() const;
 
   // Same batch with every tensor on `device` (no copy for tensors already there).
@@ -115,7 +119,8 @@ TruncatedResponses ParseTruncatedResponses(const std::string& name);
 // behavior log-prob count != response length, negative token ids, teacher
 // log-probs of the wrong shape, teacher log-probs present on some samples
 // but not others or in different forms (top-k rows of different k, top-k
-// ids that are not int64 or repeat within a row), or empty demonstrations. `truncated` applies to
+// ids that are not int64 or repeat within a row, a tail mass on some top-k
+// samples but not others or not of shape [T]), or empty demonstrations. `truncated` applies to
 // samples with ScoredSample.truncated (kKeep: the batch is as if none were).
 // The advantages are GrpoAdvantages(rewards, norm_std, advantage_std).
 TrainBatch BuildTrainBatch(const std::vector<ScoredGroup>& groups, bool norm_std, int64_t pad_id,

@@ -225,8 +225,8 @@ VocabHeadTerms ComputeVocabHeadTerms(const VocabHeadInputs& in) {
       terms.distill = TopkReverseKl(set_logits, q.to(set_logits.scalar_type()));
       break;
     case DistillLoss::kTopkTailReverseKl:
-      terms.distill =
-          TopkTailReverseKl(set_logits - lse.unsqueeze(-1), q.to(set_logits.scalar_type()));
+      terms.distill = TopkTailReverseKl(set_logits - lse.unsqueeze(-1),
+                                        q.to(set_logits.scalar_type()), teacher.tail_logmass);
       break;
   }
   return terms;

@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -29,13 +30,20 @@ using testing::ZeroGrads;
 constexpr int64_t kVocab = 16;  // TinyConfig's rows
 
 // Compact top-k rows of each sample's full teacher row: its k most likely
-// ids (in a shuffled order, so nothing relies on them being sorted) and
-// their log-probs.
+// ids (in a shuffled order, so nothing relies on them being sorted), their
+// log-probs, and a sent tail log-mass half a nat below the row's true one:
+// a path that rebuilt the tail from the k values instead of reading the
+// sent one would differ from the others.
 std::vector<ScoredGroup> ToTopk(std::vector<ScoredGroup> groups, int64_t k) {
   for (ScoredGroup& g : groups) {
     for (ScoredSample& s : g.samples) {
       const auto [values, ids] = s.teacher_logprobs.topk(k, -1);
       const torch::Tensor order = torch::randperm(k, torch::kInt64);
+      s.teacher_tail_logmass =
+          (s.teacher_logprobs.scatter(-1, ids, -std::numeric_limits<float>::infinity())
+               .logsumexp(-1) -
+           0.5)
+              .contiguous();
       s.teacher_topk_ids = ids.index_select(1, order).contiguous();
       s.teacher_logprobs = values.index_select(1, order).contiguous();
     }
@@ -366,13 +374,16 @@ TEST(TopkTailReverseKl, ClosedFormLogitGradientEqualsAutograd) {
     const torch::Tensor logq =
         torch::log_softmax(2 * torch::randn({rows, vocab}, torch::kFloat64), -1);
     const torch::Tensor ids = std::get<1>(logq.topk(k, -1));
-    const TeacherRows teacher{logq.gather(-1, ids), ids};
+    // The teacher's sent tail, a nat off the rebuilt one: the closed form
+    // must read the one autograd differentiates.
+    const torch::Tensor sent_tail = TailLogMass(logq.gather(-1, ids)) - 1.0;
+    const TeacherRows teacher{logq.gather(-1, ids), ids, sent_tail};
     const torch::Tensor targets = torch::randint(vocab, {rows}, torch::kInt64);
     for (const DistillLoss loss : {DistillLoss::kTopkTailReverseKl, DistillLoss::kTopkReverseKl}) {
       const torch::Tensor logp = torch::log_softmax(z / temperature, -1);
       const torch::Tensor set = logp.gather(-1, ids);
       const torch::Tensor per_row = loss == DistillLoss::kTopkTailReverseKl
-                                        ? TopkTailReverseKl(set, teacher.logprobs)
+                                        ? TopkTailReverseKl(set, teacher.logprobs, sent_tail)
                                         : TopkReverseKl(set, teacher.logprobs);
       const torch::Tensor autograd = torch::autograd::grad({per_row.sum()}, {z})[0];
       const torch::Tensor closed =
@@ -407,6 +418,11 @@ TEST(TeacherTailMass, MeanAndP95OverResponsePositions) {
   EXPECT_NEAR(mass->mean, 0.25, 1e-6);
   EXPECT_NEAR(mass->p95, 0.475, 1e-6);  // linear interpolation between 0.25 and 0.5
   EXPECT_FALSE(TeacherTailMass({logprobs.select(2, 0), {}}, mask).has_value());
+  // A tail the teacher sent is read as it is, not rebuilt from the values.
+  const torch::Tensor sent = torch::tensor({{std::log(1e-5), std::log(0.1), 0.0, 0.0}});
+  const std::optional<TailMass> read = TeacherTailMass({logprobs, ids, sent}, mask);
+  ASSERT_TRUE(read.has_value());
+  EXPECT_NEAR(read->mean, (1e-5 + 0.1 + 1.0) / 3, 1e-6);
 }
 
 // Compact top-k rows against the dense form the group decoder used to make
@@ -431,8 +447,9 @@ TEST(CompactTopkRows, TopkReverseKlEqualsTheDensifiedRowForm) {
   const torch::Tensor at = compact.response_mask > 0;
   ExpectClose(terms.distill.detach().masked_select(at), reference.masked_select(at), 1e-5,
               "compact vs dense");
-  EXPECT_EQ(compact.teacher_bytes(),
-            compact.teacher_logprobs.numel() * 4 + compact.teacher_topk_ids.numel() * 8);
+  EXPECT_EQ(compact.teacher_bytes(), compact.teacher_logprobs.numel() * 4 +
+                                         compact.teacher_topk_ids.numel() * 8 +
+                                         compact.teacher_tail_logmass.numel() * 4);
 }
 
 }  // namespace

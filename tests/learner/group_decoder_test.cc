@@ -156,7 +156,8 @@ GroupExpectations ExpectTopk(int64_t k) {
 }
 
 // Top-k rows for every sample of Group() (responses of 2 tokens): ids and
-// log-probs [2, k], sample s's log-probs shifted by -0.1 s.
+// log-probs [2, k], sample s's log-probs shifted by -0.1 s, and each row's
+// tail log(1 − Σ top-k), computed in double (−inf when k is the whole row).
 kappa::v1::ScoredGroup TopkGroup(const std::vector<std::vector<int64_t>>& ids,
                                  const std::vector<std::vector<float>>& logprobs) {
   kappa::v1::ScoredGroup group = Group({1.0f, 0.0f});
@@ -173,6 +174,9 @@ kappa::v1::ScoredGroup TopkGroup(const std::vector<std::vector<int64_t>>& ids,
     }
     services::EncodeTensor(id_tensor, group.mutable_samples(s)->mutable_teacher_topk_ids());
     services::EncodeTensor(values, group.mutable_samples(s)->mutable_teacher_logprobs());
+    const torch::Tensor tail =
+        (1.0 - values.to(torch::kFloat64).exp().sum(-1)).clamp_min(0.0).log().to(torch::kFloat32);
+    services::EncodeTensor(tail, group.mutable_samples(s)->mutable_teacher_tail_logmass());
   }
   return group;
 }

@@ -129,7 +129,8 @@ kappa::v1::ScoredGroup ValidGroup(const kappa::v1::WorkItem& item) {
 }
 
 // The same group for a TOPK work item: teacher rows [3, k] of the k the
-// item carries, ids 0..k-1 shifted by the row.
+// item carries, ids 0..k-1 shifted by the row, log-probs -1, -2, ..., -k,
+// and the tail log q(T) = log(1 − Σ_j e^{−1−j}) of each row.
 kappa::v1::ScoredGroup ValidTopkGroup(const kappa::v1::WorkItem& item) {
   kappa::v1::ScoredGroup group = ValidGroup(item);
   const int k = item.teacher_top_k();
@@ -149,6 +150,10 @@ kappa::v1::ScoredGroup ValidTopkGroup(const kappa::v1::WorkItem& item) {
     wire_ids->add_shape(kResponseLength);
     wire_ids->add_shape(k);
     wire_ids->set_data(ids.data(), ids.size() * sizeof(int32_t));
+    double top_mass = 0;
+    for (int j = 0; j < k; ++j) top_mass += std::exp(-1.0 - j);
+    SetFloats(sample.mutable_teacher_tail_logmass(), {kResponseLength},
+              static_cast<float>(std::log(1.0 - top_mass)));
   }
   return group;
 }
@@ -422,8 +427,7 @@ TEST_F(LearnerBadTopkInputTest, TopkRowsAreCheckedAgainstTheWorkItem) {
        },
        "INVALID_ARGUMENT", "samples[0].teacher_logprobs: shape [3, 20] does not match [3, 3]"},
       {"top-k: no ids", [](auto& g) { g.mutable_samples(0)->clear_teacher_topk_ids(); },
-       "INVALID_ARGUMENT",
-       "samples[0].teacher_topk_ids: dtype unspecified is not an integer type"},
+       "INVALID_ARGUMENT", "samples[0].teacher_topk_ids: dtype unspecified is not an integer type"},
       {"top-k: ids of another shape",
        [](auto& g) { g.mutable_samples(1)->mutable_teacher_topk_ids()->set_shape(1, 2); },
        "INVALID_ARGUMENT", "samples[1].teacher_topk_ids: 36 bytes for shape [3, 2]"},
@@ -441,6 +445,21 @@ TEST_F(LearnerBadTopkInputTest, TopkRowsAreCheckedAgainstTheWorkItem) {
          SetFloatAt(g.mutable_samples(1)->mutable_teacher_logprobs(), 0, std::nanf(""));
        },
        "INVALID_ARGUMENT", "samples[1].teacher_logprobs: non-finite value nan at flat index 0"},
+      {"top-k: no tail mass", [](auto& g) { g.mutable_samples(1)->clear_teacher_tail_logmass(); },
+       "INVALID_ARGUMENT",
+       "samples[1].teacher_tail_logmass: missing; the TOPK form needs the teacher's float32 "
+       "tail mass"},
+      {"top-k: tail mass of another length",
+       [](auto& g) { SetFloats(g.mutable_samples(0)->mutable_teacher_tail_logmass(), {2}, -1.f); },
+       "INVALID_ARGUMENT", "samples[0].teacher_tail_logmass: shape [2] does not match [3]"},
+      {"top-k: bfloat16 tail mass",
+       [](auto& g) {
+         g.mutable_samples(0)->mutable_teacher_tail_logmass()->set_dtype(kappa::v1::DTYPE_BFLOAT16);
+       },
+       "INVALID_ARGUMENT", "samples[0].teacher_tail_logmass: dtype bfloat16 is not float32"},
+      {"top-k: positive tail mass",
+       [](auto& g) { SetFloatAt(g.mutable_samples(1)->mutable_teacher_tail_logmass(), 2, 0.5f); },
+       "INVALID_ARGUMENT", "samples[1].teacher_tail_logmass[2]: 0.5 is not a log-mass"},
   };
 
   grpc::ClientContext context;

@@ -17,6 +17,7 @@
 #include "learner/algo/logprob_losses.h"
 #include "learner/group_decoder.h"
 #include "services/torch_tensor_codec.h"
+#include "teacher_server/scorer.h"
 #include "tests/algo/tiny_model.h"
 
 namespace kappa::learner {
@@ -43,6 +44,11 @@ kappa::v1::ScoredGroup ToTopkWire(const ScoredGroup& group) {
     auto [values, ids] = sample.teacher_logprobs.topk(kK, -1);
     services::EncodeTensor(values, out->mutable_teacher_logprobs());
     services::EncodeTensor(ids.to(torch::kInt32), out->mutable_teacher_topk_ids());
+    // The teacher's tail: the full row's mass outside the ids.
+    const torch::Tensor tail = sample.teacher_logprobs.to(torch::kFloat64)
+                                   .scatter(-1, ids, -std::numeric_limits<double>::infinity())
+                                   .logsumexp(-1);
+    services::EncodeTensor(tail.to(torch::kFloat32), out->mutable_teacher_tail_logmass());
   }
   return wire;
 }
@@ -98,8 +104,9 @@ TEST_F(TopkFixture, DecodedRowsStayCompactAndHoldTheTopk) {
   const torch::Tensor full_ids = std::get<1>(full.teacher_logprobs.topk(kK, -1)).index({mask});
   EXPECT_TRUE(torch::equal(std::get<0>(full_ids.sort(-1)),
                            std::get<0>(topk.teacher_topk_ids.index({mask}).sort(-1))));
-  // k ids + k values per position instead of V values.
-  EXPECT_EQ(topk.teacher_bytes(), topk.teacher_logprobs.numel() * 4 * 3);
+  // k ids + k values + the tail per position instead of V values.
+  EXPECT_EQ(topk.teacher_bytes(),
+            topk.teacher_logprobs.numel() * 4 * 3 + topk.teacher_tail_logmass.numel() * 4);
   EXPECT_LT(topk.teacher_bytes(), full.teacher_bytes());
 }
 
@@ -184,6 +191,85 @@ TEST_F(TopkFixture, LearnerStepsAreFiniteAndTheSameWithTheChunkedHead) {
       // vocab_head_test compares the gradients themselves.)
     }
   }
+}
+
+// Issue 44 item 3. Peaked rows at the real vocabulary, as an instruct
+// teacher gives them: top-1 0.99, 63 more ids holding 0.01 − 1e-5 and a tail
+// of 1e-5 spread over the other 151,872 ids, built in float64 here. The
+// teacher reduces its float32 row to the top-64 and its tail (SelectForm),
+// the values travel as bfloat16, the tail as float32, and the learner
+// decodes them. Rebuilding the tail as 1 − Σ top-k from those values, as
+// the learner did, is off by many nats (the values' rounding is larger than
+// the tail); the sent tail is within 0.05 nat, and the top-k+tail reverse KL
+// of a student against it within 1e-3 of its float64 value.
+TEST(TopkTeacherTail, ThePeakedTailSurvivesTheBfloat16Wire) {
+  constexpr int64_t kRealVocab = 151936, kTop = 64, kRows = 8;
+  constexpr double kTail = 1e-5;
+  torch::manual_seed(44);
+  // A distribution over the vocabulary, float64: `top1` on one random id,
+  // `mid` shared at random over 63 more, `tail` over the rest.
+  auto peaked = [&](double top1, double tail, torch::Tensor* order) {
+    *order = torch::randperm(kRealVocab, torch::kInt64);
+    torch::Tensor mass = torch::empty({kRealVocab}, torch::kFloat64);
+    const torch::Tensor mid = torch::rand({kTop - 1}, torch::kFloat64) + 0.5;
+    const torch::Tensor rest = torch::rand({kRealVocab - kTop}, torch::kFloat64) + 0.5;
+    mass.index_put_({order->narrow(0, 0, 1)}, torch::full({1}, top1, torch::kFloat64));
+    mass.index_put_({order->narrow(0, 1, kTop - 1)}, mid / mid.sum() * (1 - top1 - tail));
+    mass.index_put_({order->narrow(0, kTop, kRealVocab - kTop)}, rest / rest.sum() * tail);
+    return mass.log();
+  };
+  kappa::v1::ScoredGroup wire;
+  wire.add_prompt_tokens(1);
+  kappa::v1::ScoredSample* sample = wire.add_samples();
+  std::vector<torch::Tensor> teacher_rows, student_rows;
+  for (int64_t t = 0; t < kRows; ++t) {
+    torch::Tensor order;
+    teacher_rows.push_back(peaked(0.99, kTail, &order));
+    // The student: less sure, with a thousand times the teacher's tail.
+    const torch::Tensor student = peaked(0.97, 1e-2, &order);
+    student_rows.push_back(student);
+    sample->add_response_tokens(static_cast<int32_t>(t));
+  }
+  const torch::Tensor teacher64 = torch::stack(teacher_rows);
+  const torch::Tensor student64 = torch::stack(student_rows);
+  const teacher::ScoredTensors scored =
+      teacher::SelectForm(teacher64.to(torch::kFloat32), std::vector<int64_t>(kRows, 0),
+                          teacher::ScoreForm::kTopK, kTop);
+  services::EncodeTensor(scored.logprobs, sample->mutable_teacher_logprobs(),
+                         kappa::v1::DTYPE_BFLOAT16);
+  services::EncodeTensor(scored.topk_ids, sample->mutable_teacher_topk_ids(),
+                         kappa::v1::DTYPE_INT32);
+  services::EncodeTensor(scored.tail_logmass, sample->mutable_teacher_tail_logmass(),
+                         kappa::v1::DTYPE_FLOAT32);
+  services::EncodeTensor(torch::full({kRows}, -1.0f), sample->mutable_behavior_logprobs());
+  GroupExpectations expect;
+  expect.group_size = 1;
+  expect.vocab_size = kRealVocab;
+  expect.max_new_tokens = kRows;
+  expect.teacher_form = kappa::v1::SCORE_FORM_TOPK;
+  expect.teacher_top_k = kTop;
+  const absl::StatusOr<ScoredGroup> decoded = DecodeScoredGroup(wire, expect);
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  const ScoredSample& row = decoded->samples[0];
+
+  const torch::Tensor ids = row.teacher_topk_ids;
+  const torch::Tensor exact_tail =
+      teacher64.scatter(-1, ids, -std::numeric_limits<double>::infinity()).logsumexp(-1);
+  const torch::Tensor sent = TeacherTailLogMass(row.teacher_logprobs, row.teacher_tail_logmass);
+  const torch::Tensor rebuilt = TailLogMass(row.teacher_logprobs);
+  EXPECT_LT((sent.to(torch::kFloat64) - exact_tail).abs().max().item<double>(), 0.05);
+  EXPECT_GT((rebuilt.to(torch::kFloat64) - exact_tail).abs().max().item<double>(), 1.0)
+      << "the bfloat16 values no longer hide the tail: this test lost its point";
+
+  // KL over the k ids and the tail bucket, float64 from the distributions.
+  const torch::Tensor p_set = student64.gather(-1, ids);
+  const torch::Tensor p_tail = (1 - p_set.exp().sum(-1)).log();
+  const torch::Tensor want = (p_set.exp() * (p_set - teacher64.gather(-1, ids))).sum(-1) +
+                             p_tail.exp() * (p_tail - exact_tail);
+  const torch::Tensor got =
+      TopkTailReverseKl(p_set.to(torch::kFloat32), row.teacher_logprobs, row.teacher_tail_logmass);
+  EXPECT_LT((got.to(torch::kFloat64) - want).abs().max().item<double>(), 1e-3)
+      << "KL " << got << " want " << want;
 }
 
 TEST_F(TopkFixture, NonFiniteTopkValuesNeverReachTheLoss) {

@@ -214,6 +214,11 @@ class WorkerTest : public ::testing::Test {
                     (std::vector<int64_t>{length, k}));
           EXPECT_EQ(sample.teacher_topk_ids().dtype(), kappa::v1::DTYPE_INT32);
           EXPECT_EQ(services::NumElements(sample.teacher_topk_ids()), length * k);
+          // The teacher's float32 tail, forwarded whatever the values' dtype.
+          EXPECT_EQ(sample.teacher_tail_logmass().dtype(), kappa::v1::DTYPE_FLOAT32);
+          EXPECT_EQ(std::vector<int64_t>(sample.teacher_tail_logmass().shape().begin(),
+                                         sample.teacher_tail_logmass().shape().end()),
+                    (std::vector<int64_t>{length}));
           break;
         }
         case kappa::v1::SCORE_FORM_SAMPLED:

@@ -114,6 +114,14 @@ TEST_F(ScorerTest, TopKAndSampledAgreeWithFull) {
           EXPECT_GE(vals[row][j - 1], vals[row][j]);
         }
       }
+      // The tail: the mass of the row outside the 4 ids, summed over them.
+      double outside = 0;
+      for (int64_t v = 0; v < f.size(1); ++v) {
+        bool in_top = false;
+        for (int64_t j = 0; j < 4; ++j) in_top = in_top || ids[row][j] == v;
+        if (!in_top) outside += std::exp(static_cast<double>(fa[row][v]));
+      }
+      EXPECT_NEAR(topk[i].tail_logmass[row].item<float>(), std::log(outside), 1e-5);
       // Nothing outside the top 4 beats the 4th value.
       const float fourth = vals[row][3];
       int64_t above = 0;
@@ -186,6 +194,10 @@ TEST_F(ScorerTest, RejectsBadInputWithExceptions) {
   EXPECT_THROW(ResponseLogProbs(model_, batch), std::invalid_argument);
 
   const torch::Tensor lp = ResponseLogProbs(model_, {&sequences_[0]})[0];
+  // k = V: every id in the set, an empty tail.
+  const ScoredTensors all =
+      SelectForm(lp, sequences_[0].response_tokens, ScoreForm::kTopK, lp.size(1));
+  EXPECT_TRUE((all.tail_logmass == -std::numeric_limits<float>::infinity()).all().item<bool>());
   EXPECT_THROW(SelectForm(lp, sequences_[0].response_tokens, ScoreForm::kTopK, 0),
                std::invalid_argument);
   EXPECT_THROW(SelectForm(lp, sequences_[0].response_tokens, ScoreForm::kTopK, 22),

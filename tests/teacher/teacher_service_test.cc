@@ -234,8 +234,12 @@ TEST_F(TeacherServiceTest, TopKAndSampledForms) {
   kappa::v1::ScoreResponse topk;
   ASSERT_TRUE(Score(request, &topk).ok());
 
-  request.set_form(kappa::v1::SCORE_FORM_SAMPLED);
+  // The same with bfloat16 values: the tail mass stays float32.
   request.set_value_dtype(kappa::v1::DTYPE_BFLOAT16);
+  kappa::v1::ScoreResponse topk_bf16;
+  ASSERT_TRUE(Score(request, &topk_bf16).ok());
+
+  request.set_form(kappa::v1::SCORE_FORM_SAMPLED);
   kappa::v1::ScoreResponse sampled;
   ASSERT_TRUE(Score(request, &sampled).ok());
 
@@ -255,6 +259,18 @@ TEST_F(TeacherServiceTest, TopKAndSampledForms) {
       for (int j = 0; j < 3; ++j) {
         EXPECT_NEAR(v[row * 3 + j], expected[j].item<float>(), 1e-5);
         EXPECT_NEAR(v[row * 3 + j], want[row][id[row * 3 + j]].item<float>(), 1e-5);
+      }
+    }
+    // log q(T): the reference row's mass outside its top 3, in double.
+    for (const kappa::v1::ScoreResponse* response : {&topk, &topk_bf16}) {
+      const kappa::v1::Tensor& tail = response->sequences(s).tail_logmass();
+      ASSERT_EQ(tail.dtype(), kappa::v1::DTYPE_FLOAT32);
+      ASSERT_EQ(Shape(tail), (std::vector<int64_t>{t}));
+      const std::vector<float> got = Floats(tail);
+      for (int64_t row = 0; row < t; ++row) {
+        const torch::Tensor q = want[row].to(torch::kFloat64).exp();
+        const double outside = 1.0 - std::get<0>(q.topk(3)).sum().item<double>();
+        EXPECT_NEAR(got[row], std::log(outside), 1e-4) << "sequence " << s << " row " << row;
       }
     }
 
