@@ -95,7 +95,24 @@ absl::StatusOr<HybridStepConfig> MakeHybridStepConfig(const services::Config& co
     return absl::InvalidArgumentError(
         "config key 'm3.mask_estimator': must be logit or last_layer");
   }
+  if (!(config.m3.mask_temperature >= 0)) {
+    return absl::InvalidArgumentError(
+        "config key 'm3.mask_temperature' must be >= 0 (0: a hard mask)");
+  }
   balance.mask_temperature = config.m3.mask_temperature;
+  // Pairs that would run and silently do nothing (docs/algorithms.md §4).
+  if (balance.normalize && !(trainer.reward_weight > 0)) {
+    return absl::InvalidArgumentError(
+        "config keys 'trainer.balance' and 'trainer.reward_weight': m3_norm scales the "
+        "distillation gradient to match w_R‖∇L_R‖, which reward_weight 0 makes 0 on every step; "
+        "to train on distillation alone use trainer.balance: [naive] with trainer.lambda");
+  }
+  if (balance.mask && step.gate == DistillGate::kRstg) {
+    return absl::InvalidArgumentError(
+        "config keys 'trainer.balance' and 'trainer.distill_gate': m3_mask with distill_gate "
+        "rstg can only remove reward signal (rstg distils only groups whose rewards are all 0, "
+        "where ∇ℓ_R and so K_DR are 0; elsewhere it would drop ℓ_R where nothing is distilled)");
+  }
   balance.adapt_config.gain = config.m3.adapt_gain;
   balance.adapt_config.ema = config.m3.adapt_ema;
   balance.adapt_config.max_factor = config.m3.adapt_max_factor;

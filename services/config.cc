@@ -435,7 +435,9 @@ constexpr Field kFields[] = {
                        "(naive hybrid) or `rstg` (negative zero-variance groups, see `rstg.*`)."),
     KAPPA_CONFIG_FIELD(trainer.balance,
                        "Gradient balancing: `[naive]`, or any of `m3_norm`, `m3_mask`, "
-                       "`m3_project`, `m3_adapt` (`m3_norm` and `m3_adapt` exclude each other)."),
+                       "`m3_project`, `m3_adapt` (`m3_norm` and `m3_adapt` exclude each other; "
+                       "refused: `m3_norm` with `trainer.reward_weight: 0`, `m3_mask` with "
+                       "`trainer.distill_gate: rstg`)."),
     KAPPA_CONFIG_FIELD(trainer.kappa_target,
                        "κ_target of `m3_norm` and `m3_adapt`: the ratio ‖g_R‖ / ‖scaled g_D‖ "
                        "they aim for (> 0)."),

@@ -170,10 +170,18 @@ CombinedGradient CombineGradients(GradientList reward, GradientList distill, Gra
     out.balanced_reward_sq = out.reward_sq;
   }
 
-  out.distill_scale = plan.balance.normalize
-                          ? out.balanced_reward_sq.sqrt() /
-                                (plan.balance.kappa_target * out.distill_sq.sqrt() + kNormEpsilon)
-                          : torch::full({}, plan.distill_weight, f64);
+  const torch::Tensor lambda = torch::full({}, plan.distill_weight, f64);
+  if (plan.balance.normalize) {
+    // ‖g_R′‖ = 0 (every group tied, so every advantage 0, or w_R = 0): no
+    // magnitude to match, and s = 0 would drop the distillation exactly on
+    // the steps it alone can carry; s keeps λ there.
+    const torch::Tensor normalized =
+        out.balanced_reward_sq.sqrt() /
+        (plan.balance.kappa_target * out.distill_sq.sqrt() + kNormEpsilon);
+    out.distill_scale = torch::where(out.balanced_reward_sq > 0, normalized, lambda);
+  } else {
+    out.distill_scale = lambda;
+  }
 
   out.total = std::move(reward);
   AddScaled(out.total, distill, out.distill_scale);

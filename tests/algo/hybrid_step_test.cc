@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 
 #include "learner/algo/logit_gradients.h"
+#include "learner/algo/losses.h"
 #include "tests/algo/tiny_model.h"
 
 namespace kappa::learner {
@@ -131,6 +132,150 @@ TEST_F(StepFixture, MaskDropsTheRewardTermExactlyWhereTheLogitKernelIsNegative) 
   for (size_t i = 0; i < got.size(); ++i) {
     EXPECT_TRUE(torch::allclose(got[i], want[i], 1e-4, 1e-7)) << "parameter " << i;
   }
+}
+
+// The per-position terms of `b` under `model`, written out here rather than
+// taken from ComputeTokenTerms: ℓ_R(n) (the PPO token loss) and the reverse
+// KL ℓ_D(n) of full teacher rows, from logits the caller may detach.
+struct ReferenceTerms {
+  torch::Tensor reward, distill;  // [B, L]
+};
+ReferenceTerms TermsFromLogits(const torch::Tensor& logits, const TrainBatch& b,
+                               const PpoConfig& ppo) {
+  const torch::Tensor lp = torch::log_softmax(logits, -1);
+  const torch::Tensor token = lp.gather(-1, b.target_tokens.unsqueeze(-1)).squeeze(-1);
+  return {PpoTokenLoss(token, b.old_logprobs, b.advantages, ppo),
+          (lp.exp() * (lp - b.teacher_logprobs)).sum(-1)};
+}
+
+// K_DR(n) of the `logit` estimator (g_R(n)·g_D(n)) and of `last_layer`
+// (‖h_n‖² g_R·g_D), with g_R(n), g_D(n) taken by autograd at the logits
+// (ℓ(n) depends on z_n alone, so one backward pass gives every position's),
+// not from the closed forms the step uses. 0 outside the response.
+std::pair<torch::Tensor, torch::Tensor> KernelsByAutograd(model::Decoder& model,
+                                                          const TrainBatch& b,
+                                                          const PpoConfig& ppo) {
+  const model::ForwardOutput out = model->Forward(b.input_tokens, b.attention_mask);
+  const torch::Tensor z = out.logits.detach().requires_grad_(true);
+  const ReferenceTerms terms = TermsFromLogits(z, b, ppo);
+  const torch::Tensor g_r = torch::autograd::grad({(terms.reward * b.response_mask).sum()}, {z}, {},
+                                                  /*retain_graph=*/true)[0];
+  const torch::Tensor g_d =
+      torch::autograd::grad({(terms.distill * b.response_mask).sum()}, {z})[0];
+  const torch::Tensor logit = (g_r * g_d).sum(-1) * b.response_mask;
+  return {logit, logit * out.hidden.detach().square().sum(-1)};
+}
+
+// m3_mask through a real step for every mask_target × mask_estimator ×
+// hard/soft the config reaches: the update equals ∇(w_R agg(m_R ℓ_R) +
+// λ agg(m_D ℓ_D)) with the weights m computed here from the kernels above.
+TEST_F(StepFixture, MaskTargetEstimatorAndSoftMaskGiveTheExpectedCombination) {
+  struct Case {
+    BalanceConfig::MaskTarget target;
+    KdrEstimator estimator;
+    bool soft;
+  };
+  using Target = BalanceConfig::MaskTarget;
+  for (const Case c : {Case{Target::kDistill, KdrEstimator::kLogit, false},
+                       Case{Target::kReward, KdrEstimator::kLastLayer, true},
+                       Case{Target::kDistill, KdrEstimator::kLastLayer, true},
+                       Case{Target::kReward, KdrEstimator::kLogit, true}}) {
+    const std::string name = std::string(c.target == Target::kReward ? "reward" : "distill") + "/" +
+                             KdrEstimatorName(c.estimator) + (c.soft ? "/soft" : "/hard");
+    const double lambda = 0.5;
+    model::Decoder model = TinyModel(4);
+    model::Decoder reference = model::CloneDecoder(model);
+    HybridStepConfig config;
+    config.balance = ParseBalance({"m3_mask"});
+    config.balance.mask_target = c.target;
+    config.balance.mask_estimator = c.estimator;
+    config.loss.lambda = lambda;
+    const torch::Tensor& mask = batch.response_mask;
+
+    const auto [logit_kernel, last_layer_kernel] =
+        KernelsByAutograd(reference, batch, config.loss.ppo);
+    const torch::Tensor kernel =
+        c.estimator == KdrEstimator::kLogit ? logit_kernel : last_layer_kernel;
+    const torch::Tensor conflicting = (kernel < 0) & (mask > 0);
+    ASSERT_GT(conflicting.sum().item<int64_t>(), 0) << name;
+    // τ: the median |K| of the conflicting positions, so the soft weights
+    // spread over (0, ½) instead of sitting at 0.
+    const double tau =
+        c.soft ? kernel.masked_select(conflicting).abs().median().item<double>() : 0.0;
+    config.balance.mask_temperature = tau;
+    // m(n): 1 where K ≥ 0; 0 (hard) or 1 / (1 + e^(−K/τ)) (soft) where K < 0.
+    const auto weights_of = [&](const torch::Tensor& k) {
+      const torch::Tensor kept = c.soft ? 1.0 / (1.0 + torch::exp(-k / tau)) : torch::zeros_like(k);
+      return torch::where(conflicting, kept, torch::ones_like(k));
+    };
+    const torch::Tensor weight = weights_of(kernel);
+    if (c.soft) {
+      // The other estimator's weights differ: the case tells them apart.
+      const torch::Tensor other =
+          weights_of(c.estimator == KdrEstimator::kLogit ? last_layer_kernel : logit_kernel);
+      EXPECT_GT((other - weight).abs().max().item<double>(), 0.05) << name;
+    }
+
+    HybridStep step = MakeStep(model, config);
+    const HybridStepReport report = step.Run(batch);
+    EXPECT_EQ(report.masked_positions, conflicting.sum().item<int64_t>()) << name;
+
+    const torch::Tensor w_r = c.target == Target::kReward ? weight : torch::ones_like(weight);
+    const torch::Tensor w_d = c.target == Target::kDistill ? weight : torch::ones_like(weight);
+    const ReferenceTerms terms =
+        TermsFromLogits(reference->Forward(batch.input_tokens, batch.attention_mask).logits, batch,
+                        config.loss.ppo);
+    const torch::Tensor tokens = mask.sum();
+    ((terms.reward * w_r * mask).sum() / tokens +
+     lambda * (terms.distill * w_d * mask).sum() / tokens)
+        .backward();
+    const auto want = Grads(reference);
+    const auto got = Grads(model);
+    for (size_t i = 0; i < got.size(); ++i) {
+      EXPECT_TRUE(torch::allclose(got[i], want[i], 1e-4, 1e-7)) << name << " parameter " << i;
+    }
+  }
+}
+
+// m3_norm on a step whose groups all tie (every advantage 0, so g_R = 0):
+// no magnitude to match, and s falls back to λ, so the step is λ ∇L_D
+// (docs/algorithms.md §4.3), not zero.
+TEST_F(StepFixture, NormKeepsLambdaWhenEveryGroupTies) {
+  std::vector<ScoredGroup> groups = RandomGroups(3, 4, true, 17);
+  for (size_t g = 0; g < groups.size(); ++g) {
+    for (ScoredSample& s : groups[g].samples) s.reward = static_cast<float>(g % 2);
+  }
+  const TrainBatch tied = BuildTrainBatch(groups, true, 0);
+  ASSERT_EQ(tied.advantages.abs().max().item<double>(), 0.0);
+
+  const double lambda = 0.3;
+  model::Decoder model = TinyModel(5);
+  model::Decoder reference = model::CloneDecoder(model);
+  HybridStepConfig config;
+  config.balance = ParseBalance({"m3_norm"});
+  config.balance.kappa_target = 2.0;
+  config.loss.lambda = lambda;
+  HybridStep step = MakeStep(model, config);
+  const HybridStepReport report = step.Run(tied);
+  EXPECT_EQ(report.stats.balanced_reward_grad_norm, 0.0);
+  EXPECT_GT(report.stats.distill_grad_norm, 0.0);
+  EXPECT_EQ(report.stats.distill_scale, lambda);
+
+  const ReferenceTerms terms = TermsFromLogits(
+      reference->Forward(tied.input_tokens, tied.attention_mask).logits, tied, config.loss.ppo);
+  (lambda * (terms.distill * tied.response_mask).sum() / tied.response_mask.sum()).backward();
+  const auto want = Grads(reference);
+  const auto got = Grads(model);
+  EXPECT_GT(GlobalNorm(got), 0.0);
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_TRUE(torch::allclose(got[i], want[i], 1e-4, 1e-7)) << "parameter " << i;
+  }
+
+  // A step with reward signal on the same model still normalizes.
+  const HybridStepReport mixed = step.Run(batch);
+  EXPECT_NEAR(mixed.stats.balanced_reward_grad_norm /
+                  (mixed.stats.distill_scale * mixed.stats.distill_grad_norm),
+              2.0, 1e-6);
 }
 
 TEST_F(StepFixture, RstgTrainsOnDemonstrationsAndExactKdrAgreesInSign) {

@@ -1,6 +1,7 @@
 // trainer.advantage_std from the run configuration to the batch: the key
 // parses, the step configuration carries it, a bad value is refused naming
-// the key, and the batch's advantages divide by the std it names.
+// the key, and the batch's advantages divide by the std it names. Also the
+// M3 pairs the step configuration refuses by name (issue 44).
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -67,6 +68,52 @@ TEST(AdvantageStd, ABadValueIsRefusedNamingTheKey) {
   const std::string message(step.status().message());
   EXPECT_NE(message.find("trainer.advantage_std"), std::string::npos) << message;
   EXPECT_NE(message.find("population, sample"), std::string::npos) << message;
+}
+
+// Pairs that would run and do nothing, refused naming both keys; their
+// neighbours still pass.
+TEST(M3Config, PairsThatWouldDoNothingAreRefusedNamingBothKeys) {
+  struct Refused {
+    std::vector<std::string> overrides;
+    std::string other_key, why;
+  };
+  for (const Refused& c : std::vector<Refused>{
+           {{"trainer.balance=m3_norm", "trainer.reward_weight=0"},
+            "trainer.reward_weight",
+            "m3_norm"},
+           {{"trainer.balance=[m3_norm,m3_project]", "trainer.reward_weight=0"},
+            "trainer.reward_weight",
+            "m3_norm"},
+           {{"trainer.balance=m3_mask", "trainer.distill_gate=rstg"},
+            "trainer.distill_gate",
+            "can only remove reward signal"},
+           {{"trainer.balance=m3_mask", "trainer.distill_gate=rstg", "m3.mask_target=distill"},
+            "trainer.distill_gate",
+            "m3_mask"}}) {
+    const absl::StatusOr<HybridStepConfig> step = StepFor(c.overrides);
+    if (step.ok()) {
+      ADD_FAILURE() << "accepted: " << c.overrides[0] << " " << c.overrides[1];
+      continue;
+    }
+    EXPECT_EQ(step.status().code(), absl::StatusCode::kInvalidArgument);
+    const std::string message(step.status().message());
+    EXPECT_NE(message.find("trainer.balance"), std::string::npos) << message;
+    EXPECT_NE(message.find(c.other_key), std::string::npos) << message;
+    EXPECT_NE(message.find(c.why), std::string::npos) << message;
+  }
+  for (const std::vector<std::string>& fine : std::vector<std::vector<std::string>>{
+           {"trainer.balance=m3_norm", "trainer.reward_weight=0.5"},
+           {"trainer.balance=naive", "trainer.reward_weight=0"},
+           {"trainer.balance=m3_mask", "trainer.distill_gate=all"},
+           {"trainer.balance=m3_norm", "trainer.distill_gate=rstg"},
+           {"trainer.balance=m3_mask", "m3.mask_temperature=0.5"}}) {
+    const absl::StatusOr<HybridStepConfig> step = StepFor(fine);
+    EXPECT_TRUE(step.ok()) << fine[0] << " " << fine[1] << ": " << step.status();
+  }
+  const absl::StatusOr<HybridStepConfig> negative = StepFor({"m3.mask_temperature=-1"});
+  ASSERT_FALSE(negative.ok());
+  EXPECT_NE(negative.status().message().find("m3.mask_temperature"), std::string::npos)
+      << negative.status();
 }
 
 }  // namespace
