@@ -54,7 +54,8 @@ struct TrainBatch {
   // ids 0..k-1 with log-probs log(1/(k+1)) (finite, a non-empty tail).
   torch::Tensor teacher_logprobs;
   torch::Tensor teacher_topk_ids;
-  torch::Tensor teacher_tail_logmass;  // [B, L] with top-k rows that carry it; padding log(1/(k+1))
+  // [B, L] float32 with top-k rows that carry it (padding log(1/(k+1))).
+  torch::Tensor teacher_tail_logmass;
   torch::Tensor rewards;  // [num_groups, G] float32, as the advantages saw them
   int64_t num_groups = 0;
   int64_t group_size = 0;
