@@ -121,30 +121,13 @@ class VocabHeadFunction : public torch::autograd::Function<VocabHeadFunction> {
     for (int64_t start = 0; start < rows; start += chunk) {
       const int64_t n = std::min(chunk, rows - start);
       const torch::Tensor h = hidden.narrow(0, start, n);
-      // p from the recomputed logits' own logsumexp: each row sums to 1
-      // whatever rounding the logits took.
-      const torch::Tensor s = ScaledLogits(h, w, temperature);
-      const torch::Tensor lp = s - s.logsumexp(-1, /*keepdim=*/true);
-      const torch::Tensor p = lp.exp();
-      // ∂/∂s of everything the node gave out, one chunk [n, V].
-      torch::Tensor ds = torch::zeros_like(s);
-      if (g_lse.defined()) ds += g_lse.narrow(0, start, n).unsqueeze(-1) * p;
-      if (g_target.defined()) {
-        ds.scatter_add_(-1, targets.narrow(0, start, n).unsqueeze(-1),
-                        g_target.narrow(0, start, n).unsqueeze(-1).to(ds.scalar_type()));
-      }
-      if (g_set.defined() && g_set.numel() > 0) {
-        ds.scatter_add_(-1, topk_ids.narrow(0, start, n),
-                        g_set.narrow(0, start, n).to(ds.scalar_type()));
-      }
-      if (g_kl.defined() && g_kl.numel() > 0) {
-        const torch::Tensor q = full_teacher.narrow(0, start, n).to(lp.scalar_type());
-        const torch::Tensor form =
-            kl_kind == FullKl::kReverse
-                ? p * (lp - q - ReverseKlFromLogProbs(lp, q).unsqueeze(-1))  // reverse KL
-                : p - q.exp();                                               // forward KL
-        ds += g_kl.narrow(0, start, n).unsqueeze(-1) * form;
-      }
+      auto part = [&](const torch::Tensor& g) {
+        return g.defined() && g.numel() > 0 ? g.narrow(0, start, n) : torch::Tensor();
+      };
+      const torch::Tensor ds = VocabHeadChunkLogitGradient(
+          ScaledLogits(h, w, temperature), {part(g_lse), part(g_target), part(g_set), part(g_kl)},
+          targets.narrow(0, start, n), part(topk_ids), part(full_teacher),
+          kl_kind == FullKl::kReverse);
       // s = z / τ and z = h W^T.
       const torch::Tensor dz = (temperature == 1.0 ? ds : ds / temperature).to(h.scalar_type());
       grad_hidden.narrow(0, start, n).copy_(torch::matmul(dz, w));
@@ -192,6 +175,29 @@ void CheckInputs(const VocabHeadInputs& in) {
 }
 
 }  // namespace
+
+torch::Tensor VocabHeadChunkLogitGradient(const torch::Tensor& s, const VocabHeadOutputGrads& g,
+                                          const torch::Tensor& targets,
+                                          const torch::Tensor& topk_ids,
+                                          const torch::Tensor& full_teacher, bool reverse_kl) {
+  // p from the logits' own logsumexp: each row sums to 1 whatever rounding
+  // the logits took.
+  const torch::Tensor lp = s - s.logsumexp(-1, /*keepdim=*/true);
+  const torch::Tensor p = lp.exp();
+  torch::Tensor ds = torch::zeros_like(s);
+  if (g.lse.defined()) ds += g.lse.unsqueeze(-1).to(ds.scalar_type()) * p;
+  if (g.target.defined()) {
+    ds.scatter_add_(-1, targets.unsqueeze(-1), g.target.unsqueeze(-1).to(ds.scalar_type()));
+  }
+  if (g.set.defined()) ds.scatter_add_(-1, topk_ids, g.set.to(ds.scalar_type()));
+  if (g.kl.defined()) {
+    const torch::Tensor q = full_teacher.to(lp.scalar_type());
+    const torch::Tensor form =
+        reverse_kl ? p * (lp - q - ReverseKlFromLogProbs(lp, q).unsqueeze(-1)) : p - q.exp();
+    ds += g.kl.unsqueeze(-1).to(ds.scalar_type()) * form;
+  }
+  return ds;
+}
 
 VocabHeadTerms ComputeVocabHeadTerms(const VocabHeadInputs& in) {
   CheckInputs(in);

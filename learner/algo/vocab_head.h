@@ -44,6 +44,27 @@ struct VocabHeadTerms {
 // shapes, τ <= 0, chunk_positions <= 0, or teacher rows the loss cannot read.
 VocabHeadTerms ComputeVocabHeadTerms(const VocabHeadInputs& in);
 
+// The incoming gradients of the node's outputs for one chunk of n
+// positions, each undefined when that output got none: ∂/∂logsumexp [n],
+// ∂/∂s at the target [n], ∂/∂s at the top-k ids [n, k], ∂/∂(full KL) [n].
+struct VocabHeadOutputGrads {
+  torch::Tensor lse, target, set, kl;
+};
+
+// What the node's backward computes for one chunk: ∂/∂s [n, V] of all it
+// gave out, from the chunk's recomputed scaled logits s [n, V] (float32 or
+// float64). p is normalised by s's own logsumexp, never by a saved one, so
+// for incoming gradients of log-probabilities (g.lse = −(g.target + Σ g.set))
+// every row sums to 0 to the rounding of s's type whatever rounding s
+// itself took (a bfloat16 GEMM under autocast; docs/algorithms.md §2.4).
+// targets [n] int64; topk_ids [n, k] int64 when g.set is defined;
+// full_teacher [n, V] log q when g.kl is defined, its form the reverse KL's
+// (reverse_kl) or the forward KL's.
+torch::Tensor VocabHeadChunkLogitGradient(const torch::Tensor& s, const VocabHeadOutputGrads& g,
+                                          const torch::Tensor& targets,
+                                          const torch::Tensor& topk_ids,
+                                          const torch::Tensor& full_teacher, bool reverse_kl);
+
 // The logit estimator of K_DR, g_R(n)·g_D(n) per position, [N], without
 // graph: both closed-form logit gradients one chunk at a time.
 // reward_coefficient [N] is c_n (RewardLogProbCoefficient).

@@ -212,6 +212,97 @@ TEST(VocabHead, UnderBf16AutocastTheChunkedHeadHasThePlainHeadsGradients) {
   }
 }
 
+// Issue 44 item 1: each row of ∂L/∂s the node's backward forms sums to 0,
+// for incoming gradients of log-probabilities, when s came out of a bfloat16
+// GEMM (logits ~20, confident rows). The backward normalises p by the
+// recomputed logits' own logsumexp; the saved bfloat16 one it used before
+// leaves rows summing to g_lse (Σ p − 1), shown here too.
+TEST(VocabHead, UnderBf16EveryRowOfTheChunkLogitGradientSumsToZero) {
+  torch::manual_seed(44);
+  const int64_t rows = 16, vocab = 2000, width = 64, k = 8;
+  const torch::Tensor h = torch::randn({rows, width});
+  const torch::Tensor w = torch::randn({vocab, width});
+  torch::Tensor s =
+      torch::matmul(h.to(torch::kBFloat16), w.to(torch::kBFloat16).t()).to(torch::kFloat32);
+  s = s * (20.0 / s.abs().max().item<double>());   // the largest logit ~20
+  s = s.to(torch::kBFloat16).to(torch::kFloat32);  // bfloat16 values, as the GEMM gives
+  const torch::Tensor targets = torch::randint(vocab, {rows}, torch::kInt64);
+  const torch::Tensor ids = std::get<1>(s.topk(k, -1));
+  const torch::Tensor teacher = torch::log_softmax(3 * torch::randn({rows, vocab}), -1);
+  VocabHeadOutputGrads g;
+  g.target = torch::randn({rows});
+  g.set = torch::randn({rows, k});
+  g.lse = -(g.target + g.set.sum(-1));  // the outputs enter the loss as log-probs
+  g.kl = torch::randn({rows});
+  for (const bool reverse : {true, false}) {
+    const torch::Tensor ds = VocabHeadChunkLogitGradient(s, g, targets, ids, teacher, reverse);
+    const torch::Tensor row_sum = ds.to(torch::kFloat64).sum(-1).abs();
+    const torch::Tensor row_norm = ds.to(torch::kFloat64).norm(2, -1);
+    EXPECT_TRUE((row_sum <= 1e-5 * row_norm).all().item<bool>())
+        << (reverse ? "reverse" : "forward")
+        << " KL: worst |Σ ds| / ‖ds‖ = " << (row_sum / row_norm).max().item<double>();
+  }
+  // The saved normaliser of a bfloat16 forward (its logsumexp rounded to
+  // bfloat16) against these logits: p no longer sums to 1.
+  const torch::Tensor saved_lse = s.logsumexp(-1).to(torch::kBFloat16).to(torch::kFloat32);
+  const torch::Tensor stale_p_sum = (s - saved_lse.unsqueeze(-1)).exp().sum(-1);
+  EXPECT_GT((stale_p_sum - 1).abs().max().item<double>(), 1e-3)
+      << "a stale normaliser no longer shows at this scale: the test lost its point";
+}
+
+// The SFT term and the exact K_DR under bf16: the chunked head gives the
+// plain head's values and gradients to bfloat16 tolerance.
+TEST(VocabHead, UnderBf16TheChunkedHeadHasThePlainHeadsSftGradientAndExactKdr) {
+  std::vector<ScoredGroup> groups = RandomGroups(2, 2, /*with_teacher=*/true, 5);
+  for (ScoredSample& s : groups[0].samples) s.reward = 0.0f;
+  groups[0].teacher_demonstrations = {{5, 6, 7}, {8, 9}};
+  const TrainBatch batch = BuildTrainBatch(groups, true, 0);
+  std::vector<torch::Tensor> sft_grads[2];
+  double sft_nll[2] = {0, 0};
+  for (int chunked = 0; chunked < 2; ++chunked) {
+    model::Decoder m = TinyModel(4);
+    LossConfig config;
+    config.vocab_chunk_positions = chunked ? 2 : 0;
+    TokenTerms terms;
+    {
+      const AutocastGuard autocast(torch::kCPU, Precision::kBFloat16);
+      terms = ComputeTokenTerms(m, batch, config);
+    }
+    ASSERT_TRUE(terms.sft_nll.defined());
+    sft_nll[chunked] = terms.sft_nll.item<double>();
+    ZeroGrads(m);
+    terms.sft_nll.backward();
+    sft_grads[chunked] = Grads(m);
+  }
+  EXPECT_NEAR(sft_nll[1], sft_nll[0], 3e-2 * std::max(1.0, std::abs(sft_nll[0])));
+  for (size_t i = 0; i < sft_grads[0].size(); ++i) {
+    ExpectClose(sft_grads[1][i], sft_grads[0][i], 3e-2, "bf16 ∇L_SFT param " + std::to_string(i));
+  }
+
+  for (const Case& c : Cases()) {
+    if (c.rows == "sampled") continue;
+    const TrainBatch kdr_batch = BatchFor(c, 17);
+    HybridStepReport reports[2];
+    for (int chunked = 0; chunked < 2; ++chunked) {
+      model::Decoder m = TinyModel(9);
+      HybridStepConfig config;
+      config.precision = Precision::kBFloat16;
+      config.loss.distill = c.loss;
+      config.loss.vocab_chunk_positions = chunked ? 4 : 0;
+      config.monitor.kdr_estimator = KdrEstimator::kLogit;
+      config.monitor.kdr_exact_every = 1;
+      config.monitor.kdr_exact_positions = 4;
+      auto optimizer = std::make_unique<PolicyOptimizer>(m, 1e-6, 0.0, /*max_grad_norm=*/0.0);
+      HybridStep step(m, std::move(optimizer), config);
+      reports[chunked] = step.Run(kdr_batch);
+    }
+    ASSERT_TRUE(reports[0].kdr_exact && reports[1].kdr_exact) << c.name;
+    EXPECT_NEAR(reports[1].kdr_exact->mean, reports[0].kdr_exact->mean,
+                3e-2 * std::max(1.0, std::abs(reports[0].kdr_exact->mean)))
+        << c.name << " bf16 exact K_DR";
+  }
+}
+
 TEST(VocabHead, SftRowsThroughTheChunkedHeadEqualSftNll) {
   std::vector<ScoredGroup> groups = RandomGroups(2, 2, /*with_teacher=*/true, 5);
   for (ScoredSample& s : groups[0].samples) s.reward = 0.0f;
