@@ -21,9 +21,13 @@ std::string Format(const char* format, ...) {
   return buffer;
 }
 
-// The EMA `ema` after one more value x (x itself when it had none).
-void AddToEma(std::optional<double>& ema, double x, double alpha) {
+// The EMA `ema` after one more value x (x itself when it had none). A NaN or
+// ±inf x is dropped, so an EMA (and a checkpoint of it) never holds one.
+// Returns whether x was taken.
+bool AddToEma(std::optional<double>& ema, double x, double alpha) {
+  if (!std::isfinite(x)) return false;
   ema = ema ? (1 - alpha) * *ema + alpha * x : x;
+  return true;
 }
 
 }  // namespace
@@ -83,8 +87,7 @@ std::vector<AlarmEvent> AlarmMonitor::Observe(const StepObservation& o) {
   ++s.observations;
   const double alpha = config_.ema_alpha;
   if (o.kappa) AddToEma(s.kappa_ema, *o.kappa, alpha);
-  if (o.distill_loss) {
-    AddToEma(s.distill_ema, *o.distill_loss, alpha);
+  if (o.distill_loss && AddToEma(s.distill_ema, *o.distill_loss, alpha)) {
     s.distill_history.push_back(*s.distill_ema);
     TrimHistory();
   }
@@ -156,6 +159,7 @@ std::optional<AlarmEvent> AlarmMonitor::CheckConflict(const StepObservation& o) 
 
 std::optional<AlarmEvent> AlarmMonitor::CheckCollapse(const StepObservation& o) {
   AlarmMonitorState& s = state_;
+  if (!s.reward_ema || !s.entropy_ema) return std::nullopt;  // no finite value yet
   const double reward = *s.reward_ema;
   s.best_reward_ema = s.best_reward_ema ? std::max(*s.best_reward_ema, reward) : reward;
   const double best = *s.best_reward_ema;

@@ -7,6 +7,8 @@
 #include <cmath>
 #include <cstdio>
 #include <stdexcept>
+#include <string>
+#include <utility>
 
 namespace kappa::learner {
 namespace {
@@ -31,6 +33,19 @@ std::vector<torch::Tensor> TrainableParameters(model::Decoder& model) {
 torch::Tensor Float64Scalar(const torch::Tensor& t, const torch::Device& device) {
   return t.defined() ? t.detach().to(device, torch::kFloat64).reshape({})
                      : torch::zeros({}, torch::TensorOptions(device).dtype(torch::kFloat64));
+}
+
+// The first of the step's loss terms and its gradient norm that is NaN or
+// ±inf, by name; empty when all are finite.
+std::string FirstNonFiniteTerm(const StepStats& s) {
+  const std::pair<const char*, double> terms[] = {{"reward_loss", s.reward_loss},
+                                                  {"distill_loss", s.distill_loss},
+                                                  {"sft_loss", s.sft_loss},
+                                                  {"grad_norm", s.grad_norm}};
+  for (const auto& [name, value] : terms) {
+    if (!std::isfinite(value)) return name;
+  }
+  return "";
 }
 
 LearningRateSchedule ConstantRate(double lr, int64_t warmup_steps) {
@@ -250,7 +265,9 @@ StepStats PolicyOptimizer::FinishStep() {
   } else {
     stats.distill_scale = plan.distill_weight;
   }
-  ClipAndApply(stats.grad_norm, &stats);
+  // Neither clipping nor AdamW repairs a NaN: skip, leave everything as it was.
+  stats.nonfinite_term = FirstNonFiniteTerm(stats);
+  if (!stats.skipped()) ClipAndApply(stats.grad_norm, &stats);
   return stats;
 }
 

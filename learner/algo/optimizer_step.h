@@ -34,6 +34,11 @@ struct StepStats {
   double balanced_reward_grad_norm = 0.0;  // ‖g_R′‖ after m3_project
   double distill_scale = 0.0;      // the coefficient applied to ∇L_D (λ or m3_norm's s)
   bool projected = false;          // m3_project changed g_R this step
+  // Empty when the update was applied. Otherwise the first of reward_loss,
+  // distill_loss, sft_loss, grad_norm (in that order) that was NaN or ±inf:
+  // the step was skipped, nothing applied (PolicyOptimizer::FinishStep).
+  std::string nonfinite_term;
+  bool skipped() const { return !nonfinite_term.empty(); }
   // κ = ‖∇L_R‖ / ‖∇L_D‖ (docs/algorithms.md §3.1, with the reward weight w_R as part of
   // L_R); absent when not measured or ‖∇L_D‖ = 0.
   std::optional<double> kappa() const {
@@ -82,6 +87,11 @@ class PolicyOptimizer {
   // REQUIRES: a step open (BeginStep). Runs the backward pass(es) now.
   void AccumulateStep(const LossTerms& micro_batch);
   // REQUIRES: a step open. Combines, clips and applies the update; closes the step.
+  // A non-finite step is skipped: when a loss term or the combined gradient's
+  // norm is NaN or ±inf, the parameters, the AdamW moments and step() stay
+  // bitwise as they were and the stats name the term (StepStats::skipped).
+  // Data parallel: the terms and the norm are the ranks' sums, so every rank
+  // skips the same steps.
   StepStats FinishStep();
   // The naive step L_R + λ L_D, measured.
   StepStats Step(const LossTerms& terms, double lambda);

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <functional>
+#include <limits>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -242,6 +243,34 @@ TEST(Alarms, InferenceMismatchFromTheFirstStepAfterItsWindow) {
   bad = TestConfig();
   bad.mismatch_threshold = -1;
   EXPECT_THROW(AlarmMonitor{bad}, std::invalid_argument);
+}
+
+TEST(Alarms, ANonFiniteObservationLeavesEveryEmaAsItWas) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const double inf = std::numeric_limits<double>::infinity();
+  // From the first step: no EMA is seeded with it, and nothing breaks.
+  AlarmMonitor first(TestConfig());
+  StepObservation broken;
+  broken.step = 1;
+  broken.kappa = nan;
+  broken.distill_loss = inf;
+  broken.reward_mean = nan;
+  broken.entropy = -inf;
+  EXPECT_TRUE(first.Observe(broken).empty());
+  EXPECT_FALSE(first.state().kappa_ema || first.state().distill_ema || first.state().reward_ema ||
+               first.state().entropy_ema);
+  EXPECT_TRUE(first.state().distill_history.empty());
+  // Mid-run: every EMA keeps its value.
+  AlarmMonitor monitor(TestConfig());
+  Feed(10, Healthy, &monitor);
+  const AlarmMonitorState before = monitor.state();
+  broken.step = 11;
+  monitor.Observe(broken);
+  EXPECT_EQ(monitor.state().kappa_ema, before.kappa_ema);
+  EXPECT_EQ(monitor.state().distill_ema, before.distill_ema);
+  EXPECT_EQ(monitor.state().reward_ema, before.reward_ema);
+  EXPECT_EQ(monitor.state().entropy_ema, before.entropy_ema);
+  EXPECT_EQ(monitor.state().distill_history, before.distill_history);
 }
 
 }  // namespace

@@ -2,10 +2,14 @@
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
-
-#include <cstdio>
-#include <string>
 #include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
 
 #include "tests/algo/tiny_model.h"
 
@@ -26,6 +30,24 @@ double MaxParamDiff(model::Decoder& a, model::Decoder& b) {
     diff = std::max(diff, (pa[i] - pb[i]).abs().max().item<double>());
   }
   return diff;
+}
+
+// Each trainable parameter, then its AdamW exp_avg, exp_avg_sq and step, cloned.
+std::vector<torch::Tensor> Snapshot(PolicyOptimizer& optimizer) {
+  std::vector<torch::Tensor> all;
+  for (const torch::Tensor& p : optimizer.parameters()) {
+    const auto& state = static_cast<const torch::optim::AdamWParamState&>(
+        *optimizer.optimizer().state().at(c10::guts::to_string(p.unsafeGetTensorImpl())));
+    all.insert(all.end(), {p.detach().clone(), state.exp_avg().clone(), state.exp_avg_sq().clone(),
+                           torch::tensor(state.step())});
+  }
+  return all;
+}
+
+bool BitwiseEqual(const torch::Tensor& a, const torch::Tensor& b) {
+  const torch::Tensor x = a.contiguous(), y = b.contiguous();
+  return x.sizes() == y.sizes() && x.dtype() == y.dtype() &&
+         std::memcmp(x.data_ptr(), y.data_ptr(), x.nbytes()) == 0;
 }
 
 struct Fixture : ::testing::Test {
@@ -104,6 +126,61 @@ TEST_F(Fixture, StepWithoutTeacherUsesTheRewardGradientOnly) {
   EXPECT_GT(stats.reward_grad_norm, 0.0);
   EXPECT_EQ(stats.distill_grad_norm, 0.0);
   EXPECT_NEAR(stats.grad_norm, stats.reward_grad_norm, 1e-6 * stats.grad_norm);
+}
+
+// A gradient hook writes NaN into one parameter's gradient: the step is
+// skipped, and the parameters, the AdamW moments and the step counter stay
+// bitwise as they were, measured (one backward per signal) or plain. The
+// next finite step is applied as usual.
+TEST_F(Fixture, ANonFiniteGradientSkipsTheStepAndChangesNothing) {
+  for (const bool separate : {true, false}) {
+    SCOPED_TRACE(separate ? "measured step" : "plain step");
+    model::Decoder model = TinyModel(9);
+    PolicyOptimizer optimizer(model, 1e-2, 0.1, 1.0);
+    optimizer.Step(ComputeLossTerms(model, batch, config), 0.5);  // the moments exist
+    const std::vector<torch::Tensor> before = Snapshot(optimizer);
+    bool poison = true;
+    optimizer.parameters()[1].register_hook([&poison](const torch::Tensor& grad) {
+      return poison ? torch::full_like(grad, std::numeric_limits<float>::quiet_NaN()) : grad;
+    });
+    GradientPlan plan;
+    plan.distill_weight = 0.5;
+    const StepStats skipped =
+        optimizer.Step(ComputeLossTerms(model, batch, config), plan, separate);
+    EXPECT_TRUE(skipped.skipped());
+    EXPECT_EQ(skipped.nonfinite_term, "grad_norm");
+    EXPECT_TRUE(std::isnan(skipped.grad_norm));
+    EXPECT_EQ(optimizer.step(), 1);
+    const std::vector<torch::Tensor> after = Snapshot(optimizer);
+    ASSERT_EQ(after.size(), before.size());
+    for (size_t i = 0; i < before.size(); ++i) {
+      EXPECT_TRUE(BitwiseEqual(after[i], before[i]))
+          << "parameter " << i / 4 << ", tensor " << i % 4 << " (value, m, v, step)";
+    }
+
+    poison = false;
+    const StepStats next = optimizer.Step(ComputeLossTerms(model, batch, config), plan, separate);
+    EXPECT_FALSE(next.skipped());
+    EXPECT_EQ(optimizer.step(), 2);
+    EXPECT_FALSE(BitwiseEqual(optimizer.parameters()[1], before[4]));
+    EXPECT_TRUE(torch::isfinite(optimizer.parameters()[1]).all().item<bool>());
+  }
+}
+
+// A NaN or ±inf loss term is named, in the order reward, distill, SFT.
+TEST_F(Fixture, ANonFiniteLossTermIsNamed) {
+  model::Decoder model = TinyModel(9);
+  PolicyOptimizer optimizer(model, 1e-2, 0.0, 1.0);
+  LossTerms terms = ComputeLossTerms(model, batch, config);
+  terms.distill_loss = terms.distill_loss * std::numeric_limits<double>::infinity();
+  EXPECT_EQ(optimizer.Step(terms, 1.0).nonfinite_term, "distill_loss");
+  terms = ComputeLossTerms(model, batch, config);
+  terms.reward_loss = terms.reward_loss * std::numeric_limits<double>::quiet_NaN();
+  terms.distill_loss = terms.distill_loss * std::numeric_limits<double>::quiet_NaN();
+  EXPECT_EQ(optimizer.Step(terms, 1.0).nonfinite_term, "reward_loss");
+  EXPECT_EQ(optimizer.step(), 0);
+  EXPECT_EQ(optimizer.Step(ComputeLossTerms(model, batch, config), 1.0).nonfinite_term, "");
+  EXPECT_EQ(optimizer.step(), 1);
 }
 
 TEST_F(Fixture, SaveAndLoadResumeIdentically) {
