@@ -21,6 +21,9 @@ const std::vector<double>& KdrBuckets() {
 
 constexpr char kWriteFailuresHelp[] =
     "Writes to the run directory that failed (disk full, I/O error), by what was written.";
+constexpr char kStepsSkippedHelp[] =
+    "Training steps skipped, nothing applied or published (nonfinite: a loss term or the "
+    "gradient norm was NaN or inf).";
 
 void SetIfFinite(services::metrics::Gauge& gauge, double value) {
   if (std::isfinite(value)) gauge.Set(value);
@@ -41,10 +44,18 @@ LearnerMetrics::LearnerMetrics(Registry& registry) : registry_(registry) {
     registry_.GetCounter("kappa_learner_write_failures_total", kWriteFailuresHelp,
                          {{"what", what}});
   }
+  // At 0 from the start, so increase() sees the first skip.
+  registry_.GetCounter("kappa_learner_steps_skipped_total", kStepsSkippedHelp,
+                       {{"reason", "nonfinite"}});
 }
 
 void LearnerMetrics::RecordWriteFailure(const std::string& what) {
   registry_.GetCounter("kappa_learner_write_failures_total", kWriteFailuresHelp, {{"what", what}})
+      .Increment();
+}
+
+void LearnerMetrics::RecordSkippedStep(const std::string& reason) {
+  registry_.GetCounter("kappa_learner_steps_skipped_total", kStepsSkippedHelp, {{"reason", reason}})
       .Increment();
 }
 

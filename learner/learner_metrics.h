@@ -41,6 +41,10 @@ class LearnerMetrics {
   // A write to the run directory that failed: `what` is "checkpoint" (the
   // previous checkpoint stays latest) or "metrics_log" (the record waits).
   void RecordWriteFailure(const std::string& what);
+  // A training step skipped, not applied: `reason` is "nonfinite" (a loss
+  // term or the gradient norm was NaN or ±inf), as
+  // kappa_learner_steps_skipped_total{reason}.
+  void RecordSkippedStep(const std::string& reason);
 
  private:
   services::metrics::Registry& registry_;

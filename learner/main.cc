@@ -3,6 +3,7 @@
 //   kappa-learner --config FILE [key=value ...] [--run-dir DIR] [--resume]
 //                 [--log-file FILE] [--address HOST:PORT] [--metrics-address HOST:PORT]
 //                 [--world-size R --rank N|auto --dist-store URL]
+//                 [--debug-nan-grad STEP[:TRIES]]
 //   kappa-learner --health-check HOST:PORT
 #include <spdlog/spdlog.h>
 #include <torch/torch.h>
@@ -12,14 +13,17 @@
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "learner/algo/optimizer_step.h"
 #include "learner/coordinator.h"
 #include "learner/data_parallel_setup.h"
@@ -81,7 +85,10 @@ constexpr const char* kExtraUsage =
     "  --resume               continue from DIR's latest checkpoint\n"
     "  --world-size R         data-parallel ranks (default learner.world_size)\n"
     "  --rank N|auto          this rank; auto: the host name's trailing -N\n"
-    "  --dist-store URL       tcp://HOST:PORT of rank 0 or file:///PATH (learner.dist_store)\n";
+    "  --dist-store URL       tcp://HOST:PORT of rank 0 or file:///PATH (learner.dist_store)\n"
+    "  --debug-nan-grad STEP[:TRIES]\n"
+    "                         fault injection for tests: the first TRIES batches (default\n"
+    "                         all) trained at STEP get a NaN gradient\n";
 
 std::string HostName() {
   char host[256] = {0};
@@ -196,6 +203,23 @@ WorkTemplate WorkFor(const LearnerInputs& in) {
   return work;
 }
 
+// --debug-nan-grad STEP[:TRIES] (docs/reliability.md): TrainerLoop::InjectNanGradient.
+absl::Status ApplyNanGradientFault(const services::CommonFlags& flags, TrainerLoop& trainer) {
+  const auto flag = flags.extra.find("debug-nan-grad");
+  if (flag == flags.extra.end()) return absl::OkStatus();
+  const std::vector<std::string> parts = absl::StrSplit(flag->second, ':');
+  int64_t step = 0, tries = std::numeric_limits<int64_t>::max();
+  if (parts.size() > 2 || !absl::SimpleAtoi(parts[0], &step) || step < 1 ||
+      (parts.size() == 2 && (!absl::SimpleAtoi(parts[1], &tries) || tries < 1))) {
+    return absl::InvalidArgumentError(absl::StrCat("--debug-nan-grad: '", flag->second,
+                                                   "' is not STEP[:TRIES] with STEP, TRIES >= 1"));
+  }
+  spdlog::warn("fault injection: NaN gradients at step {} (--debug-nan-grad {})", step,
+               flag->second);
+  trainer.InjectNanGradient(step, tries);
+  return absl::OkStatus();
+}
+
 // The command line: --resume is the one boolean flag; the shared parser
 // handles the rest. Returns the exit code when there is nothing to train
 // (usage, --help, --health-check).
@@ -208,8 +232,9 @@ std::optional<int> ParseFlags(int argc, char** argv, services::CommonFlags* flag
       args.push_back(argv[i]);
     }
   }
-  absl::StatusOr<services::CommonFlags> parsed = services::ParseCommonFlags(
-      static_cast<int>(args.size()), args.data(), {"run-dir", "rank", "world-size", "dist-store"});
+  absl::StatusOr<services::CommonFlags> parsed =
+      services::ParseCommonFlags(static_cast<int>(args.size()), args.data(),
+                                 {"run-dir", "rank", "world-size", "dist-store", "debug-nan-grad"});
   if (!parsed.ok()) {
     std::cerr << "kappa-learner: " << parsed.status().message() << "\n"
               << services::Usage("kappa-learner", kExtraUsage);
@@ -334,6 +359,10 @@ int Main(int argc, char** argv) {
   TrainerLoop trainer(config, in->run_dir, start.student, std::move(optimizer), start.state,
                       &coordinator, &publisher, *in->heldout, *in->prompts, in->vocab_limit,
                       in->rank);
+  if (absl::Status fault = ApplyNanGradientFault(flags, trainer); !fault.ok()) {
+    spdlog::error("{}", std::string(fault.message()));
+    return 2;
+  }
   absl::StatusOr<std::optional<tasks::AnswerCorruption>> corruption = TeacherCorruption(config);
   if (!corruption.ok()) {
     spdlog::error("{}", std::string(corruption.status().message()));

@@ -193,6 +193,9 @@ absl::StatusOr<std::optional<tasks::AnswerCorruption>> TeacherCorruption(
 }
 
 absl::Status ValidateStepConfig(const services::Config& config) {
+  if (config.trainer.max_nonfinite_steps < 1) {
+    return absl::InvalidArgumentError("config key 'trainer.max_nonfinite_steps' must be >= 1");
+  }
   if (absl::Status schedule = MakeLearningRateSchedule(config).status(); !schedule.ok()) {
     return schedule;
   }

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <limits>
 #include <optional>
 
 #include "absl/strings/str_cat.h"
@@ -36,6 +37,15 @@ uint64_t ParameterFingerprint(model::Decoder& model) {
     for (int64_t i = 0; i < bytes.numel() * 4; ++i) hash = (hash ^ data[i]) * 0x100000001b3ULL;
   }
   return hash;
+}
+
+// What checkpoints/latest names now, for the messages that say it was kept.
+std::string DescribeLatest(const std::string& run_dir) {
+  absl::StatusOr<std::optional<std::string>> latest = FindLatest(run_dir);
+  return latest.ok() && latest->has_value()
+             ? absl::StrCat("checkpoints/latest still names ",
+                            std::filesystem::path(**latest).filename().string())
+             : std::string("there is no earlier checkpoint");
 }
 
 }  // namespace
@@ -128,11 +138,7 @@ absl::Status TrainerLoop::CheckpointOrCarryOn(int64_t step) {
   std::error_code ignored;
   std::filesystem::remove_all(CheckpointDir(run_dir_, step), ignored);
   if (metrics_exporter_ != nullptr) metrics_exporter_->RecordWriteFailure("checkpoint");
-  absl::StatusOr<std::optional<std::string>> latest = FindLatest(run_dir_);
-  const std::string kept = latest.ok() && latest->has_value()
-                               ? absl::StrCat("checkpoints/latest still names ",
-                                              std::filesystem::path(**latest).filename().string())
-                               : std::string("there is no earlier checkpoint");
+  const std::string kept = DescribeLatest(run_dir_);
   if (step == config_.trainer.steps) {
     return absl::Status(
         status.code(), absl::StrCat("the final checkpoint failed: ", status.message(), "; ", kept));
@@ -145,6 +151,9 @@ absl::Status TrainerLoop::CheckpointOrCarryOn(int64_t step) {
 }
 
 absl::Status TrainerLoop::MakeStep() {
+  if (config_.trainer.max_nonfinite_steps < 1) {
+    return absl::InvalidArgumentError("config key 'trainer.max_nonfinite_steps' must be >= 1");
+  }
   KAPPA_ASSIGN_OR_RETURN(HybridStepConfig step_config, MakeHybridStepConfig(config_));
   step_config.loss.vocab_limit = vocab_limit_;
   KAPPA_RETURN_IF_ERROR(services::CaptureExceptions("", [&] {
@@ -182,10 +191,16 @@ absl::StatusOr<StepRecord> TrainerLoop::TrainOn(std::vector<BufferedGroup> buffe
   // the weights this step starts from (this rank's share, data parallel).
   const torch::Tensor on_policy =
       OnPolicyRows(record.group_versions, batch.group_size, state_.policy_version);
+  nan_fault_.armed = nan_fault_.step == state_.step + 1 && nan_fault_.tries > 0;
+  if (nan_fault_.armed) --nan_fault_.tries;
   // c10::Error included: the step stops at this edge, with a status.
   KAPPA_ASSIGN_OR_RETURN(
       record.report, services::CaptureExceptions(absl::StrCat("training step ", state_.step + 1),
                                                  [&] { return step_->Run(batch, on_policy); }));
+  if (record.report.stats.skipped()) {
+    record.step = state_.step + 1;  // tried, not taken: nothing to publish
+    return record;
+  }
   ++state_.step;
   state_.policy_version = state_.step;
   PublishPolicy();
@@ -206,6 +221,24 @@ absl::StatusOr<StepRecord> TrainerLoop::TrainOn(std::vector<BufferedGroup> buffe
   record.elapsed_seconds = absl::ToDoubleSeconds(now - run_start);
   last_step_end_ = now;
   return record;
+}
+
+absl::Status TrainerLoop::OnSkippedStep(const StepRecord& record) {
+  const StepStats& s = record.report.stats;
+  const int64_t limit = config_.trainer.max_nonfinite_steps;
+  ++skipped_in_a_row_;
+  if (metrics_exporter_ != nullptr) metrics_exporter_->RecordSkippedStep("nonfinite");
+  spdlog::warn(
+      "ALARM nonfinite at step {}: {} is not finite (L_R {:.4g} L_D {:.4g} L_SFT {:.4g} "
+      "|g| {:.4g}); the step was skipped: nothing applied, published or checkpointed ({} of "
+      "{} in a row, trainer.max_nonfinite_steps)",
+      record.step, s.nonfinite_term, s.reward_loss, s.distill_loss, s.sft_loss, s.grad_norm,
+      skipped_in_a_row_, limit);
+  if (skipped_in_a_row_ < limit) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat(
+      "step ", record.step, ": ", s.nonfinite_term, " was not finite on ", skipped_in_a_row_,
+      " batches in a row (trainer.max_nonfinite_steps), none of them applied; ",
+      DescribeLatest(run_dir_)));
 }
 
 void TrainerLoop::RecordConflicts(const std::vector<BufferedGroup>& buffered,
@@ -263,6 +296,12 @@ void TrainerLoop::Publish(const StepRecord& record) {
 
 absl::Status TrainerLoop::Run(const std::function<bool()>& stop_requested) {
   KAPPA_RETURN_IF_ERROR(MakeStep());
+  if (nan_fault_.step > 0) {
+    step_->optimizer().parameters().front().register_hook(
+        [armed = &nan_fault_.armed](const torch::Tensor& grad) {
+          return *armed ? torch::full_like(grad, std::numeric_limits<float>::quiet_NaN()) : grad;
+        });
+  }
   std::filesystem::create_directories(run_dir_ + "/checkpoints");
   PublishPolicy();
   const absl::Time run_start = absl::Now();
@@ -281,6 +320,11 @@ absl::Status TrainerLoop::Run(const std::function<bool()>& stop_requested) {
         static_cast<size_t>(local_groups), state_.policy_version, absl::Now() + absl::Seconds(1));
     if (buffered.empty()) continue;
     KAPPA_ASSIGN_OR_RETURN(StepRecord record, TrainOn(std::move(buffered), run_start));
+    if (record.report.stats.skipped()) {
+      KAPPA_RETURN_IF_ERROR(OnSkippedStep(record));
+      continue;
+    }
+    skipped_in_a_row_ = 0;
     Observe(record);
     Publish(record);
     const bool checkpoint_due = (config_.trainer.checkpoint_every > 0 &&

@@ -45,7 +45,9 @@ class TrainerLoop {
               const PromptEncoder& prompts, int64_t vocab_limit, DataParallelSetup rank = {});
 
   // Runs until trainer.steps are done or `stop_requested` returns true.
-  // INVALID_ARGUMENT naming the key on a bad balancing/gating/alarm setting.
+  // INVALID_ARGUMENT naming the key on a bad balancing/gating/alarm setting;
+  // INTERNAL naming the step and the term once trainer.max_nonfinite_steps
+  // steps in a row were skipped as non-finite (nothing of them applied).
   absl::Status Run(const std::function<bool()>& stop_requested);
 
   // Also export each step to Prometheus (may stay null: no metrics).
@@ -61,6 +63,12 @@ class TrainerLoop {
   // (primary rank only). Call before Run.
   void set_conflict_atlas(std::unique_ptr<ConflictAtlas> atlas) { atlas_ = std::move(atlas); }
 
+  // Fault injection for tests (kappa-learner --debug-nan-grad): the first
+  // `tries` batches trained at `step` find NaN in the first trainable
+  // parameter's gradient (an autograd hook), so the non-finite guard skips
+  // them. Call before Run.
+  void InjectNanGradient(int64_t step, int64_t tries) { nan_fault_ = {step, tries, false}; }
+
   struct HeldOutResult {
     double accuracy = 0.0;
     std::map<std::string, double> by_subset;  // with a corrupted subset only
@@ -75,7 +83,9 @@ class TrainerLoop {
   absl::Status MakeStep();
   // One optimizer step on `buffered`, and the new policy published: the
   // record of the batch, the step and its timing (alarms and evaluation not
-  // yet). Mutates state_ (step, policy version) and last_step_end_.
+  // yet). Mutates state_ (step, policy version) and last_step_end_. A step
+  // the optimizer skipped as non-finite changes and publishes nothing: its
+  // record has the step it tried and report.stats.skipped().
   absl::StatusOr<StepRecord> TrainOn(std::vector<BufferedGroup> buffered, absl::Time run_start);
   // K_DR of the step's rows by subset, into `record` (with a subset and a
   // K_DR measurement only). `buffered`: the step's groups, in batch order.
@@ -97,6 +107,10 @@ class TrainerLoop {
   // failure is logged and counted, and training goes on. A failed final
   // checkpoint is the run's error.
   absl::Status CheckpointOrCarryOn(int64_t step);
+  // After a step skipped as non-finite: the `ALARM nonfinite` log line and
+  // kappa_learner_steps_skipped_total; once trainer.max_nonfinite_steps
+  // steps in a row were skipped, an error naming the step and the term.
+  absl::Status OnSkippedStep(const StepRecord& record);
 
   const services::Config config_;
   const std::string run_dir_;
@@ -116,6 +130,12 @@ class TrainerLoop {
   std::unique_ptr<CorruptedSubset> subset_;  // may stay null
   std::unique_ptr<ConflictAtlas> atlas_;     // may stay null
   absl::Time last_step_end_;                 // of the previous step (or the loop's start)
+  int64_t skipped_in_a_row_ = 0;             // steps skipped as non-finite since the last applied
+  struct NanFault {
+    int64_t step = 0;    // 0: no fault
+    int64_t tries = 0;   // batches at `step` still to poison
+    bool armed = false;  // the batch being trained gets a NaN gradient
+  } nan_fault_;          // InjectNanGradient
 };
 
 }  // namespace kappa::learner

@@ -363,6 +363,11 @@ constexpr Field kFields[] = {
                        "`cosine`: the final learning rate as a fraction of lr, in [0, 1]."),
     KAPPA_CONFIG_FIELD(trainer.weight_decay, "AdamW weight decay."),
     KAPPA_CONFIG_FIELD(trainer.max_grad_norm, "Global-norm gradient clipping."),
+    KAPPA_CONFIG_FIELD(trainer.max_nonfinite_steps,
+                       "A step whose loss terms or gradient norm are NaN or ±inf is skipped "
+                       "(nothing applied, published or checkpointed; `ALARM nonfinite`); this "
+                       "many skipped in a row stop the learner with an error naming the step "
+                       "and the term (>= 1)."),
     KAPPA_CONFIG_FIELD(trainer.lambda,
                        "λ in L = w_R L_R + λ L_D (+ μ L_SFT); 0 switches distillation off unless "
                        "`m3_norm` or `m3_adapt` sets its scale."),

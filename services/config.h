@@ -201,6 +201,10 @@ struct Config {
     double min_lr_ratio = 0.0;
     double weight_decay = 0.0;
     double max_grad_norm = 1.0;
+    // A step whose loss terms or gradient norm are NaN or ±inf is skipped
+    // (nothing applied or published); this many skipped in a row stop the
+    // learner with an error (>= 1).
+    int64_t max_nonfinite_steps = 3;
     double lambda = 1.0;               // L = w_R L_R + λ L_D
     double reward_weight = 1.0;        // w_R: 0 trains on distillation alone (OPD only)
     std::string aggregation = "token-mean";

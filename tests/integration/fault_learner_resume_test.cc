@@ -12,6 +12,10 @@
 // reconnects by itself after each kill. (Real workers sample with whatever
 // policy version they hold when a lease arrives, so a real run is not
 // reproducible step for step; docs/reliability.md.)
+//
+// Also: NaN gradients injected into the real learner (--debug-nan-grad) are
+// skipped, counted and, after trainer.max_nonfinite_steps in a row, stop it
+// with `latest` on the last good checkpoint.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <torch/torch.h>
@@ -23,11 +27,13 @@
 #include <regex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "cli/process_supervisor.h"
 #include "tests/integration/fault_fake_worker.h"
 #include "tests/integration/fault_services.h"
 #include "tests/integration/run_files.h"
+#include "tests/services/http_get.h"
 
 namespace {
 
@@ -83,12 +89,14 @@ class LearnerResumeTest : public ::testing::Test {
     if (!HasFailure()) fs::remove_all(root_);
   }
 
-  // Starts a learner for `run_dir` on `address`, SERVING.
+  // Starts a learner for `run_dir` on `address`, SERVING; `extra`: more
+  // flags and overrides.
   pid_t StartLearner(const fs::path& run_dir, const std::string& address, bool resume,
-                     const std::string& log_name) {
+                     const std::string& log_name, const std::vector<std::string>& extra = {}) {
     std::vector<std::string> args = {"learner.max_staleness=1000", "learner.threads=1",
                                      "--address", address, "--run-dir", run_dir.string()};
     if (resume) args.push_back("--resume");
+    args.insert(args.end(), extra.begin(), extra.end());
     const fs::path log = root_ / log_name;
     absl::StatusOr<pid_t> pid = supervisor_.Spawn(
         kappa::testing::ServiceSpec("learner", KAPPA_LEARNER, config_, args, log));
@@ -195,6 +203,86 @@ TEST_F(LearnerResumeTest, KilledAndResumedLearnerEndsBitIdenticalToAnUninterrupt
             << "; resumed run's parameters " << Fingerprint(root_ / "run-3.log")
             << ", uninterrupted " << reference << "; "
             << std::chrono::duration<double>(Clock::now() - test_start).count() << " s\n";
+}
+
+// How many times `needle` occurs in `text`.
+int Count(const std::string& text, const std::string& needle) {
+  int n = 0;
+  for (size_t at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1)) ++n;
+  return n;
+}
+
+// The non-finite guard on the real binary (docs/algorithms.md, "Non-finite
+// steps"), with NaN gradients injected by --debug-nan-grad. One bad batch at
+// step 3: skipped (`ALARM nonfinite`, kappa_learner_steps_skipped_total),
+// and step 3 is trained on the next batch. Every batch at step 3 bad:
+// trainer.max_nonfinite_steps (3) skips in a row stop the learner with exit
+// 1, naming the step and the term, and `latest` is step-2, finite.
+TEST_F(LearnerResumeTest, NonFiniteStepsAreSkippedThenStopTheLearner) {
+  const std::string skipped_line = "ALARM nonfinite at step 3: grad_norm is not finite";
+  {
+    const fs::path run_dir = root_ / "one-bad-batch";
+    const std::string address = kappa::testing::FreeLoopbackAddress();
+    const std::string metrics_address = kappa::testing::FreeLoopbackAddress();
+    const pid_t learner = StartLearner(
+        run_dir, address, false, "one-bad-batch.log",
+        {"trainer.steps=100000", "--metrics-address", metrics_address, "--debug-nan-grad", "3:1"});
+    kappa::testing::FakeWorker worker(kappa::testing::FastReconnectChannel(address),
+                                      WorkerOptions());
+    worker.Start();
+    const auto deadline = Clock::now() + std::chrono::seconds(60);
+    while (LastStep(run_dir / "metrics.jsonl") < 5 && Clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    const std::string page = kappa::testing::HttpGet(metrics_address, "/metrics").body;
+    const kappa::testing::TimedExit exit =
+        kappa::testing::ExitAfterSigterm(supervisor_, learner, std::chrono::seconds(20));
+    worker.Stop();
+    const std::string log = ReadAll(root_ / "one-bad-batch.log");
+    ASSERT_GE(LastStep(run_dir / "metrics.jsonl"), 5) << log;
+    EXPECT_EQ(Count(log, skipped_line), 1) << log;
+    EXPECT_NE(page.find("kappa_learner_steps_skipped_total{reason=\"nonfinite\"} 1"),
+              std::string::npos)
+        << page;
+    std::vector<int> steps;
+    for (const nlohmann::json& record : kappa::testing::StepRecords(run_dir / "metrics.jsonl")) {
+      if (record.contains("lease_ids")) steps.push_back(record.value("step", 0));
+    }
+    ASSERT_GE(steps.size(), 5u);
+    for (size_t i = 0; i < steps.size(); ++i) EXPECT_EQ(steps[i], static_cast<int>(i) + 1);
+    EXPECT_TRUE(exit.status.success()) << exit.status.ToString() << "\n" << log;
+  }
+  {
+    const fs::path run_dir = root_ / "bad-from-step-3";
+    const std::string address = kappa::testing::FreeLoopbackAddress();
+    const pid_t learner =
+        StartLearner(run_dir, address, false, "bad-from-step-3.log", {"--debug-nan-grad", "3"});
+    kappa::testing::FakeWorker worker(kappa::testing::FastReconnectChannel(address),
+                                      WorkerOptions());
+    worker.Start();
+    const std::optional<kappa::cli::ExitStatus> exit = supervisor_.WaitFor(learner, kRunLimit);
+    worker.Stop();
+    const std::string log = ReadAll(root_ / "bad-from-step-3.log");
+    ASSERT_TRUE(exit.has_value()) << "the learner did not stop\n" << log;
+    EXPECT_EQ(exit->exit_code, 1) << exit->ToString() << "\n" << log;
+    EXPECT_EQ(Count(log, skipped_line), 3) << log;
+    EXPECT_NE(log.find("step 3: grad_norm was not finite on 3 batches in a row"), std::string::npos)
+        << log;
+    EXPECT_NE(log.find("checkpoints/latest still names step-2"), std::string::npos) << log;
+    EXPECT_EQ(LastStep(run_dir / "metrics.jsonl"), 2);
+    const std::string latest = ReadAll(run_dir / "checkpoints" / "latest");
+    EXPECT_EQ(latest.substr(0, latest.find('\n')), "step-2");
+    EXPECT_FALSE(fs::exists(run_dir / "checkpoints" / "step-3"));
+    kappa::model::Decoder student =
+        kappa::model::LoadCheckpoint((run_dir / "checkpoints" / "step-2").string());
+    for (const torch::Tensor& p : student->parameters()) {
+      EXPECT_TRUE(torch::isfinite(p).all().item<bool>());
+    }
+    std::smatch alarm, failed;
+    std::regex_search(log, alarm, std::regex("ALARM nonfinite[^\n]*"));
+    std::regex_search(log, failed, std::regex("training failed[^\n]*"));
+    std::cout << alarm.str() << "\n" << failed.str() << "\n";
+  }
 }
 
 }  // namespace
