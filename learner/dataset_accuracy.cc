@@ -16,6 +16,9 @@ std::vector<bool> DatasetCorrectness(model::Decoder& policy, const PromptEncoder
                                      const tasks::Dataset& dataset, size_t count,
                                      int64_t max_new_tokens, int64_t vocab_limit) {
   count = std::min(count, dataset.size());
+  // No example (trainer.eval_examples: 0, an empty held-out set): no
+  // verdict, where GreedyAccuracy would refuse an empty prompt set.
+  if (count == 0) return {};
   std::vector<std::vector<int64_t>> prompt_ids;
   prompt_ids.reserve(count);
   for (size_t i = 0; i < count; ++i) {
