@@ -16,10 +16,15 @@
 // Usage: kappa_bench_learner_step [--model demo|large|gpt] [--device cpu|cuda]
 //        [--reps N] [--exact-positions K] [--threads T] [--modes plain,kappa,...]
 //        [--precision fp32|bf16] [--peak-tflops F] [--micro-batch N] [--ragged 1]
+//        [--checkpointing 1]
 // --micro-batch N adds plain_micro and kappa_micro: the same steps with
 // gradient accumulation over length-bucketed micro-batches of N sequences
 // (trainer.micro_batch_sequences); with --ragged 1 the responses' lengths
 // spread over 1/8..1 of the longest, where bucketing skips the padding.
+// --checkpointing 1 adds plain_ckpt: the plain step with activation
+// checkpointing (each layer recomputed in backward under the forward's
+// autocast state), so with --precision bf16 its ratio is what the recompute
+// costs at that precision.
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -136,6 +141,7 @@ struct Mode {
   const char* name;
   int64_t kappa_every, kdr_every, exact_every;
   bool micro = false;  // gradient accumulation over --micro-batch sequences
+  bool checkpointing = false;  // model::Decoder activation checkpointing
 };
 
 }  // namespace
@@ -146,6 +152,7 @@ int main(int argc, char** argv) {
   double peak_tflops = 0;
   int micro_batch = 0;  // > 0: also the modes plain_micro and kappa_micro
   bool ragged = false;
+  bool checkpointing = false;  // also the mode plain_ckpt
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     if (flag == "--model") model_name = argv[i + 1];
@@ -158,6 +165,8 @@ int main(int argc, char** argv) {
     else if (flag == "--peak-tflops") peak_tflops = std::atof(argv[i + 1]);
     else if (flag == "--micro-batch") micro_batch = std::atoi(argv[i + 1]);
     else if (flag == "--ragged") ragged = std::string(argv[i + 1]) == "1";
+    else if (flag == "--checkpointing")
+      checkpointing = std::string(argv[i + 1]) == "1";
     else {
       std::fprintf(stderr, "unknown flag %s\n", flag.c_str());
       return 2;
@@ -178,13 +187,14 @@ int main(int argc, char** argv) {
     modes.push_back({"plain_micro", 0, 0, 0, true});
     modes.push_back({"kappa_micro", 1, 0, 0, true});
   }
+  if (checkpointing) modes.push_back({"plain_ckpt", 0, 0, 0, false, true});
   if (exact_positions > 0) modes.push_back({"exact", 1, 1, 1});  // 0: skip the slow mode
   // A subset, e.g. --modes plain,kappa; plain (the ratios' base) and the
   // --micro-batch modes always run.
   if (!modes_flag.empty()) {
     std::vector<Mode> chosen;
     for (const Mode& mode : modes) {
-      if (mode.name == std::string("plain") || mode.micro ||
+      if (mode.name == std::string("plain") || mode.micro || mode.checkpointing ||
           ("," + modes_flag + ",").find("," + std::string(mode.name) + ",") != std::string::npos) {
         chosen.push_back(mode);
       }
@@ -204,6 +214,7 @@ int main(int argc, char** argv) {
     torch::manual_seed(1);
     model::Decoder model(shape.config);
     model->to(device);
+    model->SetActivationCheckpointing(mode.checkpointing);
     learner::HybridStepConfig config;
     config.loss.lambda = 1.0;
     config.monitor.kappa_every = mode.kappa_every;
