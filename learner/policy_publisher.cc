@@ -139,6 +139,11 @@ void PolicyPublisher::Shutdown() {
   published_.SignalAll();
 }
 
+bool PolicyPublisher::shut_down() const {
+  absl::MutexLock lock(&mu_);
+  return shutdown_;
+}
+
 int64_t PolicyPublisher::version() const {
   absl::MutexLock lock(&mu_);
   return latest_ == nullptr ? -1 : latest_->version;

@@ -86,10 +86,12 @@ class PolicyPublisher {
 
   void Publish(std::shared_ptr<const PolicySnapshot> snapshot) ABSL_LOCKS_EXCLUDED(mu_);
   // The latest snapshot if its version > known_version; waits for one until
-  // `deadline` or shutdown (then nullptr).
+  // `deadline` or shutdown (then nullptr; shut_down() tells the two apart:
+  // the wait may end a little before `deadline` by absl::Now()).
   std::shared_ptr<const PolicySnapshot> WaitNewer(int64_t known_version, absl::Time deadline)
       ABSL_LOCKS_EXCLUDED(mu_);
   void Shutdown() ABSL_LOCKS_EXCLUDED(mu_);
+  bool shut_down() const ABSL_LOCKS_EXCLUDED(mu_);
   int64_t version() const ABSL_LOCKS_EXCLUDED(mu_);
 
   // `snapshot` in `dtype` (float32 or bfloat16; others throw

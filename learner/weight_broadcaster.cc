@@ -182,7 +182,10 @@ void WeightBroadcaster::BroadcastVersions(WeightGroup& group) {
       return;
     }
     if (snapshot == nullptr) {
-      if (absl::Now() < deadline) return;  // the publisher shut down
+      // Asked, not inferred from the clock: a timed-out wait can end a
+      // little before `deadline`, and reading that as a shutdown closed
+      // the group after the first slow step.
+      if (publisher_->shut_down()) return;
       continue;
     }
     SendVersion(group, ++sequence, snapshot);
