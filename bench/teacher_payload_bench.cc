@@ -9,6 +9,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -34,6 +35,10 @@ kappa::v1::ScoreResponse Response(const torch::Tensor& logprobs, const torch::Te
       auto [values, ids] = logprobs.topk(top_k, /*dim=*/1);
       kappa::services::EncodeTensor(values, sequence->mutable_logprobs(), dtype);
       kappa::services::EncodeTensor(ids.to(torch::kInt32), sequence->mutable_topk_ids());
+      // The float32 tail log q(T) the teacher sends beside them (teacher.proto).
+      kappa::services::EncodeTensor(
+          logprobs.scatter(1, ids, -std::numeric_limits<float>::infinity()).logsumexp(1),
+          sequence->mutable_tail_logmass(), kappa::v1::DTYPE_FLOAT32);
       break;
     }
     case kappa::v1::SCORE_FORM_SAMPLED:

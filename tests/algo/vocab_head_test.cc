@@ -212,6 +212,25 @@ TEST(VocabHead, UnderBf16AutocastTheChunkedHeadHasThePlainHeadsGradients) {
   }
 }
 
+// One step of TinyModel(9) on `batch` with the logit K_DR estimator and
+// the exact K_DR on 4 positions, the vocabulary in chunks of `chunk`
+// positions (0: whole).
+HybridStepReport KdrStep(const TrainBatch& batch, DistillLoss loss, int64_t chunk,
+                         int64_t micro_batch, Precision precision) {
+  model::Decoder m = TinyModel(9);
+  HybridStepConfig config;
+  config.precision = precision;
+  config.loss.distill = loss;
+  config.loss.vocab_chunk_positions = chunk;
+  config.micro_batch_sequences = micro_batch;
+  config.monitor.kdr_estimator = KdrEstimator::kLogit;
+  config.monitor.kdr_exact_every = 1;
+  config.monitor.kdr_exact_positions = 4;
+  auto optimizer = std::make_unique<PolicyOptimizer>(m, 1e-6, 0.0, /*max_grad_norm=*/0.0);
+  HybridStep step(m, std::move(optimizer), config);
+  return step.Run(batch);
+}
+
 // Issue 44 item 1: each row of ∂L/∂s the node's backward forms sums to 0,
 // for incoming gradients of log-probabilities, when s came out of a bfloat16
 // GEMM (logits ~20, confident rows). The backward normalises p by the
@@ -282,20 +301,9 @@ TEST(VocabHead, UnderBf16TheChunkedHeadHasThePlainHeadsSftGradientAndExactKdr) {
   for (const Case& c : Cases()) {
     if (c.rows == "sampled") continue;
     const TrainBatch kdr_batch = BatchFor(c, 17);
-    HybridStepReport reports[2];
-    for (int chunked = 0; chunked < 2; ++chunked) {
-      model::Decoder m = TinyModel(9);
-      HybridStepConfig config;
-      config.precision = Precision::kBFloat16;
-      config.loss.distill = c.loss;
-      config.loss.vocab_chunk_positions = chunked ? 4 : 0;
-      config.monitor.kdr_estimator = KdrEstimator::kLogit;
-      config.monitor.kdr_exact_every = 1;
-      config.monitor.kdr_exact_positions = 4;
-      auto optimizer = std::make_unique<PolicyOptimizer>(m, 1e-6, 0.0, /*max_grad_norm=*/0.0);
-      HybridStep step(m, std::move(optimizer), config);
-      reports[chunked] = step.Run(kdr_batch);
-    }
+    const HybridStepReport reports[2] = {
+        KdrStep(kdr_batch, c.loss, /*chunk=*/0, /*micro_batch=*/0, Precision::kBFloat16),
+        KdrStep(kdr_batch, c.loss, /*chunk=*/4, /*micro_batch=*/0, Precision::kBFloat16)};
     ASSERT_TRUE(reports[0].kdr_exact && reports[1].kdr_exact) << c.name;
     EXPECT_NEAR(reports[1].kdr_exact->mean, reports[0].kdr_exact->mean,
                 3e-2 * std::max(1.0, std::abs(reports[0].kdr_exact->mean)))
@@ -324,20 +332,9 @@ TEST(VocabHead, HybridStepReportsTheSameKdrAndGradientNorms) {
   for (const Case& c : Cases()) {
     if (c.rows == "sampled") continue;
     const TrainBatch batch = BatchFor(c, 17);
-    HybridStepReport reports[2];
-    for (int chunked = 0; chunked < 2; ++chunked) {
-      model::Decoder m = TinyModel(9);
-      HybridStepConfig config;
-      config.loss.distill = c.loss;
-      config.loss.vocab_chunk_positions = chunked ? 4 : 0;
-      config.micro_batch_sequences = 4;
-      config.monitor.kdr_estimator = KdrEstimator::kLogit;
-      config.monitor.kdr_exact_every = 1;
-      config.monitor.kdr_exact_positions = 4;
-      auto optimizer = std::make_unique<PolicyOptimizer>(m, 1e-6, 0.0, /*max_grad_norm=*/0.0);
-      HybridStep step(m, std::move(optimizer), config);
-      reports[chunked] = step.Run(batch);
-    }
+    const HybridStepReport reports[2] = {
+        KdrStep(batch, c.loss, /*chunk=*/0, /*micro_batch=*/4, Precision::kFloat32),
+        KdrStep(batch, c.loss, /*chunk=*/4, /*micro_batch=*/4, Precision::kFloat32)};
     const HybridStepReport &whole = reports[0], &chunked = reports[1];
     ASSERT_TRUE(whole.kdr && chunked.kdr) << c.name;
     EXPECT_NEAR(chunked.kdr->mean, whole.kdr->mean, 1e-5 * std::max(1.0, std::abs(whole.kdr->mean)))

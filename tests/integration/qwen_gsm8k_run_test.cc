@@ -14,7 +14,7 @@
 // (rollout.weight_transport: c10d), not over WatchPolicy. Then:
 //   - κ and K_DR are finite numbers at every step, and non-zero where the
 //     reward gradient is; the teacher's tail mass is in [0, 1]; teacher_bytes
-//     is exactly B·L·k·12 for an L the prompts and responses allow: the
+//     is exactly B·L·(12k + 4) for an L the prompts and responses allow: the
 //     teacher rows stay [B, L, k], thousands of times smaller than a
 //     [B, L, V] tensor;
 //   - the final checkpoint is a Hugging Face directory that the independent
@@ -352,13 +352,15 @@ TEST_F(QwenGsm8kRunTest, TrainsTinyQwenModelsOnGsm8kWithTopkTailRows) {
     ASSERT_TRUE(IsFiniteNumber(record["loss_distill"])) << record["loss_distill"];
     EXPECT_GT(record["loss_distill"].get<double>(), 0);
 
-    // [B, L, k] fp32 log-probs + int64 ids, nothing of width V.
+    // [B, L, k] fp32 log-probs + int64 ids + the [B, L] fp32 tail, nothing
+    // of width V.
     const int64_t bytes = record["teacher_bytes"].get<int64_t>();
     const int64_t tokens = record["tokens"].get<int64_t>();
+    const int64_t per_position = kTopk * 12 + 4;
     ASSERT_GT(bytes, 0);
-    ASSERT_EQ(bytes % (batch * kTopk * 12), 0)
-        << bytes << " bytes of teacher rows for " << tokens << " response tokens are not B·L·k·12";
-    const int64_t length = bytes / (batch * kTopk * 12);
+    ASSERT_EQ(bytes % (batch * per_position), 0) << bytes << " bytes of teacher rows for " << tokens
+                                                 << " response tokens are not B·L·(12k + 4)";
+    const int64_t length = bytes / (batch * per_position);
     EXPECT_GE(length, static_cast<int64_t>(shortest));
     EXPECT_LE(length, static_cast<int64_t>(longest) + kMaxNewTokens - 1);
     EXPECT_LT(bytes * 100, kStudentRows * 4 * tokens)
