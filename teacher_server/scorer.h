@@ -42,7 +42,8 @@ struct ScoredTensors {
 // `logprobs` [T, V] (float32) that are not in `ids` [T, k], [T] float32;
 // −inf when the k ids are the whole row. Summing the tail, not subtracting
 // the k largest from 1, keeps it exact to float32 on a peaked row (top-1
-// 0.99, tail 1e-5), where 1 − Σ top-k rounds to 0 or below.
+// 0.99, tail 1e-5), where 1 − Σ top-k rounds to 0 or below. Works on 32
+// rows at a time, so its extra memory is 32 rows, not [T, V].
 torch::Tensor TailLogMass(const torch::Tensor& logprobs, const torch::Tensor& ids);
 
 // Log-probs [T_i, V] (float32, CPU) at the response positions of each

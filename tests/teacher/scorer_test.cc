@@ -205,6 +205,21 @@ TEST_F(ScorerTest, RejectsBadInputWithExceptions) {
   EXPECT_TRUE(ResponseLogProbs(model_, {}).empty());
 }
 
+// The tail over more rows than one block of TailLogMass: each row's mass
+// outside its ids, against a float64 sum over those ids.
+TEST(ScorerTail, TailLogMassOfEveryRowAcrossBlocks) {
+  torch::manual_seed(3);
+  const int64_t rows = 70, vocab = 50, k = 5;
+  const torch::Tensor logprobs = torch::log_softmax(3 * torch::randn({rows, vocab}), -1);
+  const torch::Tensor ids = std::get<1>(logprobs.topk(k, -1));
+  const torch::Tensor tail = TailLogMass(logprobs, ids.to(torch::kInt32));
+  ASSERT_EQ(tail.sizes(), (std::vector<int64_t>{rows}));
+  const torch::Tensor inside = torch::zeros({rows, vocab}, torch::kBool).scatter_(1, ids, true);
+  const torch::Tensor want =
+      logprobs.to(torch::kFloat64).exp().masked_fill(inside, 0.0).sum(1).log();
+  EXPECT_LT((tail.to(torch::kFloat64) - want).abs().max().item<double>(), 1e-5);
+}
+
 // What the service checks before it sends a sequence's rows: the first row
 // holding a NaN or an infinity is named, in every form's shape.
 TEST(ScorerFinite, CheckFiniteLogProbsNamesTheFirstBadRow) {
