@@ -106,13 +106,16 @@ std::vector<double> ValuesAt(const torch::Tensor& values,
   return out;
 }
 
-KdrSummary SummarizeKdr(const torch::Tensor& kernel, const torch::Tensor& mask) {
+KdrSummary SummarizeKdr(const torch::Tensor& kernel, const torch::Tensor& mask,
+                        const torch::Tensor& response_mask) {
   torch::NoGradGuard no_grad;
   const torch::Tensor valid = mask.detach() > 0;
   // Relative place of each position in its response, from the running count
   // of response positions along the row.
-  const torch::Tensor index_in_response = mask.detach().to(torch::kFloat64).cumsum(1) - 1;
-  const torch::Tensor length = mask.detach().to(torch::kFloat64).sum(1, /*keepdim=*/true);
+  const torch::Tensor response =
+      (response_mask.defined() ? response_mask : mask).detach().to(torch::kFloat64);
+  const torch::Tensor index_in_response = response.cumsum(1) - 1;
+  const torch::Tensor length = response.sum(1, /*keepdim=*/true);
   const torch::Tensor bucket =
       (index_in_response * KdrSummary::kPositionBuckets / length.clamp_min(1))
           .floor()

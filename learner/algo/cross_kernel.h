@@ -67,7 +67,11 @@ struct KdrSummary {
   std::array<double, kPositionBuckets> position_mean{};
 };
 
-// Statistics of K over the response positions (mask > 0) of a [B, T] tensor.
-KdrSummary SummarizeKdr(const torch::Tensor& kernel, const torch::Tensor& mask);
+// Statistics of K over the positions (mask > 0) of a [B, T] tensor. A
+// position's place in its response is counted along `response_mask` [B, T]
+// (undefined: `mask` itself), so a sample of a response's positions is
+// bucketed where it stands in the whole response.
+KdrSummary SummarizeKdr(const torch::Tensor& kernel, const torch::Tensor& mask,
+                        const torch::Tensor& response_mask = {});
 
 }  // namespace kappa::learner

@@ -3,10 +3,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
-#include <array>
 #include <chrono>
-#include <cmath>
-#include <limits>
 #include <utility>
 #include <vector>
 
@@ -116,26 +113,8 @@ void KdrMonitor::MeasureExact(const TrainBatch& batch, const std::vector<torch::
       exact_kernel[positions[k].first][positions[k].second] = exact[k];
       exact_mask[positions[k].first][positions[k].second] = 1.0;
     }
-    report->kdr_exact = SummarizeKdr(exact_kernel, exact_mask);
-    // SummarizeKdr buckets a position by its place among exact_mask's; a
-    // sampled position's bucket is its place in its whole response.
-    const torch::Tensor response = response_mask_.to(torch::kCPU, torch::kFloat64);
-    const torch::Tensor place = response.cumsum(1) - 1;
-    const torch::Tensor length = response.sum(1);
-    std::array<double, KdrSummary::kPositionBuckets> sums{}, counts{};
-    for (size_t k = 0; k < positions.size(); ++k) {
-      const auto [b, t] = positions[k];
-      const double at = place[b][t].item<double>() * KdrSummary::kPositionBuckets /
-                        std::max(length[b].item<double>(), 1.0);
-      const auto bucket = static_cast<size_t>(
-          std::clamp<double>(std::floor(at), 0, KdrSummary::kPositionBuckets - 1));
-      sums[bucket] += exact[k];
-      counts[bucket] += 1;
-    }
-    for (size_t i = 0; i < sums.size(); ++i) {
-      report->kdr_exact->position_mean[i] =
-          counts[i] > 0 ? sums[i] / counts[i] : std::numeric_limits<double>::quiet_NaN();
-    }
+    // Bucketed by place in the whole response, not among the sampled.
+    report->kdr_exact = SummarizeKdr(exact_kernel, exact_mask, response_mask_);
   }
   report->exact_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
