@@ -23,6 +23,11 @@ absl::Status ParseKey(const char* key, Parse parse, const Value& value, T* out) 
 
 absl::StatusOr<HybridStepConfig> MakeHybridStepConfig(const services::Config& config) {
   const services::Config::Trainer& trainer = config.trainer;
+  // Not a field of the step, but the learner and `kappa run` both read the
+  // trainer keys here: one place refuses it for both.
+  if (trainer.max_nonfinite_steps < 1) {
+    return absl::InvalidArgumentError("config key 'trainer.max_nonfinite_steps' must be >= 1");
+  }
   HybridStepConfig step;
   LossConfig& loss = step.loss;
   KAPPA_RETURN_IF_ERROR(
@@ -193,9 +198,6 @@ absl::StatusOr<std::optional<tasks::AnswerCorruption>> TeacherCorruption(
 }
 
 absl::Status ValidateStepConfig(const services::Config& config) {
-  if (config.trainer.max_nonfinite_steps < 1) {
-    return absl::InvalidArgumentError("config key 'trainer.max_nonfinite_steps' must be >= 1");
-  }
   if (absl::Status schedule = MakeLearningRateSchedule(config).status(); !schedule.ok()) {
     return schedule;
   }

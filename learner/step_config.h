@@ -14,6 +14,9 @@
 
 namespace kappa::learner {
 
+// The trainer and m3 keys as a step configuration; INVALID_ARGUMENT naming
+// the key (or the pair of keys) that is out of range, trainer's
+// max_nonfinite_steps included.
 absl::StatusOr<HybridStepConfig> MakeHybridStepConfig(const services::Config& config);
 AlarmConfig MakeAlarmConfig(const services::Config& config);
 // trainer.lr, warmup_steps, lr_schedule, min_lr_ratio, steps; INVALID_ARGUMENT

@@ -151,9 +151,6 @@ absl::Status TrainerLoop::CheckpointOrCarryOn(int64_t step) {
 }
 
 absl::Status TrainerLoop::MakeStep() {
-  if (config_.trainer.max_nonfinite_steps < 1) {
-    return absl::InvalidArgumentError("config key 'trainer.max_nonfinite_steps' must be >= 1");
-  }
   KAPPA_ASSIGN_OR_RETURN(HybridStepConfig step_config, MakeHybridStepConfig(config_));
   step_config.loss.vocab_limit = vocab_limit_;
   KAPPA_RETURN_IF_ERROR(services::CaptureExceptions("", [&] {
