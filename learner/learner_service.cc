@@ -291,6 +291,12 @@ grpc::Status LearnerService::WatchPolicy(grpc::ServerContext* context,
     std::shared_ptr<const PolicySnapshot> snapshot =
         publisher_->WaitNewer(known, absl::Now() + kWakeInterval);
     if (snapshot == nullptr) continue;
+    if (dtype == torch::kFloat32 && snapshot->dtype == torch::kBFloat16) {
+      return {grpc::StatusCode::FAILED_PRECONDITION,
+              "weights_dtype: FLOAT32 asked of a learner that keeps bfloat16 snapshots (its "
+              "rollout.weights_dtype or student.dtype is bfloat16); set the worker's "
+              "rollout.weights_dtype to bfloat16, or the learner's to float32"};
+    }
     std::shared_ptr<const EncodedDelta> encoded_delta =
         delta && known >= 0 ? publisher_->Delta(snapshot, dtype, known, known_id) : nullptr;
     const bool sent = encoded_delta != nullptr

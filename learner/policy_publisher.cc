@@ -200,6 +200,11 @@ std::shared_ptr<const EncodedPolicy> PolicyPublisher::Encode(
     throw std::invalid_argument(std::string("policy weights cannot travel as ") +
                                 c10::toString(dtype) + " (float32 or bfloat16)");
   }
+  if (dtype == torch::kFloat32 && snapshot->dtype == torch::kBFloat16) {
+    throw std::invalid_argument(
+        "policy weights cannot travel as float32: this learner keeps bfloat16 snapshots "
+        "(rollout.weights_dtype)");
+  }
   std::shared_ptr<Slot> slot = SlotFor(snapshot, dtype);
   return EncodeInto(*slot, *snapshot, dtype);
 }

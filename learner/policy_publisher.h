@@ -31,7 +31,11 @@ namespace kappa::learner {
 struct PolicySnapshot {
   int64_t version = 0;
   std::string model_config_json;
-  // Hugging Face names -> contiguous CPU float32 tensors (deep copies).
+  // The weights' dtype: float32, or bfloat16 when every consumer asks for
+  // bfloat16 (PolicySnapshotDtype); a bfloat16 snapshot encodes only as
+  // bfloat16.
+  torch::ScalarType dtype = torch::kFloat32;
+  // Hugging Face names -> contiguous CPU tensors in `dtype` (deep copies).
   std::vector<std::pair<std::string, torch::Tensor>> weights;
 };
 
@@ -94,8 +98,8 @@ class PolicyPublisher {
   bool shut_down() const ABSL_LOCKS_EXCLUDED(mu_);
   int64_t version() const ABSL_LOCKS_EXCLUDED(mu_);
 
-  // `snapshot` in `dtype` (float32 or bfloat16; others throw
-  // std::invalid_argument). Converted once per (version, dtype) while the
+  // `snapshot` in `dtype` (float32 or bfloat16; others, and float32 of a
+  // bfloat16 snapshot, throw std::invalid_argument). Converted once per (version, dtype) while the
   // version is the latest (or the kept base); later callers share it.
   std::shared_ptr<const EncodedPolicy> Encode(const std::shared_ptr<const PolicySnapshot>& snapshot,
                                               torch::ScalarType dtype) ABSL_LOCKS_EXCLUDED(mu_);

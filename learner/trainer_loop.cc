@@ -12,6 +12,7 @@
 #include "absl/time/clock.h"
 #include "learner/algo/train_batch.h"
 #include "learner/dataset_accuracy.h"
+#include "learner/policy_snapshot_dtype.h"
 #include "learner/step_config.h"
 #include "learner/step_record.h"
 #include "model/checkpoint.h"
@@ -73,11 +74,20 @@ void TrainerLoop::PublishPolicy() {
   auto snapshot = std::make_shared<PolicySnapshot>();
   snapshot->version = state_.policy_version;
   snapshot->model_config_json = student_->config().ToJson();
+  snapshot->dtype = PolicySnapshotDtype(config_);
+  const absl::Time start = absl::Now();
   torch::NoGradGuard no_grad;
+  int64_t bytes = 0;
   for (const auto& [name, tensor] : model::NamedWeights(student_)) {
-    snapshot->weights.emplace_back(name,
-                                   tensor.detach().to(torch::kCPU, torch::kFloat32).clone());
+    // One copy, converting on the way (copy=true: never the live tensor).
+    torch::Tensor copy =
+        tensor.detach().to(torch::TensorOptions(torch::kCPU).dtype(snapshot->dtype),
+                           /*non_blocking=*/false, /*copy=*/true);
+    bytes += static_cast<int64_t>(copy.numel() * copy.element_size());
+    snapshot->weights.emplace_back(name, std::move(copy));
   }
+  spdlog::info("policy version {} snapshot: {} MiB {} in {:.2f} s", snapshot->version, bytes >> 20,
+               c10::toString(snapshot->dtype), absl::ToDoubleSeconds(absl::Now() - start));
   publisher_->Publish(std::move(snapshot));
 }
 
@@ -116,10 +126,13 @@ void TrainerLoop::ReportKdrBySubset(const std::vector<BufferedGroup>& buffered, 
 
 absl::Status TrainerLoop::SaveCheckpoint(int64_t step) {
   const std::string dir = CheckpointDir(run_dir_, step);
+  const absl::Time start = absl::Now();
   KAPPA_RETURN_IF_ERROR(services::CaptureExceptions(absl::StrCat("checkpoint ", dir), [&] {
     model::SaveCheckpoint(dir, student_);
     step_->optimizer().Save(dir + "/optimizer.pt");
   }));
+  spdlog::info("checkpoint {} written in {:.1f} s", dir,
+               absl::ToDoubleSeconds(absl::Now() - start));
   const DataPosition position = coordinator_->data_position();
   state_.data_position = position.drawn;
   state_.pending_prompts.assign(position.pending.begin(), position.pending.end());

@@ -20,6 +20,7 @@
 #include "learner/coordinator.h"
 #include "learner/learner_service.h"
 #include "learner/policy_publisher.h"
+#include "learner/policy_snapshot_dtype.h"
 #include "learner/work_config.h"
 #include "model/checkpoint.h"
 #include "rollout_worker/policy_assembler.h"
@@ -167,6 +168,52 @@ TEST_F(WeightSyncTest, UnknownWireDtypeIsRefusedNamingTheField) {
   EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_NE(status.error_message().find("weights_dtype: DTYPE_INT32"), std::string::npos)
       << status.error_message();
+}
+
+// A learner whose workers all ask for bfloat16 snapshots straight into
+// bfloat16 (issue 38: no float32 copy per version); the workers get exactly
+// those bytes, and a float32 request is refused rather than sent widened.
+TEST_F(WeightSyncTest, ABfloat16SnapshotTravelsAsItIsAndFloat32IsRefused) {
+  Serve();
+  model::Decoder source = MakeDecoder(TinyConfig(), 3);
+  const Weights v0 = CopyWeights(source);
+  auto snapshot = std::make_shared<PolicySnapshot>(*Snapshot(0, v0));
+  snapshot->dtype = torch::kBFloat16;
+  for (auto& [name, tensor] : snapshot->weights) tensor = tensor.to(torch::kBFloat16);
+  publisher_->Publish(snapshot);
+
+  auto bf16 = Watcher(torch::kBFloat16, {torch::kBFloat16, false});
+  ASSERT_TRUE(bf16->WaitForVersion(0, absl::Now() + kWait).ok());
+  ExpectModelHolds(*bf16->Current().model, v0, torch::kBFloat16);
+  // The snapshot's own tensors are the encoding: no conversion was made.
+  EXPECT_EQ(publisher_->Encode(snapshot, torch::kBFloat16)->weights.front().second.data_ptr(),
+            snapshot->weights.front().second.data_ptr());
+
+  auto stub = kappa::v1::Learner::NewStub(services::MakeChannel(address_));
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + kWait));
+  kappa::v1::WatchPolicyRequest request;
+  request.set_known_version(-1);
+  request.set_weights_dtype(kappa::v1::DTYPE_FLOAT32);
+  auto reader = stub->WatchPolicy(&context, request);
+  kappa::v1::PolicyChunk chunk;
+  EXPECT_FALSE(reader->Read(&chunk));
+  const grpc::Status status = reader->Finish();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(status.error_message().find("rollout.weights_dtype"), std::string::npos)
+      << status.error_message();
+}
+
+TEST(WeightSyncConfigTest, TheSnapshotIsBfloat16OnlyWhenEveryWorkerAsksForIt) {
+  services::Config config;
+  EXPECT_EQ(learner::PolicySnapshotDtype(config), torch::kFloat32);  // auto, auto
+  config.student.dtype = "bfloat16";
+  EXPECT_EQ(learner::PolicySnapshotDtype(config), torch::kBFloat16);  // auto follows the model
+  config.rollout.weights_dtype = "float32";
+  EXPECT_EQ(learner::PolicySnapshotDtype(config), torch::kFloat32);
+  config.student.dtype = "auto";  // a worker resolves it on its own host
+  config.rollout.weights_dtype = "bfloat16";
+  EXPECT_EQ(learner::PolicySnapshotDtype(config), torch::kBFloat16);
 }
 
 TEST(WeightSyncConfigTest, WeightsDtypeValuesAreParsedAndABadOneIsNamed) {
