@@ -1,12 +1,14 @@
 #include "services/logging.h"
 
-#include <memory>
-#include <vector>
-
 #include <spdlog/cfg/env.h>
 #include <spdlog/sinks/basic_file_sink.h>
 #include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/spdlog.h>
+#include <sys/resource.h>
+
+#include <cstdlib>
+#include <memory>
+#include <vector>
 
 namespace kappa::services {
 namespace {
@@ -21,7 +23,18 @@ std::string EscapePattern(const std::string& text) {
   return escaped;
 }
 
+void LogPeakResidentMemory() {
+  const long long bytes = PeakResidentBytes();
+  spdlog::info("peak RSS {} MiB (peak_rss_bytes={})", bytes >> 20, bytes);
+}
+
 }  // namespace
+
+long long PeakResidentBytes() {
+  rusage usage{};
+  if (getrusage(RUSAGE_SELF, &usage) != 0) return 0;
+  return static_cast<long long>(usage.ru_maxrss) * 1024;  // Linux reports KiB
+}
 
 void InitLogging(const std::string& process_name, const std::string& log_file) {
   std::vector<spdlog::sink_ptr> sinks;
@@ -43,6 +56,13 @@ void InitLogging(const std::string& process_name, const std::string& log_file) {
   spdlog::cfg::load_env_levels();  // SPDLOG_LEVEL=debug etc.
   if (!file_error.empty()) {
     spdlog::warn("cannot open log file '{}': {}; logging to stderr only", log_file, file_error);
+  }
+  // spdlog's registry was constructed above, before this registration, so it
+  // outlives the handler.
+  static bool registered = false;
+  if (!registered) {
+    registered = true;
+    std::atexit(LogPeakResidentMemory);
   }
 }
 

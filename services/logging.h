@@ -1,11 +1,20 @@
 // Logging setup (spdlog): one line per event, "[time] [process] [level] msg",
 // to stderr and, when given, to a log file. Call once at process start; then
 // use spdlog::info/warn/error directly.
+//
+// At exit (return from main or exit(), not a signal death or _exit) the
+// process logs its peak resident memory once, as
+// "peak RSS <MiB> MiB (peak_rss_bytes=<bytes>)": the number `kappa plan` is
+// checked against and docs/results.md's per-process table records.
 #pragma once
 
 #include <string>
 
 namespace kappa::services {
+
+// The most resident memory this process has held so far (getrusage
+// ru_maxrss), in bytes.
+long long PeakResidentBytes();
 
 void InitLogging(const std::string& process_name, const std::string& log_file = "");
 
