@@ -109,6 +109,25 @@ SubmitVerdict Coordinator::Submit(const std::string& lease_id, const std::string
   return SubmitVerdict::kAccepted;
 }
 
+Coordinator::Renewal Coordinator::Renew(const std::vector<std::string>& lease_ids,
+                                        const std::string& worker_id) {
+  absl::MutexLock lock(&mu_);
+  const absl::Time now = absl::Now();
+  ExpireLeasesLocked(now);
+  Renewal renewal;
+  renewal.deadline = now + options_.lease_timeout;
+  for (const std::string& id : lease_ids) {
+    auto it = leases_.find(id);
+    if (it == leases_.end() || it->second.worker_id != worker_id) continue;
+    it->second.deadline = renewal.deadline;
+    renewal.lease_ids.push_back(id);
+    ++counters_.leases_renewed;
+  }
+  // Leases may have expired above: their slots are free.
+  changed_.SignalAll();
+  return renewal;
+}
+
 void Coordinator::ReleaseWorker(const std::string& worker_id) {
   absl::MutexLock lock(&mu_);
   for (auto it = leases_.begin(); it != leases_.end();) {

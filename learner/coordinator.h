@@ -5,7 +5,9 @@
 // exceed `buffer_groups`, so memory is bounded however many workers connect;
 // a worker only receives a lease (and the credit to return it) when a slot
 // is free. A lease not returned before its deadline, or whose worker
-// disconnected, goes back to the front of the queue. A group is consumed at
+// disconnected, goes back to the front of the queue; a worker keeps its
+// leases alive while it works on them by renewing them (Renew), so the
+// timeout bounds a worker's silence, not the length of its work. A group is consumed at
 // most once: it is accepted only against an outstanding lease, which it
 // closes. The last kClosedLeaseMemory leases closed that way are remembered,
 // so a second group for one of them is told apart (a duplicate) from a group
@@ -79,6 +81,7 @@ inline constexpr size_t kClosedLeaseMemory = 16384;
 struct CoordinatorCounters {
   int64_t leases_issued = 0;
   int64_t leases_reissued = 0;   // expired or orphaned by a disconnect
+  int64_t leases_renewed = 0;    // deadlines moved by Renew, one per lease and call
   int64_t groups_accepted = 0;
   int64_t groups_consumed = 0;
   int64_t dropped_stale = 0;
@@ -104,6 +107,17 @@ class Coordinator {
   // dropped_unknown_lease).
   SubmitVerdict Submit(const std::string& lease_id, const std::string& worker_id,
                        ScoredGroup group) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // The worker still works on these leases: each open one it holds gets the
+  // deadline now + lease_timeout (expired ones are re-issued first, as at
+  // any wake-up, and are not renewed). Returns the ids renewed and that
+  // deadline; unknown, expired, closed or other workers' ids are left out.
+  struct Renewal {
+    std::vector<std::string> lease_ids;
+    absl::Time deadline;
+  };
+  Renewal Renew(const std::vector<std::string>& lease_ids, const std::string& worker_id)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // The worker's stream ended: its leases are re-issued now rather than at
   // their deadlines.

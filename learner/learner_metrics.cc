@@ -203,6 +203,9 @@ void LearnerMetrics::RecordCoordinator(const CoordinatorCounters& counters) {
   r.GetCounter("kappa_learner_leases_reissued_total",
                "Work leases handed out again after they expired or their worker left.")
       .SetTotal(static_cast<double>(counters.leases_reissued));
+  r.GetCounter("kappa_learner_leases_renewed_total",
+               "Work lease deadlines moved because their worker still works on them.")
+      .SetTotal(static_cast<double>(counters.leases_renewed));
   r.GetGauge("kappa_learner_buffer_groups", "Scored groups waiting in the buffer.")
       .Set(static_cast<double>(counters.buffered));
   r.GetGauge("kappa_learner_outstanding_leases", "Work leases handed out and not yet returned.")

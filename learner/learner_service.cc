@@ -94,6 +94,18 @@ kappa::v1::WorkItem LearnerService::MakeWorkItem(const Lease& lease) const {
   return item;
 }
 
+bool LearnerService::AnswerRenewal(
+    const kappa::v1::RenewLeases& renew, const std::string& stream_id,
+    const std::function<bool(const kappa::v1::LearnerMessage&)>& write) {
+  const std::vector<std::string> ids(renew.lease_ids().begin(), renew.lease_ids().end());
+  const Coordinator::Renewal renewal = coordinator_->Renew(ids, stream_id);
+  kappa::v1::LearnerMessage answer;
+  kappa::v1::LeasesRenewed* renewed = answer.mutable_renewed();
+  for (const std::string& id : renewal.lease_ids) renewed->add_lease_ids(id);
+  renewed->set_lease_deadline_unix_ms(absl::ToUnixMillis(renewal.deadline));
+  return write(answer);
+}
+
 grpc::Status LearnerService::Rollout(
     grpc::ServerContext* context,
     grpc::ServerReaderWriter<kappa::v1::LearnerMessage, kappa::v1::WorkerMessage>* stream) {
@@ -120,6 +132,13 @@ grpc::Status LearnerService::Rollout(
 
   std::atomic<bool> reader_done{false};
   std::atomic<int64_t> credits_granted{0};
+  // Work and credits go out from the writer thread, renewal answers from
+  // this one: one Write at a time.
+  absl::Mutex write_mu;
+  auto write = [&](const kappa::v1::LearnerMessage& message) {
+    absl::MutexLock lock(&write_mu);
+    return stream->Write(message);
+  };
   std::thread writer([&] {
     while (!reader_done && !shutting_down_ && !context->IsCancelled()) {
       std::optional<Lease> lease =
@@ -131,7 +150,7 @@ grpc::Status LearnerService::Rollout(
       credit.mutable_credit()->set_groups(1);
       // Grant the credit before the worker can possibly answer.
       credits_granted += 1;
-      if (!stream->Write(work) || !stream->Write(credit)) break;
+      if (!write(work) || !write(credit)) break;
     }
   });
 
@@ -139,8 +158,13 @@ grpc::Status LearnerService::Rollout(
   int64_t groups_received = 0;
   kappa::v1::WorkerMessage message;
   while (stream->Read(&message)) {
+    if (message.has_renew()) {
+      if (!AnswerRenewal(message.renew(), stream_id, write)) break;
+      continue;
+    }
     if (!message.has_group()) {
-      result = {grpc::StatusCode::INVALID_ARGUMENT, "kind: only groups may follow the hello"};
+      result = {grpc::StatusCode::INVALID_ARGUMENT,
+                "kind: only groups and lease renewals may follow the hello"};
       break;
     }
     if (++groups_received > credits_granted) {

@@ -66,6 +66,10 @@ class LearnerService final : public kappa::v1::Learner::Service {
 
  private:
   kappa::v1::WorkItem MakeWorkItem(const Lease& lease) const;
+  // Renews the stream's leases named in `renew` (Coordinator::Renew) and
+  // writes the LeasesRenewed answer; false when the write failed.
+  bool AnswerRenewal(const kappa::v1::RenewLeases& renew, const std::string& stream_id,
+                     const std::function<bool(const kappa::v1::LearnerMessage&)>& write);
   bool SendPolicy(const EncodedPolicy& encoded, grpc::ServerWriter<kappa::v1::PolicyChunk>* writer);
   bool SendPolicyDelta(const EncodedDelta& delta,
                        grpc::ServerWriter<kappa::v1::PolicyChunk>* writer);

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <exception>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -36,11 +37,6 @@ constexpr absl::Duration kAbandonCheckInterval = absl::Milliseconds(20);
 absl::Status StatusFromGrpc(const char* what, const grpc::Status& grpc_status) {
   const absl::Status status = services::FromGrpcStatus(grpc_status);
   return absl::Status(status.code(), absl::StrCat(what, ": ", status.message()));
-}
-
-bool LeaseExpired(const kappa::v1::WorkItem& item) {
-  return item.lease_deadline_unix_ms() > 0 &&
-         absl::ToUnixMillis(absl::Now()) > item.lease_deadline_unix_ms();
 }
 
 std::string ShapeString(const kappa::v1::Tensor& tensor) {
@@ -218,7 +214,8 @@ GroupSampler::GroupSampler(std::shared_ptr<grpc::ChannelInterface> verifier_chan
                            GroupSamplerOptions options)
     : verifier_(kappa::v1::Verifier::NewStub(std::move(verifier_channel))),
       teacher_(kappa::v1::Teacher::NewStub(std::move(teacher_channel))),
-      options_(WithDefaultDecode(std::move(options))) {}
+      options_(WithDefaultDecode(std::move(options))),
+      deadlines_(options_.rpc_deadline) {}
 
 GroupSampler::~GroupSampler() = default;
 
@@ -378,11 +375,35 @@ absl::StatusOr<kappa::v1::ScoredGroup> GroupSampler::Complete(
   return group;
 }
 
+void GroupSampler::RecordBytes(const char* message, int64_t sent, int64_t received) {
+  if (options_.metrics != nullptr) {
+    options_.metrics->RecordMessageBytes(message, "sent", sent);
+    options_.metrics->RecordMessageBytes(message, "received", received);
+  }
+  absl::MutexLock lock(&mu_);
+  const bool score = std::string_view(message) == "score";
+  (score ? message_bytes_.score_calls : message_bytes_.verify_calls) += 1;
+  (score ? message_bytes_.score_sent : message_bytes_.verify_sent) += sent;
+  (score ? message_bytes_.score_received : message_bytes_.verify_received) += received;
+}
+
+SamplerMessageBytes GroupSampler::message_bytes() const {
+  absl::MutexLock lock(&mu_);
+  return message_bytes_;
+}
+
+bool GroupSampler::LeaseExpired(const kappa::v1::WorkItem& item) const {
+  if (options_.leases != nullptr) return options_.leases->Expired(item);
+  return item.lease_deadline_unix_ms() > 0 &&
+         absl::ToUnixMillis(absl::Now()) > item.lease_deadline_unix_ms();
+}
+
 absl::Status GroupSampler::CallWithRetry(
     const char* what, const kappa::v1::WorkItem& item, const std::function<bool()>& abandon,
-    const std::function<grpc::Status(grpc::ClientContext*)>& call, int max_attempts) {
+    const std::function<grpc::Status(grpc::ClientContext*)>& call, double units, int max_attempts) {
   Backoff backoff(options_.initial_backoff, options_.max_backoff);
   auto should_stop = [&] { return cancelled() || (abandon && abandon()); };
+  int timeouts = 0;  // attempts of this call that ran out of time
   for (int attempt = 1;; ++attempt) {
     if (should_stop()) return absl::CancelledError(absl::StrCat(what, ": cancelled"));
     if (LeaseExpired(item)) {
@@ -391,7 +412,8 @@ absl::Status GroupSampler::CallWithRetry(
                        " attempts"));
     }
     grpc::ClientContext context;
-    context.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_deadline));
+    const absl::Time start = absl::Now();
+    context.set_deadline(absl::ToChronoTime(start + deadlines_.For(what, units, timeouts)));
     {
       absl::MutexLock lock(&mu_);
       if (cancelled_) return absl::CancelledError(absl::StrCat(what, ": cancelled"));
@@ -402,7 +424,11 @@ absl::Status GroupSampler::CallWithRetry(
       absl::MutexLock lock(&mu_);
       active_contexts_.erase(&context);
     }
-    if (status.ok()) return absl::OkStatus();
+    if (status.ok()) {
+      deadlines_.Record(what, units, absl::Now() - start);
+      return absl::OkStatus();
+    }
+    if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) ++timeouts;
     if (options_.metrics != nullptr && !should_stop()) {
       options_.metrics->RecordRpcError(PeerOfRpc(what));
     }
@@ -439,12 +465,16 @@ absl::Status GroupSampler::Verify(const kappa::v1::WorkItem& item, kappa::v1::Sc
     verify_item->set_response_text(sample.response_text());
   }
   kappa::v1::VerifyResponse response;
-  absl::Status status = CallWithRetry("Verifier.Verify", item, abandon,
-                                      [&](grpc::ClientContext* context) {
-                                        response.Clear();
-                                        return verifier_->Verify(context, request, &response);
-                                      });
+  absl::Status status = CallWithRetry(
+      "Verifier.Verify", item, abandon,
+      [&](grpc::ClientContext* context) {
+        response.Clear();
+        return verifier_->Verify(context, request, &response);
+      },
+      static_cast<double>(request.items_size()));
   if (!status.ok()) return status;
+  RecordBytes("verify", static_cast<int64_t>(request.ByteSizeLong()),
+              static_cast<int64_t>(response.ByteSizeLong()));
   if (response.rewards_size() != group.samples_size()) {
     return absl::InternalError(absl::StrCat("Verifier.Verify returned ", response.rewards_size(),
                                             " rewards for ", group.samples_size(), " items"));
@@ -479,12 +509,20 @@ absl::Status GroupSampler::Score(const kappa::v1::WorkItem& item, int64_t vocab_
     *sequence->mutable_response_tokens() = sample.response_tokens();
   }
   kappa::v1::ScoreResponse response;
-  absl::Status status = CallWithRetry("Teacher.Score", item, abandon,
-                                      [&](grpc::ClientContext* context) {
-                                        response.Clear();
-                                        return teacher_->Score(context, request, &response);
-                                      });
+  int64_t positions = 0;
+  for (const kappa::v1::ScoreSequence& sequence : request.sequences()) {
+    positions += sequence.prompt_tokens_size() + sequence.response_tokens_size();
+  }
+  absl::Status status = CallWithRetry(
+      "Teacher.Score", item, abandon,
+      [&](grpc::ClientContext* context) {
+        response.Clear();
+        return teacher_->Score(context, request, &response);
+      },
+      static_cast<double>(positions));
   if (!status.ok()) return status;
+  RecordBytes("score", static_cast<int64_t>(request.ByteSizeLong()),
+              static_cast<int64_t>(response.ByteSizeLong()));
   if (response.sequences_size() != group.samples_size()) {
     return absl::InternalError(absl::StrCat("Teacher.Score returned ", response.sequences_size(),
                                             " sequences for ", group.samples_size()));
@@ -546,7 +584,7 @@ absl::Status GroupSampler::AddDemonstrations(const kappa::v1::WorkItem& item,
   params.decode = options_.decode;
   const RpcRunner run = [&](const char* what,
                             const std::function<grpc::Status(grpc::ClientContext*)>& call) {
-    return CallWithRetry(what, item, abandon, call, options_.demonstration_attempts);
+    return CallWithRetry(what, item, abandon, call, /*units=*/1.0, options_.demonstration_attempts);
   };
   absl::StatusOr<std::vector<kappa::v1::TeacherDemonstration>> demonstrations =
       FetchDemonstrations(item, params, *teacher_, *verifier_, run);

@@ -28,7 +28,9 @@
 #include "kappa/v1/teacher.grpc.pb.h"
 #include "kappa/v1/verifier.grpc.pb.h"
 #include "model/decode_engine.h"
+#include "rollout_worker/lease_clock.h"
 #include "rollout_worker/policy_watcher.h"
+#include "rollout_worker/rpc_deadlines.h"
 #include "rollout_worker/stop_strings.h"
 #include "rollout_worker/worker_metrics.h"
 
@@ -36,6 +38,9 @@ namespace kappa::rollout {
 
 struct GroupSamplerOptions {
   std::string worker_id;
+  // The least time an RPC attempt gets (rollout.rpc_deadline_ms); longer
+  // when its measured work needs it, doubled after each timeout of the same
+  // call (RpcDeadlines).
   absl::Duration rpc_deadline = absl::Seconds(10);
   absl::Duration initial_backoff = absl::Milliseconds(50);
   absl::Duration max_backoff = absl::Seconds(2);
@@ -52,12 +57,26 @@ struct GroupSamplerOptions {
   int demonstration_attempts = 3;
   // Not owned; null: nothing recorded. Counts every failed RPC attempt.
   WorkerMetrics* metrics = nullptr;
+  // The worker's renewed lease deadlines (not owned); null: an item's lease
+  // ends at its WorkItem.lease_deadline_unix_ms.
+  const LeaseClock* leases = nullptr;
   // The text of a response: ScoredSample.response_text and the teacher
   // demonstrations' text (what the verifier reads), and the text the item's
   // stop strings are looked for in. Empty: ResponseText (the character
   // tokenizer). Called from Sample() and Complete(), possibly on several
   // threads at once.
   TokenDecoder decode;
+};
+
+// Serialized bytes of the RPC messages a sampler exchanged (successful
+// calls only).
+struct SamplerMessageBytes {
+  int64_t score_calls = 0;
+  int64_t score_sent = 0;
+  int64_t score_received = 0;
+  int64_t verify_calls = 0;
+  int64_t verify_sent = 0;
+  int64_t verify_received = 0;
 };
 
 class GroupSampler {
@@ -115,6 +134,8 @@ class GroupSampler {
                                                   const std::function<bool()>& abandon)
       ABSL_LOCKS_EXCLUDED(mu_);
 
+  SamplerMessageBytes message_bytes() const ABSL_LOCKS_EXCLUDED(mu_);
+
   // Cancels the RPCs in flight and makes every later Complete() return CANCELLED
   // until Resume(). Thread-safe; does not wait for the cancelled calls.
   void Cancel() ABSL_LOCKS_EXCLUDED(mu_);
@@ -122,11 +143,16 @@ class GroupSampler {
 
  private:
   // Retries transient errors with backoff until the lease expires or, when
-  // max_attempts > 0, after that many attempts.
+  // max_attempts > 0, after that many attempts. `units`: the call's work
+  // (positions scored, items verified), which its attempts' deadlines
+  // follow (deadlines_).
   absl::Status CallWithRetry(const char* what, const kappa::v1::WorkItem& item,
                              const std::function<bool()>& abandon,
                              const std::function<grpc::Status(grpc::ClientContext*)>& call,
-                             int max_attempts = 0) ABSL_LOCKS_EXCLUDED(mu_);
+                             double units, int max_attempts = 0) ABSL_LOCKS_EXCLUDED(mu_);
+  bool LeaseExpired(const kappa::v1::WorkItem& item) const;
+  // `message` ("score" or "verify") exchanged: to the metrics and message_bytes_.
+  void RecordBytes(const char* message, int64_t sent, int64_t received) ABSL_LOCKS_EXCLUDED(mu_);
   // Cancel() was called (and not Resume()d since).
   bool cancelled() const ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status Verify(const kappa::v1::WorkItem& item, kappa::v1::ScoredGroup& group,
@@ -143,6 +169,7 @@ class GroupSampler {
   std::unique_ptr<kappa::v1::Verifier::StubInterface> verifier_;
   std::unique_ptr<kappa::v1::Teacher::StubInterface> teacher_;
   const GroupSamplerOptions options_;
+  RpcDeadlines deadlines_;
 
   mutable absl::Mutex mu_;
   // Set by Cancel(), cleared by Resume(): no new RPC attempt starts.
@@ -151,6 +178,7 @@ class GroupSampler {
   // concurrently for a batch's groups. Each context is owned by the
   // CallWithRetry() attempt that registered it, and removed before it ends.
   std::set<grpc::ClientContext*> active_contexts_ ABSL_GUARDED_BY(mu_);
+  SamplerMessageBytes message_bytes_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace kappa::rollout

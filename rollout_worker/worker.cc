@@ -28,16 +28,16 @@ using kappa::v1::WorkerMessage;
 // one wait is sliced (every other wait here is a condition wait).
 constexpr absl::Duration kAbandonCheckInterval = absl::Milliseconds(200);
 
-GroupSamplerOptions SamplerOptions(const WorkerOptions& options) {
+// How often the renewal thread looks at the held leases at most (it looks
+// sooner when a lease's quarter span is shorter).
+constexpr absl::Duration kRenewCheckInterval = absl::Seconds(1);
+
+GroupSamplerOptions SamplerOptions(const WorkerOptions& options, const LeaseClock* leases) {
   GroupSamplerOptions sampler = options.sampler;
   sampler.worker_id = options.worker_id;
   sampler.metrics = options.metrics;
+  sampler.leases = leases;
   return sampler;
-}
-
-bool LeaseExpired(const kappa::v1::WorkItem& item) {
-  return item.lease_deadline_unix_ms() > 0 &&
-         absl::ToUnixMillis(absl::Now()) > item.lease_deadline_unix_ms();
 }
 
 }  // namespace
@@ -48,6 +48,7 @@ struct RolloutWorker::Connection {
   grpc::ClientContext context;
   std::unique_ptr<grpc::ClientReaderWriterInterface<WorkerMessage, LearnerMessage>> stream;
   std::thread reader;
+  std::thread renewer;
   const std::atomic<bool>* const stopping;  // the worker's stopping_
 
   // Taken after the worker's mu_ when both are held (Stop()).
@@ -61,6 +62,9 @@ struct RolloutWorker::Connection {
   bool broken ABSL_GUARDED_BY(mu) = false;
   // The learner sent at least one message on this stream.
   bool received_any ABSL_GUARDED_BY(mu) = false;
+  // Work items received on this stream: the renewal thread wakes when it
+  // changes, so a new lease's span sets how soon it looks again.
+  int64_t items_received ABSL_GUARDED_BY(mu) = 0;
   // Serializes stream writes: the continuous path sends groups from the
   // threads that complete them.
   absl::Mutex write_mu;
@@ -95,7 +99,8 @@ RolloutWorker::RolloutWorker(std::shared_ptr<grpc::ChannelInterface> learner_cha
                PolicyWatcherOptions{options_.worker_id, options_.initial_backoff,
                                     options_.max_backoff, options_.device, options_.dtype},
                options_.weight_sync),
-      sampler_(std::move(verifier_channel), std::move(teacher_channel), SamplerOptions(options_)) {
+      sampler_(std::move(verifier_channel), std::move(teacher_channel),
+               SamplerOptions(options_, &leases_)) {
   if (options_.decode == "continuous") {
     engine_ = std::make_unique<model::DecodeEngine>(options_.engine);
     if (options_.metrics != nullptr) options_.metrics->SetEngineSlots(options_.engine.max_rows);
@@ -157,6 +162,12 @@ absl::Status RolloutWorker::Run() {
                "{} connections",
                options_.worker_id, final_stats.groups_sent, final_stats.items_received,
                final_stats.items_dropped, final_stats.connections);
+  const SamplerMessageBytes bytes = sampler_.message_bytes();
+  spdlog::info(
+      "message bytes: group sent {} in {}; score sent {} received {} in {} calls; "
+      "verify sent {} received {} in {} calls",
+      final_stats.group_bytes_sent, final_stats.groups_sent, bytes.score_sent, bytes.score_received,
+      bytes.score_calls, bytes.verify_sent, bytes.verify_received, bytes.verify_calls);
   return absl::OkStatus();
 }
 
@@ -181,6 +192,7 @@ grpc::Status RolloutWorker::ServeStream(bool* received_any) {
     if (options_.metrics != nullptr) options_.metrics->RecordConnection();
     spdlog::info("connected to the learner as {}", options_.worker_id);
     connection.reader = std::thread([this, &connection] { ReadLoop(&connection); });
+    connection.renewer = std::thread([this, &connection] { RenewLoop(&connection); });
     if (engine_ != nullptr) ServeWithEngine(&connection);
     while (engine_ == nullptr && !stopping()) {
       kappa::v1::WorkItem item;
@@ -199,6 +211,8 @@ grpc::Status RolloutWorker::ServeStream(bool* received_any) {
 
   if (!connection.Broken() || stopping()) connection.context.TryCancel();
   if (connection.reader.joinable()) connection.reader.join();
+  if (connection.renewer.joinable()) connection.renewer.join();
+  leases_.ForgetAll();  // the learner re-issues them once they lapse
   const grpc::Status status = connection.stream->Finish();
   int64_t dropped = 0;
   {
@@ -224,7 +238,13 @@ void RolloutWorker::ReadLoop(Connection* connection) {
       absl::MutexLock lock(&connection->mu);
       connection->received_any = true;
       if (is_work) {
+        leases_.Track(message.work());
+        ++connection->items_received;
         connection->queue.push_back(std::move(*message.mutable_work()));
+      } else if (message.has_renewed()) {
+        const kappa::v1::LeasesRenewed& renewed = message.renewed();
+        leases_.Renewed({renewed.lease_ids().begin(), renewed.lease_ids().end()},
+                        absl::FromUnixMillis(renewed.lease_deadline_unix_ms()));
       } else if (message.has_credit() && message.credit().groups() > 0) {
         connection->credits += message.credit().groups();
       }
@@ -237,8 +257,38 @@ void RolloutWorker::ReadLoop(Connection* connection) {
   connection->MarkBroken();
 }
 
+void RolloutWorker::RenewLoop(Connection* connection) {
+  int64_t items_seen = 0;
+  while (true) {
+    {
+      absl::MutexLock lock(&connection->mu);
+      auto woken = [connection, &items_seen]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(connection->mu) {
+        return connection->EndedLocked() || connection->items_received != items_seen;
+      };
+      connection->mu.AwaitWithTimeout(absl::Condition(&woken),
+                                      leases_.NextCheck(kRenewCheckInterval));
+      if (connection->EndedLocked()) return;
+      items_seen = connection->items_received;
+    }
+    const std::vector<std::string> due = leases_.DueForRenewal();
+    if (due.empty()) continue;
+    WorkerMessage renew;
+    for (const std::string& id : due) renew.mutable_renew()->add_lease_ids(id);
+    bool written = false;
+    {
+      absl::MutexLock write_lock(&connection->write_mu);
+      written = connection->stream->Write(renew);
+    }
+    if (!written) {
+      connection->MarkBroken();
+      return;
+    }
+  }
+}
+
 void RolloutWorker::DropItem(const kappa::v1::WorkItem& item, const std::string& why,
                              bool quiet) {
+  leases_.Forget(item.lease_id());
   if (quiet) {
     spdlog::info("work item lease {} (prompt {}) dropped: {}", item.lease_id(), item.prompt_id(),
                  why);
@@ -255,10 +305,11 @@ std::optional<Policy> RolloutWorker::WaitForPolicy(const kappa::v1::WorkItem& it
                                                    const std::function<bool()>& abandon) {
   // Checks abandon() between slices (Stop() also ends the wait: it stops the
   // watcher).
-  const absl::Time policy_deadline = item.lease_deadline_unix_ms() > 0
-                                         ? absl::FromUnixMillis(item.lease_deadline_unix_ms())
-                                         : absl::Now() + options_.max_policy_wait;
+  const absl::Time unleased_deadline = absl::Now() + options_.max_policy_wait;
   while (true) {
+    // The lease's deadline moves while it is renewed.
+    const absl::Time policy_deadline =
+        item.lease_deadline_unix_ms() > 0 ? leases_.Deadline(item) : unleased_deadline;
     absl::StatusOr<Policy> waited = watcher_.WaitForVersion(
         item.policy_version(), std::min(policy_deadline, absl::Now() + kAbandonCheckInterval));
     if (waited.ok()) return *std::move(waited);
@@ -336,7 +387,7 @@ void RolloutWorker::SendGroup(Connection* connection, const kappa::v1::WorkItem&
                          absl::Condition(connection, &Connection::HasCreditOrEndedLocked));
     if (connection->EndedLocked()) {
       dropped = "stream broke while waiting for credit";
-    } else if (LeaseExpired(item)) {
+    } else if (leases_.Expired(item)) {
       dropped = "lease expired while waiting for credit";
       quiet = false;
     } else {
@@ -357,6 +408,7 @@ void RolloutWorker::SendGroup(Connection* connection, const kappa::v1::WorkItem&
   const int64_t version = group.policy_version();
   WorkerMessage message;
   *message.mutable_group() = std::move(group);
+  const auto bytes = static_cast<int64_t>(message.ByteSizeLong());
   bool written = false;
   {
     absl::MutexLock write_lock(&connection->write_mu);
@@ -366,10 +418,15 @@ void RolloutWorker::SendGroup(Connection* connection, const kappa::v1::WorkItem&
     connection->MarkBroken();
     return DropItem(item, "stream write failed", true);
   }
-  if (options_.metrics != nullptr) options_.metrics->RecordGroupSent(samples, tokens, seconds);
+  leases_.Forget(item.lease_id());
+  if (options_.metrics != nullptr) {
+    options_.metrics->RecordGroupSent(samples, tokens, seconds);
+    options_.metrics->RecordMessageBytes("group", "sent", bytes);
+  }
   {
     absl::MutexLock lock(&mu_);
     ++stats_.groups_sent;
+    stats_.group_bytes_sent += bytes;
   }
   spdlog::info("group sent: prompt {} lease {} policy v{} (asked v{}) G={} mean_reward={:.3f} "
                "teacher_form={} demonstrations={} {:.2f}s",

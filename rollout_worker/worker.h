@@ -22,7 +22,13 @@
 // stream breaks, queued items are dropped (their leases expire at the learner
 // and are handed out again) and the worker reconnects with backoff.
 //
-// Threading: Run() is the loop thread; each stream has a reader thread, and
+// Leases: the worker renews the leases it holds (queued, waiting for a
+// version, decoding, verifying, scoring, waiting for credit) over the
+// stream, so learner.lease_timeout_ms bounds how long a worker may be
+// silent, not how long a group may take (LeaseClock).
+//
+// Threading: Run() is the loop thread; each stream has a reader thread and
+// a lease-renewal thread, and
 // a decode batch's groups are completed on threads of their own. Locks, in
 // the order they may nest: mu_ (the worker's), then the stream's
 // Connection::mu; the sampler's and the policy watcher's locks are never
@@ -46,6 +52,7 @@
 #include "kappa/v1/learner.grpc.pb.h"
 #include "model/decode_engine.h"
 #include "rollout_worker/group_sampler.h"
+#include "rollout_worker/lease_clock.h"
 #include "rollout_worker/policy_watcher.h"
 #include "rollout_worker/worker_metrics.h"
 
@@ -80,6 +87,7 @@ struct WorkerStats {
   // Static path: batched decodes run (items_received counts their items);
   // continuous engine: groups it finished decoding.
   int64_t decode_batches = 0;
+  int64_t group_bytes_sent = 0;  // serialized ScoredGroups written to the learner
 };
 
 class RolloutWorker {
@@ -111,9 +119,13 @@ class RolloutWorker {
   // whether the learner sent anything on it. Registers the stream as
   // connection_ while it is open.
   grpc::Status ServeStream(bool* received_any) ABSL_LOCKS_EXCLUDED(mu_);
-  // The stream's reader thread: queues work items, adds credits, marks the
-  // connection broken when the stream ends.
+  // The stream's reader thread: queues work items, adds credits, records
+  // lease renewals, marks the connection broken when the stream ends.
   void ReadLoop(Connection* connection) ABSL_LOCKS_EXCLUDED(mu_);
+  // The stream's renewal thread: asks the learner to renew every held lease
+  // with less than half of its time left (LeaseClock), until the stream
+  // ends or Stop(). A lease then expires only when this worker goes silent.
+  void RenewLoop(Connection* connection) ABSL_LOCKS_EXCLUDED(mu_);
   // The static path: decodes `first` and the queued items its policy serves
   // as one batch, then completes and sends each group.
   void ProcessItems(Connection* connection, kappa::v1::WorkItem first) ABSL_LOCKS_EXCLUDED(mu_);
@@ -143,6 +155,9 @@ class RolloutWorker {
   const WorkerOptions options_;
   std::unique_ptr<kappa::v1::Learner::StubInterface> learner_;
   PolicyWatcher watcher_;
+  // The held leases' current deadlines, renewed while their items are
+  // worked on (before sampler_, which reads it).
+  LeaseClock leases_;
   GroupSampler sampler_;
   // The continuous engine; used by Run()'s thread alone (ServeWithEngine),
   // kept across streams so its slot cache is allocated once.

@@ -80,6 +80,21 @@ void WorkerMetrics::RecordRpcError(absl::string_view peer) {
       .Increment();
 }
 
+void WorkerMetrics::RecordMessageBytes(absl::string_view message, absl::string_view direction,
+                                       int64_t bytes) {
+  registry_
+      .GetCounter("kappa_worker_message_bytes_total",
+                  "Serialized bytes of the messages the worker sent and received, by kind.",
+                  {{"message", std::string(message)}, {"direction", std::string(direction)}})
+      .Increment(static_cast<double>(bytes));
+  registry_
+      .GetCounter("kappa_worker_messages_total",
+                  "Messages the worker sent and received, by kind (bytes per message: "
+                  "kappa_worker_message_bytes_total over this).",
+                  {{"message", std::string(message)}, {"direction", std::string(direction)}})
+      .Increment();
+}
+
 void WorkerMetrics::SetPolicyVersion(int64_t version) {
   policy_version_.Set(static_cast<double>(version));
 }

@@ -27,6 +27,12 @@ class WorkerMetrics {
   // A failed RPC to `peer`: "learner", "teacher" or "verifier". Each failed
   // attempt counts, retried or not.
   void RecordRpcError(absl::string_view peer);
+  // Serialized bytes of one message the worker sent or received: `message`
+  // is "score" (ScoreRequest/ScoreResponse), "verify" (VerifyRequest/
+  // VerifyResponse) or "group" (the ScoredGroup sent on the Rollout stream);
+  // `direction` "sent" or "received". The sizes a deployment sets
+  // security.max_message_bytes and its network by.
+  void RecordMessageBytes(absl::string_view message, absl::string_view direction, int64_t bytes);
   // The continuous engine's slots (rollout.max_batch_rows), set once.
   void SetEngineSlots(int64_t slots);
   // One engine step that decoded `busy_slots` rows; the slot cache's size.

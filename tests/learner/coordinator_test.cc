@@ -111,6 +111,29 @@ TEST(CoordinatorTest, ExpiredLeaseIsReissuedAndItsLateGroupDropped) {
   EXPECT_EQ(coordinator.counters().leases_reissued, 1);
 }
 
+// A lease its worker keeps renewing outlives its timeout many times over
+// (issue 38: a 0.5B group takes minutes on a CPU); renewals by another
+// worker, of unknown ids or of an expired lease change nothing.
+TEST(CoordinatorTest, ARenewedLeaseOutlivesItsTimeoutAndOnlyItsWorkerRenewsIt) {
+  Coordinator coordinator(100, 1, 0, Options(8, 2, absl::Milliseconds(100)));
+  auto kept = coordinator.LeaseNext("a", 4, absl::InfiniteFuture());
+  auto lapsed = coordinator.LeaseNext("a", 4, absl::InfiniteFuture());
+  ASSERT_TRUE(kept && lapsed);
+  for (int i = 0; i < 6; ++i) {  // 300 ms: three timeouts
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    const Coordinator::Renewal renewal = coordinator.Renew({kept->lease_id, "no-such-lease"}, "a");
+    ASSERT_EQ(renewal.lease_ids, std::vector<std::string>{kept->lease_id}) << "round " << i;
+    EXPECT_GT(renewal.deadline, absl::Now() + absl::Milliseconds(50));
+    EXPECT_TRUE(coordinator.Renew({lapsed->lease_id}, "b").lease_ids.empty());
+  }
+  EXPECT_TRUE(coordinator.Renew({lapsed->lease_id}, "a").lease_ids.empty()) << "expired";
+  EXPECT_EQ(coordinator.counters().leases_reissued, 1);
+  EXPECT_EQ(coordinator.counters().leases_renewed, 6);
+  EXPECT_EQ(coordinator.Submit(kept->lease_id, "a", GroupAtVersion(0)), SubmitVerdict::kAccepted);
+  EXPECT_EQ(coordinator.Submit(lapsed->lease_id, "a", GroupAtVersion(0)),
+            SubmitVerdict::kUnknownLease);
+}
+
 TEST(CoordinatorTest, DisconnectedWorkersLeasesAreReissuedImmediately) {
   Coordinator coordinator(100, 1, 0, Options(8, 2, absl::Seconds(30)));
   auto lease = coordinator.LeaseNext("a", 4, absl::InfiniteFuture());

@@ -69,6 +69,11 @@ std::vector<int64_t> FakeLearner::watch_known_versions() {
   std::lock_guard<std::mutex> lock(mu_);
   return watch_known_versions_;
 }
+int64_t FakeLearner::renewals() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return renewals_;
+}
+
 int64_t FakeLearner::protocol_errors() {
   std::lock_guard<std::mutex> lock(mu_);
   return protocol_errors_;
@@ -106,6 +111,8 @@ grpc::Status FakeLearner::Rollout(
       std::lock_guard<std::mutex> lock(mu_);
       if (message.has_group()) {
         groups_.push_back(message.group());
+      } else if (message.has_renew()) {
+        renewals_ += message.renew().lease_ids_size();
       } else {
         ++protocol_errors_;
       }

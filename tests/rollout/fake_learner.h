@@ -40,6 +40,8 @@ class FakeLearner final : public kappa::v1::Learner::Service {
   std::vector<kappa::v1::Hello> hellos();
   std::vector<int64_t> watch_known_versions();
   int64_t protocol_errors();
+  // Lease ids the worker asked to renew (RenewLeases); never answered.
+  int64_t renewals();
 
   // Makes every open handler return, so the server can shut down promptly.
   void Close();
@@ -64,6 +66,7 @@ class FakeLearner final : public kappa::v1::Learner::Service {
   std::vector<kappa::v1::Hello> hellos_;
   std::vector<int64_t> watch_known_versions_;
   int64_t protocol_errors_ = 0;
+  int64_t renewals_ = 0;
   std::optional<grpc::Status> hello_refusal_;
 };
 

@@ -13,6 +13,10 @@
 #include <string>
 #include <thread>
 
+#include "learner/coordinator.h"
+#include "learner/learner_service.h"
+#include "learner/policy_publisher.h"
+#include "learner/work_config.h"
 #include "model/sampling.h"
 #include "model/token_sampler.h"
 #include "model/tokenizer.h"
@@ -24,6 +28,7 @@
 #include "teacher_server/teacher_service.h"
 #include "tests/rollout/fake_learner.h"
 #include "tests/rollout/test_policy.h"
+#include "tests/rollout/weight_test_util.h"
 #include "tests/services/promtool.h"
 #include "verifier/verifier_service.h"
 
@@ -675,6 +680,114 @@ TEST_F(WorkerTest, UnavailableVerifierIsRetriedUntilItComesBack) {
   EXPECT_EQ(SampleValue(text, "kappa_worker_generation_seconds_count"), 1) << text;
   EXPECT_GT(SampleValue(text, "kappa_worker_engine_steps_total"), 0) << text;
   EXPECT_EQ(kappa::testing::PromtoolCheckMetrics(text).second, "");
+}
+
+// An RPC slower than rollout.rpc_deadline_ms (a 0.5B teacher's Score on a
+// CPU, issue 38; a verifier that takes 2.5 s here) is not retried forever
+// at the same deadline: each timeout doubles the next attempt's, so the
+// group gets through (1 s and 2 s time out, 4 s succeeds). Its messages'
+// bytes are counted by kind.
+TEST_F(WorkerTest, AnRpcSlowerThanItsDeadlineGetsThroughOnALongerOne) {
+  verifier::VerifierService inner{verifier::VerifierOptions{}};
+  SlowVerifier slow(&inner, absl::Milliseconds(2500));
+  auto slow_server = services::GrpcServer::Start("127.0.0.1:0", {&slow});
+  ASSERT_TRUE(slow_server.ok()) << slow_server.status();
+  model::Decoder v0 = MakeDecoder(config_, 5);
+  learner_->Publish(0, ChunkWeights(0, v0));
+
+  WorkerOptions options;
+  options.worker_id = "worker-under-test";
+  options.sampler.initial_backoff = absl::Milliseconds(20);
+  options.sampler.max_backoff = absl::Milliseconds(50);
+  options.sampler.rpc_deadline = absl::Seconds(1);
+  services::metrics::Registry registry;
+  WorkerMetrics metrics(registry);
+  options.metrics = &metrics;
+  worker_ = std::make_unique<RolloutWorker>(
+      services::MakeChannel("127.0.0.1:" + std::to_string(learner_port_)),
+      services::MakeChannel("127.0.0.1:" + std::to_string((*slow_server)->port())),
+      services::MakeChannel("127.0.0.1:" + std::to_string(scorers_->port())), options);
+  worker_thread_ = std::thread([this] { run_status_ = worker_->Run(); });
+  ASSERT_TRUE(learner_->WaitForHellos(1, kWait));
+  const kappa::v1::WorkItem item = Item("slow", 0, kappa::v1::SCORE_FORM_SAMPLED);
+  learner_->SendCredit(1);
+  learner_->SendWork(item);
+  const bool arrived = learner_->WaitForGroups(1, kWait);
+  worker_->Stop();  // before `slow` and `metrics` go, whatever happened
+  worker_thread_.join();
+  (*slow_server)->Shutdown(absl::Milliseconds(100));
+  worker_.reset();  // it points at `metrics`
+  ASSERT_TRUE(arrived) << "no group within " << kWait;
+  EXPECT_LT(CheckGroup(learner_->groups()[0], item, v0), 1e-3);
+
+  const std::string text = registry.Serialize();
+  using kappa::testing::SampleValue;
+  EXPECT_EQ(SampleValue(text, "kappa_worker_rpc_errors_total{peer=\"verifier\"}"), 2) << text;
+  const std::string group_sent = "{message=\"group\",direction=\"sent\"}";
+  EXPECT_EQ(SampleValue(text, "kappa_worker_messages_total" + group_sent), 1) << text;
+  EXPECT_GT(SampleValue(text, "kappa_worker_message_bytes_total" + group_sent), 0) << text;
+  EXPECT_GT(SampleValue(
+                text, "kappa_worker_message_bytes_total{message=\"score\",direction=\"received\"}"),
+            0)
+      << text;
+}
+
+// A group that takes longer than learner.lease_timeout_ms (1 s here, a
+// 3 s verifier; a 0.5B rollout group on a CPU in issue 38) is accepted by
+// the real learner: the worker renews the lease while it works, so it is
+// never re-issued and the group is never dropped as expired.
+TEST_F(WorkerTest, ALeaseOutlivesItsTimeoutWhileItsWorkerRenewsIt) {
+  verifier::VerifierService inner{verifier::VerifierOptions{}};
+  SlowVerifier slow(&inner, absl::Seconds(3));
+  auto slow_server = services::GrpcServer::Start("127.0.0.1:0", {&slow});
+  ASSERT_TRUE(slow_server.ok()) << slow_server.status();
+
+  testing::EmptyDataset dataset;
+  learner::PolicyPublisher publisher;
+  model::Decoder v0 = MakeDecoder(config_, 5);
+  publisher.Publish(testing::Snapshot(0, testing::CopyWeights(v0)));
+  learner::CoordinatorOptions leases;
+  leases.buffer_groups = 1;
+  leases.lease_timeout = absl::Seconds(1);
+  learner::Coordinator coordinator(dataset.size(), 1, 0, leases);
+  learner::WorkTemplate work;
+  work.group_size = kGroupSize;
+  work.max_new_tokens = 4;
+  work.max_outstanding_limit = 4;
+  learner::LearnerService service(
+      dataset,
+      [](size_t) {
+        return std::vector<int32_t>{1, 5, 6};
+      },
+      work, learner::GroupExpectationsFor(work, config_.vocab_size), &coordinator, &publisher);
+  auto learner_server = services::GrpcServer::Start("127.0.0.1:0", {&service});
+  ASSERT_TRUE(learner_server.ok()) << learner_server.status();
+
+  WorkerOptions options;
+  options.worker_id = "worker-under-test";
+  options.max_outstanding = 1;
+  options.sampler.rpc_deadline = absl::Seconds(10);
+  worker_ = std::make_unique<RolloutWorker>(
+      services::MakeChannel("127.0.0.1:" + std::to_string((*learner_server)->port())),
+      services::MakeChannel("127.0.0.1:" + std::to_string((*slow_server)->port())),
+      services::MakeChannel("127.0.0.1:" + std::to_string(scorers_->port())), options);
+  worker_thread_ = std::thread([this] { run_status_ = worker_->Run(); });
+  const std::vector<learner::BufferedGroup> batch =
+      coordinator.TakeBatch(1, 0, absl::Now() + kWait);
+  const learner::CoordinatorCounters counters = coordinator.counters();
+  worker_->Stop();
+  worker_thread_.join();
+  service.Shutdown();
+  coordinator.Shutdown();
+  publisher.Shutdown();
+  (*learner_server)->Shutdown(absl::Milliseconds(200));
+  (*slow_server)->Shutdown(absl::Milliseconds(100));
+
+  ASSERT_EQ(batch.size(), 1u) << "no group within " << kWait;
+  EXPECT_EQ(batch[0].group.samples.size(), static_cast<size_t>(kGroupSize));
+  EXPECT_EQ(counters.leases_reissued, 0);
+  EXPECT_EQ(counters.dropped_unknown_lease, 0);
+  EXPECT_GE(counters.leases_renewed, 2);  // 3 s of work, renewed every half second
 }
 
 }  // namespace
