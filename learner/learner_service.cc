@@ -301,6 +301,38 @@ bool LearnerService::SendPolicyDelta(const EncodedDelta& delta,
   return true;
 }
 
+bool LearnerService::SendPolicyShm(const PolicySnapshot& snapshot, torch::ScalarType dtype,
+                                   const ShmSegment& segment,
+                                   grpc::ServerWriter<kappa::v1::PolicyChunk>* writer) {
+  kappa::v1::PolicyChunk chunk;
+  chunk.set_version(snapshot.version);
+  chunk.set_policy_id(publisher_->PolicyId(snapshot.version));
+  chunk.set_dtype(services::ToWireDType(dtype));
+  chunk.set_num_parameters(static_cast<int>(snapshot.weights.size()));
+  chunk.set_encoding(kappa::v1::PolicyChunk::SHARED_MEMORY);
+  chunk.set_shm_path(segment.path());
+  chunk.set_shm_bytes(segment.bytes());
+  chunk.set_shm_token(segment.token());
+  chunk.set_last_of_version(true);
+  if (!writer->Write(chunk)) return false;
+  ++counters_.policy_versions_shm;
+  return true;
+}
+
+absl::StatusOr<bool> LearnerService::StreamUsesShm(
+    const kappa::v1::WatchPolicyRequest& request) const {
+  if (!request.accept_shm() && !request.require_shm()) return false;
+  const std::string& mine = publisher_->shm_host_key();
+  if (!mine.empty() && request.host_key() == mine) return true;
+  if (!request.require_shm()) return false;
+  return absl::FailedPreconditionError(absl::StrCat(
+      "rollout.weight_transport: shm, but this worker does not share the learner's host and "
+      "/dev/shm (learner host key '",
+      mine, "', worker's '", request.host_key(),
+      "'); use auto (shared memory when possible, else gRPC) or grpc, or give both the same "
+      "/dev/shm (deploy/)"));
+}
+
 grpc::Status LearnerService::WatchPolicy(grpc::ServerContext* context,
                                          const kappa::v1::WatchPolicyRequest* request,
                                          grpc::ServerWriter<kappa::v1::PolicyChunk>* writer) {
@@ -311,6 +343,8 @@ grpc::Status LearnerService::WatchPolicy(grpc::ServerContext* context,
   int64_t known = request->known_version();
   uint64_t known_id = request->known_policy_id();
   const bool delta = request->accept_delta() && publisher_->keeps_delta_bases();
+  const absl::StatusOr<bool> shm = StreamUsesShm(*request);
+  if (!shm.ok()) return services::ToGrpcStatus(shm.status());
   while (!shutting_down_ && !context->IsCancelled()) {
     std::shared_ptr<const PolicySnapshot> snapshot =
         publisher_->WaitNewer(known, absl::Now() + kWakeInterval);
@@ -320,6 +354,25 @@ grpc::Status LearnerService::WatchPolicy(grpc::ServerContext* context,
               "weights_dtype: FLOAT32 asked of a learner that keeps bfloat16 snapshots (its "
               "rollout.weights_dtype or student.dtype is bfloat16); set the worker's "
               "rollout.weights_dtype to bfloat16, or the learner's to float32"};
+    }
+    if (*shm) {
+      // One segment per (version, dtype) for every same-host stream; the
+      // worker copies it into its model. Chunks when it cannot be written.
+      absl::StatusOr<std::shared_ptr<const ShmSegment>> segment = publisher_->Shm(snapshot, dtype);
+      if (segment.ok()) {
+        if (!SendPolicyShm(*snapshot, dtype, **segment, writer)) break;
+        known = snapshot->version;
+        known_id = publisher_->PolicyId(known);
+        continue;
+      }
+      ++counters_.policy_shm_fallbacks;
+      if (!shm_failure_logged_.exchange(true)) {
+        spdlog::warn(
+            "policy version {}: no shared-memory segment ({}); same-host workers get gRPC "
+            "chunks instead (logged once; Docker's default /dev/shm is 64 MiB: see deploy/ "
+            "for shm_size and a Memory emptyDir)",
+            snapshot->version, segment.status().ToString());
+      }
     }
     std::shared_ptr<const EncodedDelta> encoded_delta =
         delta && known >= 0 ? publisher_->Delta(snapshot, dtype, known, known_id) : nullptr;

@@ -30,6 +30,11 @@ struct ServiceCounters {
   std::atomic<int64_t> policy_bytes_delta{0};
   std::atomic<int64_t> policy_bytes_saved_delta{0};
   std::atomic<int64_t> policy_bytes_saved_bfloat16{0};
+  // Versions sent as a shared-memory segment (same-host workers), and
+  // versions a stream that accepts segments got as chunks because none
+  // could be written (ENOSPC, ...; logged once).
+  std::atomic<int64_t> policy_versions_shm{0};
+  std::atomic<int64_t> policy_shm_fallbacks{0};
 };
 
 class LearnerService final : public kappa::v1::Learner::Service {
@@ -73,6 +78,12 @@ class LearnerService final : public kappa::v1::Learner::Service {
   bool SendPolicy(const EncodedPolicy& encoded, grpc::ServerWriter<kappa::v1::PolicyChunk>* writer);
   bool SendPolicyDelta(const EncodedDelta& delta,
                        grpc::ServerWriter<kappa::v1::PolicyChunk>* writer);
+  // One SHARED_MEMORY chunk naming `segment`, which holds `snapshot` in `dtype`.
+  bool SendPolicyShm(const PolicySnapshot& snapshot, torch::ScalarType dtype,
+                     const ShmSegment& segment, grpc::ServerWriter<kappa::v1::PolicyChunk>* writer);
+  // Whether a stream asking `request` gets segments; FAILED_PRECONDITION
+  // (naming rollout.weight_transport) when it requires them and cannot.
+  absl::StatusOr<bool> StreamUsesShm(const kappa::v1::WatchPolicyRequest& request) const;
 
   const tasks::Dataset& train_;
   const Tokenize tokenize_;
@@ -82,6 +93,7 @@ class LearnerService final : public kappa::v1::Learner::Service {
   PolicyPublisher* const publisher_;
   WeightBroadcaster* broadcaster_ = nullptr;
   std::atomic<bool> shutting_down_{false};
+  std::atomic<bool> shm_failure_logged_{false};
   std::atomic<int64_t> next_stream_{0};
   ServiceCounters counters_;
 };

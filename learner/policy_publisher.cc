@@ -7,6 +7,7 @@
 #include <random>
 #include <stdexcept>
 #include <unordered_map>
+#include <utility>
 
 #include "services/stable_hash.h"
 
@@ -100,7 +101,10 @@ bool XorBytes(const char* a, const char* b, int64_t size, char* out) {
 PolicyPublisher::PolicyPublisher() : PolicyPublisher(PublisherOptions{}) {}
 
 PolicyPublisher::PolicyPublisher(PublisherOptions options)
-    : options_(options), nonce_(RandomNonce()) {}
+    : options_(std::move(options)),
+      nonce_(RandomNonce()),
+      shm_(options_.shm_dir.empty() ? nullptr
+                                    : std::make_unique<ShmPolicyStore>(options_.shm_dir)) {}
 
 uint64_t PolicyPublisher::PolicyId(int64_t version) const {
   return SplitMix64(nonce_ ^ SplitMix64(static_cast<uint64_t>(version)));
@@ -134,9 +138,17 @@ std::shared_ptr<const PolicySnapshot> PolicyPublisher::WaitNewer(int64_t known_v
 }
 
 void PolicyPublisher::Shutdown() {
-  absl::MutexLock lock(&mu_);
-  shutdown_ = true;
-  published_.SignalAll();
+  {
+    absl::MutexLock lock(&mu_);
+    shutdown_ = true;
+    published_.SignalAll();
+  }
+  if (shm_ != nullptr) shm_->UnlinkAll();
+}
+
+const std::string& PolicyPublisher::shm_host_key() const {
+  static const std::string kNone;
+  return shm_ != nullptr ? shm_->host_key() : kNone;
 }
 
 bool PolicyPublisher::shut_down() const {
@@ -171,6 +183,12 @@ std::shared_ptr<const EncodedPolicy> PolicyPublisher::EncodeInto(Slot& slot,
                                                                  const PolicySnapshot& snapshot,
                                                                  torch::ScalarType dtype) {
   absl::MutexLock lock(&slot.mu);
+  return EncodeLocked(slot, snapshot, dtype);
+}
+
+std::shared_ptr<const EncodedPolicy> PolicyPublisher::EncodeLocked(Slot& slot,
+                                                                   const PolicySnapshot& snapshot,
+                                                                   torch::ScalarType dtype) {
   if (slot.encoded != nullptr) return slot.encoded;
   auto encoded = std::make_shared<EncodedPolicy>();
   encoded->version = snapshot.version;
@@ -194,19 +212,71 @@ std::shared_ptr<const EncodedPolicy> PolicyPublisher::EncodeInto(Slot& slot,
   return encoded;
 }
 
-std::shared_ptr<const EncodedPolicy> PolicyPublisher::Encode(
-    const std::shared_ptr<const PolicySnapshot>& snapshot, torch::ScalarType dtype) {
+void PolicyPublisher::CheckDtype(const PolicySnapshot& snapshot, torch::ScalarType dtype) {
   if (dtype != torch::kFloat32 && dtype != torch::kBFloat16) {
     throw std::invalid_argument(std::string("policy weights cannot travel as ") +
                                 c10::toString(dtype) + " (float32 or bfloat16)");
   }
-  if (dtype == torch::kFloat32 && snapshot->dtype == torch::kBFloat16) {
+  if (dtype == torch::kFloat32 && snapshot.dtype == torch::kBFloat16) {
     throw std::invalid_argument(
         "policy weights cannot travel as float32: this learner keeps bfloat16 snapshots "
         "(rollout.weights_dtype)");
   }
+}
+
+std::shared_ptr<const EncodedPolicy> PolicyPublisher::Encode(
+    const std::shared_ptr<const PolicySnapshot>& snapshot, torch::ScalarType dtype) {
+  CheckDtype(*snapshot, dtype);
   std::shared_ptr<Slot> slot = SlotFor(snapshot, dtype);
   return EncodeInto(*slot, *snapshot, dtype);
+}
+
+absl::StatusOr<std::shared_ptr<const ShmSegment>> PolicyPublisher::Shm(
+    const std::shared_ptr<const PolicySnapshot>& snapshot, torch::ScalarType dtype) {
+  CheckDtype(*snapshot, dtype);
+  if (shm_ == nullptr) return absl::FailedPreconditionError("no shared-memory directory");
+  std::shared_ptr<Slot> slot = SlotFor(snapshot, dtype);
+  absl::MutexLock lock(&slot->mu);
+  if (slot->shm != nullptr) return slot->shm;
+  if (!slot->shm_error.ok()) return slot->shm_error;
+  absl::StatusOr<std::shared_ptr<const ShmSegment>> segment = ShmLocked(*slot, *snapshot, dtype);
+  if (segment.ok()) {
+    slot->shm = *segment;
+  } else {
+    slot->shm_error = segment.status();
+  }
+  return segment;
+}
+
+absl::StatusOr<std::shared_ptr<const ShmSegment>> PolicyPublisher::ShmLocked(
+    Slot& slot, const PolicySnapshot& snapshot, torch::ScalarType dtype) {
+  ShmContent content;
+  content.version = snapshot.version;
+  content.policy_id = PolicyId(snapshot.version);
+  content.model_config_json = snapshot.model_config_json;
+  content.dtype = dtype;
+  // No encoding yet and a conversion to make: convert straight into the
+  // segment, and let the encoding (for gRPC streams) view it.
+  if (slot.encoded == nullptr && snapshot.dtype != dtype) {
+    content.weights = &snapshot.weights;
+    absl::StatusOr<std::shared_ptr<const ShmSegment>> segment = shm_->Write(content);
+    if (!segment.ok()) return segment;
+    auto encoded = std::make_shared<EncodedPolicy>();
+    encoded->version = snapshot.version;
+    encoded->policy_id = content.policy_id;
+    encoded->model_config_json = snapshot.model_config_json;
+    encoded->dtype = dtype;
+    encoded->weights = (*segment)->views();
+    for (const auto& [name, tensor] : encoded->weights) encoded->bytes += TensorBytes(tensor);
+    encoded->segment = *segment;
+    slot.encoded = std::move(encoded);
+    absl::MutexLock count_lock(&mu_);
+    ++encodings_made_;
+    return segment;
+  }
+  const std::shared_ptr<const EncodedPolicy> encoded = EncodeLocked(slot, snapshot, dtype);
+  content.weights = &encoded->weights;
+  return shm_->Write(content);
 }
 
 std::shared_ptr<const EncodedDelta> PolicyPublisher::Delta(

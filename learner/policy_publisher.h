@@ -11,6 +11,12 @@
 // data, the others as XOR chunks. The worker reconstructs the exact bytes.
 // Only the previous version's encodings are kept as bases (when deltas are
 // on), so a worker holding an older version gets a full one.
+//
+// Same-host workers (rollout.weight_transport: shm/auto) get a version as a
+// shared-memory segment instead (Shm, learner/shm_policy.h): written once
+// per (version, dtype) beside the encoding, converting straight from the
+// snapshot when no encoding exists yet (the encoding then views the
+// segment: one copy out of the learner for every stream).
 #pragma once
 
 #include <torch/types.h>
@@ -23,8 +29,10 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "learner/shm_policy.h"
 
 namespace kappa::learner {
 
@@ -49,6 +57,9 @@ struct EncodedPolicy {
   // snapshot's own tensors, not copies).
   std::vector<std::pair<std::string, torch::Tensor>> weights;
   int64_t bytes = 0;  // sum of the tensors' bytes
+  // The segment `weights` are views of, when the encoding was written
+  // straight into shared memory (kept mapped while this lives).
+  std::shared_ptr<const ShmSegment> segment;
 };
 
 // A version as a delta against a base version, both in `target->dtype`.
@@ -81,6 +92,10 @@ struct PublisherOptions {
   // Delta granularity: ranges of this many bytes are skipped when equal.
   int64_t delta_block_bytes = 64 << 10;
   int64_t max_chunk_bytes = 1 << 20;  // XOR data per chunk at most
+  // Where same-host segments go (a tmpfs directory); empty: no shared
+  // memory is offered. The publisher sweeps dead learners' segments there
+  // when it is built and unlinks its own at Shutdown().
+  std::string shm_dir = kDefaultShmDir;
 };
 
 class PolicyPublisher {
@@ -94,6 +109,7 @@ class PolicyPublisher {
   // the wait may end a little before `deadline` by absl::Now()).
   std::shared_ptr<const PolicySnapshot> WaitNewer(int64_t known_version, absl::Time deadline)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // Ends every wait and unlinks this publisher's shared-memory segments.
   void Shutdown() ABSL_LOCKS_EXCLUDED(mu_);
   bool shut_down() const ABSL_LOCKS_EXCLUDED(mu_);
   int64_t version() const ABSL_LOCKS_EXCLUDED(mu_);
@@ -110,6 +126,21 @@ class PolicyPublisher {
                                             torch::ScalarType dtype, int64_t base_version,
                                             uint64_t base_policy_id) ABSL_LOCKS_EXCLUDED(mu_);
 
+  // `snapshot` in `dtype` as a shared-memory segment, written once per
+  // (version, dtype) while the version is the latest (or the kept base),
+  // and shared by every stream; a failure (ENOSPC: RESOURCE_EXHAUSTED, a
+  // version two behind: NOT_FOUND, after Shutdown(): FAILED_PRECONDITION)
+  // is remembered for that (version, dtype) too, so a full /dev/shm costs
+  // one attempt per version. Throws as Encode() for a bad dtype.
+  absl::StatusOr<std::shared_ptr<const ShmSegment>> Shm(
+      const std::shared_ptr<const PolicySnapshot>& snapshot, torch::ScalarType dtype)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // The key a worker's WatchPolicyRequest.host_key must equal for Shm()
+  // segments to be offered to it; empty: none are.
+  const std::string& shm_host_key() const;
+  // The segments' store (null without shm_dir).
+  const ShmPolicyStore* shm_store() const { return shm_.get(); }
+
   // PolicyChunk.policy_id of `version` published by this publisher.
   uint64_t PolicyId(int64_t version) const;
   bool keeps_delta_bases() const { return options_.keep_delta_bases; }
@@ -123,6 +154,9 @@ class PolicyPublisher {
     std::shared_ptr<const EncodedPolicy> encoded ABSL_GUARDED_BY(mu);
     int64_t delta_base_version ABSL_GUARDED_BY(mu) = -1;
     std::shared_ptr<const EncodedDelta> delta ABSL_GUARDED_BY(mu);
+    // Shm(): the segment, or why it could not be written (not OK: tried).
+    std::shared_ptr<const ShmSegment> shm ABSL_GUARDED_BY(mu);
+    absl::Status shm_error ABSL_GUARDED_BY(mu);
   };
   struct VersionSlots {
     std::shared_ptr<const PolicySnapshot> snapshot;
@@ -134,9 +168,22 @@ class PolicyPublisher {
                                 torch::ScalarType dtype) ABSL_LOCKS_EXCLUDED(mu_);
   std::shared_ptr<const EncodedPolicy> EncodeInto(Slot& slot, const PolicySnapshot& snapshot,
                                                   torch::ScalarType dtype) ABSL_LOCKS_EXCLUDED(mu_);
+  // EncodeInto with slot.mu held.
+  std::shared_ptr<const EncodedPolicy> EncodeLocked(Slot& slot, const PolicySnapshot& snapshot,
+                                                    torch::ScalarType dtype)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(slot.mu) ABSL_LOCKS_EXCLUDED(mu_);
+  // Shm() for a slot, with slot.mu held: writes the segment from the
+  // encoding, or straight from the snapshot (and makes the encoding its views).
+  absl::StatusOr<std::shared_ptr<const ShmSegment>> ShmLocked(Slot& slot,
+                                                              const PolicySnapshot& snapshot,
+                                                              torch::ScalarType dtype)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(slot.mu) ABSL_LOCKS_EXCLUDED(mu_);
+  // Checks Encode()'s dtype rules; throws std::invalid_argument.
+  static void CheckDtype(const PolicySnapshot& snapshot, torch::ScalarType dtype);
 
   const PublisherOptions options_;
   const uint64_t nonce_;
+  const std::unique_ptr<ShmPolicyStore> shm_;  // null without options_.shm_dir
   mutable absl::Mutex mu_;
   absl::CondVar published_;
   std::shared_ptr<const PolicySnapshot> latest_ ABSL_GUARDED_BY(mu_);
