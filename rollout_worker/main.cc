@@ -110,11 +110,22 @@ int main(int argc, char** argv) {
   }
   options.weight_sync.weights_dtype = *weights_dtype;
   options.weight_sync.weight_delta = config->rollout.weight_delta;
-  options.weight_sync.c10d = config->rollout.weight_transport == "c10d";
-  spdlog::info("policy weights travel as {}{}{}",
+  // rollout.weight_transport (checked by ValidateRolloutSettings below).
+  if (absl::Status transport = kappa::rollout::ParseWeightTransport(
+          config->rollout.weight_transport, "rollout.weight_transport", &options.weight_sync);
+      !transport.ok()) {
+    spdlog::error("configuration: {}", transport.ToString());
+    return 2;
+  }
+  using Shm = kappa::rollout::WeightSyncOptions::Shm;
+  spdlog::info("policy weights travel as {}{}{}{}",
                c10::toString(kappa::rollout::WireDtype(options.weight_sync, options.dtype)),
                options.weight_sync.weight_delta ? ", as lossless deltas when possible" : "",
-               options.weight_sync.c10d ? ", in the learner's weight group when it forms" : "");
+               options.weight_sync.c10d ? ", in the learner's weight group when it forms" : "",
+               options.weight_sync.shm == Shm::kRequired ? ", through shared memory (same host)"
+               : options.weight_sync.shm == Shm::kAuto
+                   ? ", through shared memory when on the learner's host"
+                   : "");
   options.max_outstanding = static_cast<int32_t>(config->rollout.max_outstanding);
   options.sampler.rpc_deadline = absl::Milliseconds(config->rollout.rpc_deadline_ms);
   options.sampler.default_max_new_tokens = config->rollout.max_new_tokens;
@@ -197,10 +208,19 @@ int main(int argc, char** argv) {
   // Polls for SIGTERM/SIGINT and flips the worker into its stop path; Run()
   // then cancels every stream and RPC and returns.
   std::atomic<bool> finished{false};
+  std::atomic<bool> policy_failed{false};
   std::thread signal_watcher([&] {
     while (!finished.load()) {
       if (kappa::services::TerminationRequested()) {
         spdlog::info("termination signal received; stopping");
+        worker.Stop();
+        return;
+      }
+      // rollout.weight_transport: shm with a learner on another host: no
+      // version can ever arrive.
+      if (absl::Status fatal = worker.policy_watcher().fatal_status(); !fatal.ok()) {
+        spdlog::error("policy weights: {}", std::string(fatal.message()));
+        policy_failed.store(true);
         worker.Stop();
         return;
       }
@@ -210,6 +230,7 @@ int main(int argc, char** argv) {
   const absl::Status status = worker.Run();
   finished.store(true);
   signal_watcher.join();
+  if (policy_failed.load()) return 2;
   if (!status.ok()) {
     spdlog::error("rollout worker failed: {}", status.ToString());
     return 1;

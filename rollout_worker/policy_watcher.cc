@@ -6,6 +6,7 @@
 #include <exception>
 #include <utility>
 
+#include "learner/shm_segment.h"
 #include "model/checkpoint.h"
 #include "model/model_config.h"
 #include "model/transformer.h"
@@ -23,6 +24,19 @@ bool ReproducesWireBytes(c10::ScalarType held, c10::ScalarType wire) {
   return held == wire || (wire == c10::kBFloat16 && held == c10::kFloat);
 }
 
+// This host's shared-memory key when `sync` takes segments; empty otherwise
+// (and when it cannot be read: then the worker asks for chunks).
+std::string ShmHostKeyFor(const WeightSyncOptions& sync) {
+  if (sync.shm == WeightSyncOptions::Shm::kOff) return "";
+  absl::StatusOr<std::string> key = learner::ShmHostKey(sync.shm_dir);
+  if (!key.ok()) {
+    spdlog::warn("shared-memory weight sync unavailable ({}); versions come as gRPC chunks",
+                 key.status().ToString());
+    return "";
+  }
+  return *std::move(key);
+}
+
 }  // namespace
 
 absl::StatusOr<std::optional<c10::ScalarType>> ParseWeightsDtype(const std::string& value,
@@ -34,6 +48,18 @@ absl::StatusOr<std::optional<c10::ScalarType>> ParseWeightsDtype(const std::stri
                                     "' is not one of auto, float32, bfloat16");
 }
 
+absl::Status ParseWeightTransport(const std::string& value, const std::string& key,
+                                  WeightSyncOptions* sync) {
+  using Shm = WeightSyncOptions::Shm;
+  if (value != "grpc" && value != "c10d" && value != "shm" && value != "auto") {
+    return absl::InvalidArgumentError(key + ": '" + value +
+                                      "' is not one of grpc, c10d, shm, auto");
+  }
+  sync->c10d = value == "c10d";
+  sync->shm = value == "shm" ? Shm::kRequired : value == "auto" ? Shm::kAuto : Shm::kOff;
+  return absl::OkStatus();
+}
+
 c10::ScalarType WireDtype(const WeightSyncOptions& sync, c10::ScalarType dtype) {
   if (sync.weights_dtype) return *sync.weights_dtype;
   return dtype == c10::kBFloat16 ? c10::kBFloat16 : c10::kFloat;
@@ -43,7 +69,8 @@ PolicyWatcher::PolicyWatcher(std::shared_ptr<grpc::ChannelInterface> learner_cha
                              PolicyWatcherOptions options, WeightSyncOptions sync)
     : stub_(kappa::v1::Learner::NewStub(std::move(learner_channel))),
       options_(std::move(options)),
-      sync_(sync) {}
+      sync_(sync),
+      shm_host_key_(ShmHostKeyFor(sync_)) {}
 
 PolicyWatcher::~PolicyWatcher() { Stop(); }
 
@@ -81,10 +108,11 @@ absl::StatusOr<Policy> PolicyWatcher::WaitForVersion(int64_t min_version,
     return current_.model != nullptr && current_.version >= min_version;
   };
   const auto ready_or_stopping = [this, &ready]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return ready() || stopping_;
+    return ready() || stopping_ || !fatal_.ok();
   };
   mu_.AwaitWithDeadline(absl::Condition(&ready_or_stopping), deadline);
   if (ready()) return current_;
+  if (!fatal_.ok()) return fatal_;
   if (stopping_) return absl::CancelledError("policy watcher stopped");
   return absl::DeadlineExceededError("no policy version >= " + std::to_string(min_version) +
                                      " yet (have " + std::to_string(current_.version) + ")");
@@ -105,6 +133,11 @@ void PolicyWatcher::PublishSpare(int64_t version, uint64_t policy_id) {
   std::swap(current_config_json_, spare_config_json_);
   spare_ = std::move(previous.model);
   if (spare_ == nullptr) spare_config_json_.clear();
+}
+
+absl::Status PolicyWatcher::fatal_status() const {
+  absl::MutexLock lock(&mu_);
+  return fatal_;
 }
 
 bool PolicyWatcher::WaitForStop(absl::Duration timeout) const {
@@ -148,6 +181,15 @@ void PolicyWatcher::Loop() {
     const int64_t published_before = published_versions_.load();
     const grpc::Status status = WatchOnce();
     if (WaitForStop(absl::ZeroDuration())) return;
+    if (sync_.shm == WeightSyncOptions::Shm::kRequired &&
+        status.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
+      // The learner cannot serve shared memory to this worker: retrying
+      // will not change that.
+      spdlog::error("WatchPolicy refused: {}", status.error_message());
+      absl::MutexLock lock(&mu_);
+      fatal_ = absl::FailedPreconditionError(status.error_message());
+      return;
+    }
     if (published_versions_.load() != published_before) backoff.Reset();
     const absl::Duration delay = backoff.Next();
     spdlog::warn("WatchPolicy stream ended ({}: {}); reconnecting in {:.0f} ms",
@@ -186,6 +228,18 @@ grpc::Status PolicyWatcher::WatchOnce() {
   }
   request.set_worker_id(options_.worker_id);
   request.set_weights_dtype(services::ToWireDType(wire));
+  // Shared memory unless the previous stream's segment failed (then this
+  // stream takes chunks, and the next one tries again).
+  const bool offer_shm = !shm_host_key_.empty() && !shm_suspended_;
+  shm_suspended_ = false;
+  if (offer_shm) {
+    request.set_accept_shm(true);
+    request.set_host_key(shm_host_key_);
+    request.set_require_shm(sync_.shm == WeightSyncOptions::Shm::kRequired);
+  } else if (sync_.shm == WeightSyncOptions::Shm::kRequired && shm_host_key_.empty()) {
+    // This worker cannot read its own /dev/shm: the learner refuses it by name.
+    request.set_require_shm(true);
+  }
   std::unique_ptr<grpc::ClientReaderInterface<kappa::v1::PolicyChunk>> reader =
       stub_->WatchPolicy(&context, request);
 
@@ -193,6 +247,26 @@ grpc::Status PolicyWatcher::WatchOnce() {
   absl::Time start = absl::Now();
   while (reader->Read(&chunk)) {
     if (chunk.version() <= Current().version) continue;  // already have it
+    if (chunk.encoding() == kappa::v1::PolicyChunk::SHARED_MEMORY) {
+      start = absl::Now();
+      assembler.Reset();
+      if (absl::Status loaded = LoadFromShm(chunk); !loaded.ok()) {
+        rejected_versions_.fetch_add(1);
+        shm_failures_.fetch_add(1);
+        spdlog::warn(
+            "policy version {}: shared-memory segment not used ({}); reconnecting for gRPC "
+            "chunks",
+            chunk.version(), loaded.ToString());
+        shm_suspended_ = true;
+        context.TryCancel();
+        break;
+      }
+      if (offer_delta) set_base(Current(), chunk.policy_id());
+      spdlog::info("policy version {} loaded on {} from shared memory ({} bytes, {:.1f} ms)",
+                   chunk.version(), options_.device.str(), chunk.shm_bytes(),
+                   absl::ToDoubleMilliseconds(absl::Now() - start));
+      continue;
+    }
     if (assembler.pending_version() != chunk.version()) start = absl::Now();
     absl::StatusOr<std::optional<AssembledPolicy>> added = assembler.Add(chunk);
     if (!added.ok()) {

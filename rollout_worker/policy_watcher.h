@@ -20,6 +20,17 @@
 // same inactive copy, published the same way; when the group cannot form,
 // is closed or fails, it falls back to WatchPolicy for good.
 //
+// With rollout.weight_transport: shm or auto the stream offers this host's
+// shared memory (learner/shm_segment.h ShmHostKey); a learner on the same
+// host and /dev/shm then sends each version as one SHARED_MEMORY chunk
+// naming a segment it wrote, and the worker copies the segment into the
+// same inactive copy (one copy, converting if the dtypes differ), published
+// the same way. A segment that cannot be used (gone after the learner moved
+// on, another size or token) rejects that version, is logged, and the next
+// stream asks for chunks (gRPC) instead; the one after that offers shared
+// memory again. With shm (not auto) a learner on another host refuses the
+// stream, and the watcher stops retrying: fatal_status() says why.
+//
 // Threading: Start() and Stop() may be called from any thread; Current() and
 // WaitForVersion() from any number of threads. Locks: thread_mu_, then mu_.
 #pragma once
@@ -31,6 +42,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -66,6 +78,9 @@ struct PolicyWatcherOptions {
   c10::Device device{c10::kCPU};
   // The parameters' dtype there (student.dtype, resolved at start-up).
   c10::ScalarType dtype = c10::kFloat;
+  // Tests: called once per shared-memory version with half of its
+  // parameters copied into the inactive copy (the rest not yet).
+  std::function<void(int64_t version)> shm_mid_copy_hook = nullptr;
 };
 
 // How versions travel (rollout.weights_dtype, rollout.weight_delta).
@@ -83,7 +98,18 @@ struct WeightSyncOptions {
   // How long the other members have to join after the learner's first
   // answer, and the group's rendezvous and collective timeout.
   absl::Duration group_timeout = absl::Seconds(60);
+  // rollout.weight_transport: shm (kRequired) or auto (kAuto): take versions
+  // as shared-memory segments from a learner on this host (its /dev/shm is
+  // shm_dir), else chunks; kRequired refuses a learner on another host.
+  enum class Shm { kOff, kAuto, kRequired };
+  Shm shm = Shm::kOff;
+  std::string shm_dir = "/dev/shm";
 };
+
+// rollout.weight_transport: grpc, c10d, shm or auto into `sync` (c10d,
+// shm); anything else is INVALID_ARGUMENT naming `key`.
+absl::Status ParseWeightTransport(const std::string& value, const std::string& key,
+                                  WeightSyncOptions* sync);
 
 // rollout.weights_dtype: "auto" (nullopt), "float32" or "bfloat16"; anything
 // else is INVALID_ARGUMENT naming `key`.
@@ -123,6 +149,14 @@ class PolicyWatcher {
   int64_t bytes_received() const { return bytes_received_.load(); }
   // Versions received in the weight group (the others came over WatchPolicy).
   int64_t group_versions() const { return group_versions_.load(); }
+  // Versions copied from shared memory, and segments that could not be
+  // used (each also a rejected version; the next stream took chunks).
+  int64_t shm_versions() const { return shm_versions_.load(); }
+  int64_t shm_failures() const { return shm_failures_.load(); }
+  // Not OK once the watcher gave up for good (rollout.weight_transport: shm
+  // with a learner on another host): the learner's answer. WaitForVersion
+  // returns it too.
+  absl::Status fatal_status() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   // The watch thread: WatchOnce() until Stop(), with backoff between streams.
@@ -155,6 +189,12 @@ class PolicyWatcher {
   // the group throws.
   absl::Status ReceiveVersion(learner::WeightGroup& group, const std::string& manifest_bytes)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // --- shared memory (policy_watcher_shm.cc)
+  // Copies the segment a SHARED_MEMORY chunk names into the inactive copy
+  // and publishes it; an error status (nothing published) when the segment
+  // or its contents cannot be used.
+  absl::Status LoadFromShm(const kappa::v1::PolicyChunk& chunk) ABSL_LOCKS_EXCLUDED(mu_);
+
   // The inactive copy for a version with this config.json: the spare model
   // when no one else holds it and its config matches, else a new one.
   absl::StatusOr<std::map<std::string, torch::Tensor>> Destination(
@@ -176,6 +216,8 @@ class PolicyWatcher {
   // The open WatchPolicy call's context, so Stop() can TryCancel() it; null
   // between streams.
   grpc::ClientContext* active_context_ ABSL_GUARDED_BY(mu_) = nullptr;
+  // Set when the watcher gives up (fatal_status()).
+  absl::Status fatal_ ABSL_GUARDED_BY(mu_);
 
   // policy_id of current_ (PolicyChunk.policy_id), the delta base's identity.
   uint64_t current_policy_id_ ABSL_GUARDED_BY(mu_) = 0;
@@ -185,6 +227,10 @@ class PolicyWatcher {
   std::shared_ptr<model::Decoder> spare_;
   std::string spare_config_json_;
   std::string current_config_json_;
+  // This host's shared-memory key (empty: shared memory not offered), and
+  // whether the next stream asks for chunks after a segment failed.
+  const std::string shm_host_key_;
+  bool shm_suspended_ = false;
 
   std::atomic<int64_t> rejected_versions_{0};
   std::atomic<int64_t> published_versions_{0};
@@ -192,6 +238,8 @@ class PolicyWatcher {
   std::atomic<int64_t> delta_versions_{0};
   std::atomic<int64_t> bytes_received_{0};
   std::atomic<int64_t> group_versions_{0};
+  std::atomic<int64_t> shm_versions_{0};
+  std::atomic<int64_t> shm_failures_{0};
 };
 
 }  // namespace kappa::rollout

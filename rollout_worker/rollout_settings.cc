@@ -30,8 +30,11 @@ absl::Status ValidateRolloutSettings(const services::Config& config) {
   if (!(r.top_p > 0 && r.top_p <= 1)) return Bad("top_p", std::to_string(r.top_p), "in (0, 1]");
   if (r.top_k < 0) return Bad("top_k", std::to_string(r.top_k), ">= 0; 0: off");
   if (!(r.min_p >= 0 && r.min_p <= 1)) return Bad("min_p", std::to_string(r.min_p), "in [0, 1]");
-  if (r.weight_transport != "grpc" && r.weight_transport != "c10d") {
-    return Bad("weight_transport", "'" + r.weight_transport + "'", "use grpc or c10d");
+  if (r.weight_transport != "grpc" && r.weight_transport != "c10d" && r.weight_transport != "shm" &&
+      r.weight_transport != "auto") {
+    return Bad("weight_transport", "'" + r.weight_transport + "'",
+               "use grpc, c10d, shm (the learner's host only) or auto (shm when on the "
+               "learner's host, else grpc)");
   }
   if (config.learner.weight_group_workers < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
