@@ -10,11 +10,15 @@
 // model, then the scored groups with their teacher rows per sample ([T, V]
 // each for --teacher full, [T, 64] log-probs + ids for topk), the TrainBatch
 // from them (the groups are then dropped), then --steps HybridStep::Run
-// steps with κ and the cheap K_DR every step (monitor.kappa_every=1,
-// kdr_every=1: the monitored step, two backward passes).
+// steps, by default with κ and the cheap K_DR every step
+// (monitor.kappa_every=1, kdr_every=1: the monitored step, two backward
+// passes); --kappa 0 --kdr 0 is the plain step (one backward pass of
+// L_R + λ L_D, no K_DR), the like-for-like counterpart of the eager
+// reference (bench/eager_reference/vocab_step.py).
 //
-// Prints one JSON line: the configuration, each step's seconds (the first
-// includes allocator and thread-pool warm-up: compare the last), peak RSS
+// Prints one JSON line: the configuration, each step's seconds and process
+// CPU seconds (the first includes allocator and thread-pool warm-up: compare
+// the last), peak RSS
 // after the batch was built and at the end, the batch's teacher bytes, and
 // the first step's losses (all configurations start from the same weights
 // and rows, so chunked and unchunked, with and without checkpointing, must
@@ -23,7 +27,7 @@
 //
 // Usage: kappa_bench_vocab_scale --teacher full|topk [--chunk N] [--checkpointing 0|1]
 //        [--layers 24] [--rows 8] [--group-size 4] [--prompt 64] [--response 448]
-//        [--threads 2] [--steps 2] [--topk 64]
+//        [--threads 2] [--steps 2] [--topk 64] [--kappa 0|1] [--kdr 0|1]
 #include <sys/resource.h>
 #include <torch/torch.h>
 
@@ -63,12 +67,24 @@ struct Options {
   int threads = 2;
   int steps = 2;
   int64_t topk = 64;
+  bool kappa = true;  // monitor.kappa_every = 1 (else 0)
+  bool kdr = true;    // monitor.kdr_every = 1 (else 0)
 };
 
 double PeakRssMiB() {
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
   return static_cast<double>(usage.ru_maxrss) / 1024.0;  // KiB on Linux
+}
+
+// User + system CPU seconds of the process so far (all its threads).
+double CpuSeconds() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  const auto seconds = [](const timeval& t) {
+    return static_cast<double>(t.tv_sec) + 1e-6 * static_cast<double>(t.tv_usec);
+  };
+  return seconds(usage.ru_utime) + seconds(usage.ru_stime);
 }
 
 // A "VmRSS:"-style field of /proc/self/status, in MiB (-1 if absent).
@@ -143,15 +159,16 @@ std::vector<learner::ScoredGroup> SyntheticGroups(const Options& o, int64_t voca
 
 std::string ConfigJson(const Options& o) {
   char buffer[512];
-  std::snprintf(buffer, sizeof buffer,
-                "\"teacher\": \"%s\", \"chunk\": %lld, \"checkpointing\": %d, \"layers\": %lld, "
-                "\"rows\": %lld, \"group_size\": %lld, \"prompt\": %lld, \"response\": %lld, "
-                "\"threads\": %d, \"steps\": %d, \"topk\": %lld",
-                o.teacher.c_str(), static_cast<long long>(o.chunk), o.checkpointing ? 1 : 0,
-                static_cast<long long>(o.layers), static_cast<long long>(o.rows),
-                static_cast<long long>(o.group_size), static_cast<long long>(o.prompt),
-                static_cast<long long>(o.response), o.threads, o.steps,
-                static_cast<long long>(o.topk));
+  std::snprintf(
+      buffer, sizeof buffer,
+      "\"teacher\": \"%s\", \"chunk\": %lld, \"checkpointing\": %d, \"layers\": %lld, "
+      "\"rows\": %lld, \"group_size\": %lld, \"prompt\": %lld, \"response\": %lld, "
+      "\"threads\": %d, \"steps\": %d, \"topk\": %lld, \"kappa_every\": %d, \"kdr_every\": %d",
+      o.teacher.c_str(), static_cast<long long>(o.chunk), o.checkpointing ? 1 : 0,
+      static_cast<long long>(o.layers), static_cast<long long>(o.rows),
+      static_cast<long long>(o.group_size), static_cast<long long>(o.prompt),
+      static_cast<long long>(o.response), o.threads, o.steps, static_cast<long long>(o.topk),
+      o.kappa ? 1 : 0, o.kdr ? 1 : 0);
   return buffer;
 }
 
@@ -165,7 +182,8 @@ std::string Number(std::optional<double> x) {
 // How far a run got, for the out-of-memory line.
 struct Progress {
   const char* phase = "start";
-  std::vector<double> seconds;  // of the steps completed
+  std::vector<double> seconds;      // of the steps completed
+  std::vector<double> cpu_seconds;  // the same steps' process CPU time
 };
 
 std::string SecondsJson(const std::vector<double>& seconds);
@@ -197,20 +215,23 @@ int Run(const Options& o, Progress* progress) {
                                                  : learner::DistillLoss::kTopkTailReverseKl;
   step_config.loss.distill_topk = o.topk;
   step_config.loss.vocab_chunk_positions = o.chunk;
-  step_config.monitor.kappa_every = 1;
-  step_config.monitor.kdr_every = 1;
+  step_config.monitor.kappa_every = o.kappa ? 1 : 0;
+  step_config.monitor.kdr_every = o.kdr ? 1 : 0;
   // A tiny learning rate: the second step runs on (nearly) the first's weights.
   learner::HybridStep step(model, std::make_unique<learner::PolicyOptimizer>(model, 1e-7, 0.0, 1.0),
                            step_config);
   std::vector<double>& seconds = progress->seconds;
+  std::vector<double>& cpu_seconds = progress->cpu_seconds;
   std::optional<learner::HybridStepReport> first;
   for (int s = 0; s < o.steps; ++s) {
     const auto start = std::chrono::steady_clock::now();
+    const double start_cpu = CpuSeconds();
     learner::HybridStepReport report = step.Run(batch);
     seconds.push_back(
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-    std::fprintf(stderr, "step %d: %.1f s, peak RSS %.0f MiB\n", s + 1, seconds.back(),
-                 PeakRssMiB());
+    cpu_seconds.push_back(CpuSeconds() - start_cpu);
+    std::fprintf(stderr, "step %d: %.1f s (CPU %.1f s), peak RSS %.0f MiB\n", s + 1, seconds.back(),
+                 cpu_seconds.back(), PeakRssMiB());
     if (!first) first = std::move(report);
   }
 
@@ -218,7 +239,7 @@ int Run(const Options& o, Progress* progress) {
   const learner::StepStats& stats = first->stats;
   std::printf(
       "{%s, \"oom\": false, \"parameters\": %lld, \"batch_positions\": %lld, "
-      "\"step_s\": [%s], \"last_step_s\": %s, \"peak_rss_mib\": %.1f, "
+      "\"step_s\": [%s], \"cpu_s\": [%s], \"last_step_s\": %s, \"peak_rss_mib\": %.1f, "
       "\"peak_rss_after_build_mib\": %.1f, \"rss_model_mib\": %.1f, \"rss_batch_mib\": %.1f, "
       "\"vm_peak_mib\": %.1f, \"teacher_bytes\": %lld, \"reward_loss\": %s, "
       "\"distill_loss\": %s, \"grad_norm\": %s, \"reward_grad_norm\": %s, "
@@ -226,8 +247,8 @@ int Run(const Options& o, Progress* progress) {
       "\"teacher_tail_mass\": %s}\n",
       ConfigJson(o).c_str(), static_cast<long long>(parameters),
       static_cast<long long>(batch.input_tokens.numel()), steps_json.c_str(),
-      Number(seconds.back()).c_str(), PeakRssMiB(), peak_build, rss_model, rss_batch,
-      StatusMiB("VmPeak"), static_cast<long long>(batch.teacher_bytes()),
+      SecondsJson(cpu_seconds).c_str(), Number(seconds.back()).c_str(), PeakRssMiB(), peak_build,
+      rss_model, rss_batch, StatusMiB("VmPeak"), static_cast<long long>(batch.teacher_bytes()),
       Number(stats.reward_loss).c_str(), Number(stats.distill_loss).c_str(),
       Number(stats.grad_norm).c_str(), Number(stats.reward_grad_norm).c_str(),
       Number(stats.distill_grad_norm).c_str(), Number(stats.kappa()).c_str(),
@@ -280,6 +301,10 @@ int main(int argc, char** argv) {
       o.steps = std::atoi(value);
     else if (flag == "--topk")
       o.topk = std::atoll(value);
+    else if (flag == "--kappa")
+      o.kappa = std::string(value) == "1";
+    else if (flag == "--kdr")
+      o.kdr = std::string(value) == "1";
     else {
       std::fprintf(stderr, "unknown flag %s\n", flag.c_str());
       return 2;
@@ -317,8 +342,10 @@ int main(int argc, char** argv) {
                first_line.c_str());
   std::printf(
       "{%s, \"oom\": true, \"phase\": \"%s\", \"oom_step\": %zu, \"step_s\": [%s], "
+      "\"cpu_s\": [%s], "
       "\"peak_rss_mib\": %.1f, \"vm_peak_mib\": %.1f}\n",
       ConfigJson(o).c_str(), progress.phase, progress.seconds.size() + 1,
-      SecondsJson(progress.seconds).c_str(), PeakRssMiB(), StatusMiB("VmPeak"));
+      SecondsJson(progress.seconds).c_str(), SecondsJson(progress.cpu_seconds).c_str(),
+      PeakRssMiB(), StatusMiB("VmPeak"));
   return 3;
 }
