@@ -80,9 +80,10 @@ class Attention(nn.Module):
     def __init__(self, c):
         super().__init__()
         self.heads, self.kv_heads, self.head_dim = c.num_attention_heads, c.num_key_value_heads, c.head_dim
-        self.q_proj = nn.Linear(c.hidden_size, self.heads * self.head_dim, bias=False)
-        self.k_proj = nn.Linear(c.hidden_size, self.kv_heads * self.head_dim, bias=False)
-        self.v_proj = nn.Linear(c.hidden_size, self.kv_heads * self.head_dim, bias=False)
+        bias = getattr(c, "qkv_bias", False)  # Qwen2: q/k/v projections have biases
+        self.q_proj = nn.Linear(c.hidden_size, self.heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(c.hidden_size, self.kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(c.hidden_size, self.kv_heads * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(self.heads * self.head_dim, c.hidden_size, bias=False)
 
     def forward(self, x, cos, sin, mask):

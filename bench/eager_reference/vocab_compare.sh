@@ -1,0 +1,146 @@
+#!/usr/bin/env bash
+# kappa's learner step against the eager PyTorch step at the Qwen2.5-0.5B
+# vocabulary (bench/README.md, "Against eager PyTorch at a real vocabulary"):
+# for each batch size (KAPPA_COMPARE_ROWS sequences of 64 + 448 tokens) it runs,
+# one process after the other, alternating the two sides:
+#   kappa  kappa_bench_vocab_scale --teacher topk --chunk C --checkpointing 1
+#          --kappa 0 --kdr 0 (top-64 rows, the chunked vocab head, activation
+#          checkpointing; the plain step: one backward pass)
+#   eager  bench/eager_reference/vocab_step.py --teacher topk, then --teacher
+#          full (full logits, one log_softmax, no chunking, no checkpointing)
+# and with KAPPA_COMPARE_MONITORED=1 also the pair that measures kappa (κ: both
+# gradients apart) on both sides, kappa with its cheap K_DR on top:
+#   kappa ... --kappa 1 --kdr 1     eager vocab_step.py --teacher topk --kappa 1
+# Every process runs under an address-space cap (ulimit -v, default 20 GiB, as
+# bench/vocab_scale_bench.sh): running out is a failed allocation the process
+# reports ({"oom": true}), shown as "> cap"; a memory ratio against it is then
+# a bound. Prints a table of peak RSS (getrusage ru_maxrss), seconds and CPU
+# seconds per step (the median of the steps after the first, which warms the
+# allocator up) and the ratios kappa/eager, and the first step's losses (both
+# sides draw the same weights and rows, so they must agree to rounding).
+#
+# Usage: bash bench/eager_reference/vocab_compare.sh [BUILD_DIR] [flags for both, e.g. --layers 4]
+# Env:   KAPPA_BENCH_MEM_GIB (cap, 20), KAPPA_COMPARE_ROWS ("4 8"),
+#        KAPPA_COMPARE_CHUNK (512), KAPPA_COMPARE_STEPS (2), KAPPA_COMPARE_THREADS (2),
+#        KAPPA_COMPARE_MONITORED (0), KAPPA_COMPARE_OUT (/tmp/vocab_compare.jsonl)
+# Run it on a quiet machine: flock /tmp/kappa-build.lock bash bench/eager_reference/vocab_compare.sh build --layers 4
+set -u
+here=$(cd "$(dirname "$0")" && pwd)
+build=${1:-build}
+if [[ $# -gt 0 ]]; then shift; fi
+bin=$build/bench/kappa_bench_vocab_scale
+if [[ ! -x $bin ]]; then
+  echo "no $bin: cmake --build $build --target kappa_bench_vocab_scale" >&2
+  exit 2
+fi
+python=/usr/bin/python3  # Debian's torch 1.13: the libtorch and OpenBLAS the bench links
+cap_gib=${KAPPA_BENCH_MEM_GIB:-20}
+rows_list=${KAPPA_COMPARE_ROWS:-"4 8"}
+chunk=${KAPPA_COMPARE_CHUNK:-512}
+steps=${KAPPA_COMPARE_STEPS:-2}
+threads=${KAPPA_COMPARE_THREADS:-2}
+monitored=${KAPPA_COMPARE_MONITORED:-0}
+out=${KAPPA_COMPARE_OUT:-/tmp/vocab_compare.jsonl}
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+: >"$out"
+
+# run LABEL CMD...: one process under the cap; appends its JSON line, with the
+# label, /usr/bin/time's peak RSS and the exit status, to $out.
+run() {
+  local label=$1
+  shift
+  echo "== $label: $*" >&2
+  local start=$SECONDS
+  (
+    ulimit -v $((cap_gib * 1024 * 1024))
+    exec /usr/bin/time -v -o "$work/time" "$@"
+  ) >"$work/json" 2>"$work/err"
+  local rc=$?
+  grep -v '^$' "$work/err" | tail -n 3 >&2
+  local time_rss line
+  time_rss=$(awk -F': ' '/Maximum resident set size/ { print $2 }' "$work/time" 2>/dev/null)
+  line=$(grep '^{' "$work/json" | tail -n 1)
+  if [[ -z $line ]]; then  # killed or failed without a JSON line
+    local oom=false
+    if [[ $rc -eq 137 ]] || grep -q 'signal 9' "$work/time" 2>/dev/null; then oom=true; fi
+    echo "   no result (exit $rc): $(tail -n 1 "$work/err")" >&2
+    line="{\"oom\": $oom, \"error\": $([[ $oom == true ]] && echo false || echo true)}"
+  fi
+  echo "{\"label\": \"$label\", \"cap_gib\": $cap_gib, \"time_v_max_rss_kib\": ${time_rss:-null}, \"wall_s\": $((SECONDS - start)), \"exit\": $rc, ${line#\{}" >>"$out"
+  echo "   exit $rc, $((SECONDS - start)) s" >&2
+}
+
+common=(--steps "$steps" --threads "$threads")
+echo "kappa against eager at V = 151,936: rows {$rows_list}, $* (cap ${cap_gib} GiB per process; JSON lines: $out)"
+for rows in $rows_list; do
+  shape=(--rows "$rows" "${common[@]}" "$@")
+  run "kappa topk rows=$rows" "$bin" --teacher topk --chunk "$chunk" --checkpointing 1 --kappa 0 --kdr 0 "${shape[@]}"
+  run "eager topk rows=$rows" "$python" "$here/vocab_step.py" --teacher topk "${shape[@]}"
+  run "eager full rows=$rows" "$python" "$here/vocab_step.py" --teacher full "${shape[@]}"
+  if [[ $monitored == 1 ]]; then
+    run "kappa topk monitored rows=$rows" "$bin" --teacher topk --chunk "$chunk" --checkpointing 1 --kappa 1 --kdr 1 "${shape[@]}"
+    run "eager topk monitored rows=$rows" "$python" "$here/vocab_step.py" --teacher topk --kappa 1 "${shape[@]}"
+  fi
+done
+
+"$python" - "$out" <<'EOF'
+import json, sys
+
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+later = lambda v: sorted(v[1:] if len(v) > 1 else v)
+median = lambda v: later(v)[len(later(v)) // 2] if v else None  # upper median, after the first step
+for r in rows:
+    r["ok"] = not r.get("oom") and not r.get("error")
+    r["t"] = median(r.get("step_s") or []) if r["ok"] else None
+    r["c"] = median(r.get("cpu_s") or []) if r["ok"] else None
+
+def rss(r):
+    if r["ok"]:
+        return f"{r['peak_rss_mib']:,.0f}"
+    if r.get("oom"):
+        return f"> {r['cap_gib']} GiB (OOM" + (f" in step {r['oom_step']}" if r.get("oom_step") else "") + ")"
+    return "failed"
+
+print()
+print("| run | peak RSS MiB | step s | CPU s | L_R | L_D | entropy | ‖g‖ |")
+print("|---|---|---|---|---|---|---|---|")
+for r in rows:
+    if r["ok"]:
+        print(f"| {r['label']} | {rss(r)} | {r['t']:.1f} | {r['c']:.1f} | {r['reward_loss']:.7g} | "
+              f"{r['distill_loss']:.7g} | {r['entropy']:.7g} | {r['grad_norm']:.7g} |")
+    else:
+        print(f"| {r['label']} | {rss(r)} | | | | | | |")
+
+print()
+print("kappa / eager (memory: peak RSS; time: step seconds, wall and CPU; speed = eager s / kappa s):")
+print()
+print("| kappa run | against | memory ×eager | wall ×eager | CPU ×eager | speed ×eager |")
+print("|---|---|---|---|---|---|")
+by = {r["label"]: r for r in rows}
+for k in rows:
+    if not k["label"].startswith("kappa "):
+        continue
+    rest = k["label"][len("kappa "):]
+    monitored = " monitored" in rest
+    size = rest.split()[-1]
+    for teacher in (["topk"] if monitored else ["topk", "full"]):
+        e = by.get(f"eager {teacher}{' monitored' if monitored else ''} {size}")
+        if e is None or not k["ok"]:
+            continue
+        if e["ok"]:
+            mem = f"{k['peak_rss_mib'] / e['peak_rss_mib']:.2f}"
+            wall, cpu = k["t"] / e["t"], k["c"] / e["c"]
+            print(f"| {k['label']} | {e['label']} | {mem} | {wall:.2f} | {cpu:.2f} | {1 / wall:.2f} |")
+        elif e.get("oom"):
+            mem = f"< {k['peak_rss_mib'] / (e['cap_gib'] * 1024):.2f}"
+            print(f"| {k['label']} | {e['label']} | {mem} (eager > cap) | | | |")
+print()
+for k in rows:
+    if k["label"].startswith("kappa ") and k["ok"]:
+        e = by.get("eager " + k["label"][len("kappa "):])
+        if e and e["ok"]:
+            worst = max(abs(k[x] - e[x]) / max(abs(e[x]), 1e-30)
+                        for x in ("reward_loss", "distill_loss", "entropy", "grad_norm"))
+            print(f"{k['label']}: first-step L_R, L_D, entropy, ‖g‖ within {worst:.1e} (relative) of eager's")
+EOF
