@@ -53,7 +53,13 @@ absl::StatusOr<std::shared_ptr<const ShmSegment>> ShmPolicyStore::Write(const Sh
   }
   const std::string name = absl::StrCat(kShmPrefix, getpid(), "-", absl::Hex(nonce_), "-v",
                                         content.version, "-", DtypeName(content.dtype));
-  absl::StatusOr<std::shared_ptr<const ShmSegment>> segment = WriteShmSegment(dir_, name, content);
+  int spare = -1;
+  {
+    absl::MutexLock lock(&mu_);
+    std::swap(spare, spare_fd_);  // WriteShmSegment uses it only if the size matches
+  }
+  absl::StatusOr<std::shared_ptr<const ShmSegment>> segment =
+      WriteShmSegment(dir_, name, content, spare);
   if (!segment.ok()) return segment.status();
   std::vector<std::string> stale;
   {
@@ -64,6 +70,7 @@ absl::StatusOr<std::shared_ptr<const ShmSegment>> ShmPolicyStore::Write(const Sh
       linked_[{content.version, static_cast<int>(content.dtype)}] = (*segment)->path();
       newest_ = std::max(newest_, content.version);
       ++written_;
+      PrepareSpare((*segment)->bytes());
       for (auto it = linked_.begin(); it != linked_.end() && it->first.first <= newest_ - 2;) {
         stale.push_back(it->second);
         it = linked_.erase(it);
@@ -74,14 +81,36 @@ absl::StatusOr<std::shared_ptr<const ShmSegment>> ShmPolicyStore::Write(const Sh
   return segment;
 }
 
+void ShmPolicyStore::PrepareSpare(int64_t bytes) {
+  if (spare_fd_ >= 0 || preparing_) return;
+  if (preparer_.joinable()) preparer_.join();  // finished: preparing_ is false
+  preparing_ = true;
+  preparer_ = std::thread([this, bytes] {
+    absl::StatusOr<int> fd = PrepareShmFile(dir_, bytes);
+    absl::MutexLock lock(&mu_);
+    preparing_ = false;
+    if (!fd.ok()) return;  // no room for a spare: segments are written without one
+    if (closed_ || spare_fd_ >= 0) {
+      close(*fd);
+    } else {
+      spare_fd_ = *fd;
+    }
+  });
+}
+
 void ShmPolicyStore::UnlinkAll() {
   std::map<std::pair<int64_t, int>, std::string> linked;
+  std::thread preparer;
   {
     absl::MutexLock lock(&mu_);
     closed_ = true;
     linked.swap(linked_);
+    preparer.swap(preparer_);
+    if (spare_fd_ >= 0) close(spare_fd_);
+    spare_fd_ = -1;
   }
   for (const auto& [key, path] : linked) unlink(path.c_str());
+  if (preparer.joinable()) preparer.join();
 }
 
 std::vector<std::string> ShmPolicyStore::linked() const {

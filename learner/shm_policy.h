@@ -7,6 +7,10 @@
 //  - writing version v unlinks every segment of a version <= v - 2 (a worker
 //    still copying one keeps a valid mapping; a late open gets ENOENT and
 //    the worker falls back to gRPC chunks);
+//  - after each write, a background thread prepares the next segment's
+//    unnamed file (PrepareShmFile: its pages written once), so the next
+//    version is written into memory that is already backed: one more
+//    segment's worth of shared memory, dropped on any error;
 //  - at construction, segments of learners that are no longer alive are
 //    unlinked (SweepDeadShmSegments), so a killed learner leaks nothing
 //    past the next one's start.
@@ -20,6 +24,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -68,6 +73,12 @@ class ShmPolicyStore {
   std::map<std::pair<int64_t, int>, std::string> linked_ ABSL_GUARDED_BY(mu_);
   int64_t newest_ ABSL_GUARDED_BY(mu_) = -1;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  // The prepared unnamed file (-1: none) and the thread preparing it.
+  int spare_fd_ ABSL_GUARDED_BY(mu_) = -1;
+  bool preparing_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread preparer_ ABSL_GUARDED_BY(mu_);
+  // Starts preparing a spare of `bytes` unless one exists or is under way.
+  void PrepareSpare(int64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int64_t written_ ABSL_GUARDED_BY(mu_) = 0;
 };
 

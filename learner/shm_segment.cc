@@ -193,10 +193,9 @@ ShmSegment::ShmSegment(std::string path, uint64_t token, int64_t bytes, void* ba
 
 ShmSegment::~ShmSegment() { munmap(base_, static_cast<size_t>(bytes_)); }
 
-absl::StatusOr<std::shared_ptr<const ShmSegment>> WriteShmSegment(const std::string& dir,
-                                                                  const std::string& name,
-                                                                  const ShmContent& content) {
-  if (content.weights == nullptr) return absl::InvalidArgumentError("no weights to write");
+namespace {
+
+kappa::v1::WeightGroupManifest ManifestOf(const ShmContent& content) {
   kappa::v1::WeightGroupManifest manifest;
   manifest.set_version(content.version);
   manifest.set_policy_id(content.policy_id);
@@ -207,13 +206,50 @@ absl::StatusOr<std::shared_ptr<const ShmSegment>> WriteShmSegment(const std::str
     parameter->set_name(parameter_name);
     for (int64_t size : tensor.sizes()) parameter->add_shape(size);
   }
+  return manifest;
+}
+
+}  // namespace
+
+int64_t ShmSegmentBytes(const ShmContent& content) {
+  const kappa::v1::WeightGroupManifest manifest = ManifestOf(content);
+  const int64_t data_offset =
+      AlignUp(kHeaderBytes + static_cast<int64_t>(manifest.ByteSizeLong()), kDataAlign);
+  return std::max<int64_t>(ShmOffsets(manifest, data_offset).back(), data_offset);
+}
+
+absl::StatusOr<int> PrepareShmFile(const std::string& dir, int64_t bytes) {
+  Fd fd(open(dir.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600));
+  if (fd.get() < 0) return Errno("open(O_TMPFILE) in " + dir, errno);
+  if (ftruncate(fd.get(), bytes) != 0) return Errno("ftruncate in " + dir, errno);
+  const std::string zeros(8 << 20, '\0');
+  for (int64_t at = 0; at < bytes; at += static_cast<int64_t>(zeros.size())) {
+    KAPPA_RETURN_IF_ERROR(
+        WriteAll(fd.get(), zeros.data(),
+                 std::min<int64_t>(static_cast<int64_t>(zeros.size()), bytes - at), at));
+  }
+  return fd.release();
+}
+
+absl::StatusOr<std::shared_ptr<const ShmSegment>> WriteShmSegment(const std::string& dir,
+                                                                  const std::string& name,
+                                                                  const ShmContent& content,
+                                                                  int prepared) {
+  Fd prepared_fd(prepared);
+  if (content.weights == nullptr) return absl::InvalidArgumentError("no weights to write");
+  const kappa::v1::WeightGroupManifest manifest = ManifestOf(content);
   const std::string manifest_bytes = manifest.SerializeAsString();
   const int64_t data_offset =
       AlignUp(kHeaderBytes + static_cast<int64_t>(manifest_bytes.size()), kDataAlign);
   const std::vector<int64_t> offsets = ShmOffsets(manifest, data_offset);
   const int64_t total = std::max<int64_t>(offsets.back(), data_offset);
 
-  const Fd fd(open(dir.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600));
+  struct stat prepared_info {};
+  const bool use_prepared = prepared_fd.get() >= 0 &&
+                            fstat(prepared_fd.get(), &prepared_info) == 0 &&
+                            prepared_info.st_size == total;
+  const Fd fd(use_prepared ? prepared_fd.release()
+                           : open(dir.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600));
   if (fd.get() < 0) return Errno("open(O_TMPFILE) in " + dir, errno);
   const std::string path = dir + "/" + name;
 

@@ -97,9 +97,22 @@ struct ShmContent {
 // `dir` has no room (ENOSPC: Docker's default /dev/shm is 64 MiB,
 // deploy/), another error naming the call otherwise; nothing is left
 // behind on any error.
+// `prepared`: an unnamed file from PrepareShmFile (taken over: closed
+// here), written instead of a new one when it has exactly the segment's
+// size; -1: none.
 absl::StatusOr<std::shared_ptr<const ShmSegment>> WriteShmSegment(const std::string& dir,
                                                                   const std::string& name,
-                                                                  const ShmContent& content);
+                                                                  const ShmContent& content,
+                                                                  int prepared = -1);
+
+// An unnamed (O_TMPFILE) file of `bytes` in `dir` whose pages are all
+// written once (zeros), so a later WriteShmSegment into it does not pay
+// for fresh memory: on a VM first touches of memory cost up to ~4 s/GB.
+// RESOURCE_EXHAUSTED when `dir` has no room.
+absl::StatusOr<int> PrepareShmFile(const std::string& dir, int64_t bytes);
+
+// The size of the segment WriteShmSegment would write for `content`.
+int64_t ShmSegmentBytes(const ShmContent& content);
 
 // A segment opened read-only in the worker: its manifest, and the reads of
 // its tensors into the worker's model. Keeps the file open (valid after an
