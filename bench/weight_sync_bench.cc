@@ -14,6 +14,17 @@
 //                     WeightBroadcaster sends each version to the watcher in
 //                     a Gloo group of two (one broadcast per parameter, CPU
 //                     tensors; NCCL on GPUs), no WatchPolicy stream
+//   <shape> shm-*     rollout.weight_transport: shm: the learner writes each
+//                     version once into a /dev/shm segment (converting
+//                     float32 -> bfloat16 on the way, over the intra-op
+//                     threads) and the watcher reads it straight into its
+//                     inactive copy; one SHARED_MEMORY chunk on the stream
+//   <shape> *-snap    the learner snapshots in the wire dtype before
+//                     Publish, as TrainerLoop::PublishPolicy does when every
+//                     worker asks for bfloat16 (PolicySnapshotDtype): the
+//                     float32 -> bfloat16 conversion moves out of publish ->
+//                     in use into the snapshot, and the line also reports
+//                     step end -> in use (snapshot + publish -> in use)
 //   <shape> delta-*   rollout.weight_delta: each version changes the tensors
 //                     of the first --delta-layers layers by 1e-5·N(0,1)
 //                     (an optimizer-like step on a few tensors), the rest
@@ -26,8 +37,16 @@
 //
 // Usage: kappa_bench_weight_sync [--shapes 0.5b,1.5b] [--versions N]
 //                                [--delta-layers N] [--no-delta] [--no-c10d]
+//                                [--no-shm] [--only CASE,CASE]
+//                                [--threads N] [--gap-s S]
+// (--threads: torch intra-op threads, which also split the shm write and
+// read; --gap-s: seconds between versions, as a training step would leave,
+// in which the learner prepares the next shm file.)
+// (--only keeps the named cases, e.g. bfloat16,shm-bfloat16-snap.)
+// With shm cases, the last lines are `shm/grpc <shape> <case> ...` ratios.
 // With c10d cases, the last lines are `c10d/grpc <shape> <dtype>
 // s_per_version_ratio=X`: both paths on the same weights in one run.
+#include <dirent.h>
 #include <spdlog/spdlog.h>
 #include <sys/resource.h>
 #include <torch/torch.h>
@@ -129,11 +148,37 @@ struct Case {
   bool delta;
   int versions;
   bool c10d = false;
+  bool shm = false;
+  // Snapshot in the wire dtype before Publish (TrainerLoop, PolicySnapshotDtype).
+  bool wire_snapshot = false;
 };
+
+// The learner's snapshot as TrainerLoop::PublishPolicy takes it: one copy
+// per tensor, converted to `dtype` on the way.
+std::vector<std::pair<std::string, torch::Tensor>> SnapshotIn(
+    const std::vector<std::pair<std::string, torch::Tensor>>& weights, torch::ScalarType dtype) {
+  std::vector<std::pair<std::string, torch::Tensor>> copy;
+  for (const auto& [name, tensor] : weights) {
+    copy.emplace_back(name, tensor.to(torch::TensorOptions(torch::kCPU).dtype(dtype),
+                                      /*non_blocking=*/false, /*copy=*/true));
+  }
+  return copy;
+}
+
+// kappa-* files in /dev/shm now (the learner keeps its latest two).
+int ShmSegmentsNow() {
+  int n = 0;
+  if (DIR* dir = opendir("/dev/shm")) {
+    while (dirent* entry = readdir(dir)) n += std::strncmp(entry->d_name, "kappa-", 6) == 0;
+    closedir(dir);
+  }
+  return n;
+}
 
 // Runs one case; returns its reported seconds per version.
 double Run(const Case& c, const kappa::model::ModelConfig& config,
-           std::vector<std::pair<std::string, torch::Tensor>>& weights, int delta_layers) {
+           std::vector<std::pair<std::string, torch::Tensor>>& weights, int delta_layers,
+           double gap_s) {
   kappa::learner::PublisherOptions publisher_options;
   publisher_options.keep_delta_bases = c.delta;
   kappa::learner::PolicyPublisher publisher(publisher_options);
@@ -169,9 +214,10 @@ double Run(const Case& c, const kappa::model::ModelConfig& config,
   }
   kappa::rollout::PolicyWatcherOptions options{"bench"};
   options.dtype = c.model;
+  kappa::rollout::WeightSyncOptions sync{c.wire, c.delta, c.c10d};
+  if (c.shm) sync.shm = kappa::rollout::WeightSyncOptions::Shm::kRequired;
   kappa::rollout::PolicyWatcher watcher(
-      kappa::services::MakeChannel(absl::StrCat("127.0.0.1:", (*server)->port())), options,
-      kappa::rollout::WeightSyncOptions{c.wire, c.delta, c.c10d});
+      kappa::services::MakeChannel(absl::StrCat("127.0.0.1:", (*server)->port())), options, sync);
   watcher.Start();
 
   int64_t version_bytes = 0;
@@ -179,8 +225,10 @@ double Run(const Case& c, const kappa::model::ModelConfig& config,
     version_bytes += tensor.numel() * static_cast<int64_t>(torch::elementSize(c.wire));
   }
   std::vector<double> seconds;
+  std::vector<double> snapshot_seconds;
   std::vector<int64_t> received;
   for (int v = 0; v < c.versions; ++v) {
+    if (v > 0 && gap_s > 0) absl::SleepFor(absl::Seconds(gap_s));
     if (c.delta && v > 0) {
       // An optimizer-like step on the first layers' tensors; the rest are shared.
       torch::NoGradGuard no_grad;
@@ -195,7 +243,15 @@ double Run(const Case& c, const kappa::model::ModelConfig& config,
     auto snapshot = std::make_shared<PolicySnapshot>();
     snapshot->version = v;
     snapshot->model_config_json = config.ToJson();
-    snapshot->weights = weights;  // shares the tensors
+    const absl::Time step_end = absl::Now();
+    if (c.wire_snapshot) {
+      snapshot->dtype = c.wire;
+      snapshot->weights = SnapshotIn(weights, c.wire);
+    } else {
+      snapshot->weights = weights;  // shares the tensors
+    }
+    snapshot_seconds.push_back(c.wire_snapshot ? absl::ToDoubleSeconds(absl::Now() - step_end)
+                                               : 0.0);
     const int64_t before = watcher.bytes_received();
     const absl::Time start = absl::Now();
     publisher.Publish(std::move(snapshot));
@@ -208,26 +264,39 @@ double Run(const Case& c, const kappa::model::ModelConfig& config,
     }
     seconds.push_back(s);
     received.push_back(watcher.bytes_received() - before);
-    std::printf("  %s %-15s v%d %s %7.3f s  %8.1f MB on the wire  (%.2f GB/s)\n", c.shape.c_str(),
+    std::printf("  %s %-18s v%d %s %7.3f s  %8.1f MB on the wire  (%.2f GB/s)", c.shape.c_str(),
                 c.label.c_str(), v, v < 2 ? "cold  " : "steady", s, received.back() / 1e6,
                 received.back() / 1e9 / s);
+    if (c.wire_snapshot) {
+      std::printf("  snapshot %.3f s, step end -> in use %.3f s", snapshot_seconds.back(),
+                  snapshot_seconds.back() + s);
+    }
+    if (c.shm) std::printf("  %d segments in /dev/shm", ShmSegmentsNow());
+    std::printf("\n");
     std::fflush(stdout);
   }
   double steady = 0;
+  double steady_snapshot = 0;
   int64_t steady_bytes = 0;
   int steady_n = 0;
   for (int v = 2; v < c.versions; ++v, ++steady_n) {
     steady += seconds[v];
+    steady_snapshot += snapshot_seconds[v];
     steady_bytes += received[v];
   }
   const double reported = steady_n > 0 ? steady / steady_n : seconds.back();
+  const double reported_snapshot =
+      steady_n > 0 ? steady_snapshot / steady_n : snapshot_seconds.back();
   const int64_t bytes = steady_n > 0 ? steady_bytes / steady_n : received.back();
   std::printf(
-      "RESULT shape=%s case=%s s_per_version=%.3f (%s) wire_MB=%.1f full_MB=%.1f "
-      "saved=%.1f%% models_allocated=%lld peak_rss_GB=%.1f\n",
+      "RESULT shape=%s case=%s s_per_version=%.3f (%s) snapshot_s=%.3f step_end_to_use_s=%.3f "
+      "wire_MB=%.1f full_MB=%.1f saved=%.1f%% models_allocated=%lld shm_versions=%lld "
+      "peak_rss_GB=%.1f\n",
       c.shape.c_str(), c.label.c_str(), reported, steady_n > 0 ? "steady mean" : "version 0, cold",
-      bytes / 1e6, version_bytes / 1e6, 100.0 * (1.0 - static_cast<double>(bytes) / version_bytes),
-      static_cast<long long>(watcher.models_allocated()), PeakRssGb());
+      reported_snapshot, reported_snapshot + reported, bytes / 1e6, version_bytes / 1e6,
+      100.0 * (1.0 - static_cast<double>(bytes) / version_bytes),
+      static_cast<long long>(watcher.models_allocated()),
+      static_cast<long long>(watcher.shm_versions()), PeakRssGb());
   std::fflush(stdout);
   watcher.Stop();
   service.Shutdown();
@@ -245,6 +314,9 @@ int main(int argc, char** argv) {
   int delta_layers = 1;
   bool delta = true;
   bool c10d = true;
+  bool shm = true;
+  std::vector<std::string> only;
+  double gap_s = 0;
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
     auto value = [&]() -> std::string {
@@ -264,6 +336,14 @@ int main(int argc, char** argv) {
       delta = false;
     } else if (flag == "--no-c10d") {
       c10d = false;
+    } else if (flag == "--no-shm") {
+      shm = false;
+    } else if (flag == "--threads") {
+      torch::set_num_threads(std::max(1, std::atoi(value().c_str())));
+    } else if (flag == "--gap-s") {
+      gap_s = std::atof(value().c_str());
+    } else if (flag == "--only") {
+      only = absl::StrSplit(value(), ',');
     } else {
       std::fprintf(stderr, "unknown flag %s\n", flag.c_str());
       return 2;
@@ -289,6 +369,25 @@ int main(int argc, char** argv) {
       cases.push_back(
           {shape, "delta-bfloat16", torch::kBFloat16, torch::kBFloat16, true, versions});
     }
+    if (shm) {
+      cases.push_back({shape, "shm-float32", torch::kFloat32, torch::kFloat32, false,
+                       big ? 1 : versions, false, true});
+      cases.push_back({shape, "shm-bfloat16", torch::kBFloat16, torch::kBFloat16, false, versions,
+                       false, true});
+      if (!big) {  // 1.5B: + a bf16 snapshot per version would pass ~20 GB
+        cases.push_back({shape, "bfloat16-snap", torch::kBFloat16, torch::kBFloat16, false,
+                         versions, false, false, true});
+        cases.push_back({shape, "shm-bfloat16-snap", torch::kBFloat16, torch::kBFloat16, false,
+                         versions, false, true, true});
+      }
+    }
+    if (!only.empty()) {
+      std::vector<Case> kept;
+      for (const Case& c : cases) {
+        if (std::find(only.begin(), only.end(), c.label) != only.end()) kept.push_back(c);
+      }
+      cases = kept;
+    }
     for (const Case& c : cases) {
       std::vector<std::pair<std::string, torch::Tensor>> weights = RandomWeights(config);
       // model::Decoder builds its parameters in the default dtype and the
@@ -296,7 +395,7 @@ int main(int argc, char** argv) {
       // bfloat16 here, or a fresh 1.5B copy would pass through 6.2 GB of
       // float32 (the worker binary does that: cold versions cost more there).
       torch::set_default_dtype(c10::scalarTypeToTypeMeta(c.model));
-      seconds[c.shape + " " + c.label] = Run(c, config, weights, delta_layers);
+      seconds[c.shape + " " + c.label] = Run(c, config, weights, delta_layers, gap_s);
       torch::set_default_dtype(c10::scalarTypeToTypeMeta(torch::kFloat32));
     }
   }
@@ -307,6 +406,13 @@ int main(int argc, char** argv) {
       if (grpc == seconds.end() || c10d_case == seconds.end()) continue;
       std::printf("c10d/grpc %s %s s_per_version_ratio=%.3f\n", shape.c_str(), dtype,
                   c10d_case->second / grpc->second);
+    }
+    for (const char* label : {"float32", "bfloat16", "bfloat16-snap"}) {
+      const auto grpc = seconds.find(shape + " " + label);
+      const auto shm_case = seconds.find(shape + " shm-" + label);
+      if (grpc == seconds.end() || shm_case == seconds.end()) continue;
+      std::printf("shm/grpc %s %s s_per_version_ratio=%.3f\n", shape.c_str(), label,
+                  shm_case->second / grpc->second);
     }
   }
   return 0;
