@@ -1,6 +1,7 @@
 // kappa: the command-line entry point.
 //   kappa sft CONFIG [key=value ...] --role teacher|student [--out DIR]
-//   kappa run CONFIG [key=value ...] [--resume] [--no-progress]
+//   kappa run CONFIG [key=value ...] [--resume] [--no-progress] [--ignore-plan]
+//   kappa plan CONFIG [key=value ...] [--json]
 //   kappa experiment ABLATION.yaml [key=value ...] [--quick] [--out DIR]
 //   kappa report RUN_DIR [--out FILE]
 //   kappa logits MODEL_DIR --ids 1,5,9
@@ -18,6 +19,7 @@
 #include "cli/experiment_command.h"
 #include "cli/grade_command.h"
 #include "cli/model_commands.h"
+#include "cli/plan_command.h"
 #include "cli/prompt_commands.h"
 #include "cli/report_command.h"
 #include "cli/run_command.h"
@@ -28,9 +30,13 @@ namespace {
 
 constexpr const char* kUsage =
     "usage:\n"
-    "  kappa run CONFIG [key=value ...] [--resume] [--no-progress]\n"
+    "  kappa run CONFIG [key=value ...] [--resume] [--no-progress] [--ignore-plan]\n"
     "      bootstrap teacher/student by SFT (cached), start teacher, verifier, learner and\n"
-    "      rollout workers, show training progress, stop everything when done\n"
+    "      rollout workers, show training progress, stop everything when done; refuses a\n"
+    "      run whose memory plan does not fit (--ignore-plan starts it anyway)\n"
+    "  kappa plan CONFIG [key=value ...] [--json]\n"
+    "      the memory each process of that run will need, term by term, on which device,\n"
+    "      the weight-sync bytes per version, the largest messages, and whether it fits\n"
     "  kappa sft CONFIG [key=value ...] --role teacher|student [--out DIR]\n"
     "      supervised warm start of one model; writes a checkpoint and sft_summary.json\n"
     "  kappa experiment ABLATION.yaml [key=value ...] [--quick] [--out DIR]\n"
@@ -66,6 +72,7 @@ int main(int argc, char** argv) {
   const std::string command = argv[1];
   const std::vector<std::string> args(argv + 2, argv + argc);
   if (command == "run") return kappa::cli::RunCommand(args);
+  if (command == "plan") return kappa::cli::PlanCommand(args, std::cout, std::cerr);
   if (command == "sft") return kappa::cli::SftCommand(args);
   if (command == "experiment") return kappa::cli::ExperimentCommand(args);
   if (command == "report") return kappa::cli::ReportCommand(args);

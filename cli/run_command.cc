@@ -8,9 +8,11 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "cli/args.h"
 #include "cli/bootstrap.h"
+#include "cli/plan_command.h"
 #include "cli/progress.h"
 #include "cli/report_run.h"
 #include "cli/run_dir.h"
@@ -28,10 +30,11 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr const char* kUsage =
-    "usage: kappa run CONFIG [key=value ...] [--resume] [--no-progress]\n";
+    "usage: kappa run CONFIG [key=value ...] [--resume] [--no-progress] [--ignore-plan]\n";
 
 // Everything that can be checked before minutes of bootstrap SFT are spent.
-absl::Status Preflight(const services::Config& config) {
+// Last, the memory plan (cli/memory_plan.h), unless `check_plan` is false.
+absl::Status Preflight(const services::Config& config, bool check_plan) {
   if (config.workers < 1) {
     return absl::InvalidArgumentError(
         absl::StrFormat("workers must be >= 1 (got %d)", config.workers));
@@ -53,6 +56,14 @@ absl::Status Preflight(const services::Config& config) {
        {kTeacherBinary, kVerifierBinary, kLearnerBinary, kRolloutWorkerBinary}) {
     absl::StatusOr<std::string> path = FindServiceBinary(binary);
     if (!path.ok()) return path.status();
+  }
+  if (check_plan) {
+    if (absl::Status status = CheckRunPlan(config); !status.ok()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the memory plan does not fit: ", status.message(),
+          " (`kappa plan` with the same arguments shows every term; --ignore-plan starts the "
+          "run anyway)"));
+    }
   }
   return absl::OkStatus();
 }
@@ -107,7 +118,8 @@ void PrintSummary(const services::Config& config, const std::string& run_dir,
 }  // namespace
 
 int RunCommand(const std::vector<std::string>& args) {
-  absl::StatusOr<CommandLine> line = ParseCommandLine(args, {}, {"--resume", "--no-progress"});
+  absl::StatusOr<CommandLine> line =
+      ParseCommandLine(args, {}, {"--resume", "--no-progress", "--ignore-plan"});
   if (!line.ok()) {
     std::cerr << "kappa run: " << line.status().message() << "\n" << kUsage;
     return 2;
@@ -124,7 +136,7 @@ int RunCommand(const std::vector<std::string>& args) {
     return 1;
   }
   services::Config config = *std::move(loaded);
-  if (absl::Status status = Preflight(config); !status.ok()) {
+  if (absl::Status status = Preflight(config, !line->Has("--ignore-plan")); !status.ok()) {
     std::cerr << "kappa run: " << status.message() << "\n";
     return 1;
   }

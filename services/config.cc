@@ -533,6 +533,18 @@ constexpr Field kFields[] = {
     KAPPA_CONFIG_FIELD(alarms.mismatch_threshold,
                        "inference_mismatch fires when the mean |log π_learner − log π_behaviour| "
                        "on tokens sampled with the current version is above this."),
+
+    KAPPA_CONFIG_FIELD(
+        plan.host_memory_bytes,
+        "Host memory the run's processes must fit in, bytes; 0: detect "
+        "(MemAvailable, or the cgroup's memory.max less its usage when lower). `kappa run` "
+        "refuses a plan above 0.9 × this."),
+    KAPPA_CONFIG_FIELD(plan.device_memory_bytes,
+                       "Memory of each GPU the plan places processes on, bytes; 0: detect (its "
+                       "free memory, CUDA builds only; otherwise unchecked)."),
+    KAPPA_CONFIG_FIELD(plan.prompt_tokens,
+                       "The longest prompt in tokens that the plan sizes sequences for; 0: "
+                       "render and tokenize every train and held-out prompt."),
 };
 
 #undef KAPPA_CONFIG_FIELD
@@ -687,6 +699,9 @@ const char* SectionIntro(const std::string& section) {
       {"m3", "The M3 gradient balancers that `trainer.balance` names."},
       {"rstg", "The RSTG distillation gate (`trainer.distill_gate: rstg`)."},
       {"monitor", "How often κ and K_DR are measured."},
+      {"plan",
+       "The memory plan `kappa plan` prints and `kappa run` checks before it starts "
+       "anything ([running.md](running.md#memory-plan-kappa-plan))."},
       {"alarms",
        "The learner's three alarms; `deploy/prometheus/rules.yml` mirrors these "
        "defaults ([metrics.md](metrics.md))."},

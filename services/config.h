@@ -310,6 +310,14 @@ struct Config {
     // sampled with the current version above this.
     double mismatch_threshold = 0.1;
   } alarms;
+
+  // `kappa plan` and the check `kappa run` makes before it starts anything
+  // (cli/memory_plan.h): the capacities the plan must fit, 0 = detect.
+  struct Plan {
+    int64_t host_memory_bytes = 0;    // 0: MemAvailable (or the cgroup's headroom if lower)
+    int64_t device_memory_bytes = 0;  // 0: each GPU's free memory (CUDA builds)
+    int64_t prompt_tokens = 0;        // the longest prompt; 0: tokenize the task's prompts
+  } plan;
 };
 
 // The student's and the teacher's model directories: the configured

@@ -1,0 +1,533 @@
+#include "cli/memory_plan.h"
+
+#include <algorithm>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace kappa::cli {
+namespace {
+
+// Resident size of each binary with a negligible model: the peak RSS it
+// logged at exit (services/logging.h) in a 2-step `kappa run` of
+// tests/integration/tiny_run_config.h's config (d 32, 1 layer, the
+// character tokenizer's 51-row vocabulary, 2 groups × 4 per step; every
+// model and batch term of the plan below 1 MiB in all), on the 2-core CPU
+// development machine, 2026-12-05, three runs: learner 182/182/183 MiB,
+// workers 163–178 MiB, teacher 176 MiB each time, verifier 60–61 MiB. That is
+// libtorch's and gRPC's shared libraries, the allocators' arenas and the
+// threads' stacks. A CUDA build's context adds host memory the plan does
+// not count. The verifier's grows with its load: 184 MiB after the 44 s of
+// cli_plan_test's run (Verify calls from two workers throughout; its grader
+// holds nothing of that size), so the plan takes that.
+constexpr int64_t kMiB = int64_t{1} << 20;
+constexpr int64_t kBaseLearner = 182 * kMiB;
+constexpr int64_t kBaseRolloutWorker = 178 * kMiB;
+constexpr int64_t kBaseTeacher = 176 * kMiB;
+constexpr int64_t kBaseVerifier = 184 * kMiB;
+
+// model::DecodeEngine's prefill takes prompts up to this many tokens at
+// once (model/decode_engine.cc kMaxPrefillTokens).
+constexpr int64_t kMaxPrefillTokens = 8192;
+// learner/dataset_accuracy.cc: the held-out prompts are decoded 256 at a time.
+constexpr int64_t kEvalBatch = 256;
+// Live [positions, V] float32 tensors of the vocabulary head in one
+// backward (logits, log-probs, their gradients, the loss terms' per-token
+// temporaries): 5.9 measured at 4 and 8 × 512 with chunks of 512
+// (bench/README.md "Learner step at a real vocabulary"; unchunked about 6.5).
+constexpr int64_t kHeadTensors = 6;
+
+std::string DeviceOf(const std::string& device) {
+  if (device.empty() || device == "cpu") return "host";
+  if (device == "cuda") return "cuda:0";
+  return device;
+}
+
+// A data-parallel rank's device: "cuda" takes rank mod the visible GPUs
+// (learner/data_parallel_setup.h RankCudaIndex); the plan cannot see them,
+// so rank r is charged to cuda:r. cuda:N and cpu are taken as given.
+std::string RankDevice(const std::string& device, int64_t rank, int64_t world) {
+  if (device == "cuda" && world > 1) return absl::StrCat("cuda:", rank);
+  return DeviceOf(device);
+}
+
+int64_t ValueBytes(const services::Config& config) {
+  return config.trainer.teacher_values == "bf16" ? 2 : 4;
+}
+
+// Bytes of one response position's teacher row on the wire (ScoredSample /
+// ScoredSequence): full [V] values, top-k values + int32 ids + the float32
+// tail, or the one sampled value.
+int64_t WireRowBytes(const PlanInputs& in) {
+  const int64_t v = ValueBytes(in.config);
+  switch (in.teacher_rows) {
+    case TeacherRows::kFull:
+      return in.teacher.vocab * v;
+    case TeacherRows::kTopK:
+      return in.config.trainer.distill_topk * (v + 4) + 4;
+    case TeacherRows::kSampled:
+      return v;
+    case TeacherRows::kNone:
+      return 0;
+  }
+  return 0;
+}
+
+// The learner's batch keeps teacher rows as float32 values, int64 ids and
+// the float32 tail per position (tests: teacher_bytes = B·L·(12k + 4)).
+int64_t BatchRowBytes(const PlanInputs& in) {
+  switch (in.teacher_rows) {
+    case TeacherRows::kFull:
+      return in.teacher.vocab * 4;
+    case TeacherRows::kTopK:
+      return in.config.trainer.distill_topk * 12 + 4;
+    case TeacherRows::kSampled:
+      return 4;
+    case TeacherRows::kNone:
+      return 0;
+  }
+  return 0;
+}
+
+// Upper bounds of the two largest messages. Per response token of a
+// ScoredSample: the teacher row, the float32 behaviour log-prob, the token
+// id (a varint of at most 5 bytes) and its text (8 bytes, an estimate: the
+// tokenizers' tokens are a few characters); 64 bytes of framing per sample.
+int64_t ScoredGroupBytes(const PlanInputs& in) {
+  const int64_t g = in.config.trainer.group_size;
+  const int64_t t = in.config.rollout.max_new_tokens;
+  return g * (t * (WireRowBytes(in) + 4 + 5 + 8) + 64) + in.prompt_tokens * 5 + 256;
+}
+int64_t ScoreResponseBytes(const PlanInputs& in) {
+  const int64_t g = in.config.trainer.group_size;
+  const int64_t t = in.config.rollout.max_new_tokens;
+  return g * (t * WireRowBytes(in) + 64) + 16;
+}
+
+bool NeedsSeparateGradients(const services::Config& config) {
+  // learner/algo/hybrid_step.cc BeginStep: κ due, or a balancer that needs
+  // ∇L_R and ∇L_D apart (m3_project, m3_norm, m3_adapt).
+  const bool kappa = config.monitor.kappa_every > 0 &&
+                     config.monitor.kappa_every <= std::max<int64_t>(config.trainer.steps, 1);
+  for (const std::string& b : config.trainer.balance) {
+    if (b == "m3_project" || b == "m3_norm" || b == "m3_adapt") return true;
+  }
+  return kappa;
+}
+
+class Terms {
+ public:
+  explicit Terms(ProcessPlan& process) : process_(process) {}
+  void Add(std::string name, const std::string& device, int64_t bytes, std::string key,
+           std::string formula) {
+    if (bytes <= 0) return;
+    process_.terms.push_back({std::move(name), device, bytes, std::move(key), std::move(formula)});
+  }
+
+ private:
+  ProcessPlan& process_;
+};
+
+ProcessPlan PlanLearner(const PlanInputs& in, int64_t rank, int64_t world) {
+  const services::Config& c = in.config;
+  const ModelDims& s = in.student;
+  ProcessPlan plan;
+  plan.name = world > 1 ? absl::StrCat("learner-", rank) : "learner";
+  plan.device = RankDevice(c.learner.device, rank, world);
+  const std::string& dev = plan.device;
+  Terms terms(plan);
+
+  const int64_t n = s.Parameters();
+  const int64_t v = s.vocab, d = s.hidden, f = s.intermediate, layers = s.layers;
+  const int64_t batch = std::max<int64_t>(
+      1, c.trainer.groups_per_step * c.trainer.group_size / std::max<int64_t>(world, 1));
+  const int64_t micro = c.trainer.micro_batch_sequences > 0
+                            ? std::min(c.trainer.micro_batch_sequences, batch)
+                            : batch;
+  const int64_t t = c.rollout.max_new_tokens;
+  const int64_t positions = in.prompt_tokens + t - 1;  // a row: prompt + response − 1
+  const bool ckpt = c.trainer.activation_checkpointing;
+  const bool bf16 = c.trainer.precision == "bf16";
+  const bool distill = in.teacher_rows != TeacherRows::kNone;
+  const bool separate = NeedsSeparateGradients(c);
+
+  // learner/algo/optimizer_step.cc: fp32 parameters, the flat gradient that
+  // .grad views, one more flat buffer per separately measured signal
+  // (AttachGradients, kept once made), AdamW's two moments.
+  terms.Add("weights (fp32 master)", dev, 4 * n, "", "4·N");
+  terms.Add("gradient", dev, 4 * n, "", "4·N (flat buffer; .grad views it)");
+  if (separate && distill) {
+    terms.Add("gradient of L_D apart (kappa, M3)", dev, 4 * n, "monitor.kappa_every",
+              "4·N while κ is measured or a balancer needs ∇L_D apart");
+  }
+  if (separate && c.trainer.distill_gate == "rstg" && c.rstg.teacher_samples > 0 &&
+      c.rstg.sft_weight > 0) {
+    terms.Add("gradient of the teacher-SFT term apart", dev, 4 * n, "rstg.sft_weight", "4·N");
+  }
+  terms.Add("AdamW moments", dev, 8 * n, "", "8·N");
+  if (bf16) {
+    // Autocast's bfloat16 casts of the weights are saved for backward; under
+    // checkpointing only the vocabulary head's outlives a layer.
+    terms.Add("bf16 weight casts (autocast)", dev, ckpt ? 2 * v * d : 2 * n,
+              ckpt ? "" : "trainer.activation_checkpointing",
+              ckpt ? "2·V·d (the head's; layers recompute theirs)" : "2·N");
+  }
+
+  // Activations of one micro-batch: per layer and token the SwiGLU
+  // intermediates (4 × f), the d-wide tensors (≈ 10 × d) and the explicit
+  // attention scores and probabilities (≈ 2.5 × heads × positions), at 4
+  // bytes (fp32) or ≈ 3 (bf16 autocast: matmul outputs bf16, softmax and
+  // norms fp32). Calibrated on bench/README.md's 4-layer vocab-scale runs:
+  // 0.55–0.65 GiB per layer per 4,096 tokens at 512 positions per row.
+  const int64_t element = bf16 ? 3 : 4;
+  const int64_t per_token = element * (4 * f + 10 * d + 5 * s.heads * positions / 2);
+  const int64_t one_layer = micro * positions * per_token;
+  if (ckpt) {
+    terms.Add("activations", dev, layers * micro * positions * d * 4 + one_layer,
+              "trainer.micro_batch_sequences",
+              "checkpointed: L·m·S·d·4 (layer inputs) + one layer recomputed, m·S·e·(4f + 10d + "
+              "2.5·h·S)");
+  } else {
+    terms.Add("activations", dev, layers * one_layer, "trainer.activation_checkpointing",
+              "L·m·S·e·(4f + 10d + 2.5·h·S), m sequences of S positions per micro-batch");
+  }
+
+  // The vocabulary head: kHeadTensors [rows, V] float32 tensors, rows = one
+  // chunk of response positions or the micro-batch's every position; and
+  // the [V, d] gradient of the output weight before it is accumulated.
+  const int64_t chunk = c.trainer.vocab_chunk_positions;
+  const int64_t head_rows = chunk > 0 ? std::min(chunk, micro * t) : micro * positions;
+  terms.Add("vocab head", dev, kHeadTensors * head_rows * v * 4 + 4 * v * d,
+            "trainer.vocab_chunk_positions",
+            chunk > 0 ? "6·min(c, m·T)·V·4 + 4·V·d" : "6·m·S·V·4 + 4·V·d (unchunked)");
+
+  // Teacher rows: the batch's [B, L, row] (learner/algo/train_batch.h), the
+  // decoded groups' [T, row] per sample, and with full rows and the chunked
+  // head the [m·T, V] index_select of the micro-batch's response rows
+  // (bench/README.md "Learner step at a real vocabulary").
+  if (distill) {
+    int64_t rows = batch * positions * BatchRowBytes(in) + batch * t * WireRowBytes(in);
+    if (in.teacher_rows == TeacherRows::kFull && chunk > 0) rows += micro * t * v * 4;
+    terms.Add(
+        "teacher rows (batch)", dev, rows,
+        in.teacher_rows == TeacherRows::kFull ? "trainer.distill_loss" : "trainer.distill_topk",
+        "B·S·row + B·T·wire row (+ m·T·V·4 selected, full rows chunked)");
+  }
+  // learner.buffer_groups groups wait while the step runs, besides the
+  // step's own groups_per_step.
+  terms.Add("scored groups buffered", "host",
+            (c.learner.buffer_groups + c.trainer.groups_per_step) * ScoredGroupBytes(in),
+            "learner.buffer_groups", "(buffer_groups + groups_per_step) · ScoredGroup bytes");
+
+  // learner/trainer_loop.cc PublishPolicy: a deep copy per version in the
+  // snapshot dtype (learner/policy_snapshot_dtype.h), taken while the
+  // publisher still holds the previous one (and, with weight_delta, the one
+  // before as the delta base); learner/policy_publisher.cc EncodeInto
+  // converts once per version when the wire dtype differs, and a delta holds
+  // up to a version's bytes of XOR data.
+  const int64_t copies = 2 + (c.rollout.weight_delta ? 1 : 0);
+  terms.Add("policy snapshots", "host", copies * n * in.snapshot_bytes,
+            in.snapshot_bytes == 4 ? "rollout.weights_dtype" : "",
+            absl::StrCat(copies, "·N·", in.snapshot_bytes,
+                         " (the new version, the one streams still send",
+                         c.rollout.weight_delta ? ", the delta base)" : ")"));
+  int64_t encodings = 0;
+  if (in.wire_bytes != in.snapshot_bytes) encodings += copies * n * in.wire_bytes;
+  if (c.rollout.weight_delta) encodings += n * in.wire_bytes;
+  terms.Add("wire encodings", "host", encodings,
+            c.rollout.weight_delta ? "rollout.weight_delta" : "rollout.weights_dtype",
+            "the versions in the wire dtype when it differs, + N·wire of XOR data with deltas");
+
+  // Held-out greedy decoding on the training thread (learner/dataset_
+  // accuracy.cc, model::Sample): an fp32 KV cache of the prompts and
+  // responses, and the prefill's [E, P, V] float32 logits.
+  if (rank == 0 && c.trainer.eval_examples > 0) {
+    const int64_t e = std::min({c.trainer.eval_examples, in.heldout_examples, kEvalBatch});
+    terms.Add("eval KV cache", dev, e * (in.prompt_tokens + t) * s.KvBytesPerToken(4),
+              "trainer.eval_examples", "E·(P + T)·2·L·kv·hd·4, E = min(eval_examples, 256)");
+    terms.Add("eval prefill logits", dev, e * in.prompt_tokens * v * 4, "trainer.eval_examples",
+              "E·P·V·4");
+  }
+  terms.Add("process base", "host", kBaseLearner, "", "measured: empty kappa-learner");
+  return plan;
+}
+
+ProcessPlan PlanWorker(const PlanInputs& in, int64_t index) {
+  const services::Config& c = in.config;
+  const ModelDims& s = in.student;
+  ProcessPlan plan;
+  plan.name = absl::StrCat("rollout-", index);
+  plan.device = DeviceOf(c.rollout.device);
+  const std::string& dev = plan.device;
+  Terms terms(plan);
+  const int64_t n = s.Parameters();
+  const int64_t b = in.worker_weight_bytes;
+  const int64_t held = c.rollout.max_outstanding;
+  const int64_t g = c.trainer.group_size;
+  const int64_t t = c.rollout.max_new_tokens;
+  const int64_t p = in.prompt_tokens;
+
+  // rollout_worker/policy_watcher.h: the current model and the spare, plus
+  // the previous one while a sampler still decodes with it.
+  terms.Add("policy copies", dev, 3 * n * b, "",
+            absl::StrCat("3·N·", b, " (current, spare, one a sampler still holds)"));
+  // model/decode_engine.h: slots × capacity columns, every layer.
+  const int64_t slots = c.rollout.max_batch_rows > 0 ? c.rollout.max_batch_rows : held * g;
+  const int64_t capacity = c.rollout.max_sequence_tokens > 0
+                               ? c.rollout.max_sequence_tokens
+                               : std::min(p + t, std::max<int64_t>(s.max_positions, 1));
+  terms.Add("KV cache", dev, slots * capacity * s.KvBytesPerToken(b),
+            c.rollout.max_batch_rows > 0 ? "rollout.max_batch_rows" : "rollout.max_outstanding",
+            c.rollout.max_sequence_tokens > 0
+                ? "slots·max_sequence_tokens·2·L·kv·hd·b"
+                : "slots·min(P + T, max_position_embeddings)·2·L·kv·hd·b, slots = M·G");
+  // A step's [slots, V] logits, the float32 probabilities, and a sort's
+  // values and indices for top-p/top-k.
+  terms.Add("sampling", dev, slots * s.vocab * (b + 4 + 12),
+            c.rollout.max_batch_rows > 0 ? "rollout.max_batch_rows" : "rollout.max_outstanding",
+            "slots·V·(b + 16)");
+  // One prefill of at most kMaxPrefillTokens: the d- and f-wide
+  // intermediates of a layer and each prompt's attention scores.
+  const int64_t prefill = std::min(kMaxPrefillTokens, held * p);
+  terms.Add("prefill", dev,
+            prefill * (3 * s.intermediate + 6 * s.hidden) * 4 + held * s.heads * p * p * 4,
+            "rollout.max_outstanding", "tokens·(3f + 6d)·4 + M·h·P²·4");
+  // Each held item's ScoreResponse and the ScoredGroup built from it.
+  terms.Add("scored groups in flight", "host",
+            held * (ScoreResponseBytes(in) + ScoredGroupBytes(in)), "rollout.max_outstanding",
+            "M·(ScoreResponse + ScoredGroup)");
+  if (c.rollout.weight_transport == "c10d") {
+    terms.Add("weight group receive buffer", dev, s.LargestParameter() * in.wire_bytes, "",
+              "V·d·wire (one parameter at a time)");
+  }
+  terms.Add("process base", "host", kBaseRolloutWorker, "", "measured: empty kappa-rollout-worker");
+  return plan;
+}
+
+ProcessPlan PlanTeacher(const PlanInputs& in) {
+  const services::Config& c = in.config;
+  const ModelDims& m = in.teacher;
+  ProcessPlan plan;
+  plan.name = "teacher";
+  plan.device = DeviceOf(c.teacher.device);
+  const std::string& dev = plan.device;
+  Terms terms(plan);
+  const int64_t b = in.teacher_weight_bytes;
+  const int64_t t = c.rollout.max_new_tokens;
+  const int64_t positions = in.prompt_tokens + t - 1;
+  // The dynamic batcher merges up to max_batch_sequences; no more can be in
+  // flight than the workers hold.
+  const int64_t in_flight = c.workers * c.rollout.max_outstanding * c.trainer.group_size;
+  const int64_t batch = std::max<int64_t>(1, std::min(c.teacher.max_batch_sequences, in_flight));
+  const int64_t rows = batch * t;
+
+  terms.Add("weights", dev, m.Parameters() * b, "", absl::StrCat("N_t·", b));
+  if (in.teacher_rows == TeacherRows::kNone) {
+    terms.Add("process base", "host", kBaseTeacher, "", "measured: empty kappa-teacher");
+    return plan;
+  }
+  // teacher_server/scorer.cc ResponseLogProbs: [B, S, V] logits of every
+  // position, the response rows gathered, in float32, their log-softmax.
+  terms.Add("logits", dev, batch * positions * m.vocab * b, "teacher.max_batch_sequences",
+            absl::StrCat("B·S·V·", b, ", B = min(max_batch_sequences, workers·M·G)"));
+  terms.Add("response rows", dev, rows * m.vocab * (b + (b == 4 ? 0 : 4) + 4),
+            "teacher.max_batch_sequences", "B·T·V·(b + 4 [+ 4 when b < 4])");
+  terms.Add("forward activations", dev,
+            batch * positions * (3 * m.intermediate + 6 * m.hidden) * b +
+                batch * m.heads * positions * positions * 4,
+            "teacher.max_batch_sequences", "B·S·(3f + 6d)·b + B·h·S²·4 (one layer)");
+  if (dev != "host") {
+    terms.Add("response rows on the host", "host", rows * m.vocab * 4,
+              "teacher.max_batch_sequences", "B·T·V·4");
+  }
+  // The batch's answers as messages, then serialized by gRPC.
+  terms.Add("responses", "host", 2 * batch * t * WireRowBytes(in), "trainer.distill_loss",
+            "2·B·T·wire row (the messages and their serialized bytes)");
+  terms.Add("process base", "host", kBaseTeacher, "", "measured: empty kappa-teacher");
+  return plan;
+}
+
+ProcessPlan PlanVerifier() {
+  ProcessPlan plan;
+  plan.name = "verifier";
+  plan.device = "host";
+  Terms(plan).Add("process base", "host", kBaseVerifier, "", "measured: empty kappa-verifier");
+  return plan;
+}
+
+// The config value of a key a term names, for the refusal's message.
+std::string CurrentValue(const services::Config& c, const std::string& key) {
+  if (key == "trainer.vocab_chunk_positions") return absl::StrCat(c.trainer.vocab_chunk_positions);
+  if (key == "trainer.micro_batch_sequences") return absl::StrCat(c.trainer.micro_batch_sequences);
+  if (key == "trainer.activation_checkpointing") {
+    return c.trainer.activation_checkpointing ? "true" : "false";
+  }
+  if (key == "trainer.eval_examples") return absl::StrCat(c.trainer.eval_examples);
+  if (key == "trainer.distill_loss") return c.trainer.distill_loss;
+  if (key == "trainer.distill_topk") return absl::StrCat(c.trainer.distill_topk);
+  if (key == "monitor.kappa_every") return absl::StrCat(c.monitor.kappa_every);
+  if (key == "learner.buffer_groups") return absl::StrCat(c.learner.buffer_groups);
+  if (key == "rollout.max_outstanding") return absl::StrCat(c.rollout.max_outstanding);
+  if (key == "rollout.max_batch_rows") return absl::StrCat(c.rollout.max_batch_rows);
+  if (key == "rollout.weights_dtype") return c.rollout.weights_dtype;
+  if (key == "rollout.weight_delta") return c.rollout.weight_delta ? "true" : "false";
+  if (key == "teacher.max_batch_sequences") return absl::StrCat(c.teacher.max_batch_sequences);
+  if (key == "rstg.sft_weight") return absl::StrCat(c.rstg.sft_weight);
+  return "";
+}
+
+// What to try instead, when there is an obvious direction.
+std::string Suggestion(const services::Config& c, const std::string& key) {
+  if (key == "trainer.vocab_chunk_positions") {
+    if (c.trainer.vocab_chunk_positions == 0) return "try 1024";
+    // A chunk is at most a micro-batch's response positions.
+    const int64_t batch = c.trainer.groups_per_step * c.trainer.group_size /
+                          std::max<int64_t>(c.learner.world_size, 1);
+    const int64_t micro = c.trainer.micro_batch_sequences > 0
+                              ? std::min(c.trainer.micro_batch_sequences, batch)
+                              : batch;
+    const int64_t rows = std::min(c.trainer.vocab_chunk_positions,
+                                  std::max<int64_t>(micro * c.rollout.max_new_tokens, 2));
+    return absl::StrCat("try ", rows / 2);
+  }
+  if (key == "trainer.activation_checkpointing") return "try true";
+  if (key == "trainer.micro_batch_sequences") {
+    return c.trainer.micro_batch_sequences == 0 ? "try 8" : "try fewer sequences";
+  }
+  if (key == "trainer.distill_loss") return "try topk_tail_reverse_kl";
+  if (key == "rollout.weights_dtype") return "try bfloat16";
+  if (key == "monitor.kappa_every") return "0 does not measure κ";
+  if (key == "rollout.weight_delta") return "try false";
+  return "try a smaller value";
+}
+
+std::string GiB(int64_t bytes) { return absl::StrFormat("%.2f GiB", bytes / double(1 << 30)); }
+
+}  // namespace
+
+int64_t ModelDims::Parameters() const {
+  const int64_t q = heads * head_dim, kv = kv_heads * head_dim;
+  int64_t layer =
+      hidden * q + 2 * hidden * kv + q * hidden + 3 * hidden * intermediate + 2 * hidden;
+  if (qkv_bias) layer += q + 2 * kv;
+  if (o_bias) layer += hidden;
+  if (mlp_bias) layer += 2 * intermediate + hidden;
+  if (qk_norm) layer += 2 * head_dim;
+  return vocab * hidden * (tied ? 1 : 2) + layers * layer + hidden;
+}
+
+int64_t ProcessPlan::Bytes() const {
+  int64_t total = 0;
+  for (const PlanTerm& term : terms) total += term.bytes;
+  return total;
+}
+
+int64_t ProcessPlan::Bytes(const std::string& where) const {
+  int64_t total = 0;
+  for (const PlanTerm& term : terms) {
+    if (term.device == where) total += term.bytes;
+  }
+  return total;
+}
+
+std::vector<std::string> MemoryPlan::Devices() const {
+  std::set<std::string> devices;
+  for (const ProcessPlan& process : processes) {
+    for (const PlanTerm& term : process.terms) devices.insert(term.device);
+  }
+  return {devices.begin(), devices.end()};
+}
+
+int64_t MemoryPlan::DeviceBytes(const std::string& device) const {
+  int64_t total = 0;
+  for (const ProcessPlan& process : processes) total += process.Bytes(device);
+  return total;
+}
+
+int64_t ProcessBaseBytes(const std::string& binary) {
+  if (binary == "kappa-learner") return kBaseLearner;
+  if (binary == "kappa-rollout-worker") return kBaseRolloutWorker;
+  if (binary == "kappa-teacher") return kBaseTeacher;
+  if (binary == "kappa-verifier") return kBaseVerifier;
+  return 0;
+}
+
+MemoryPlan PlanMemory(const PlanInputs& in) {
+  const services::Config& c = in.config;
+  MemoryPlan plan;
+  const int64_t world = std::max<int64_t>(c.learner.world_size, 1);
+  for (int64_t rank = 0; rank < world; ++rank)
+    plan.processes.push_back(PlanLearner(in, rank, world));
+  for (int64_t w = 0; w < c.workers; ++w) plan.processes.push_back(PlanWorker(in, w));
+  plan.processes.push_back(PlanTeacher(in));
+  plan.processes.push_back(PlanVerifier());
+
+  const int64_t version = in.student.Parameters() * in.wire_bytes;
+  const int64_t group = std::min(c.learner.weight_group_workers, c.workers);
+  const bool c10d = c.rollout.weight_transport == "c10d" && group > 0;
+  const int64_t streams = c10d ? c.workers - group : c.workers;
+  plan.sync_bytes_per_version = version * (streams + (c10d ? 1 : 0));
+  plan.sync_formula =
+      absl::StrCat("N·", in.wire_bytes, " = ", FormatBytes(version), " × ", streams,
+                   " WatchPolicy stream", streams == 1 ? "" : "s",
+                   c10d ? absl::StrCat(" + one c10d broadcast to ", group, " workers") : "",
+                   c.rollout.weight_delta ? " (at most: deltas send the changed blocks)" : "");
+
+  plan.messages.push_back({"ScoredGroup", ScoredGroupBytes(in), c.security.max_message_bytes,
+                           "G·(T·(row + 17) + 64) + 5·P, row = teacher row bytes on the wire"});
+  plan.messages.push_back(
+      {"ScoreResponse", ScoreResponseBytes(in), c.security.max_message_bytes, "G·(T·row + 64)"});
+  return plan;
+}
+
+absl::Status CheckPlanFits(const MemoryPlan& plan, const services::Config& config,
+                           const std::map<std::string, int64_t>& capacity) {
+  for (const MessagePlan& message : plan.messages) {
+    if (message.bytes <= message.limit) continue;
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "a %s message would be up to %s (%d bytes), over security.max_message_bytes=%d: with "
+        "trainer.distill_loss=%s every response token carries its teacher row; raise "
+        "security.max_message_bytes to at least %d, or send fewer bytes "
+        "(trainer.distill_loss=topk_tail_reverse_kl, trainer.teacher_values=bf16, "
+        "rollout.max_new_tokens, trainer.group_size)",
+        message.name, FormatBytes(message.bytes), message.bytes, message.limit,
+        config.trainer.distill_loss, message.bytes));
+  }
+  for (const std::string& device : plan.Devices()) {
+    const auto it = capacity.find(device);
+    if (it == capacity.end() || it->second <= 0) continue;
+    const int64_t total = plan.DeviceBytes(device);
+    const double allowed = kPlanFitShare * static_cast<double>(it->second);
+    if (static_cast<double>(total) <= allowed) continue;
+    const ProcessPlan* largest = nullptr;
+    for (const ProcessPlan& process : plan.processes) {
+      if (largest == nullptr || process.Bytes(device) > largest->Bytes(device)) largest = &process;
+    }
+    const PlanTerm* term = nullptr;
+    for (const PlanTerm& candidate : largest->terms) {
+      if (candidate.device != device || candidate.key.empty()) continue;
+      if (term == nullptr || candidate.bytes > term->bytes) term = &candidate;
+    }
+    std::string change = "no term of it has a key: a smaller model or another device";
+    if (term != nullptr) {
+      change = absl::StrFormat("its largest term that a key changes is '%s' %s (%s=%s; %s)",
+                               term->name, GiB(term->bytes), term->key,
+                               CurrentValue(config, term->key), Suggestion(config, term->key));
+    }
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "%s needs %s of %s memory (the run %s, %.1f × %s available): %s", largest->name,
+        GiB(largest->Bytes(device)), device, GiB(total), kPlanFitShare, GiB(it->second), change));
+  }
+  return absl::OkStatus();
+}
+
+std::string FormatBytes(int64_t bytes) {
+  const double b = static_cast<double>(bytes);
+  if (bytes >= (int64_t{1} << 30)) return absl::StrFormat("%.2f GiB", b / (1 << 30));
+  if (bytes >= (int64_t{1} << 20)) return absl::StrFormat("%.1f MiB", b / (1 << 20));
+  if (bytes >= (int64_t{1} << 10)) return absl::StrFormat("%.0f KiB", b / (1 << 10));
+  return absl::StrFormat("%d B", bytes);
+}
+
+}  // namespace kappa::cli
