@@ -4,7 +4,7 @@
 #pragma once
 
 #include <dirent.h>
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <cstdint>
 #include <cstring>
