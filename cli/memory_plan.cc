@@ -10,22 +10,21 @@ namespace kappa::cli {
 namespace {
 
 // Resident size of each binary with a negligible model: the peak RSS it
-// logged at exit (services/logging.h) in a 2-step `kappa run` of
+// logged at exit (services/logging.h, VmHWM) in a 2-step `kappa run` of
 // tests/integration/tiny_run_config.h's config (d 32, 1 layer, the
 // character tokenizer's 51-row vocabulary, 2 groups × 4 per step; every
 // model and batch term of the plan below 1 MiB in all), on the 2-core CPU
-// development machine, 2026-12-05, three runs: learner 182/182/183 MiB,
-// workers 163–178 MiB, teacher 176 MiB each time, verifier 60–61 MiB. That is
+// development machine, 2026-12-05, three runs: learner 181/182/182 MiB,
+// workers 163–177 MiB, teacher 175/176/176 MiB, verifier 17 MiB each time
+// (and 18 MiB sampled under the load of issue 38's 0.5B run). That is
 // libtorch's and gRPC's shared libraries, the allocators' arenas and the
-// threads' stacks. A CUDA build's context adds host memory the plan does
-// not count. The verifier's grows with its load: 184 MiB after the 44 s of
-// cli_plan_test's run (Verify calls from two workers throughout; its grader
-// holds nothing of that size), so the plan takes that.
+// threads' stacks; the verifier does not link libtorch. A CUDA build's
+// context adds host memory the plan does not count.
 constexpr int64_t kMiB = int64_t{1} << 20;
 constexpr int64_t kBaseLearner = 182 * kMiB;
 constexpr int64_t kBaseRolloutWorker = 178 * kMiB;
 constexpr int64_t kBaseTeacher = 176 * kMiB;
-constexpr int64_t kBaseVerifier = 184 * kMiB;
+constexpr int64_t kBaseVerifier = 17 * kMiB;
 
 // model::DecodeEngine's prefill takes prompts up to this many tokens at
 // once (model/decode_engine.cc kMaxPrefillTokens).
@@ -268,10 +267,14 @@ ProcessPlan PlanWorker(const PlanInputs& in, int64_t index) {
   const int64_t t = c.rollout.max_new_tokens;
   const int64_t p = in.prompt_tokens;
 
-  // rollout_worker/policy_watcher.h: the current model and the spare, plus
-  // the previous one while a sampler still decodes with it.
-  terms.Add("policy copies", dev, 3 * n * b, "",
-            absl::StrCat("3·N·", b, " (current, spare, one a sampler still holds)"));
+  // rollout_worker/policy_watcher.h: the current model and the spare the
+  // next version is written into. A third exists only while a sampler
+  // still decodes with the spare's old version when the next one arrives
+  // (versions faster than one group); issue 38's 0.5B run never held it in
+  // 20 version loads (2.22 GiB peak against 2.05 GiB planned).
+  terms.Add(
+      "policy copies", dev, 2 * n * b, "",
+      absl::StrCat("2·N·", b, " (current and spare; a third while a sampler holds the spare)"));
   // model/decode_engine.h: slots × capacity columns, every layer.
   const int64_t slots = c.rollout.max_batch_rows > 0 ? c.rollout.max_batch_rows : held * g;
   const int64_t capacity = c.rollout.max_sequence_tokens > 0
@@ -329,6 +332,9 @@ ProcessPlan PlanTeacher(const PlanInputs& in) {
   }
   // teacher_server/scorer.cc ResponseLogProbs: [B, S, V] logits of every
   // position, the response rows gathered, in float32, their log-softmax.
+  // Since issue 38 the scorer projects the response rows only, but this
+  // term still matches the measured peaks (tiny real-vocabulary run 0.98-1.12,
+  // the 0.5B CPU run 1.18), so it stays as an upper estimate.
   terms.Add("logits", dev, batch * positions * m.vocab * b, "teacher.max_batch_sequences",
             absl::StrCat("B·S·V·", b, ", B = min(max_batch_sequences, workers·M·G)"));
   terms.Add("response rows", dev, rows * m.vocab * (b + (b == 4 ? 0 : 4) + 4),

@@ -6,8 +6,11 @@
 #include <spdlog/spdlog.h>
 #include <sys/resource.h>
 
+#include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <memory>
+#include <string>
 #include <vector>
 
 namespace kappa::services {
@@ -31,6 +34,12 @@ void LogPeakResidentMemory() {
 }  // namespace
 
 long long PeakResidentBytes() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    long long kib = 0;
+    if (std::sscanf(line.c_str(), "VmHWM: %lld kB", &kib) == 1) return kib * 1024;
+  }
   rusage usage{};
   if (getrusage(RUSAGE_SELF, &usage) != 0) return 0;
   return static_cast<long long>(usage.ru_maxrss) * 1024;  // Linux reports KiB

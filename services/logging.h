@@ -12,8 +12,11 @@
 
 namespace kappa::services {
 
-// The most resident memory this process has held so far (getrusage
-// ru_maxrss), in bytes.
+// The most resident memory this process's own image has held so far, in
+// bytes: VmHWM from /proc/self/status. Not getrusage's ru_maxrss: Linux
+// carries that across fork and exec, so a process `kappa run` started
+// would report at least the launcher's resident memory at the fork.
+// Falls back to ru_maxrss where /proc is not mounted.
 long long PeakResidentBytes();
 
 void InitLogging(const std::string& process_name, const std::string& log_file = "");
