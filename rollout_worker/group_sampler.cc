@@ -27,6 +27,8 @@
 namespace kappa::rollout {
 namespace {
 
+double SecondsSince(absl::Time start) { return absl::ToDoubleSeconds(absl::Now() - start); }
+
 constexpr int kMaxGroupSize = 4096;
 
 // How often a retry's backoff checks the caller's abandon(): an opaque
@@ -355,24 +357,48 @@ absl::StatusOr<kappa::v1::ScoredGroup> GroupSampler::Complete(
   absl::StatusOr<model::SamplingParams> params = SamplingParamsFor(item, config, options_);
   if (!params.ok()) return params.status();
 
-  const absl::Time start = absl::Now();
   const int64_t vocab_limit = VocabLimitOf(item, config);
+  StageTimes times;
+  times.decode = group.generation_seconds();
+  absl::Time start = absl::Now();
   if (absl::Status status = Verify(item, group, abandon); !status.ok()) return status;
+  times.verify = SecondsSince(start);
   if (item.teacher_form() != 0) {
+    start = absl::Now();
     if (absl::Status status = Score(item, vocab_limit, group, abandon); !status.ok()) {
       return status;
     }
+    times.teacher_score = SecondsSince(start);
   }
   if (WantsDemonstrations(item, group)) {
+    start = absl::Now();
     if (absl::Status status =
             AddDemonstrations(item, params->max_new_tokens, vocab_limit, group, abandon);
         !status.ok()) {
       return status;
     }
+    times.demonstrations = SecondsSince(start);
   }
-  group.set_generation_seconds(group.generation_seconds() +
-                               absl::ToDoubleSeconds(absl::Now() - start));
+  group.set_generation_seconds(times.Total());
+  RecordStageTimes(item, times);
   return group;
+}
+
+void GroupSampler::RecordStageTimes(const kappa::v1::WorkItem& item, const StageTimes& times) {
+  if (options_.metrics != nullptr) {
+    options_.metrics->RecordStageSeconds("decode", times.decode);
+    options_.metrics->RecordStageSeconds("verify", times.verify);
+    if (item.teacher_form() != 0) {
+      options_.metrics->RecordStageSeconds("teacher_score", times.teacher_score);
+    }
+    if (times.demonstrations > 0) {
+      options_.metrics->RecordStageSeconds("demonstrations", times.demonstrations);
+    }
+  }
+  spdlog::info(
+      "group stages: prompt {} decode {:.3f}s verify {:.3f}s teacher_score {:.3f}s "
+      "demonstrations {:.3f}s",
+      item.prompt_id(), times.decode, times.verify, times.teacher_score, times.demonstrations);
 }
 
 void GroupSampler::RecordBytes(const char* message, int64_t sent, int64_t received) {

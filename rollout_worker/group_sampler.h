@@ -151,6 +151,16 @@ class GroupSampler {
                              const std::function<grpc::Status(grpc::ClientContext*)>& call,
                              double units, int max_attempts = 0) ABSL_LOCKS_EXCLUDED(mu_);
   bool LeaseExpired(const kappa::v1::WorkItem& item) const;
+  // Seconds one group spent in each stage (0 for a stage it skipped).
+  struct StageTimes {
+    double decode = 0;
+    double verify = 0;
+    double teacher_score = 0;
+    double demonstrations = 0;
+    double Total() const { return decode + verify + teacher_score + demonstrations; }
+  };
+  // To the metrics (kappa_worker_stage_seconds) and the log, one line a group.
+  void RecordStageTimes(const kappa::v1::WorkItem& item, const StageTimes& times);
   // `message` ("score" or "verify") exchanged: to the metrics and message_bytes_.
   void RecordBytes(const char* message, int64_t sent, int64_t received) ABSL_LOCKS_EXCLUDED(mu_);
   // Cancel() was called (and not Resume()d since).

@@ -1,11 +1,18 @@
 #include "rollout_worker/worker_metrics.h"
 
+#include <string>
+#include <vector>
+
 #include "absl/strings/ascii.h"
 
 namespace kappa::rollout {
 namespace {
 
 constexpr char kRpcErrorsHelp[] = "Failed RPC attempts, by the peer called.";
+constexpr char kStageSecondsHelp[] =
+    "Seconds one group spent in a stage: decode, verify, teacher_score, demonstrations.";
+const std::vector<double> kStageSecondsBounds = {0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1,
+                                                 2.5,   5,    10,   30,  60,   120};
 
 }  // namespace
 
@@ -48,6 +55,10 @@ WorkerMetrics::WorkerMetrics(services::metrics::Registry& registry)
   for (const char* peer : {"learner", "teacher", "verifier"}) {
     registry.GetCounter("kappa_worker_rpc_errors_total", kRpcErrorsHelp, {{"peer", peer}});
   }
+  for (const char* stage : {"decode", "verify", "teacher_score", "demonstrations"}) {
+    registry.GetHistogram("kappa_worker_stage_seconds", kStageSecondsHelp, kStageSecondsBounds,
+                          {{"stage", stage}});
+  }
 }
 
 void WorkerMetrics::RecordGroupSent(int64_t samples, int64_t tokens, double generation_seconds) {
@@ -55,6 +66,13 @@ void WorkerMetrics::RecordGroupSent(int64_t samples, int64_t tokens, double gene
   samples_.Increment(static_cast<double>(samples));
   tokens_.Increment(static_cast<double>(tokens));
   generation_seconds_.Observe(generation_seconds);
+}
+
+void WorkerMetrics::RecordStageSeconds(absl::string_view stage, double seconds) {
+  registry_
+      .GetHistogram("kappa_worker_stage_seconds", kStageSecondsHelp, kStageSecondsBounds,
+                    {{"stage", std::string(stage)}})
+      .Observe(seconds);
 }
 
 void WorkerMetrics::RecordDecodeBatch(int64_t items) {

@@ -678,6 +678,15 @@ TEST_F(WorkerTest, UnavailableVerifierIsRetriedUntilItComesBack) {
   for (const auto& sample : group.samples()) tokens += sample.response_tokens_size();
   EXPECT_EQ(SampleValue(text, "kappa_worker_tokens_total"), tokens) << text;
   EXPECT_EQ(SampleValue(text, "kappa_worker_generation_seconds_count"), 1) << text;
+  // The group's time is split by stage: the verifier was down for 1 s.
+  EXPECT_EQ(SampleValue(text, "kappa_worker_stage_seconds_count{stage=\"verify\"}"), 1) << text;
+  EXPECT_GE(SampleValue(text, "kappa_worker_stage_seconds_sum{stage=\"verify\"}"), 1.0) << text;
+  EXPECT_NEAR(SampleValue(text, "kappa_worker_generation_seconds_sum"),
+              SampleValue(text, "kappa_worker_stage_seconds_sum{stage=\"decode\"}") +
+                  SampleValue(text, "kappa_worker_stage_seconds_sum{stage=\"verify\"}") +
+                  SampleValue(text, "kappa_worker_stage_seconds_sum{stage=\"teacher_score\"}"),
+              1e-6)
+      << text;
   EXPECT_GT(SampleValue(text, "kappa_worker_engine_steps_total"), 0) << text;
   EXPECT_EQ(kappa::testing::PromtoolCheckMetrics(text).second, "");
 }
