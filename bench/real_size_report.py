@@ -8,7 +8,7 @@ Reads what the run left behind and measures nothing itself:
     of the learner killed with SIGKILL, which logs nothing at exit);
   * runs/qwen-real/logs/*.log: each process's "peak_rss_bytes=" exit line, the learner's
     snapshot, checkpoint and resume lines, the workers' "loaded on" (publish -> in use),
-    "group sent" and "message bytes" lines;
+    "group sent", "group stages" and "message bytes" lines;
   * runs/qwen-real/metrics.jsonl: per-step seconds and sizes.
 """
 import json
@@ -100,6 +100,10 @@ def main():
     print(f"| step interval (interval between optimizer steps) | "
           f"{fmt_range([r['interval_seconds'] for r in steps if r.get('interval_seconds')])} |")
     print(f"| one group: decode + verify + teacher score (worker) | {fmt_range(group)} |")
+    for stage in ("decode", "verify", "teacher_score"):
+        seconds = [float(v) for v in re.findall(rf"group stages: .* {stage} ([\d.]+)s", workers)]
+        if seconds:
+            print(f"| ... of which {stage.replace('_', ' ')} | {fmt_range(seconds, digits=3)} |")
     print(f"| learner snapshot of a version (bf16 copy) | {fmt_range(snapshot, digits=2)} |")
     print(f"| version received and in use at a worker | {fmt_range(loaded, digits=2)} |")
     print(f"| checkpoint write (model + AdamW) | {fmt_range(checkpoint)} |")

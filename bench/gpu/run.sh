@@ -186,7 +186,7 @@ services_build() {
 system_run() {
   local models=$sys_build/models run_root=$sys_build/runs
   if [[ ! -f $models/teacher/model.safetensors ]]; then
-    "$python" bench/gpu/write_qwen_checkpoints.py "$models" --shapes "$sys_shapes" \
+    "$python" bench/gpu/write_qwen_checkpoints.py "$models" --shapes "$sys_shapes" --guesser \
       --tokenizer .gpu_deps/share/tokenizers/qwen2_5 > "$out/system_checkpoints.txt" || return 1
   fi
   (
