@@ -231,6 +231,14 @@ ProcessPlan PlanLearner(const PlanInputs& in, int64_t rank, int64_t world) {
             absl::StrCat(copies, "·N·", in.snapshot_bytes,
                          " (the new version, the one streams still send",
                          c.rollout.weight_delta ? ", the delta base)" : ")"));
+  // learner/shm_policy.h: the latest two versions and the file prepared for
+  // the next, in /dev/shm (tmpfs: host memory, though no process's RSS).
+  // Under `kappa run` every worker shares the learner's host, so `auto`
+  // means shared memory.
+  if (c.rollout.weight_transport == "shm" || c.rollout.weight_transport == "auto") {
+    terms.Add("/dev/shm segments", "host", 3 * n * in.wire_bytes, "rollout.weight_transport",
+              absl::StrCat("3·N·", in.wire_bytes, " (latest two versions, the next prepared)"));
+  }
   int64_t encodings = 0;
   if (in.wire_bytes != in.snapshot_bytes) encodings += copies * n * in.wire_bytes;
   if (c.rollout.weight_delta) encodings += n * in.wire_bytes;

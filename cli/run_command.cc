@@ -20,6 +20,7 @@
 #include "cli/service_launch.h"
 #include "cli/termination_signal.h"
 #include "learner/data_parallel_setup.h"
+#include "learner/shm_segment.h"
 #include "learner/step_config.h"
 #include "services/config.h"
 #include "services/torch_runtime.h"
@@ -194,6 +195,11 @@ int RunCommand(const std::vector<std::string>& args) {
   options.total_steps = config.trainer.steps;
   options.show_progress = !line->Has("--no-progress");
   const SessionOutcome outcome = RunSession(*plan, options);
+  // A learner killed mid-run leaves its /dev/shm versions behind until a
+  // learner on this host starts again; the run is over, so none will.
+  if (const int swept = learner::SweepDeadShmSegments(); swept > 0) {
+    std::cout << "  removed " << swept << " shared-memory segment(s) of a stopped learner\n";
+  }
   PrintSummary(config, *run_dir, outcome);
   // The page of the run's curves, also for a stopped run (what it got to).
   if (absl::StatusOr<RunReportOutcome> report = WriteRunReport(*run_dir, ""); report.ok()) {

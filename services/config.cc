@@ -239,7 +239,10 @@ constexpr Field kFields[] = {
         "default (or port 0) means a port of the kernel's choosing on `host`."),
     KAPPA_CONFIG_FIELD(learner.lease_timeout_ms,
                        "A leased prompt not returned within this many ms, or whose worker "
-                       "disconnected, is re-issued."),
+                       "disconnected, is re-issued. A worker renews the leases it still works "
+                       "on once half of this is left (RenewLeases), so a group that takes "
+                       "longer than this (a real-size model on a CPU) keeps its lease while "
+                       "its worker is alive."),
     KAPPA_CONFIG_FIELD(learner.buffer_groups,
                        "Flow control: the learner sends work only while leased-but-unreturned "
                        "prompts plus buffered scored groups stay below this."),
@@ -312,7 +315,10 @@ constexpr Field kFields[] = {
                        "`threads_per_process` under `kappa run`, else libtorch's default."),
     KAPPA_CONFIG_FIELD(
         rollout.rpc_deadline_ms,
-        "Deadline of each call a worker makes to the verifier and the teacher, in ms."),
+        "The least deadline of each call a worker makes to the verifier and the teacher, "
+        "in ms. An attempt gets max(this, 4 x the measured seconds per unit of its work "
+        "(positions scored, items verified)), doubled after each attempt that timed out "
+        "(rollout_worker/rpc_deadlines.h)."),
     KAPPA_CONFIG_FIELD(rollout.device,
                        "Where the worker's policy samples: `cpu`, `cuda` or `cuda:N`; every new "
                        "policy version is loaded there."),
@@ -342,10 +348,14 @@ constexpr Field kFields[] = {
                        "Send each policy version as a lossless delta against the version the "
                        "worker holds (bitwise; never lossy)."),
     KAPPA_CONFIG_FIELD(rollout.weight_transport,
-                       "How the worker receives policy versions: `grpc` (a WatchPolicy stream) "
-                       "or `c10d` (the learner's same-host weight group, "
+                       "How the worker receives policy versions: `grpc` (a WatchPolicy stream), "
+                       "`c10d` (the learner's same-host weight group, "
                        "`learner.weight_group_workers`; WatchPolicy when the group cannot form "
-                       "or closes)."),
+                       "or closes), `shm` (a /dev/shm segment per version from a learner on "
+                       "this host; the worker exits 2 if the learner is elsewhere; gRPC chunks "
+                       "when a segment cannot be written or read) or `auto` (`shm` when on the "
+                       "learner's host, else `grpc`). Shared memory needs three versions' worth "
+                       "of /dev/shm (docs/deploy.md)."),
 
     KAPPA_CONFIG_FIELD(trainer.steps, "Optimizer steps of the RL phase."),
     KAPPA_CONFIG_FIELD(trainer.groups_per_step,

@@ -159,5 +159,25 @@ TEST(MemoryPlanTest, ARefusalNamesTheProcessTheTermAndItsKey) {
   EXPECT_TRUE(CheckPlanFits(plan, in.config, {{"cuda:0", 1}}).ok());
 }
 
+// Shared-memory weight sync keeps three versions in /dev/shm (the latest
+// two and the file prepared for the next, learner/shm_policy.h): host
+// memory the plan charges to the learner, in the wire dtype.
+TEST(MemoryPlanTest, SharedMemoryTransportCountsThreeVersionsOfDevShm) {
+  PlanInputs in = VocabScaleBench(24, 8, /*full=*/false, 512, true);
+  in.wire_bytes = 2;
+  auto shm_bytes = [](const MemoryPlan& plan) {
+    int64_t bytes = 0;
+    for (const PlanTerm& term : plan.processes.front().terms) {
+      if (term.name == "/dev/shm segments") bytes += term.bytes;
+    }
+    return bytes;
+  };
+  EXPECT_EQ(shm_bytes(PlanMemory(in)), 0);  // grpc, the default
+  for (const char* transport : {"shm", "auto"}) {
+    in.config.rollout.weight_transport = transport;
+    EXPECT_EQ(shm_bytes(PlanMemory(in)), 3 * Qwen05(24).Parameters() * 2) << transport;
+  }
+}
+
 }  // namespace
 }  // namespace kappa::cli
