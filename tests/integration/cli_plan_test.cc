@@ -28,10 +28,9 @@
 #include <string>
 #include <vector>
 
-#include "model/checkpoint.h"
-#include "model/model_config.h"
 #include "model/transformer.h"
 #include "tests/integration/cli_test_util.h"
+#include "tests/integration/tiny_qwen.h"
 
 namespace kappa::cli {
 namespace {
@@ -51,23 +50,9 @@ const std::string kTokenizer = std::string(KAPPA_HF_TOKENIZERS) + "/qwen3";
 // A random Qwen2 decoder with `rows` embedding rows and the Qwen3
 // tokenizer's files, as a Hugging Face directory.
 void WriteTinyQwen(const std::string& dir, int64_t rows, bool tied, uint64_t seed) {
-  model::ModelConfig config;
-  config.architecture = model::Architecture::kQwen2;
-  config.vocab_size = rows;
-  config.hidden_size = 32;
-  config.intermediate_size = 64;
-  config.num_hidden_layers = 1;
-  config.num_attention_heads = 2;
-  config.num_key_value_heads = 1;
-  config.max_position_embeddings = 512;
-  config.tie_word_embeddings = tied;
-  config.eos_token_ids = {151645};
   torch::manual_seed(seed);
-  model::Decoder decoder(config);
-  model::SaveCheckpoint(dir, decoder);
-  for (const char* file : {"tokenizer.json", "tokenizer_config.json"}) {
-    fs::copy_file(kTokenizer + "/" + file, dir + "/" + file);
-  }
+  model::Decoder decoder(kappa::testing::TinyQwenConfig(rows, tied, /*eos=*/151645));
+  kappa::testing::SaveWithTokenizer(dir, decoder, kTokenizer);
 }
 
 class PlanTest : public ::testing::Test {

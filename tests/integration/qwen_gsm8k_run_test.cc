@@ -46,6 +46,7 @@
 #include "services/config.h"
 #include "tests/integration/cli_test_util.h"
 #include "tests/integration/run_files.h"
+#include "tests/integration/tiny_qwen.h"
 
 namespace kappa::cli {
 namespace {
@@ -136,24 +137,10 @@ void MakeGuesser(model::Decoder& decoder, double head = 0, double prefer = 0) {
 // files, as a Hugging Face directory.
 void WriteTinyQwen(const std::string& dir, int64_t rows, bool tied, uint64_t seed, double head = 0,
                    double prefer = 0) {
-  model::ModelConfig config;
-  config.architecture = model::Architecture::kQwen2;
-  config.vocab_size = rows;
-  config.hidden_size = 32;
-  config.intermediate_size = 64;
-  config.num_hidden_layers = 1;
-  config.num_attention_heads = 2;
-  config.num_key_value_heads = 1;
-  config.max_position_embeddings = 512;
-  config.tie_word_embeddings = tied;
-  config.eos_token_ids = {kImEnd};
   torch::manual_seed(seed);
-  model::Decoder decoder(config);
+  model::Decoder decoder(kappa::testing::TinyQwenConfig(rows, tied, kImEnd));
   MakeGuesser(decoder, head, prefer);
-  model::SaveCheckpoint(dir, decoder);
-  for (const char* file : {"tokenizer.json", "tokenizer_config.json"}) {
-    fs::copy_file(kTokenizer + "/" + file, dir + "/" + file);
-  }
+  kappa::testing::SaveWithTokenizer(dir, decoder, kTokenizer);
 }
 
 // Qwen2.5-0.5B ties its embeddings, Qwen2.5-7B does not. The teacher's
