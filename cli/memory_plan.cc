@@ -341,7 +341,7 @@ ProcessPlan PlanTeacher(const PlanInputs& in) {
   // teacher_server/scorer.cc ResponseLogProbs: [B, S, V] logits of every
   // position, the response rows gathered, in float32, their log-softmax.
   // Since issue 38 the scorer projects the response rows only, but this
-  // term still matches the measured peaks (tiny real-vocabulary run 0.98-1.12,
+  // term still matches the measured peaks (tiny real-vocabulary run 0.98-1.20,
   // the 0.5B CPU run 1.18), so it stays as an upper estimate.
   terms.Add("logits", dev, batch * positions * m.vocab * b, "teacher.max_batch_sequences",
             absl::StrCat("B·S·V·", b, ", B = min(max_batch_sequences, workers·M·G)"));
