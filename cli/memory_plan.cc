@@ -338,19 +338,24 @@ ProcessPlan PlanTeacher(const PlanInputs& in) {
     terms.Add("process base", "host", kBaseTeacher, "", "measured: empty kappa-teacher");
     return plan;
   }
-  // teacher_server/scorer.cc ResponseLogProbs: [B, S, V] logits of every
-  // position, the response rows gathered, in float32, their log-softmax.
-  // Since issue 38 the scorer projects the response rows only, but this
-  // term still matches the measured peaks (tiny real-vocabulary run 0.98-1.20,
-  // the 0.5B CPU run 1.18), so it stays as an upper estimate.
-  terms.Add("logits", dev, batch * positions * m.vocab * b, "teacher.max_batch_sequences",
-            absl::StrCat("B·S·V·", b, ", B = min(max_batch_sequences, workers·M·G)"));
-  terms.Add("response rows", dev, rows * m.vocab * (b + (b == 4 ? 0 : 4) + 4),
-            "teacher.max_batch_sequences", "B·T·V·(b + 4 [+ 4 when b < 4])");
+  // teacher_server/scorer.cc ResponseLogProbs projects the response rows
+  // only: [B·T, V] in the weights' dtype, a float32 copy when that is not
+  // float32, and their float32 log-softmax, alive together at its peak.
+  terms.Add("response rows (running batch)", dev, rows * m.vocab * (b + (b == 4 ? 0 : 4) + 4),
+            "teacher.max_batch_sequences",
+            "B·T·V·(b + 4 [+ 4 when b < 4]), B = min(max_batch_sequences, workers·M·G)");
   terms.Add("forward activations", dev,
             batch * positions * (3 * m.intermediate + 6 * m.hidden) * b +
                 batch * m.heads * positions * positions * 4,
             "teacher.max_batch_sequences", "B·S·(3f + 6d)·b + B·h·S²·4 (one layer)");
+  // teacher_service.cc ScoreImpl: an answered caller reduces its float32
+  // host rows to the requested form on its own thread while the batching
+  // thread runs the next batch, so every other sequence in flight may still
+  // hold its rows (measured: the tiny run's second batch peaks with the
+  // first one's rows resident).
+  const int64_t answered = std::max<int64_t>(0, in_flight - batch);
+  terms.Add("response rows (answered, being reduced)", "host", answered * t * m.vocab * 4,
+            "rollout.max_outstanding", "(workers·M·G − B)·T·V·4");
   if (dev != "host") {
     terms.Add("response rows on the host", "host", rows * m.vocab * 4,
               "teacher.max_batch_sequences", "B·T·V·4");

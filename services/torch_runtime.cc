@@ -4,6 +4,8 @@
 #include <c10/util/Exception.h>
 #include <torch/torch.h>
 
+#include <malloc.h>
+
 #include <mutex>
 
 #include "absl/strings/numbers.h"
@@ -24,6 +26,12 @@ void ConfigureTorchThreads(int64_t intra_op_threads) {
     }
   });
 }
+
+void ReturnLargeBuffersToTheSystem(int64_t bytes) {
+  mallopt(M_MMAP_THRESHOLD, static_cast<int>(bytes));
+}
+
+void ReleaseFreedHeap() { malloc_trim(0); }
 
 absl::StatusOr<torch::Device> ResolveDevice(const std::string& name, const std::string& key) {
   if (name == "cpu") return torch::Device(torch::kCPU);

@@ -43,6 +43,7 @@ int Serve(const kappa::services::CommonFlags& flags) {
   }
   kappa::services::InitLogging("teacher", flags.log_file);
   kappa::services::ConfigureTorchThreads(config->teacher.threads);
+  kappa::services::ReturnLargeBuffersToTheSystem();
 
   auto flag = flags.extra.find("checkpoint");
   std::string checkpoint = flag != flags.extra.end() ? flag->second : "";
@@ -85,6 +86,7 @@ int Serve(const kappa::services::CommonFlags& flags) {
     spdlog::error("teacher: {}", std::string(model.status().message()));
     return 1;
   }
+  kappa::services::ReleaseFreedHeap();  // the checkpoint's and tokenizer's load buffers
   const kappa::model::ModelConfig& model_config = (*model)->config();
   options.model_name = model_config.name.empty() ? checkpoint : model_config.name;
   spdlog::info(
