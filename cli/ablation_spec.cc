@@ -2,6 +2,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -72,10 +73,13 @@ class Parser {
       } else if (name == "baseline") {
         baseline_key = key;
         status = ReadBaseline(key, value, &spec.baseline);
+      } else if (name == "effects") {
+        status = ReadEffects(key, value, &spec.effects);
       } else {
         status = Error(key, root,
                        absl::StrCat("unknown key '", name,
-                                    "' (expected base, seeds, overrides, quick, baseline, arms)"));
+                                    "' (expected base, seeds, overrides, quick, baseline, "
+                                    "effects, arms)"));
       }
       if (!status.ok()) return status;
     }
@@ -113,6 +117,28 @@ class Parser {
     const fs::path base(value.Scalar());
     spec->base_config =
         base.is_absolute() ? base.string() : (fs::path(file_).parent_path() / base).string();
+    return absl::OkStatus();
+  }
+
+  // effects: {metric: δ, ...}: a results.csv column name and a finite number.
+  absl::Status ReadEffects(const YAML::Node& key, const YAML::Node& value,
+                           std::map<std::string, double>* effects) {
+    if (!value.IsMap()) {
+      return Error(value, key,
+                   "'effects' expects metric: effect pairs (e.g. final_eval_accuracy: 0.1)");
+    }
+    for (auto it = value.begin(); it != value.end(); ++it) {
+      const YAML::Node metric = it->first;
+      const YAML::Node effect = it->second;
+      double number = 0.0;
+      if (!metric.IsScalar() || !effect.IsScalar() || !absl::SimpleAtod(effect.Scalar(), &number) ||
+          !std::isfinite(number) || number == 0.0) {
+        return Error(effect, key,
+                     absl::StrCat("'effects': '", metric.IsScalar() ? metric.Scalar() : "?",
+                                  "' needs a finite, nonzero effect size"));
+      }
+      (*effects)[metric.Scalar()] = number;
+    }
     return absl::OkStatus();
   }
 

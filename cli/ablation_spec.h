@@ -7,6 +7,7 @@
 //   overrides: [trainer.steps=300]
 //   quick: {seeds: [1], overrides: [trainer.steps=100]}   # --quick
 //   baseline: naive             # optional: the arm the others are compared with
+//   effects: {final_eval_accuracy: 0.1}   # optional: the power is reported for these
 //   arms:
 //     - name: grpo_only
 //       description: "GRPO alone"
@@ -14,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -43,6 +45,10 @@ struct AblationSpec {
   // empty: no comparison. Without the key: "naive" when an arm has that
   // name; `baseline: null` (or an empty value) asks for none.
   std::string baseline;
+  // metric (a results.csv column, e.g. final_eval_accuracy) -> the effect
+  // size the experiment's pre-registered rule names for it; the results
+  // report the paired test's power to find it.
+  std::map<std::string, double> effects;
 };
 
 // The baseline of a file without a `baseline` key: "naive" when an arm has

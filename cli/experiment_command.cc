@@ -203,9 +203,10 @@ void WriteResults(const ExperimentPlan& plan, const std::vector<RunResult>& resu
   const std::pair<const char*, std::string> files[] = {
       {"results.csv", ResultsCsv(results)},
       {"summary.csv", SummaryCsv(SummarizeArms(arms, results, metrics))},
-      {"differences.csv",
-       DifferencesCsv(PairedDifferences(arms, results, plan.spec.baseline, metrics))},
-      {"results.md", ResultsMarkdown(plan.title, plan.context, arms, results, plan.spec.baseline)},
+      {"differences.csv", DifferencesCsv(PairedDifferences(arms, results, plan.spec.baseline,
+                                                           metrics, plan.spec.effects))},
+      {"results.md", ResultsMarkdown(plan.title, plan.context, arms, results, plan.spec.baseline,
+                                     plan.spec.effects)},
   };
   for (const auto& [name, text] : files) {
     if (absl::Status status = services::WriteFileAtomically((out / name).string(), text);
@@ -326,7 +327,7 @@ RunTally RunAll(const ExperimentPlan& plan, const std::vector<std::vector<std::s
 int Summarize(const ExperimentPlan& plan, const std::vector<RunResult>& results,
               const RunTally& tally, Clock::time_point start) {
   std::cout << ResultsMarkdown(plan.title, plan.context, plan.spec.arms, results,
-                               plan.spec.baseline)
+                               plan.spec.baseline, plan.spec.effects)
             << std::flush;
   std::cerr << absl::StrFormat(
       "kappa experiment: %s in %s; %d failed; results in %s/results.md, results.csv, "

@@ -277,7 +277,11 @@ std::string DifferencesMarkdown(const std::vector<ArmDifference>& differences,
     absl::StrAppend(&rows, "| ", MarkdownCell(d.arm), " | ", MarkdownCell(metric->label), " | ",
                     d.n_pairs(), " | ", FormatDifference(d, metric->format), " | ",
                     FormatPValue(d.difference ? d.difference->p_value : std::nullopt), " | ",
-                    SignificanceCell(d), " |\n");
+                    FormatPValue(d.p_holm), " | ", SignificanceCell(d), " | ",
+                    d.effect ? absl::StrCat(FormatOr(d.effect, "%+.3g", kMissing), ": ",
+                                            FormatOr(d.power, "%.2f", kMissing))
+                             : std::string(kMissing),
+                    " |\n");
   }
   std::string out =
       absl::StrCat("## Differences against ", MarkdownCell(baseline), " (paired by seed)\n\n");
@@ -285,17 +289,18 @@ std::string DifferencesMarkdown(const std::vector<ArmDifference>& differences,
   absl::StrAppend(
       &out, "Per arm and metric: the mean over seeds of (arm − ", MarkdownCell(baseline),
       "), over the seeds where both runs finished ok and have the number (n pairs), with its "
-      "95 % confidence interval (paired t, n − 1 df) and the two-sided paired t-test's p. "
-      "Significant: p < ",
-      kSignificanceLevel, " with at least ", kMinPairsForSignificance,
-      " pairs; no interval or p below 2 pairs. The p values are not corrected for multiple "
-      "comparisons: of the ",
-      tests, " tests below with enough pairs, about ",
-      FormatOr(kSignificanceLevel * tests, "%.1f", kMissing),
-      " would come out significant by chance alone if no arm differed. differences.csv has "
-      "every metric, alarm counts included.\n\n");
-  absl::StrAppend(&out, "| arm | metric | n pairs | diff [95 % CI] | p | significant |\n",
-                  "|---|---|---|---|---|---|\n", rows, "\n",
+      "95 % confidence interval (paired t, n − 1 df) and the two-sided paired t-test's p; "
+      "p Holm: Holm's adjustment over the arms compared in that metric (",
+      tests, " rows below have enough pairs). Significant: p Holm < ", kSignificanceLevel,
+      " with at least ", kMinPairsForSignificance,
+      " pairs; no interval or p below 2 pairs. Effect: power: where the experiment names the "
+      "effect a metric must show (`effects:`), the power of the paired t-test to find it at "
+      "Holm's strictest level, from the observed spread of the differences. differences.csv "
+      "has every metric, alarm counts included.\n\n");
+  absl::StrAppend(&out,
+                  "| arm | metric | n pairs | diff [95 % CI] | p | p Holm | significant | effect: "
+                  "power |\n",
+                  "|---|---|---|---|---|---|---|---|\n", rows, "\n",
                   SignificanceSentence(differences, metrics), "\n");
   return out;
 }
@@ -323,6 +328,27 @@ std::optional<MeanEstimate> Aggregate(const std::vector<std::optional<double>>& 
   return EstimateMean(present);
 }
 
+namespace {
+
+void SummarizeAccuracyCurve(const std::vector<std::pair<int64_t, double>>& curve,
+                            RunMetrics* metrics) {
+  for (const auto& [step, accuracy] : curve) {
+    if (!metrics->peak_accuracy || accuracy > *metrics->peak_accuracy) {
+      metrics->peak_accuracy = accuracy;
+      metrics->peak_accuracy_step = step;
+    }
+  }
+  if (curve.size() < 2 || curve.back().first <= curve.front().first) return;
+  double area = 0.0;
+  for (size_t i = 1; i < curve.size(); ++i) {
+    area += 0.5 * (curve[i].second + curve[i - 1].second) *
+            static_cast<double>(curve[i].first - curve[i - 1].first);
+  }
+  metrics->accuracy_auc = area / static_cast<double>(curve.back().first - curve.front().first);
+}
+
+}  // namespace
+
 RunMetrics SummarizeMetrics(const std::vector<nlohmann::json>& records) {
   RunMetrics metrics;
   // step -> its last record. Step 0 is the evaluation before training: it
@@ -334,10 +360,12 @@ RunMetrics SummarizeMetrics(const std::vector<nlohmann::json>& records) {
       by_step[*step] = &record;
   }
   std::vector<nlohmann::json> steps;  // step >= 1, in step order
+  std::vector<std::pair<int64_t, double>> curve;  // (step, eval_accuracy), step 0 included
   for (const auto& [step, record] : by_step) {
     if (std::optional<double> accuracy = NumberAt(*record, metrics_jsonl::kEvalAccuracy)) {
       metrics.final_accuracy = accuracy;
       metrics.final_accuracy_step = step;
+      curve.emplace_back(step, *accuracy);
     }
     if (const nlohmann::json* by_subset = ObjectAt(*record, metrics_jsonl::kEvalAccuracyBySubset)) {
       metrics.final_accuracy_by_subset = SubsetValues(*by_subset);
@@ -349,6 +377,7 @@ RunMetrics SummarizeMetrics(const std::vector<nlohmann::json>& records) {
       metrics.train_seconds = elapsed;
     }
   }
+  SummarizeAccuracyCurve(curve, &metrics);
   metrics.records = static_cast<int64_t>(steps.size());
   if (steps.empty()) return metrics;
 
@@ -438,6 +467,10 @@ std::vector<ComparedMetric> ComparedMetrics(const std::vector<RunResult>& runs) 
   };
   add("final_eval_accuracy", "final acc", "%.3f", true,
       [](const RunMetrics& m) { return m.final_accuracy; });
+  add("peak_eval_accuracy", "peak acc", "%.3f", true,
+      [](const RunMetrics& m) { return m.peak_accuracy; });
+  add("eval_accuracy_auc", "acc AUC", "%.3f", true,
+      [](const RunMetrics& m) { return m.accuracy_auc; });
   add("reward_mean_last_quarter", "reward last ¼", "%.3f", true,
       [](const RunMetrics& m) { return m.reward_last_quarter; });
   add("loss_distill_first_quarter", "L_D first ¼", "%.4g", false,
@@ -499,10 +532,39 @@ std::vector<ArmStatistic> SummarizeArms(const std::vector<AblationArm>& arms,
   return statistics;
 }
 
+namespace {
+
+// One metric's differences (one per arm) as a family: Holm-adjusted p, the
+// significance on it, and the power for `effect` at Holm's strictest level.
+void CorrectFamily(const std::string& metric, std::optional<double> effect,
+                   std::vector<ArmDifference>* differences) {
+  std::vector<ArmDifference*> family;
+  std::vector<double> p_values;
+  for (ArmDifference& d : *differences) {
+    if (d.metric != metric || !d.difference || !d.difference->p_value) continue;
+    family.push_back(&d);
+    p_values.push_back(*d.difference->p_value);
+  }
+  const std::vector<double> adjusted = HolmAdjust(p_values);
+  for (size_t i = 0; i < family.size(); ++i) {
+    ArmDifference& d = *family[i];
+    d.p_holm = adjusted[i];
+    d.significant = adjusted[i] < kSignificanceLevel && d.n_pairs() >= kMinPairsForSignificance;
+    if (!effect) continue;
+    d.effect = effect;
+    const double power = PairedTPower(d.n_pairs(), *effect, d.difference->std,
+                                      kSignificanceLevel / static_cast<double>(family.size()));
+    if (std::isfinite(power)) d.power = power;
+  }
+}
+
+}  // namespace
+
 std::vector<ArmDifference> PairedDifferences(const std::vector<AblationArm>& arms,
                                              const std::vector<RunResult>& runs,
                                              const std::string& baseline,
-                                             const std::vector<ComparedMetric>& metrics) {
+                                             const std::vector<ComparedMetric>& metrics,
+                                             const std::map<std::string, double>& effects) {
   std::vector<ArmDifference> differences;
   if (std::none_of(arms.begin(), arms.end(),
                    [&](const AblationArm& arm) { return arm.name == baseline; })) {
@@ -534,11 +596,14 @@ std::vector<ArmDifference> PairedDifferences(const std::vector<AblationArm>& arm
       d.baseline = baseline;
       d.metric = metric.name;
       d.difference = EstimateMean(paired);
-      d.significant = d.difference && d.difference->p_value &&
-                      *d.difference->p_value < kSignificanceLevel &&
-                      d.difference->n >= kMinPairsForSignificance;
       differences.push_back(std::move(d));
     }
+  }
+  for (const ComparedMetric& metric : metrics) {
+    auto effect = effects.find(metric.name);
+    CorrectFamily(metric.name,
+                  effect == effects.end() ? std::nullopt : std::optional<double>(effect->second),
+                  &differences);
   }
   return differences;
 }
@@ -573,12 +638,12 @@ std::string SignificanceSentence(const std::vector<ArmDifference>& differences,
   for (const ArmDifference& d : differences) {
     const ComparedMetric* metric = FindMetric(metrics, d.metric);
     if (!d.significant || metric == nullptr || !metric->headline) continue;
-    significant.push_back(absl::StrCat(
-        d.arm, " ", metric->label, " ",
-        FormatOr(d.difference->mean, SignedFormat(metric->format).c_str(), kMissing), " (p ",
-        *d.difference->p_value < 0.001 ? "" : "= ", FormatPValue(d.difference->p_value), ")"));
+    significant.push_back(
+        absl::StrCat(d.arm, " ", metric->label, " ",
+                     FormatOr(d.difference->mean, SignedFormat(metric->format).c_str(), kMissing),
+                     " (p Holm ", *d.p_holm < 0.001 ? "" : "= ", FormatPValue(d.p_holm), ")"));
   }
-  const std::string criterion = absl::StrCat("p < ", kSignificanceLevel, " with at least ",
+  const std::string criterion = absl::StrCat("p Holm < ", kSignificanceLevel, " with at least ",
                                              kMinPairsForSignificance, " pairs");
   const std::string& baseline = differences.front().baseline;
   if (significant.empty()) {
@@ -661,7 +726,9 @@ std::string SummaryCsv(const std::vector<ArmStatistic>& statistics) {
 }
 
 std::string DifferencesCsv(const std::vector<ArmDifference>& differences) {
-  std::string out = "arm,baseline,metric,n_pairs,mean_diff,ci_low,ci_high,p_value,significant\n";
+  std::string out =
+      "arm,baseline,metric,n_pairs,mean_diff,ci_low,ci_high,p_value,significant,p_holm,effect,"
+      "power\n";
   for (const ArmDifference& d : differences) {
     std::vector<std::string> row = {CsvField(d.arm), CsvField(d.baseline), CsvField(d.metric),
                                     absl::StrCat(d.n_pairs())};
@@ -673,6 +740,7 @@ std::string DifferencesCsv(const std::vector<ArmDifference>& differences) {
                   PreciseCsv(d.difference->ci_high()), PreciseCsv(d.difference->p_value)});
     }
     row.push_back(d.significant ? "true" : "false");
+    row.insert(row.end(), {PreciseCsv(d.p_holm), PreciseCsv(d.effect), PreciseCsv(d.power)});
     absl::StrAppend(&out, absl::StrJoin(row, ","), "\n");
   }
   return out;
@@ -680,7 +748,8 @@ std::string DifferencesCsv(const std::vector<ArmDifference>& differences) {
 
 std::string ResultsMarkdown(const std::string& title, const std::string& context,
                             const std::vector<AblationArm>& arms,
-                            const std::vector<RunResult>& runs, const std::string& baseline) {
+                            const std::vector<RunResult>& runs, const std::string& baseline,
+                            const std::map<std::string, double>& effects) {
   const std::vector<ComparedMetric> metrics = ComparedMetrics(runs);
   const StatisticIndex statistics = IndexByArmAndMetric(SummarizeArms(arms, runs, metrics));
   std::vector<const ComparedMetric*> main_columns;
@@ -709,9 +778,9 @@ std::string ResultsMarkdown(const std::string& title, const std::string& context
                     "fraction.\n\n",
                     ArmTableMarkdown(arms, runs, subset_columns, statistics, false));
   }
-  absl::StrAppend(
-      &out, "\n",
-      DifferencesMarkdown(PairedDifferences(arms, runs, baseline, metrics), metrics, baseline));
+  absl::StrAppend(&out, "\n",
+                  DifferencesMarkdown(PairedDifferences(arms, runs, baseline, metrics, effects),
+                                      metrics, baseline));
 
   absl::StrAppend(&out, "\nArms:\n\n");
   for (const AblationArm& arm : arms) {

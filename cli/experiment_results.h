@@ -42,6 +42,13 @@ struct RunMetrics {
   // eval_accuracy of the last step that has one.
   std::optional<double> final_accuracy;
   std::optional<int64_t> final_accuracy_step;
+  // The highest eval_accuracy of the run (the earliest step when tied), and
+  // the area under the accuracy curve over the evaluations (step 0
+  // included): the trapezoid rule divided by the steps spanned, so a mean
+  // accuracy over the run; unset below two evaluations.
+  std::optional<double> peak_accuracy;
+  std::optional<int64_t> peak_accuracy_step;
+  std::optional<double> accuracy_auc;
   // Mean loss_distill over the first and last quarter of the steps that
   // report it (at least one step each; unset below two steps), and
   // last - first: > 0 means L_D rose over the run. Steps with
@@ -136,7 +143,18 @@ struct ArmDifference {
   // CI is the paired-t interval and p_value the two-sided paired t-test's
   // (unset below two pairs). Unset: no pair.
   std::optional<MeanEstimate> difference;
-  bool significant = false;  // p < kSignificanceLevel with >= kMinPairsForSignificance pairs
+  // Holm's adjustment of p_value over the family of every arm's difference
+  // in this metric (one test per arm against the baseline); unset with
+  // p_value.
+  std::optional<double> p_holm;
+  bool significant = false;  // p_holm < kSignificanceLevel with >= kMinPairsForSignificance pairs
+  // For a metric the experiment names an effect size for (AblationSpec
+  // effects): that effect, and the power of the paired t-test to find it at
+  // level kSignificanceLevel / (the family's size), Holm's strictest, with
+  // the observed standard deviation of the paired differences. Unset below
+  // two pairs or with no spread.
+  std::optional<double> effect;
+  std::optional<double> power;
 
   int n_pairs() const { return difference ? difference->n : 0; }
 };
@@ -145,7 +163,8 @@ struct ArmDifference {
 std::vector<ArmDifference> PairedDifferences(const std::vector<AblationArm>& arms,
                                              const std::vector<RunResult>& runs,
                                              const std::string& baseline,
-                                             const std::vector<ComparedMetric>& metrics);
+                                             const std::vector<ComparedMetric>& metrics,
+                                             const std::map<std::string, double>& effects = {});
 
 // "0.600 ± 0.248": the mean ± the CI half-width in `format`; "0.600 ± –"
 // for a single value (no CI); "–" when unset.
@@ -168,7 +187,8 @@ std::string ResultsCsv(const std::vector<RunResult>& runs);
 // the CI empty below two values; everything but arm and metric empty at n 0).
 std::string SummaryCsv(const std::vector<ArmStatistic>& statistics);
 // arm,baseline,metric,n_pairs,mean_diff,ci_low,ci_high,p_value,significant
-// (true/false): one row per ArmDifference.
+// (true/false, on the Holm-adjusted p),p_holm,effect,power: one row per
+// ArmDifference.
 std::string DifferencesCsv(const std::vector<ArmDifference>& differences);
 // A markdown report: `title` as heading, `context` (markdown, e.g. the base
 // config and overrides) below it; one table row per arm (in `arms` order,
@@ -178,6 +198,7 @@ std::string DifferencesCsv(const std::vector<ArmDifference>& differences);
 // the arms' descriptions and the runs that did not finish.
 std::string ResultsMarkdown(const std::string& title, const std::string& context,
                             const std::vector<AblationArm>& arms,
-                            const std::vector<RunResult>& runs, const std::string& baseline);
+                            const std::vector<RunResult>& runs, const std::string& baseline,
+                            const std::map<std::string, double>& effects = {});
 
 }  // namespace kappa::cli

@@ -242,10 +242,12 @@ std::string DifferencesSection(const ArmStatistics& statistics, const std::strin
       "<h2>Differences against ", XmlEscape(baseline),
       " (paired by seed)</h2>\n<p class=\"meta\">Mean over seeds of (arm − ", XmlEscape(baseline),
       "), over the seeds where both runs finished ok and have the number, with its 95 % "
-      "confidence interval (paired t) and the two-sided paired t-test's p; significant: "
-      "p &lt; 0.05 with at least 3 pairs (not corrected for multiple comparisons).</p>\n"
+      "confidence interval (paired t) and the two-sided paired t-test's p; p Holm: Holm's "
+      "adjustment over the arms compared in that metric; significant: p Holm &lt; 0.05 with at "
+      "least 3 pairs.</p>\n"
       "<table class=\"differences\"><thead><tr><th>arm</th><th>metric</th><th>n pairs</th>"
-      "<th>diff [95 % CI]</th><th>p</th><th>significant</th></tr></thead><tbody>\n");
+      "<th>diff [95 % CI]</th><th>p</th><th>p Holm</th><th>significant</th></tr></thead>"
+      "<tbody>\n");
   for (const ArmDifference& d : statistics.differences) {
     const ComparedMetric* metric = nullptr;
     for (const ComparedMetric& m : statistics.metrics) {
@@ -261,7 +263,8 @@ std::string DifferencesSection(const ArmStatistics& statistics, const std::strin
                     "</td><td class=\"num\">", XmlEscape(FormatDifference(d, kHtmlFormat)),
                     "</td><td class=\"num\">",
                     XmlEscape(FormatPValue(d.difference ? d.difference->p_value : std::nullopt)),
-                    "</td><td>", significance, "</td></tr>\n");
+                    "</td><td class=\"num\">", XmlEscape(FormatPValue(d.p_holm)), "</td><td>",
+                    significance, "</td></tr>\n");
   }
   absl::StrAppend(&out, "</tbody></table>\n<p>",
                   XmlEscape(SignificanceSentence(statistics.differences, statistics.metrics)),

@@ -1,7 +1,9 @@
 #include "cli/stats.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <vector>
 
 namespace kappa::cli {
 namespace {
@@ -117,6 +119,50 @@ std::optional<double> MeanEstimate::ci_low() const {
 std::optional<double> MeanEstimate::ci_high() const {
   if (!ci_half_width) return std::nullopt;
   return mean + *ci_half_width;
+}
+
+std::vector<double> HolmAdjust(const std::vector<double>& p_values) {
+  const size_t m = p_values.size();
+  std::vector<size_t> order(m);
+  for (size_t i = 0; i < m; ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return p_values[a] < p_values[b]; });
+  std::vector<double> adjusted(m);
+  double running = 0.0;
+  for (size_t rank = 0; rank < m; ++rank) {
+    const double scaled = p_values[order[rank]] * static_cast<double>(m - rank);
+    running = std::min(1.0, std::max(running, scaled));
+    adjusted[order[rank]] = running;
+  }
+  return adjusted;
+}
+
+double PairedTPower(int n, double effect, double sd, double alpha) {
+  if (n < 2 || !(sd > 0) || !(alpha > 0 && alpha < 1) || !std::isfinite(effect)) {
+    return std::nan("");
+  }
+  const double df = n - 1;
+  const double critical = StudentTQuantile(1.0 - 0.5 * alpha, df);
+  const double noncentrality = effect * std::sqrt(static_cast<double>(n)) / sd;
+  auto normal_cdf = [](double x) { return 0.5 * std::erfc(-x / std::sqrt(2.0)); };
+  // T = (Z + δ) / √(V / df), V ~ χ²_df: P(|T| > c) = E_V[Φ(−c s + δ) + Φ(−c s − δ)],
+  // s = √(V / df). Over u = √V (density 2u·f(u²), finite at 0 for every
+  // df ≥ 1), by Simpson's rule on [0, √(mean + 40 sd + 50)].
+  const double upper = std::sqrt(df + 40.0 * std::sqrt(2.0 * df) + 50.0);
+  const int intervals = 20000;  // even
+  const double h = upper / intervals;
+  const double log_norm = 0.5 * df * std::log(2.0) + std::lgamma(0.5 * df);
+  auto integrand = [&](double u) {
+    const double density = u > 0.0
+                               ? 2.0 * std::exp((df - 1.0) * std::log(u) - 0.5 * u * u - log_norm)
+                               : (df == 1.0 ? 2.0 * std::exp(-log_norm) : 0.0);
+    const double s = u / std::sqrt(df);
+    return density *
+           (normal_cdf(-critical * s + noncentrality) + normal_cdf(-critical * s - noncentrality));
+  };
+  double sum = integrand(0.0) + integrand(upper);
+  for (int i = 1; i < intervals; ++i) sum += (i % 2 == 1 ? 4.0 : 2.0) * integrand(i * h);
+  return std::min(1.0, sum * h / 3.0);
 }
 
 std::optional<MeanEstimate> EstimateMean(const std::vector<double>& values, double level) {

@@ -47,4 +47,17 @@ struct MeanEstimate {
 std::optional<MeanEstimate> EstimateMean(const std::vector<double>& values,
                                          double level = kConfidenceLevel);
 
+// Holm's step-down adjustment of a family of p-values (in any order, the
+// result in the same order): sorted ascending, p_(i) × (m − i + 1) for the
+// 1-based rank i, made non-decreasing and capped at 1. Rejecting where the
+// adjusted p < α keeps the family-wise error rate at α.
+std::vector<double> HolmAdjust(const std::vector<double>& p_values);
+
+// The power of the two-sided one-sample (paired) t-test at level `alpha` with
+// `n` >= 2 values whose true mean is `effect` and standard deviation `sd` > 0:
+// P(|T| > t_{1-α/2, n-1}) for T noncentral t with n − 1 df and noncentrality
+// effect·√n / sd, by integrating the normal tail over the χ² density of
+// (n − 1)·s²/σ². NaN outside those bounds.
+double PairedTPower(int n, double effect, double sd, double alpha);
+
 }  // namespace kappa::cli

@@ -10,7 +10,9 @@
 #include <filesystem>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "cli/ablation_spec.h"
@@ -357,6 +359,16 @@ TEST(ExperimentResultsTest, SummarizesOneRun) {
   ASSERT_TRUE(m.final_accuracy);
   EXPECT_DOUBLE_EQ(*m.final_accuracy, 0.75);
   EXPECT_EQ(m.final_accuracy_step, 8);
+  // Evaluations 0.1 (step 0), 0.2 (4), 0.75 (8): the peak is the last; the
+  // area is (0.15·4 + 0.475·4) / 8.
+  EXPECT_EQ(m.peak_accuracy, 0.75);
+  EXPECT_EQ(m.peak_accuracy_step, 8);
+  ASSERT_TRUE(m.accuracy_auc);
+  EXPECT_NEAR(*m.accuracy_auc, 0.3125, 1e-12);
+  // A run that peaks early and falls: the peak keeps its step.
+  const RunMetrics falls = SummarizeMetrics(SyntheticRun(0.05));
+  EXPECT_EQ(falls.peak_accuracy, 0.2);
+  EXPECT_EQ(falls.peak_accuracy_step, 4);
   // Quarters of 8 steps: steps 1-2 (L_D 8, 7) and 7-8 (L_D 2, 1).
   ASSERT_TRUE(m.distill_first_quarter && m.distill_last_quarter && m.distill_trend);
   EXPECT_DOUBLE_EQ(*m.distill_first_quarter, 7.5);
@@ -596,6 +608,54 @@ TEST(StatsTest, StudentTQuantileMatchesTheTables) {
   }
 }
 
+TEST(StatsTest, HolmAdjustsStepDownKeepingTheOrder) {
+  // Sorted: 0.005·4 = 0.02, 0.01·3 = 0.03, 0.03·2 = 0.06, 0.04·1 → 0.06 (monotone).
+  const std::vector<double> adjusted = HolmAdjust({0.01, 0.04, 0.03, 0.005});
+  ASSERT_EQ(adjusted.size(), 4u);
+  EXPECT_NEAR(adjusted[0], 0.03, 1e-15);
+  EXPECT_NEAR(adjusted[1], 0.06, 1e-15);
+  EXPECT_NEAR(adjusted[2], 0.06, 1e-15);
+  EXPECT_NEAR(adjusted[3], 0.02, 1e-15);
+  EXPECT_EQ(HolmAdjust({0.6, 0.7})[1], 1.0) << "capped at 1";
+  EXPECT_TRUE(HolmAdjust({}).empty());
+}
+
+// The power against an independent estimate: simulated paired samples
+// tested the same way (two-sided t at α), 200,000 draws each.
+TEST(StatsTest, PairedTPowerMatchesSimulation) {
+  std::mt19937_64 random(20261205);
+  for (const auto& [n, effect, sd, alpha] :
+       std::vector<std::tuple<int, double, double, double>>{{3, 1.0, 1.0, 0.05},
+                                                            {3, 0.2, 0.05, 0.05 / 4},
+                                                            {5, 0.1, 0.08, 0.0125},
+                                                            {10, 0.5, 1.0, 0.05},
+                                                            {2, 3.0, 1.0, 0.05}}) {
+    std::normal_distribution<double> draw(effect, sd);
+    const double critical = StudentTQuantile(1 - alpha / 2, n - 1);
+    const int trials = 200000;
+    int rejected = 0;
+    for (int trial = 0; trial < trials; ++trial) {
+      double sum = 0, squares = 0;
+      std::vector<double> x(n);
+      for (double& v : x) sum += (v = draw(random));
+      const double mean = sum / n;
+      for (double v : x) squares += (v - mean) * (v - mean);
+      const double t = mean / std::sqrt(squares / (n - 1) / n);
+      rejected += std::abs(t) > critical;
+    }
+    const double simulated = static_cast<double>(rejected) / trials;
+    EXPECT_NEAR(PairedTPower(n, effect, sd, alpha), simulated, 0.004)
+        << "n " << n << " effect " << effect << " sd " << sd << " alpha " << alpha;
+  }
+  // No effect: the power is the level; large n: the normal approximation.
+  EXPECT_NEAR(PairedTPower(4, 0.0, 1.0, 0.05), 0.05, 1e-6);
+  const double z = 1.959964, shift = 0.3 * std::sqrt(400.0);
+  EXPECT_NEAR(PairedTPower(400, 0.3, 1.0, 0.05), 0.5 * std::erfc(-(shift - z) / std::sqrt(2.0)),
+              2e-3);
+  EXPECT_TRUE(std::isnan(PairedTPower(1, 0.1, 1.0, 0.05)));
+  EXPECT_TRUE(std::isnan(PairedTPower(3, 0.1, 0.0, 0.05)));
+}
+
 TEST(StatsTest, StudentTCdfMatchesClosedForms) {
   EXPECT_NEAR(StudentTTwoSidedP(2.776, 4), 0.05, 1e-4);
   EXPECT_NEAR(StudentTTwoSidedP(1.0, 1), 0.5, 1e-12);
@@ -708,7 +768,19 @@ TEST(ExperimentResultsTest, PairedDifferencesPairBySeedOverRunsThatFinished) {
   // t = 0.11 / (0.01 / √3), df 2: p = 1 - t / √(2 + t²).
   const double t = 0.11 / (0.01 / std::sqrt(3.0));
   EXPECT_NEAR(*treat->difference->p_value, 1 - t / std::sqrt(2 + t * t), 1e-8);
+  // Holm over the family {treat, noisy} (solo has no p): treat's is the
+  // smaller, so × 2.
+  ASSERT_TRUE(treat->p_holm);
+  EXPECT_NEAR(*treat->p_holm, 2 * (1 - t / std::sqrt(2 + t * t)), 1e-8);
   EXPECT_TRUE(treat->significant);
+  EXPECT_FALSE(treat->power) << "no effect named";
+  // With an effect named, the power at Holm's strictest level, α / 2.
+  const ArmDifference* powered = FindDifference(
+      PairedDifferences(arms, runs, "naive", metrics, {{"final_eval_accuracy", 0.05}}), "treat",
+      "final_eval_accuracy");
+  ASSERT_TRUE(powered && powered->power);
+  EXPECT_EQ(powered->effect, 0.05);
+  EXPECT_NEAR(*powered->power, PairedTPower(3, 0.05, 0.01, 0.025), 1e-12);
 
   const ArmDifference* noisy = FindDifference(differences, "noisy", "final_eval_accuracy");
   ASSERT_NE(noisy, nullptr);
@@ -747,11 +819,11 @@ TEST(ExperimentResultsTest, PairedDifferencesPairBySeedOverRunsThatFinished) {
   const std::string csv = DifferencesCsv(differences);
   EXPECT_TRUE(Contains(csv,
                        "arm,baseline,metric,n_pairs,mean_diff,ci_low,ci_high,p_value,"
-                       "significant\n"));
+                       "significant,p_holm,effect,power\n"));
   EXPECT_TRUE(Contains(csv, "\ntreat,naive,final_eval_accuracy,3,0.11,0.0851"));
-  EXPECT_TRUE(Contains(csv, ",true\n"));
-  EXPECT_TRUE(Contains(csv, "\nsolo,naive,final_eval_accuracy,1,0.05,,,,false\n"));
-  EXPECT_TRUE(Contains(csv, "\ntreat,naive,kappa_median,0,,,,,false\n"));
+  EXPECT_TRUE(Contains(csv, ",true,"));
+  EXPECT_TRUE(Contains(csv, "\nsolo,naive,final_eval_accuracy,1,0.05,,,,false,,,\n"));
+  EXPECT_TRUE(Contains(csv, "\ntreat,naive,kappa_median,0,,,,,false,,,\n"));
 
   const std::string summary = SummaryCsv(SummarizeArms(arms, runs, metrics));
   EXPECT_TRUE(Contains(summary, "arm,metric,n,mean,std,ci_low,ci_high\n"));
@@ -762,14 +834,14 @@ TEST(ExperimentResultsTest, PairedDifferencesPairBySeedOverRunsThatFinished) {
 
   const std::string md = ResultsMarkdown("t", "", arms, runs, "naive");
   EXPECT_TRUE(Contains(md, "## Differences against naive (paired by seed)"));
-  EXPECT_TRUE(
-      Contains(md, "| treat | final acc | 3 | +0.110 [+0.085, +0.135] | 0.003 | **yes** |"));
-  EXPECT_TRUE(Contains(md, "| solo | final acc | 1 | +0.050 [–] | – | – |"));
-  EXPECT_TRUE(Contains(md, "| treat | κ_eff median | 0 | – | – | – |"));
+  EXPECT_TRUE(Contains(
+      md, "| treat | final acc | 3 | +0.110 [+0.085, +0.135] | 0.003 | 0.005 | **yes** | – |"));
+  EXPECT_TRUE(Contains(md, "| solo | final acc | 1 | +0.050 [–] | – | – | – | – |"));
+  EXPECT_TRUE(Contains(md, "| treat | κ_eff median | 0 | – | – | – | – | – |"));
   EXPECT_FALSE(Contains(md, "| treat | κ median |")) << "not a headline metric";
   EXPECT_TRUE(Contains(md,
-                       "Significant against naive (p < 0.05 with at least 3 pairs): treat "
-                       "final acc +0.110 (p = 0.003)."));
+                       "Significant against naive (p Holm < 0.05 with at least 3 pairs): treat "
+                       "final acc +0.110 (p Holm = 0.005)."));
   EXPECT_TRUE(Contains(md, "| naive | 4/5 | 0.512 ± "));
 
   runs.erase(runs.begin() + 5, runs.begin() + 8);  // treat's significant pairs
