@@ -164,7 +164,7 @@ std::optional<AlarmEvent> AlarmMonitor::CheckCollapse(const StepObservation& o) 
   s.best_reward_ema = s.best_reward_ema ? std::max(*s.best_reward_ema, reward) : reward;
   const double best = *s.best_reward_ema;
   const bool reward_low =
-      best >= config_.min_reward_for_drop && reward < config_.reward_drop_ratio * best;
+      reward < config_.reward_drop_ratio * best && best - reward >= config_.reward_drop_min;
   s.reward_run = reward_low ? s.reward_run + 1 : 0;
 
   bool distill_high = false;
@@ -184,8 +184,10 @@ std::optional<AlarmEvent> AlarmMonitor::CheckCollapse(const StepObservation& o) 
   if (s.reward_run >= w) {
     return AlarmEvent{AlarmKind::kCollapse,
                       o.step,
-                      Format("reward EMA %.3f below %.2f x its best %.3f for %lld steps", reward,
-                             config_.reward_drop_ratio, best, static_cast<long long>(s.reward_run)),
+                      Format("reward EMA %.3f below %.2f x its best %.3f (a fall of %.3f >= %.3f) "
+                             "for %lld steps",
+                             reward, config_.reward_drop_ratio, best, best - reward,
+                             config_.reward_drop_min, static_cast<long long>(s.reward_run)),
                       {{"reward_ema", reward},
                        {"reward_ema_best", best},
                        {"steps", static_cast<double>(s.reward_run)}}};
