@@ -1,10 +1,12 @@
-// The examples an unreliable teacher answers wrongly on purpose
-// (teacher.bootstrap.corrupt, tasks/answer_corruption.h) and the statistics
-// the learner reports on them apart from the rest: held-out accuracy, and
-// K_DR per subset and per response token. Subsets are named by the rule
-// ("carry_into_hundreds") and kRest, plus one view of the covered subset:
-// "<rule>_followed", the covered held-out prompts graded against the rule's
-// wrong answers (the share the student answers the teacher's wrong way).
+// The examples an unreliable teacher (teacher.bootstrap.corrupt) or an
+// unreliable student (student.bootstrap.corrupt, the control with a clean
+// teacher) was bootstrapped to answer wrongly on purpose
+// (tasks/answer_corruption.h), and the statistics the learner reports on them
+// apart from the rest: held-out accuracy, and K_DR per subset and per
+// response token. Subsets are named by the rule ("carry_into_hundreds") and
+// kRest, plus one view of the covered subset: "<rule>_followed", the covered
+// held-out prompts graded against the rule's wrong answers (the share the
+// student answers the rule's wrong way).
 // Immutable after construction.
 #pragma once
 

@@ -363,7 +363,7 @@ int Main(int argc, char** argv) {
     spdlog::error("{}", std::string(fault.message()));
     return 2;
   }
-  absl::StatusOr<std::optional<tasks::AnswerCorruption>> corruption = TeacherCorruption(config);
+  absl::StatusOr<std::optional<tasks::AnswerCorruption>> corruption = StudiedCorruption(config);
   if (!corruption.ok()) {
     spdlog::error("{}", std::string(corruption.status().message()));
     return 2;

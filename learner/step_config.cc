@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include <string>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "rollout_worker/rollout_settings.h"
@@ -81,12 +82,32 @@ absl::StatusOr<HybridStepConfig> MakeHybridStepConfig(const services::Config& co
     return absl::InvalidArgumentError("config key 'rstg.token_frac' must be in (0, 1]");
   }
   step.rstg.token_frac = rstg.token_frac;
-  step.rstg.threshold = step.rstg.token_score == RstgConfig::TokenScore::kEntropy
-                            ? rstg.entropy_threshold
-                            : rstg.divergence_threshold;
+  switch (step.rstg.token_score) {
+    case RstgConfig::TokenScore::kEntropy:
+      step.rstg.threshold = rstg.entropy_threshold;
+      break;
+    case RstgConfig::TokenScore::kDivergence:
+      step.rstg.threshold = rstg.divergence_threshold;
+      break;
+    case RstgConfig::TokenScore::kUnion:
+      if (rstg.entropy_threshold >= 0 || rstg.divergence_threshold >= 0) {
+        return absl::InvalidArgumentError(
+            "config keys 'rstg.entropy_threshold' / 'rstg.divergence_threshold' compare one "
+            "score; 'rstg.token_selector' union ranks both by 'rstg.token_frac'");
+      }
+      break;
+  }
   step.sft_weight = step.gate == DistillGate::kRstg ? rstg.sft_weight : 0.0;
 
   KAPPA_RETURN_IF_ERROR(ParseKey("trainer.balance", ParseBalance, trainer.balance, &step.balance));
+  absl::StatusOr<std::optional<LearningRateSchedule>> lambda_schedule = MakeLambdaSchedule(config);
+  if (!lambda_schedule.ok()) return lambda_schedule.status();
+  step.lambda_schedule = *lambda_schedule;
+  if (step.lambda_schedule && step.balance.adapt) {
+    return absl::InvalidArgumentError(
+        "config keys 'trainer.lambda_schedule' (cosine) and 'trainer.balance' (m3_adapt) both "
+        "move lambda; pick one");
+  }
   BalanceConfig& balance = step.balance;
   if (!(trainer.kappa_target > 0)) {
     return absl::InvalidArgumentError("config key 'trainer.kappa_target' must be > 0");
@@ -151,6 +172,7 @@ AlarmConfig MakeAlarmConfig(const services::Config& config) {
   out.conflict_window = a.conflict_window;
   out.collapse_window = a.collapse_window;
   out.reward_drop_ratio = a.reward_drop_ratio;
+  out.reward_drop_min = a.reward_drop_min;
   out.distill_rise_factor = a.distill_rise_factor;
   out.entropy_floor = a.entropy_floor;
   out.warmup_steps = a.warmup_steps;
@@ -159,57 +181,126 @@ AlarmConfig MakeAlarmConfig(const services::Config& config) {
   return out;
 }
 
-absl::StatusOr<LearningRateSchedule> MakeLearningRateSchedule(const services::Config& config) {
-  const services::Config::Trainer& trainer = config.trainer;
+namespace {
+
+// The keys of one warm-up + constant/cosine schedule (the learning rate's,
+// λ's) and their values.
+struct ScheduleKeys {
+  const char* warmup_key;
+  int64_t warmup_steps;
+  const char* decay_key;
+  const std::string& decay;
+  const char* min_ratio_key;
+  double min_ratio;
+};
+
+absl::StatusOr<LearningRateSchedule> MakeSchedule(double peak, const ScheduleKeys& keys,
+                                                  int64_t total_steps) {
   LearningRateSchedule schedule;
-  if (!(trainer.lr > 0)) return absl::InvalidArgumentError("config key 'trainer.lr' must be > 0");
-  schedule.peak = trainer.lr;
-  if (trainer.warmup_steps < 0) {
-    return absl::InvalidArgumentError("config key 'trainer.warmup_steps' must be >= 0");
+  schedule.peak = peak;
+  if (keys.warmup_steps < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config key '", keys.warmup_key, "' must be >= 0"));
   }
-  schedule.warmup_steps = trainer.warmup_steps;
-  if (trainer.lr_schedule == "constant") {
+  schedule.warmup_steps = keys.warmup_steps;
+  if (keys.decay == "constant") {
     schedule.decay = LearningRateSchedule::Decay::kConstant;
-  } else if (trainer.lr_schedule == "cosine") {
+  } else if (keys.decay == "cosine") {
     schedule.decay = LearningRateSchedule::Decay::kCosine;
   } else {
-    return absl::InvalidArgumentError(absl::StrCat("config key 'trainer.lr_schedule': '",
-                                                   trainer.lr_schedule,
-                                                   "' is neither constant nor cosine"));
+    return absl::InvalidArgumentError(absl::StrCat("config key '", keys.decay_key, "': '",
+                                                   keys.decay, "' is neither constant nor cosine"));
   }
-  if (!(trainer.min_lr_ratio >= 0 && trainer.min_lr_ratio <= 1)) {
-    return absl::InvalidArgumentError("config key 'trainer.min_lr_ratio' must be in [0, 1]");
+  if (!(keys.min_ratio >= 0 && keys.min_ratio <= 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config key '", keys.min_ratio_key, "' must be in [0, 1]"));
   }
-  schedule.min_ratio = trainer.min_lr_ratio;
-  schedule.total_steps = trainer.steps;
+  schedule.min_ratio = keys.min_ratio;
+  schedule.total_steps = total_steps;
   return schedule;
 }
 
-absl::StatusOr<std::optional<tasks::AnswerCorruption>> TeacherCorruption(
+}  // namespace
+
+absl::StatusOr<LearningRateSchedule> MakeLearningRateSchedule(const services::Config& config) {
+  const services::Config::Trainer& trainer = config.trainer;
+  if (!(trainer.lr > 0)) return absl::InvalidArgumentError("config key 'trainer.lr' must be > 0");
+  return MakeSchedule(trainer.lr,
+                      {"trainer.warmup_steps", trainer.warmup_steps, "trainer.lr_schedule",
+                       trainer.lr_schedule, "trainer.min_lr_ratio", trainer.min_lr_ratio},
+                      trainer.steps);
+}
+
+absl::StatusOr<std::optional<LearningRateSchedule>> MakeLambdaSchedule(
     const services::Config& config) {
-  const std::string& name = config.teacher.bootstrap.corrupt;
+  const services::Config::Trainer& trainer = config.trainer;
+  absl::StatusOr<LearningRateSchedule> schedule = MakeSchedule(
+      trainer.lambda,
+      {"trainer.lambda_warmup_steps", trainer.lambda_warmup_steps, "trainer.lambda_schedule",
+       trainer.lambda_schedule, "trainer.lambda_min_ratio", trainer.lambda_min_ratio},
+      trainer.steps);
+  if (!schedule.ok()) return schedule.status();
+  if (schedule->decay == LearningRateSchedule::Decay::kConstant) {
+    if (trainer.lambda_warmup_steps != 0) {
+      return absl::InvalidArgumentError(
+          "config key 'trainer.lambda_warmup_steps' needs 'trainer.lambda_schedule: cosine'");
+    }
+    return std::nullopt;
+  }
+  return std::optional<LearningRateSchedule>(*schedule);
+}
+
+absl::StatusOr<std::optional<tasks::AnswerCorruption>> StudiedCorruption(
+    const services::Config& config) {
+  const std::string& teacher = config.teacher.bootstrap.corrupt;
+  const std::string& student = config.student.bootstrap.corrupt;
+  if (!teacher.empty() && !student.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config keys 'teacher.bootstrap.corrupt' ('", teacher,
+                     "') and 'student.bootstrap.corrupt' ('", student,
+                     "'): the learner reports one corrupted subset; set one of them"));
+  }
+  const std::string key =
+      teacher.empty() ? "student.bootstrap.corrupt" : "teacher.bootstrap.corrupt";
+  const std::string& name = teacher.empty() ? student : teacher;
   if (name.empty()) return std::nullopt;
   absl::StatusOr<tasks::AnswerCorruption> rule = tasks::AnswerCorruption::Named(name);
   if (!rule.ok()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("config key 'teacher.bootstrap.corrupt': ", rule.status().message()));
+        absl::StrCat("config key '", key, "': ", rule.status().message()));
   }
   return std::optional<tasks::AnswerCorruption>(*std::move(rule));
 }
+
+namespace {
+
+// A corruption rule shapes only a bootstrapped model: REQUIRES the user's
+// configuration (kappa run fills <role>.checkpoint in with the bootstrapped
+// one before it starts the learner).
+absl::Status CheckCorruptionIsBootstrapped(const std::string& role, const std::string& corrupt,
+                                           const std::string& checkpoint) {
+  if (corrupt.empty() || checkpoint.empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("config key '", role, ".bootstrap.corrupt' ('",
+                                                 corrupt, "') only shapes a bootstrapped ", role,
+                                                 ", but ", role, ".checkpoint is set"));
+}
+
+}  // namespace
 
 absl::Status ValidateStepConfig(const services::Config& config) {
   if (absl::Status schedule = MakeLearningRateSchedule(config).status(); !schedule.ok()) {
     return schedule;
   }
-  if (absl::Status corruption = TeacherCorruption(config).status(); !corruption.ok()) {
+  if (absl::Status corruption = StudiedCorruption(config).status(); !corruption.ok()) {
     return corruption;
   }
-  // On the user's configuration (kappa run fills teacher.checkpoint in with
-  // the bootstrapped one before it starts the learner).
-  if (!config.teacher.bootstrap.corrupt.empty() && !config.teacher.checkpoint.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("config key 'teacher.bootstrap.corrupt' ('", config.teacher.bootstrap.corrupt,
-                     "') only shapes a bootstrapped teacher, but teacher.checkpoint is set"));
+  for (const auto& [role, bootstrap, checkpoint] :
+       {std::tuple{"teacher", &config.teacher.bootstrap, &config.teacher.checkpoint},
+        std::tuple{"student", &config.student.bootstrap, &config.student.checkpoint}}) {
+    if (absl::Status own = CheckCorruptionIsBootstrapped(role, bootstrap->corrupt, *checkpoint);
+        !own.ok()) {
+      return own;
+    }
   }
   if (absl::Status rollout = rollout::ValidateRolloutSettings(config); !rollout.ok())
     return rollout;

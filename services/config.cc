@@ -380,7 +380,18 @@ constexpr Field kFields[] = {
                        "and the term (>= 1)."),
     KAPPA_CONFIG_FIELD(trainer.lambda,
                        "λ in L = w_R L_R + λ L_D (+ μ L_SFT); 0 switches distillation off unless "
-                       "`m3_norm` or `m3_adapt` sets its scale."),
+                       "`m3_adapt` moves it. Under `m3_norm` the gradients' norm ratio "
+                       "‖g_R‖ / ‖s g_D‖ is held at `kappa_target` / λ."),
+    KAPPA_CONFIG_FIELD(trainer.lambda_schedule,
+                       "λ over the run: `constant`, or `cosine`: a linear warm-up over "
+                       "`lambda_warmup_steps` from λ / lambda_warmup_steps to λ, then a cosine "
+                       "decay to `lambda_min_ratio` × λ at step `trainer.steps` (the annealed "
+                       "distillation weight of CHORD and KDRL; not with `m3_adapt`, which "
+                       "moves λ itself)."),
+    KAPPA_CONFIG_FIELD(trainer.lambda_warmup_steps,
+                       "`lambda_schedule: cosine`: warm-up steps of λ (>= 0; 0: none)."),
+    KAPPA_CONFIG_FIELD(trainer.lambda_min_ratio,
+                       "`lambda_schedule: cosine`: the final λ as a fraction of λ, in [0, 1]."),
     KAPPA_CONFIG_FIELD(trainer.reward_weight,
                        "w_R, the weight of L_R; 0 trains on distillation alone (OPD only)."),
     KAPPA_CONFIG_FIELD(trainer.aggregation,
@@ -455,7 +466,7 @@ constexpr Field kFields[] = {
                        "`trainer.distill_gate: rstg`)."),
     KAPPA_CONFIG_FIELD(trainer.kappa_target,
                        "κ_target of `m3_norm` and `m3_adapt`: the ratio ‖g_R‖ / ‖scaled g_D‖ "
-                       "they aim for (> 0)."),
+                       "they aim for, divided by λ under `m3_norm` (> 0)."),
 
     KAPPA_CONFIG_FIELD(m3.mask_target,
                        "`m3_mask`: the term dropped where K_DR < 0: `reward` or `distill`."),
@@ -477,7 +488,8 @@ constexpr Field kFields[] = {
                        "max_v q) or `token_prob` (exp(mean_t log q(y_t)))."),
     KAPPA_CONFIG_FIELD(rstg.token_selector,
                        "Which gated positions are distilled: the top ones by `entropy` (the "
-                       "student's) or by `divergence` (ℓ_D(n))."),
+                       "student's), by `divergence` (ℓ_D(n)), or `union`: the top ones by "
+                       "either (the RSTG paper's high entropy or large divergence)."),
     KAPPA_CONFIG_FIELD(rstg.token_frac,
                        "Keep the top fraction (rounded up) of the gated positions by "
                        "`token_selector`; in (0, 1]."),
@@ -533,7 +545,12 @@ constexpr Field kFields[] = {
                        "collapse fires when the reward, L_D or entropy EMA is past its bound "
                        "(the three keys below) for this many steps running."),
     KAPPA_CONFIG_FIELD(alarms.reward_drop_ratio,
-                       "collapse: reward EMA below this × its best (once the best is ≥ 0.05)."),
+                       "collapse: reward EMA below this × its best (and `reward_drop_min` below "
+                       "it)."),
+    KAPPA_CONFIG_FIELD(alarms.reward_drop_min,
+                       "collapse: the reward EMA's fall below its best must also be at least this "
+                       "(reward units): a halved small reward is noise, not a collapse "
+                       "(docs/algorithms.md §3.3)."),
     KAPPA_CONFIG_FIELD(alarms.distill_rise_factor, "collapse: L_D EMA above this × its minimum."),
     KAPPA_CONFIG_FIELD(alarms.entropy_floor, "collapse: entropy EMA below this (nats)."),
     KAPPA_CONFIG_FIELD(alarms.warmup_steps, "No alarm fires in the first this-many observations."),

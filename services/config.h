@@ -206,6 +206,13 @@ struct Config {
     // learner with an error (>= 1).
     int64_t max_nonfinite_steps = 3;
     double lambda = 1.0;               // L = w_R L_R + λ L_D
+    // λ over the run, a baseline to M3 that measures nothing: constant, or
+    // cosine (a linear warm-up over lambda_warmup_steps to λ, then a cosine
+    // decay to lambda_min_ratio · λ at `steps`; CHORD and KDRL anneal their
+    // distillation weight so).
+    std::string lambda_schedule = "constant";
+    int64_t lambda_warmup_steps = 0;
+    double lambda_min_ratio = 0.0;
     double reward_weight = 1.0;        // w_R: 0 trains on distillation alone (OPD only)
     std::string aggregation = "token-mean";
     // reverse_kl | forward_kl | sampled_reverse_kl | topk_reverse_kl | topk_tail_reverse_kl
@@ -302,6 +309,7 @@ struct Config {
     int64_t conflict_window = 20;      // ... for this many consecutive steps
     int64_t collapse_window = 20;      // consecutive steps out of band before collapse fires
     double reward_drop_ratio = 0.5;    // reward EMA below this × its best EMA
+    double reward_drop_min = 0.15;     // ... and at least this far below it
     double distill_rise_factor = 3.0;  // L_D EMA above this × its minimum EMA
     double entropy_floor = 0.01;       // entropy EMA below this (nats)
     int64_t warmup_steps = 10;         // no alarm before this many observations

@@ -172,11 +172,13 @@ CombinedGradient CombineGradients(GradientList reward, GradientList distill, Gra
 
   const torch::Tensor lambda = torch::full({}, plan.distill_weight, f64);
   if (plan.balance.normalize) {
-    // ‖g_R′‖ = 0 (every group tied, so every advantage 0, or w_R = 0): no
-    // magnitude to match, and s = 0 would drop the distillation exactly on
-    // the steps it alone can carry; s keeps λ there.
+    // s = λ ‖g_R′‖ / (κ_target ‖g_D‖): κ_eff = κ_target / λ, so λ keeps its
+    // meaning as the distillation's relative weight. ‖g_R′‖ = 0 (every group
+    // tied, so every advantage 0, or w_R = 0): no magnitude to match, and
+    // s = 0 would drop the distillation exactly on the steps it alone can
+    // carry; s keeps λ there.
     const torch::Tensor normalized =
-        out.balanced_reward_sq.sqrt() /
+        lambda * out.balanced_reward_sq.sqrt() /
         (plan.balance.kappa_target * out.distill_sq.sqrt() + kNormEpsilon);
     out.distill_scale = torch::where(out.balanced_reward_sq > 0, normalized, lambda);
   } else {

@@ -2,7 +2,7 @@
 // plus one strategy per failure mechanism, selectable and combinable.
 //   m3_mask     token level: drop one term where K_DR(n) < 0 (before backward)
 //   m3_project  direction: remove the part of g_R that opposes g_D
-//   m3_norm     magnitude: scale g_D so ‖g_R‖ / ‖s g_D‖ = κ_target (s = λ when g_R = 0)
+//   m3_norm     magnitude: scale g_D so ‖g_R‖ / ‖s g_D‖ = κ_target / λ (s = λ when g_R = 0)
 //   m3_adapt    schedule: a bounded controller on λ holding κ_eff's EMA at κ_target
 // Order within a step: mask (loss level), project, then norm or λ.
 #pragma once
@@ -67,7 +67,7 @@ using GradientList = std::vector<torch::Tensor>;
 // BalanceConfig::Plan.
 struct GradientPlan {
   double reward_weight = 1.0;   // w_R on ∇L_R (0: distillation only)
-  double distill_weight = 1.0;  // λ (under balance.normalize: only when ‖g_R′‖ = 0)
+  double distill_weight = 1.0;  // λ (under balance.normalize: the target ratio's λ)
   double sft_weight = 0.0;      // μ on ∇L_SFT
   BalanceConfig balance;        // read: project, normalize, kappa_target
 };
@@ -85,7 +85,7 @@ struct CombinedGradient {
   torch::Tensor distill_sq;     // ‖∇L_D‖²
   torch::Tensor dot;            // ⟨w_R ∇L_R, ∇L_D⟩ before projection
   torch::Tensor balanced_reward_sq;  // ‖g_R′‖² after projection
-  torch::Tensor distill_scale;  // s: λ, or ‖g_R′‖ / (κ_target ‖∇L_D‖ + ε) under m3_norm
+  torch::Tensor distill_scale;  // s: λ, or λ ‖g_R′‖ / (κ_target ‖∇L_D‖ + ε) under m3_norm
                                 // (λ again when ‖g_R′‖ = 0)
   torch::Tensor total_sq;       // ‖g‖²
 };
@@ -93,7 +93,7 @@ struct CombinedGradient {
 // Combines the per-signal gradients per `plan`; consumes (modifies) its
 // inputs. m3_project: if ⟨g_R, g_D⟩ < 0, g_R′ = g_R − (⟨g_R,g_D⟩/‖g_D‖²) g_D,
 // so ⟨g_R′, g_D⟩ = 0; otherwise g_R′ = g_R exactly. m3_norm: s chosen so
-// ‖g_R′‖ / ‖s g_D‖ = κ_target; when ‖g_R′‖ = 0 (all advantages 0, or
+// ‖g_R′‖ / ‖s g_D‖ = κ_target / λ; when ‖g_R′‖ = 0 (all advantages 0, or
 // w_R = 0) there is nothing to match and s = λ (plan.distill_weight), so such
 // a step still distils. Stays on the gradients' device.
 CombinedGradient CombineGradients(GradientList reward, GradientList distill, GradientList sft,

@@ -36,9 +36,52 @@ RstgConfig::Confidence ParseRstgConfidence(const std::string& name) {
 RstgConfig::TokenScore ParseRstgTokenScore(const std::string& name) {
   if (name == "entropy") return RstgConfig::TokenScore::kEntropy;
   if (name == "divergence") return RstgConfig::TokenScore::kDivergence;
-  throw std::invalid_argument("rstg.token_selector must be entropy or divergence, got '" + name +
-                              "'");
+  if (name == "union") return RstgConfig::TokenScore::kUnion;
+  throw std::invalid_argument("rstg.token_selector must be entropy, divergence or union, got '" +
+                              name + "'");
 }
+
+namespace {
+
+// 1 at the ceil(frac · #gated) gated positions of highest `score`, else 0.
+torch::Tensor TopFraction(const torch::Tensor& score, const torch::Tensor& gated, double frac) {
+  const int64_t candidates = static_cast<int64_t>(gated.sum().item<double>());
+  const int64_t keep =
+      static_cast<int64_t>(std::ceil(frac * static_cast<double>(candidates) - 1e-9));
+  torch::Tensor selected = torch::zeros_like(gated);
+  if (keep > 0) {
+    // Ungated positions score -inf so topk never picks them.
+    const torch::Tensor ranked =
+        score.detach()
+            .to(torch::kFloat32)
+            .masked_fill(gated == 0, -std::numeric_limits<float>::infinity());
+    const torch::Tensor top = std::get<1>(ranked.flatten().topk(keep));
+    selected.view({-1}).index_fill_(0, top, 1.0);
+  }
+  return selected;
+}
+
+// The gated positions the token level keeps.
+torch::Tensor SelectTokens(const torch::Tensor& gated, const torch::Tensor& entropy,
+                           const torch::Tensor& divergence, const RstgConfig& config) {
+  using TokenScore = RstgConfig::TokenScore;
+  if (config.token_score == TokenScore::kUnion) {
+    if (config.threshold >= 0) {
+      throw std::invalid_argument(
+          "rstg.threshold compares one score; rstg.token_selector=union ranks entropy and "
+          "divergence apart by rstg.token_frac");
+    }
+    return torch::maximum(TopFraction(entropy, gated, config.token_frac),
+                          TopFraction(divergence, gated, config.token_frac));
+  }
+  const torch::Tensor& score = config.token_score == TokenScore::kEntropy ? entropy : divergence;
+  if (config.threshold >= 0) {
+    return gated * (score.detach() >= config.threshold).to(torch::kFloat32);
+  }
+  return TopFraction(score, gated, config.token_frac);
+}
+
+}  // namespace
 
 DistillSelection SelectAll(const torch::Tensor& response_mask) {
   DistillSelection out;
@@ -89,24 +132,7 @@ DistillSelection RstgSelect(const torch::Tensor& rewards, const torch::Tensor& r
   if (config.confidence == RstgConfig::Confidence::kTokenProb) confidence = confidence.exp();
 
   // Token level, among the gated positions.
-  const torch::Tensor score =
-      (config.token_score == RstgConfig::TokenScore::kEntropy ? entropy : divergence).detach();
-  torch::Tensor selected;
-  if (config.threshold >= 0) {
-    selected = gated * (score >= config.threshold).to(torch::kFloat32);
-  } else {
-    const int64_t candidates = static_cast<int64_t>(gated.sum().item<double>());
-    const int64_t keep = static_cast<int64_t>(
-        std::ceil(config.token_frac * static_cast<double>(candidates) - 1e-9));
-    selected = torch::zeros_like(gated);
-    if (keep > 0) {
-      // Ungated positions score -inf so topk never picks them.
-      const torch::Tensor ranked =
-          score.to(torch::kFloat32).masked_fill(gated == 0, -std::numeric_limits<float>::infinity());
-      const torch::Tensor top = std::get<1>(ranked.flatten().topk(keep));
-      selected.view({-1}).index_fill_(0, top, 1.0);
-    }
-  }
+  const torch::Tensor selected = SelectTokens(gated, entropy, divergence, config);
 
   DistillSelection out;
   out.selected = selected;

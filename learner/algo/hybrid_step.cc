@@ -66,6 +66,9 @@ HybridStep::HybridStep(model::Decoder model, std::unique_ptr<PolicyOptimizer> op
   if (config_.balance.mask && config_.balance.mask_estimator == KdrEstimator::kExact) {
     throw std::invalid_argument("m3.mask_estimator must be logit or last_layer");
   }
+  if (config_.balance.adapt && config_.lambda_schedule) {
+    throw std::invalid_argument("trainer.lambda_schedule and m3_adapt both move lambda; pick one");
+  }
   if (config_.balance.adapt) {
     lambda_controller_.emplace(config_.loss.lambda, config_.balance.kappa_target,
                                config_.balance.adapt_config);
@@ -73,7 +76,10 @@ HybridStep::HybridStep(model::Decoder model, std::unique_ptr<PolicyOptimizer> op
 }
 
 double HybridStep::lambda() const {
-  return lambda_controller_ ? lambda_controller_->lambda() : config_.loss.lambda;
+  if (lambda_controller_) return lambda_controller_->lambda();
+  // The step Run makes next is the optimizer's step() (0-based).
+  if (config_.lambda_schedule) return config_.lambda_schedule->At(optimizer_->step());
+  return config_.loss.lambda;
 }
 
 void HybridStep::TokenMeans::Add(const LossTerms& terms, double response_tokens) {

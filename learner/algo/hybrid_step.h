@@ -28,6 +28,7 @@
 #include "learner/algo/hybrid_loss.h"
 #include "learner/algo/hybrid_step_report.h"
 #include "learner/algo/kdr_monitor.h"
+#include "learner/algo/lr_schedule.h"
 #include "learner/algo/mixed_precision.h"
 #include "learner/algo/optimizer_step.h"
 #include "learner/algo/train_batch.h"
@@ -37,6 +38,10 @@ namespace kappa::learner {
 
 struct HybridStepConfig {
   LossConfig loss;             // includes λ (the initial λ under m3_adapt)
+  // trainer.lambda_schedule: λ_t = lambda_schedule->At(t) for the 0-based
+  // step t, the shape of the learning rate's schedule with λ as its peak
+  // (loss.lambda is ignored then). Unset: λ = loss.lambda (or m3_adapt's).
+  std::optional<LearningRateSchedule> lambda_schedule;
   double reward_weight = 1.0;  // w_R
   DistillGate gate = DistillGate::kAll;
   RstgConfig rstg;
@@ -79,6 +84,7 @@ class HybridStep {
 
   PolicyOptimizer& optimizer() { return *optimizer_; }
   const HybridStepConfig& config() const { return config_; }
+  // λ of the step Run makes next: m3_adapt's, the schedule's, or loss.lambda.
   double lambda() const;
   // m3_adapt's λ controller (its state goes into checkpoints); null when the
   // balancing has no m3_adapt.

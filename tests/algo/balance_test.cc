@@ -84,25 +84,32 @@ TEST(M3Project, IsTheIdentityWithoutConflict) {
   }
 }
 
-TEST(M3Norm, PostNormalizationRatioIsKappaTarget) {
+// m3_norm holds κ_eff = ‖g_R′‖ / ‖s g_D‖ at κ_target / λ: λ = 1 gives
+// κ_target, and a λ below 1 keeps the distillation that much weaker relative
+// to the reward than at λ = 1 (issue 39: m3_norm used to ignore λ).
+TEST(M3Norm, PostNormalizationRatioIsKappaTargetOverLambda) {
   for (const double kappa_target : {1.0, 0.25, 4.0}) {
-    for (const bool project : {false, true}) {
-      const GradientList reward = Scaled(RandomList(5), 300.0);  // κ ≫ 1 before
-      const GradientList distill = RandomList(6);
-      GradientPlan plan;
-      plan.balance.normalize = true;
-      plan.balance.project = project;
-      plan.balance.kappa_target = kappa_target;
-      plan.distill_weight = 123.0;  // ignored under normalization
-      const CombinedGradient c =
-          CombineGradients(Clone(reward), Clone(distill), GradientList(reward.size()), plan, kCpu);
-      const double s = c.distill_scale.item<double>();
-      const GradientList g_r = project ? ProjectedReward(reward, distill) : reward;
-      EXPECT_NEAR(Norm(g_r) / (s * Norm(distill)), kappa_target, 1e-9 * kappa_target);
-      // total = g_R′ + s g_D
-      for (size_t i = 0; i < reward.size(); ++i) {
-        if (!reward[i].defined()) continue;
-        EXPECT_TRUE(torch::allclose(c.total[i], g_r[i] + s * distill[i]));
+    for (const double lambda : {1.0, 0.03, 123.0}) {
+      for (const bool project : {false, true}) {
+        const GradientList reward = Scaled(RandomList(5), 300.0);  // κ ≫ 1 before
+        const GradientList distill = RandomList(6);
+        GradientPlan plan;
+        plan.balance.normalize = true;
+        plan.balance.project = project;
+        plan.balance.kappa_target = kappa_target;
+        plan.distill_weight = lambda;
+        const CombinedGradient c = CombineGradients(Clone(reward), Clone(distill),
+                                                    GradientList(reward.size()), plan, kCpu);
+        const double s = c.distill_scale.item<double>();
+        const GradientList g_r = project ? ProjectedReward(reward, distill) : reward;
+        const double want = kappa_target / lambda;
+        EXPECT_NEAR(Norm(g_r) / (s * Norm(distill)), want, 1e-9 * want)
+            << "κ_target " << kappa_target << " λ " << lambda;
+        // total = g_R′ + s g_D
+        for (size_t i = 0; i < reward.size(); ++i) {
+          if (!reward[i].defined()) continue;
+          EXPECT_TRUE(torch::allclose(c.total[i], g_r[i] + s * distill[i]));
+        }
       }
     }
   }

@@ -97,9 +97,45 @@ TEST_F(RstgFixture, NoGatedGroupSelectsNothingAndTokenProbConfidence) {
       std::invalid_argument);
 }
 
+// The seed's token gate: high student entropy OR large teacher-student
+// divergence. Each score keeps its own top ceil(0.25 · 11) = 3 of the gated
+// positions; the selection is exactly their union (one position in both).
+TEST_F(RstgFixture, TheUnionSelectorKeepsTheTopOfEitherScoreAndNothingElse) {
+  RstgConfig config;
+  config.token_score = RstgConfig::TokenScore::kUnion;
+  config.token_frac = 0.25;
+  // Largest divergences in gated rows: (0,1) 7, (1,2) 6, (5,1) 5; larger ones
+  // sit where nothing may be picked: the non-gated rows 2-3, the prompt
+  // column 0 and row 5's padding at position 3.
+  divergence = torch::zeros({6, 4});
+  divergence.index_put_({torch::indexing::Slice(), 0}, 20.0);
+  divergence[2][1] = 30.0;
+  divergence[3][3] = 30.0;
+  divergence[5][3] = 40.0;
+  divergence[0][1] = 7.0;
+  divergence[1][2] = 6.0;
+  divergence[5][1] = 5.0;
+  divergence[4][2] = 1.0;
+  const DistillSelection s =
+      RstgSelect(rewards, mask, {teacher, {}}, targets, entropy, divergence, config);
+  // Entropy's top 3 of the gated positions: (5,2) 1.0, (1,2) 0.9, (4,3) 0.8.
+  const torch::Tensor want = torch::zeros({6, 4});
+  for (auto [b, t] : std::vector<std::pair<int, int>>{{5, 2}, {1, 2}, {4, 3}, {0, 1}, {5, 1}}) {
+    want[b][t] = 1.0;
+  }
+  EXPECT_TRUE(torch::equal(s.selected, want)) << s.selected;
+  EXPECT_EQ(s.selected_positions, 5);
+
+  config.threshold = 0.5;  // one score's scale
+  EXPECT_THROW(RstgSelect(rewards, mask, {teacher, {}}, targets, entropy, divergence, config),
+               std::invalid_argument);
+}
+
 TEST(DistillGateParse, Names) {
   EXPECT_EQ(ParseDistillGate("rstg"), DistillGate::kRstg);
   EXPECT_THROW(ParseDistillGate("some"), std::invalid_argument);
+  EXPECT_EQ(ParseRstgTokenScore("union"), RstgConfig::TokenScore::kUnion);
+  EXPECT_THROW(ParseRstgTokenScore("both"), std::invalid_argument);
 }
 
 }  // namespace

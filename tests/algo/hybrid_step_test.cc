@@ -89,9 +89,10 @@ TEST_F(StepFixture, EveryBalanceAndGateRunsWithFiniteStatistics) {
           EXPECT_EQ(r.kdr->positions, batch.response_mask.sum().item<int64_t>());
         }
         if (config.balance.normalize && gate == DistillGate::kAll) {
+          // κ_eff = κ_target / λ = 1 / 0.05
           EXPECT_NEAR(r.stats.balanced_reward_grad_norm /
                           (r.stats.distill_scale * r.stats.distill_grad_norm),
-                      1.0, 1e-6);
+                      1.0 / config.loss.lambda, 1e-5);
         }
       }
     }
@@ -237,6 +238,34 @@ TEST_F(StepFixture, MaskTargetEstimatorAndSoftMaskGiveTheExpectedCombination) {
   }
 }
 
+// trainer.lambda_schedule: each step distils with the schedule's λ for its
+// 0-based index (warm-up to the peak, then cosine to min_ratio · peak), and
+// loss.lambda is not used; the measured κ_eff sees that λ.
+TEST_F(StepFixture, AScheduledLambdaIsTheScheduleAtEachStep) {
+  LearningRateSchedule schedule;
+  schedule.peak = 2.0;
+  schedule.warmup_steps = 2;
+  schedule.decay = LearningRateSchedule::Decay::kCosine;
+  schedule.total_steps = 5;
+  schedule.min_ratio = 0.25;
+  HybridStepConfig config;
+  config.loss.lambda = 7.0;  // not used under a schedule
+  config.lambda_schedule = schedule;
+  config.monitor.kappa_every = 1;
+  HybridStep step = MakeStep(TinyModel(4), config);
+  for (int64_t t = 0; t < 5; ++t) {
+    const HybridStepReport report = step.Run(batch);
+    EXPECT_DOUBLE_EQ(report.lambda, schedule.At(t)) << "step " << t;
+    EXPECT_DOUBLE_EQ(report.stats.distill_scale, schedule.At(t)) << "step " << t;
+  }
+  EXPECT_DOUBLE_EQ(schedule.At(0), 1.0);  // warm-up: 2 · 1/2
+  EXPECT_DOUBLE_EQ(schedule.At(1), 2.0);  // the peak
+  EXPECT_DOUBLE_EQ(schedule.At(5), 0.5);  // the floor, 0.25 · 2
+
+  config.balance = ParseBalance({"m3_adapt"});
+  EXPECT_THROW(MakeStep(TinyModel(4), config), std::invalid_argument);
+}
+
 // m3_norm on a step whose groups all tie (every advantage 0, so g_R = 0):
 // no magnitude to match, and s falls back to λ, so the step is λ ∇L_D
 // (docs/algorithms.md §4.3), not zero.
@@ -271,11 +300,12 @@ TEST_F(StepFixture, NormKeepsLambdaWhenEveryGroupTies) {
     EXPECT_TRUE(torch::allclose(got[i], want[i], 1e-4, 1e-7)) << "parameter " << i;
   }
 
-  // A step with reward signal on the same model still normalizes.
+  // A step with reward signal on the same model still normalizes, to
+  // κ_target / λ.
   const HybridStepReport mixed = step.Run(batch);
   EXPECT_NEAR(mixed.stats.balanced_reward_grad_norm /
                   (mixed.stats.distill_scale * mixed.stats.distill_grad_norm),
-              2.0, 1e-6);
+              2.0 / lambda, 1e-5);
 }
 
 // Under RSTG the exact K_DR still runs, on the configured number of sampled

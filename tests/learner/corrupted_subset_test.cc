@@ -51,16 +51,46 @@ TEST(LearningRateScheduleConfig, BadValuesNameTheirKey) {
   }
 }
 
+TEST(LambdaScheduleConfig, CosineIsAScheduleAndBadValuesNameTheirKey) {
+  absl::StatusOr<services::Config> constant = ConfigWith({});
+  ASSERT_TRUE(constant.ok());
+  absl::StatusOr<std::optional<LearningRateSchedule>> none = MakeLambdaSchedule(*constant);
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE(none->has_value());
+
+  absl::StatusOr<services::Config> cosine =
+      ConfigWith({"trainer.lambda=0.5", "trainer.lambda_schedule=cosine", "trainer.steps=100",
+                  "trainer.lambda_warmup_steps=10", "trainer.lambda_min_ratio=0.1"});
+  ASSERT_TRUE(cosine.ok()) << cosine.status();
+  absl::StatusOr<HybridStepConfig> step = MakeHybridStepConfig(*cosine);
+  ASSERT_TRUE(step.ok() && step->lambda_schedule) << step.status();
+  EXPECT_DOUBLE_EQ(step->lambda_schedule->At(9), 0.5);
+  EXPECT_DOUBLE_EQ(step->lambda_schedule->At(100), 0.05);
+
+  for (const auto& [overrides, key] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"trainer.lambda_schedule=linear"}, "trainer.lambda_schedule"},
+           {{"trainer.lambda_warmup_steps=5"}, "trainer.lambda_warmup_steps"},
+           {{"trainer.lambda_schedule=cosine", "trainer.lambda_min_ratio=2"},
+            "trainer.lambda_min_ratio"},
+           {{"trainer.lambda_schedule=cosine", "trainer.balance=[m3_adapt]"}, "m3_adapt"}}) {
+    absl::StatusOr<services::Config> config = ConfigWith(overrides);
+    ASSERT_TRUE(config.ok()) << config.status();
+    const absl::Status status = ValidateStepConfig(*config);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << key;
+    EXPECT_NE(status.message().find(key), std::string::npos) << status;
+  }
+}
+
 TEST(TeacherCorruptionConfig, NamesTheKeyOfAnUnknownRuleOrAConfiguredCheckpoint) {
   absl::StatusOr<services::Config> none = ConfigWith({});
   ASSERT_TRUE(none.ok());
-  absl::StatusOr<std::optional<tasks::AnswerCorruption>> rule = TeacherCorruption(*none);
+  absl::StatusOr<std::optional<tasks::AnswerCorruption>> rule = StudiedCorruption(*none);
   ASSERT_TRUE(rule.ok());
   EXPECT_FALSE(rule->has_value());
 
   absl::StatusOr<services::Config> good = ConfigWith({"teacher.bootstrap.corrupt=minus_as_plus"});
   ASSERT_TRUE(good.ok()) << good.status();
-  rule = TeacherCorruption(*good);
+  rule = StudiedCorruption(*good);
   ASSERT_TRUE(rule.ok() && rule->has_value()) << rule.status();
   EXPECT_EQ((*rule)->name(), "minus_as_plus");
 
@@ -76,6 +106,37 @@ TEST(TeacherCorruptionConfig, NamesTheKeyOfAnUnknownRuleOrAConfiguredCheckpoint)
   ASSERT_TRUE(own.ok());
   status = ValidateStepConfig(*own);
   EXPECT_NE(status.message().find("teacher.checkpoint is set"), std::string::npos) << status;
+}
+
+// The mirror control of issue 39: a clean teacher and a student bootstrapped
+// wrong on a subset. The learner reports that subset as it does a corrupted
+// teacher's; both at once would be two subsets, which it does not report.
+TEST(StudiedCorruptionConfig, TheLearnerReadsTheStudentsRuleAndRefusesBoth) {
+  absl::StatusOr<services::Config> student =
+      ConfigWith({"student.bootstrap.corrupt=hundreds_plus_one"});
+  ASSERT_TRUE(student.ok()) << student.status();
+  absl::StatusOr<std::optional<tasks::AnswerCorruption>> rule = StudiedCorruption(*student);
+  ASSERT_TRUE(rule.ok() && rule->has_value()) << rule.status();
+  EXPECT_EQ((*rule)->name(), "hundreds_plus_one");
+  EXPECT_TRUE(ValidateStepConfig(*student).ok()) << ValidateStepConfig(*student);
+
+  absl::StatusOr<services::Config> bad = ConfigWith({"student.bootstrap.corrupt=sometimes"});
+  ASSERT_TRUE(bad.ok());
+  absl::Status status = ValidateStepConfig(*bad);
+  EXPECT_NE(status.message().find("student.bootstrap.corrupt"), std::string::npos) << status;
+
+  absl::StatusOr<services::Config> both = ConfigWith(
+      {"student.bootstrap.corrupt=hundreds_plus_one", "teacher.bootstrap.corrupt=minus_as_plus"});
+  ASSERT_TRUE(both.ok());
+  status = ValidateStepConfig(*both);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("set one of them"), std::string::npos) << status;
+
+  absl::StatusOr<services::Config> own =
+      ConfigWith({"student.bootstrap.corrupt=minus_as_plus", "student.checkpoint=/models/s"});
+  ASSERT_TRUE(own.ok());
+  status = ValidateStepConfig(*own);
+  EXPECT_NE(status.message().find("student.checkpoint is set"), std::string::npos) << status;
 }
 
 tasks::Example Problem(std::string prompt, std::string answer) {
