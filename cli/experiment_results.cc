@@ -77,6 +77,32 @@ std::map<std::string, std::optional<double>> SubsetMedians(const std::vector<nlo
   return medians;
 }
 
+// Per subset, the mean of the finite values of `key` over `steps`.
+std::map<std::string, std::optional<double>> SubsetMeans(const std::vector<nlohmann::json>& steps,
+                                                         const char* key) {
+  std::map<std::string, std::pair<double, int64_t>> sums;
+  for (const nlohmann::json& record : steps) {
+    const nlohmann::json* by_subset = ObjectAt(record, key);
+    if (by_subset == nullptr) continue;
+    for (const auto& [subset, value] : by_subset->items()) {
+      std::pair<double, int64_t>& sum = sums[subset];
+      if (value.is_number() && std::isfinite(value.get<double>())) {
+        sum.first += value.get<double>();
+        ++sum.second;
+      }
+    }
+  }
+  std::map<std::string, std::optional<double>> means;
+  for (const auto& [subset, sum] : sums) {
+    if (sum.second > 0) {
+      means[subset] = sum.first / static_cast<double>(sum.second);
+    } else {
+      means[subset] = std::nullopt;
+    }
+  }
+  return means;
+}
+
 // The values of the object, null (or not a finite number) as unset.
 std::map<std::string, std::optional<double>> SubsetValues(const nlohmann::json& by_subset) {
   std::map<std::string, std::optional<double>> values;
@@ -409,6 +435,12 @@ RunMetrics SummarizeMetrics(const std::vector<nlohmann::json>& records) {
   metrics.kdr_negative_weighted_fraction_median =
       MedianOf(steps, metrics_jsonl::kKdrNegativeWeightedFraction);
   metrics.kdr_mean_median_by_subset = SubsetMedians(steps, metrics_jsonl::kKdrMeanBySubset);
+  metrics.kdr_sign_agreement_logit_median = MedianOf(steps, metrics_jsonl::kKdrSignAgreementLogit);
+  metrics.grad_cosine_median = MedianOf(steps, metrics_jsonl::kGradCosine);
+  metrics.kdr_mean_early_by_subset =
+      SubsetMeans(std::vector<nlohmann::json>(
+                      steps.begin(), steps.begin() + std::max<size_t>(1, steps.size() / 4)),
+                  metrics_jsonl::kKdrMeanBySubset);
   metrics.kdr_negative_fraction_median_by_subset =
       SubsetMedians(steps, metrics_jsonl::kKdrNegativeFractionBySubset);
   for (const std::string& kind : AlarmKinds()) metrics.alarms[kind] = AlarmStats{};
@@ -445,7 +477,8 @@ std::vector<std::string> SubsetNames(const std::vector<RunResult>& runs) {
     if (!run.metrics) continue;
     for (const auto* by_subset :
          {&run.metrics->final_accuracy_by_subset, &run.metrics->kdr_mean_median_by_subset,
-          &run.metrics->kdr_negative_fraction_median_by_subset}) {
+          &run.metrics->kdr_negative_fraction_median_by_subset,
+          &run.metrics->kdr_mean_early_by_subset}) {
       for (const auto& [subset, value] : *by_subset) names.insert(subset);
     }
   }
@@ -487,6 +520,10 @@ std::vector<ComparedMetric> ComparedMetrics(const std::vector<RunResult>& runs) 
       [](const RunMetrics& m) { return m.kdr_negative_fraction_median; });
   add("kdr_negative_weighted_fraction_median", "K_DR<0 |K|-wtd", "%.3f", false,
       [](const RunMetrics& m) { return m.kdr_negative_weighted_fraction_median; });
+  add("kdr_sign_agreement_logit_median", "K_DR sign agreement", "%.3f", false,
+      [](const RunMetrics& m) { return m.kdr_sign_agreement_logit_median; });
+  add("grad_cosine_median", "cos median", "%+.3f", false,
+      [](const RunMetrics& m) { return m.grad_cosine_median; });
   for (const std::string& kind : AlarmKinds()) {
     add(absl::StrCat(kAlarmPrefix, kind), kind, "%.3g", false,
         [kind](const RunMetrics& m) { return AlarmCount(m, kind); });
@@ -508,6 +545,11 @@ std::vector<ComparedMetric> ComparedMetrics(const std::vector<RunResult>& runs) 
         true,
         [s](const RunMetrics& m) { return ValueOf(m.kdr_negative_fraction_median_by_subset, s); },
         s);
+  }
+  for (const std::string& s : subsets) {
+    add(
+        absl::StrCat("kdr_mean_early_", s), absl::StrCat("K_DR early ", s), "%.3g", true,
+        [s](const RunMetrics& m) { return ValueOf(m.kdr_mean_early_by_subset, s); }, s);
   }
   return metrics;
 }
@@ -672,6 +714,13 @@ std::string ResultsCsv(const std::vector<RunResult>& runs) {
       header.push_back(CsvField(absl::StrCat(prefix, subset)));
     }
   }
+  for (const char* column : {"peak_eval_accuracy", "peak_eval_step", "eval_accuracy_auc",
+                             "kdr_sign_agreement_logit_median", "grad_cosine_median"}) {
+    header.push_back(column);
+  }
+  for (const std::string& subset : subsets) {
+    header.push_back(CsvField(absl::StrCat("kdr_mean_early_", subset)));
+  }
   header.push_back("error");
   std::string out = absl::StrCat(absl::StrJoin(header, ","), "\n");
 
@@ -701,6 +750,11 @@ std::string ResultsCsv(const std::vector<RunResult>& runs) {
     for (const auto* by_subset : {&m.final_accuracy_by_subset, &m.kdr_mean_median_by_subset,
                                   &m.kdr_negative_fraction_median_by_subset}) {
       for (const std::string& subset : subsets) row.push_back(Csv(ValueOf(*by_subset, subset)));
+    }
+    row.insert(row.end(), {Csv(m.peak_accuracy), Csv(m.peak_accuracy_step), Csv(m.accuracy_auc),
+                           Csv(m.kdr_sign_agreement_logit_median), Csv(m.grad_cosine_median)});
+    for (const std::string& subset : subsets) {
+      row.push_back(Csv(ValueOf(m.kdr_mean_early_by_subset, subset)));
     }
     row.push_back(CsvField(run.error));
     absl::StrAppend(&out, absl::StrJoin(row, ","), "\n");

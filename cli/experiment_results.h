@@ -62,6 +62,11 @@ struct RunMetrics {
   std::optional<double> kappa_effective_median;  // "kappa_effective": the ratio applied (κ/λ naive)
   std::optional<double> kdr_negative_fraction_median;
   std::optional<double> kdr_negative_weighted_fraction_median;
+  // Median over the steps that ran the exact K_DR of the share of its
+  // sampled positions where the logit estimator has the exact one's sign.
+  std::optional<double> kdr_sign_agreement_logit_median;
+  // Median cos(∇L_R, ∇L_D) over the steps that measured both gradients.
+  std::optional<double> grad_cosine_median;
   std::optional<double> train_seconds;  // elapsed_seconds of the last step
   // By kind; every kind of AlarmKinds() is present once there are records,
   // plus any other kind seen.
@@ -74,6 +79,10 @@ struct RunMetrics {
   std::map<std::string, std::optional<double>> final_accuracy_by_subset;
   std::map<std::string, std::optional<double>> kdr_mean_median_by_subset;
   std::map<std::string, std::optional<double>> kdr_negative_fraction_median_by_subset;
+  // The mean of kdr_mean_by_subset over the first quarter of the run's steps
+  // (those that have it): a conflict measured while the subset still has
+  // reward variance, before a lost subset's K_DR goes to 0.
+  std::map<std::string, std::optional<double>> kdr_mean_early_by_subset;
 };
 
 // `records`: the metrics.jsonl objects in file order. A step recorded twice
@@ -111,11 +120,12 @@ struct ComparedMetric {
   std::function<std::optional<double>(const RunMetrics&)> value;
   std::string subset;  // the prompt subset of a per-subset metric; empty for the others
 };
-// Final accuracy, reward last quarter, L_D first / last quarter and trend,
-// κ and κ_eff medians, the K_DR<0 fraction medians, the alarm counts per
-// kind of AlarmKinds(), then per subset of SubsetNames(runs):
+// Final, peak and mean (AUC) accuracy, reward last quarter, L_D first /
+// last quarter and trend, κ and κ_eff medians, the K_DR<0 fraction medians,
+// the exact/logit sign agreement median, the alarm counts per kind of
+// AlarmKinds(), then per subset of SubsetNames(runs):
 // final_accuracy_<subset>, kdr_mean_median_<subset>,
-// kdr_negative_fraction_median_<subset>.
+// kdr_negative_fraction_median_<subset>, kdr_mean_early_<subset>.
 std::vector<ComparedMetric> ComparedMetrics(const std::vector<RunResult>& runs);
 
 // One arm's numbers for one metric, over the arm's runs that finished ok.
@@ -180,7 +190,8 @@ std::string SignificanceSentence(const std::vector<ArmDifference>& differences,
                                  const std::vector<ComparedMetric>& metrics);
 
 // One row per run, a header naming every column: the columns of earlier
-// versions keep their names and order; the per-subset columns come before
+// versions keep their names and order; the per-subset columns, then peak and
+// AUC accuracy, the sign agreement and the early per-subset K_DR come before
 // the last one, "error".
 std::string ResultsCsv(const std::vector<RunResult>& runs);
 // arm,metric,n,mean,std,ci_low,ci_high: one row per ArmStatistic (std and

@@ -534,33 +534,33 @@ TEST_F(ExperimentTest, ReportsMeanAndStdPerArmFromMetricsFiles) {
   const std::string md = ResultsMarkdown("t", "context line", arms, runs, "");
   EXPECT_TRUE(Contains(md, "mean ± half-width of the 95 % confidence interval"));
   const std::vector<std::string> mixed = Cells(RowOf(md, "mixed"));
-  ASSERT_EQ(mixed.size(), 16u) << md;
+  ASSERT_EQ(mixed.size(), 20u) << md;
   EXPECT_EQ(mixed[1], "3/3");
   // 0.5, 0.6, 0.7: std 0.1, half-width t_{.975,2} 4.303 x 0.1 / √3 = 0.248.
   EXPECT_EQ(mixed[2], "0.600 ± 0.248");  // final accuracy
-  EXPECT_EQ(mixed[3], "0.750 ± 0.000");  // reward, last quarter
-  EXPECT_EQ(mixed[4], "7.5 ± 0");        // L_D first quarter
-  EXPECT_EQ(mixed[5], "1.5 ± 0");        // L_D last quarter
-  EXPECT_EQ(mixed[6], "-6 ± 0");         // trend (signed; no sign on the half-width)
-  EXPECT_EQ(mixed[7], "5 ± 0");          // κ median
-  EXPECT_EQ(mixed[8], "50 ± 0");         // κ_eff median
-  EXPECT_EQ(mixed[9], "0.300 ± 0.000");
-  EXPECT_EQ(mixed[10], "0.400 ± 0.000");
-  EXPECT_EQ(mixed[11], "2 ± 0 (first @3)");         // magnitude_drowning
-  EXPECT_EQ(mixed[12], "0.333 ± 1.43 (first @7)");  // directional_conflict: 0, 0, 1
-  EXPECT_EQ(mixed[13], "1 ± 0 (first @3)");         // collapse
-  EXPECT_EQ(mixed[14], "0 ± 0");                    // inference_mismatch
-  EXPECT_EQ(mixed[15], "20 ± 25");                  // wall seconds: 10, 20, 30
+  EXPECT_EQ(mixed[5], "0.750 ± 0.000");  // reward, last quarter
+  EXPECT_EQ(mixed[6], "7.5 ± 0");        // L_D first quarter
+  EXPECT_EQ(mixed[7], "1.5 ± 0");        // L_D last quarter
+  EXPECT_EQ(mixed[8], "-6 ± 0");         // trend (signed; no sign on the half-width)
+  EXPECT_EQ(mixed[9], "5 ± 0");          // κ median
+  EXPECT_EQ(mixed[10], "50 ± 0");        // κ_eff median
+  EXPECT_EQ(mixed[11], "0.300 ± 0.000");
+  EXPECT_EQ(mixed[12], "0.400 ± 0.000");
+  EXPECT_EQ(mixed[15], "2 ± 0 (first @3)");         // magnitude_drowning
+  EXPECT_EQ(mixed[16], "0.333 ± 1.43 (first @7)");  // directional_conflict: 0, 0, 1
+  EXPECT_EQ(mixed[17], "1 ± 0 (first @3)");         // collapse
+  EXPECT_EQ(mixed[18], "0 ± 0");                    // inference_mismatch
+  EXPECT_EQ(mixed[19], "20 ± 25");                  // wall seconds: 10, 20, 30
 
   const std::vector<std::string> bare_row = Cells(RowOf(md, "bare"));
-  ASSERT_EQ(bare_row.size(), 16u) << md;
+  ASSERT_EQ(bare_row.size(), 20u) << md;
   EXPECT_EQ(bare_row[1], "1/2");
   EXPECT_EQ(bare_row[2], "–") << "no evaluation: a dash, not 0";
-  EXPECT_EQ(bare_row[6], "+1 ± –") << "one run: no interval";
-  EXPECT_EQ(bare_row[7], "–");
-  EXPECT_EQ(bare_row[8], "–");
+  EXPECT_EQ(bare_row[8], "+1 ± –") << "one run: no interval";
   EXPECT_EQ(bare_row[9], "–");
-  EXPECT_EQ(bare_row[11], "0 ± –");
+  EXPECT_EQ(bare_row[10], "–");
+  EXPECT_EQ(bare_row[11], "–");
+  EXPECT_EQ(bare_row[15], "0 ± –");
   EXPECT_TRUE(Contains(md, "No baseline arm"));
   EXPECT_TRUE(Contains(md, "context line"));
   EXPECT_TRUE(Contains(md, "- `mixed`: both | signals (`trainer.lambda=1`)"));
@@ -877,6 +877,9 @@ TEST(ExperimentResultsTest, PerSubsetMetricsBecomeColumnsAndStatistics) {
   EXPECT_NEAR(*m.kdr_mean_median_by_subset.at("hard"), 0.25, 1e-12);  // .1 .2 .3 .4
   EXPECT_EQ(m.kdr_mean_median_by_subset.at("rest"), -1.0) << "the null step is skipped";
   EXPECT_EQ(m.kdr_negative_fraction_median_by_subset.at("rest"), 0.625);  // .25 .5 .75 1
+  // Early: the first quarter of 4 steps, step 1 alone.
+  EXPECT_NEAR(*m.kdr_mean_early_by_subset.at("hard"), 0.1, 1e-12);
+  EXPECT_EQ(m.kdr_mean_early_by_subset.at("rest"), -1.0);
   EXPECT_TRUE(SummarizeMetrics(SyntheticRun(0.5)).final_accuracy_by_subset.empty());
 
   std::vector<RunResult> runs;
@@ -914,11 +917,15 @@ TEST(ExperimentResultsTest, PerSubsetMetricsBecomeColumnsAndStatistics) {
                        ",alarms_other,final_accuracy_easy,final_accuracy_hard,final_accuracy_rest,"
                        "kdr_mean_median_easy,kdr_mean_median_hard,kdr_mean_median_rest,"
                        "kdr_negative_fraction_median_easy,kdr_negative_fraction_median_hard,"
-                       "kdr_negative_fraction_median_rest,error"));
-  // naive-s1: no easy, hard 0.21, rest null; K_DR means -, 0.25, -1; fractions -, 0.5, 0.625.
+                       "kdr_negative_fraction_median_rest,peak_eval_accuracy,peak_eval_step,"
+                       "eval_accuracy_auc,kdr_sign_agreement_logit_median,grad_cosine_median,"
+                       "kdr_mean_early_easy,"
+                       "kdr_mean_early_hard,kdr_mean_early_rest,error"));
+  // naive-s1: no easy, hard 0.21, rest null; K_DR means -, 0.25, -1; fractions -, 0.5, 0.625;
+  // peak 0.21 at step 4, AUC (0.1 + 0.21) / 2; no exact K_DR; early K_DR -, 0.1, -1.
   EXPECT_TRUE(Contains(csv, "\nnaive,1,naive-s1,ok,"));
-  EXPECT_TRUE(Contains(csv, ",0,,0.21,,,0.25,-1,,0.5,0.625,\n"));
-  EXPECT_TRUE(Contains(csv, ",0,,,,,,,,,,\n")) << "plain-s1: every subset cell empty";
+  EXPECT_TRUE(Contains(csv, ",0,,0.21,,,0.25,-1,,0.5,0.625,0.21,4,0.155,,,,0.1,-1,\n"));
+  EXPECT_TRUE(Contains(csv, ",0,,,,,,,,,,0.5,8,0.25,,,,,,\n")) << "plain-s1: no subset";
 
   const std::vector<AblationArm> arms = {
       {"naive", "", {}, 1}, {"other", "", {}, 2}, {"plain", "", {}, 3}};
