@@ -281,7 +281,9 @@ TEST_F(ExperimentTest, ShippedScienceExperimentsAreValid) {
   const std::string dir = std::string(KAPPA_SOURCE_DIR) + "/configs/experiments/";
   for (const ScienceFile& file :
        {ScienceFile{"unreliable_teacher.yaml", 5}, ScienceFile{"kappa_regimes.yaml", 10},
-        ScienceFile{"all_zero_groups.yaml", 4}, ScienceFile{"second_task.yaml", 1, 3000}}) {
+        ScienceFile{"all_zero_groups.yaml", 4}, ScienceFile{"second_task.yaml", 1, 3000},
+        ScienceFile{"teacher_error.yaml", 8, 1000}, ScienceFile{"mirror_control.yaml", 2, 1000},
+        ScienceFile{"silent_grpo.yaml", 5}, ScienceFile{"kappa_threshold.yaml", 7}}) {
     SCOPED_TRACE(file.file);
     absl::StatusOr<AblationSpec> spec = LoadAblationSpec(dir + file.file);
     ASSERT_TRUE(spec.ok()) << spec.status();
@@ -309,6 +311,20 @@ TEST_F(ExperimentTest, ShippedScienceExperimentsAreValid) {
       EXPECT_DOUBLE_EQ((*configs)[0].teacher.bootstrap.target_accuracy, 0.99);
       EXPECT_DOUBLE_EQ((*configs)[0].student.bootstrap.target_accuracy, 0.43);
       EXPECT_EQ((*configs)[0].task.train_size, 16000);
+    } else if (file.file == "teacher_error.yaml") {
+      EXPECT_EQ((*configs)[0].teacher.bootstrap.corrupt, "hundreds_plus_one");
+      EXPECT_EQ((*configs)[0].monitor.kdr_exact_every, 25);
+      EXPECT_EQ((*configs)[4 * 3].m3.mask_target, "distill");     // m3_mask_distill
+      EXPECT_EQ((*configs)[3 * 3].trainer.lambda_schedule, "cosine");  // lambda_cosine
+    } else if (file.file == "mirror_control.yaml") {
+      EXPECT_EQ((*configs)[0].student.bootstrap.corrupt, "hundreds_plus_one");
+      EXPECT_TRUE((*configs)[0].teacher.bootstrap.corrupt.empty());
+    } else if (file.file == "silent_grpo.yaml") {
+      EXPECT_DOUBLE_EQ((*configs)[0].teacher.bootstrap.target_accuracy, 0.78);
+      EXPECT_EQ((*configs)[3 * 3].rstg.token_selector, "union");  // rstg_union
+    } else if (file.file == "kappa_threshold.yaml") {
+      EXPECT_DOUBLE_EQ((*configs)[3 * 3].trainer.lambda, 1e-5);
+      EXPECT_EQ((*configs)[5 * 3].seed, 2u);  // naive_l1_draw2
     } else {
       EXPECT_EQ((*configs)[0].student.bootstrap.steps, 200);
       EXPECT_EQ((*configs)[3].trainer.distill_gate, "rstg");
