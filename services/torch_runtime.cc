@@ -2,9 +2,8 @@
 
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
-#include <torch/torch.h>
-
 #include <malloc.h>
+#include <torch/torch.h>
 
 #include <mutex>
 

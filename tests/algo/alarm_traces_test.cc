@@ -110,8 +110,8 @@ TEST(AlarmTraces, ARunThatFallsFromItsPeakRaisesCollapse) {
   for (const AlarmEvent& event : Replay(trace)) {
     if (event.kind == AlarmKind::kCollapse) collapses.push_back(event);
   }
-  ASSERT_FALSE(collapses.empty()) << "no collapse alarm on a run that fell from " << *peak
-                                  << " to " << *trace.back().eval_accuracy;
+  ASSERT_FALSE(collapses.empty()) << "no collapse alarm on a run that fell from " << *peak << " to "
+                                  << *trace.back().eval_accuracy;
   EXPECT_GT(collapses.front().step, peak_step) << collapses.front().message;
 }
 

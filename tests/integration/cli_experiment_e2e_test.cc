@@ -148,7 +148,7 @@ arms:
   EXPECT_TRUE(Contains(summary, "\nbroken,final_eval_accuracy,0,,,,\n")) << summary;
   const std::string differences = ReadFile(out + "/differences.csv");
   EXPECT_TRUE(Contains(differences, "\ngrpo_only,naive,final_eval_accuracy,1,")) << differences;
-  EXPECT_TRUE(Contains(differences, "\nbroken,naive,final_eval_accuracy,0,,,,,false\n"))
+  EXPECT_TRUE(Contains(differences, "\nbroken,naive,final_eval_accuracy,0,,,,,false,,,\n"))
       << differences;
   const std::string html = ReadFile(out + "/report.html");
   EXPECT_TRUE(Contains(html, "95 % confidence interval of the mean"));

@@ -314,7 +314,7 @@ TEST_F(ExperimentTest, ShippedScienceExperimentsAreValid) {
     } else if (file.file == "teacher_error.yaml") {
       EXPECT_EQ((*configs)[0].teacher.bootstrap.corrupt, "hundreds_plus_one");
       EXPECT_EQ((*configs)[0].monitor.kdr_exact_every, 25);
-      EXPECT_EQ((*configs)[4 * 3].m3.mask_target, "distill");     // m3_mask_distill
+      EXPECT_EQ((*configs)[4 * 3].m3.mask_target, "distill");          // m3_mask_distill
       EXPECT_EQ((*configs)[3 * 3].trainer.lambda_schedule, "cosine");  // lambda_cosine
     } else if (file.file == "mirror_control.yaml") {
       EXPECT_EQ((*configs)[0].student.bootstrap.corrupt, "hundreds_plus_one");
