@@ -59,10 +59,13 @@ const nlohmann::json* ObjectAt(const nlohmann::json& record, const char* key) {
 
 // Per subset named in any step's `key` object, the median of its numbers
 // over the steps (unset when it never had one).
-std::map<std::string, std::optional<double>> SubsetMedians(const std::vector<nlohmann::json>& steps,
-                                                           const char* key) {
+// Per subset, the finite values of `key` over the first `count` of `steps`
+// (a subset named only with nulls maps to an empty list).
+std::map<std::string, std::vector<double>> SubsetSeries(const std::vector<nlohmann::json>& steps,
+                                                        const char* key, size_t count) {
   std::map<std::string, std::vector<double>> values;
-  for (const nlohmann::json& record : steps) {
+  for (size_t i = 0; i < std::min(count, steps.size()); ++i) {
+    const nlohmann::json& record = steps[i];
     const nlohmann::json* by_subset = ObjectAt(record, key);
     if (by_subset == nullptr) continue;
     for (const auto& [subset, value] : by_subset->items()) {
@@ -72,33 +75,26 @@ std::map<std::string, std::optional<double>> SubsetMedians(const std::vector<nlo
       }
     }
   }
+  return values;
+}
+
+std::map<std::string, std::optional<double>> SubsetMedians(const std::vector<nlohmann::json>& steps,
+                                                           const char* key) {
   std::map<std::string, std::optional<double>> medians;
-  for (auto& [subset, of_subset] : values) medians[subset] = Median(std::move(of_subset));
+  for (auto& [subset, of_subset] : SubsetSeries(steps, key, steps.size())) {
+    medians[subset] = Median(std::move(of_subset));
+  }
   return medians;
 }
 
-// Per subset, the mean of the finite values of `key` over `steps`.
+// Per subset, the mean of the finite values of `key` over the first `count`
+// of `steps`.
 std::map<std::string, std::optional<double>> SubsetMeans(const std::vector<nlohmann::json>& steps,
-                                                         const char* key) {
-  std::map<std::string, std::pair<double, int64_t>> sums;
-  for (const nlohmann::json& record : steps) {
-    const nlohmann::json* by_subset = ObjectAt(record, key);
-    if (by_subset == nullptr) continue;
-    for (const auto& [subset, value] : by_subset->items()) {
-      std::pair<double, int64_t>& sum = sums[subset];
-      if (value.is_number() && std::isfinite(value.get<double>())) {
-        sum.first += value.get<double>();
-        ++sum.second;
-      }
-    }
-  }
+                                                         const char* key, size_t count) {
   std::map<std::string, std::optional<double>> means;
-  for (const auto& [subset, sum] : sums) {
-    if (sum.second > 0) {
-      means[subset] = sum.first / static_cast<double>(sum.second);
-    } else {
-      means[subset] = std::nullopt;
-    }
+  for (const auto& [subset, of_subset] : SubsetSeries(steps, key, count)) {
+    means[subset] = of_subset.empty() ? std::nullopt
+                                      : std::optional<double>(Mean(of_subset, 0, of_subset.size()));
   }
   return means;
 }
@@ -438,9 +434,7 @@ RunMetrics SummarizeMetrics(const std::vector<nlohmann::json>& records) {
   metrics.kdr_sign_agreement_logit_median = MedianOf(steps, metrics_jsonl::kKdrSignAgreementLogit);
   metrics.grad_cosine_median = MedianOf(steps, metrics_jsonl::kGradCosine);
   metrics.kdr_mean_early_by_subset =
-      SubsetMeans(std::vector<nlohmann::json>(
-                      steps.begin(), steps.begin() + std::max<size_t>(1, steps.size() / 4)),
-                  metrics_jsonl::kKdrMeanBySubset);
+      SubsetMeans(steps, metrics_jsonl::kKdrMeanBySubset, std::max<size_t>(1, steps.size() / 4));
   metrics.kdr_negative_fraction_median_by_subset =
       SubsetMedians(steps, metrics_jsonl::kKdrNegativeFractionBySubset);
   for (const std::string& kind : AlarmKinds()) metrics.alarms[kind] = AlarmStats{};
