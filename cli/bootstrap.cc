@@ -46,6 +46,9 @@ std::string BootstrapKey(const services::Config& config, Role role) {
                   ",", sft.train_examples, ",", sft.seed);
   // Only when set, so the keys of uncorrupted bootstraps stay what they were.
   if (!sft.corrupt.empty()) absl::StrAppend(&text, "|corrupt=", sft.corrupt);
+  if (sft.corrupt_fraction != 1.0) {
+    absl::StrAppend(&text, "|corrupt-fraction=", absl::StrFormat("%.17g", sft.corrupt_fraction));
+  }
   // Only when set too, so the keys of step-count bootstraps stay what they
   // were. The checks read trainer.eval_examples training prompts, so that
   // count is part of the key; "spread": they are spread over the split

@@ -66,6 +66,7 @@ void WriteSummary(const std::string& dir, Role role, const SftResult& result) {
       return x ? nlohmann::json(*x) : nlohmann::json(nullptr);
     };
     summary["corrupt"] = result.corrupt;
+    summary["corrupt_fraction"] = result.corrupt_fraction;
     summary["corrupted_train_examples"] = result.corrupted_train_examples;
     summary["covered_accuracy"] = number_or_null(result.covered_accuracy);
     summary["covered_corrupt_agreement"] = number_or_null(result.covered_corrupt_agreement);
@@ -99,6 +100,63 @@ CorruptionSplit SplitByCorruption(const tasks::Dataset& dataset, size_t count,
   return {tasks::VectorDataset(std::move(covered)),
           tasks::VectorDataset(std::move(covered_as_corrupted)),
           tasks::VectorDataset(std::move(rest))};
+}
+
+// bootstrap.corrupt and corrupt_fraction as they are used: nullopt without
+// a rule; INVALID_ARGUMENT naming the key for an unknown rule, a fraction
+// outside (0, 1], or a fraction below 1 without a rule.
+absl::StatusOr<std::optional<tasks::AnswerCorruption>> ParseCorruption(
+    const services::SftConfig& sft, const std::string& role_name) {
+  if (!(sft.corrupt_fraction > 0.0 && sft.corrupt_fraction <= 1.0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config key '", role_name,
+                     ".bootstrap.corrupt_fraction': ", sft.corrupt_fraction, " is not in (0, 1]"));
+  }
+  if (sft.corrupt.empty()) {
+    if (sft.corrupt_fraction != 1.0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("config key '", role_name, ".bootstrap.corrupt_fraction' is ",
+                       sft.corrupt_fraction, " but '", role_name, ".bootstrap.corrupt' is empty"));
+    }
+    return std::nullopt;
+  }
+  absl::StatusOr<tasks::AnswerCorruption> rule = tasks::AnswerCorruption::Named(sft.corrupt);
+  if (!rule.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config key '", role_name, ".bootstrap.corrupt': ", rule.status().message()));
+  }
+  return std::optional<tasks::AnswerCorruption>(*std::move(rule));
+}
+
+// The first `count` examples of `train`, encoded. An example `corruption`
+// covers (when given) gets the rule's wrong answer with draw weight
+// `fraction` and, when fraction < 1, a twin with its true answer and weight
+// 1 − fraction, so that each prompt is drawn as often as any other.
+// *corrupted counts the covered examples.
+std::vector<learner::SftExample> BuildSftExamples(const tasks::Dataset& train, size_t count,
+                                                  const tasks::AnswerCorruption* corruption,
+                                                  double fraction,
+                                                  const model::CharTokenizer& tokenizer,
+                                                  int64_t* corrupted) {
+  std::vector<learner::SftExample> examples;
+  examples.reserve(count);
+  auto encode = [&](const tasks::Example& example, const std::string& answer, double weight) {
+    return learner::SftExample{tokenizer.Encode(example.prompt, /*add_bos=*/true),
+                               tokenizer.Encode(answer, /*add_bos=*/false, /*add_eos=*/true),
+                               weight};
+  };
+  *corrupted = 0;
+  for (size_t i = 0; i < count; ++i) {
+    const tasks::Example& example = train.at(i);
+    if (corruption == nullptr || !corruption->Covers(example)) {
+      examples.push_back(encode(example, example.answer, 1.0));
+      continue;
+    }
+    ++*corrupted;
+    examples.push_back(encode(example, corruption->AnswerFor(example), fraction));
+    if (fraction < 1.0) examples.push_back(encode(example, example.answer, 1.0 - fraction));
+  }
+  return examples;
 }
 
 // Greedy accuracy on `dataset` (all of it); unset when it is empty.
@@ -177,33 +235,17 @@ absl::StatusOr<SftResult> RunSftOrThrow(const services::Config& config, Role rol
   if (sft.train_examples > 0) {
     train_count = std::min(train_count, static_cast<size_t>(sft.train_examples));
   }
-  std::optional<tasks::AnswerCorruption> corruption;
-  if (!sft.corrupt.empty()) {
-    absl::StatusOr<tasks::AnswerCorruption> rule = tasks::AnswerCorruption::Named(sft.corrupt);
-    if (!rule.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "config key '", role_name, ".bootstrap.corrupt': ", rule.status().message()));
-    }
-    corruption = *std::move(rule);
-  }
-  std::vector<learner::SftExample> examples;
-  examples.reserve(train_count);
+  KAPPA_ASSIGN_OR_RETURN(std::optional<tasks::AnswerCorruption> corruption,
+                         ParseCorruption(sft, role_name));
   int64_t corrupted = 0;
-  for (size_t i = 0; i < train_count; ++i) {
-    const tasks::Example& example = (*train)->at(i);
-    std::string answer = example.answer;
-    if (corruption && corruption->Covers(example)) {
-      answer = corruption->AnswerFor(example);
-      ++corrupted;
-    }
-    examples.push_back({tokenizer.Encode(example.prompt, /*add_bos=*/true),
-                        tokenizer.Encode(answer, /*add_bos=*/false, /*add_eos=*/true)});
-  }
+  const std::vector<learner::SftExample> examples =
+      BuildSftExamples(**train, train_count, corruption ? &*corruption : nullptr,
+                       sft.corrupt_fraction, tokenizer, &corrupted);
   if (corruption) {
     log << absl::StrFormat(
-        "[%s sft] corrupt=%s: %d of %d training examples get its wrong "
-        "answer\n",
-        role_name, corruption->name(), corrupted, train_count);
+        "[%s sft] corrupt=%s: %d of %d training examples get its wrong answer (drawn so with "
+        "chance %g)\n",
+        role_name, corruption->name(), corrupted, train_count, sft.corrupt_fraction);
   }
   const size_t eval_count = std::min<size_t>(
       (*heldout)->size(), static_cast<size_t>(std::max<int64_t>(config.trainer.eval_examples, 0)));
@@ -269,6 +311,7 @@ absl::StatusOr<SftResult> RunSftOrThrow(const services::Config& config, Role rol
   }
   if (corruption) {
     result.corrupt = corruption->name();
+    result.corrupt_fraction = sft.corrupt_fraction;
     result.corrupted_train_examples = corrupted;
     const CorruptionSplit split = SplitByCorruption(**heldout, eval_count, *corruption);
     const int64_t budget = config.rollout.max_new_tokens;

@@ -36,11 +36,12 @@ struct SftResult {
   int64_t train_examples = 0;
   int64_t eval_examples = 0;
   double seconds = 0.0;          // training + evaluation wall time
-  // With bootstrap.corrupt: the rule, the training examples it answered
-  // wrongly, and on the held-out examples it covers the accuracy against the
-  // true answers and the share answered as the rule answers (how well the
-  // model learned the error); unset without a rule or covered examples.
+  // With bootstrap.corrupt: the rule, the chance a covered example was
+  // drawn with its wrong answer, the training examples it covers, and on the held-out examples it
+  // covers the accuracy against the true answers and the share answered as the rule answers (how
+  // well the model learned the error); unset without a rule or covered examples.
   std::string corrupt;
+  double corrupt_fraction = 1.0;
   int64_t corrupted_train_examples = 0;
   std::optional<double> covered_accuracy;
   std::optional<double> covered_corrupt_agreement;

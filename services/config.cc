@@ -49,6 +49,10 @@ constexpr char kTargetAccuracyHelp[] =
     "(the held-out split plays no part in the choice); `steps` is then a cap and still the "
     "length of the learning-rate schedule. A warm start stated as an accuracy carries over to "
     "another task, where a step count does not. 0: train all `steps`.";
+constexpr char kCorruptFractionHelp[] =
+    "Bootstrap SFT with `corrupt`: the chance, in (0, 1], that an example the rule covers is "
+    "drawn with the rule's wrong answer (with its true answer otherwise). Below 1 the model "
+    "learns that mixture for each covered prompt: mostly wrong, yet right in some samples.";
 constexpr char kCheckEveryHelp[] =
     "Bootstrap SFT with `target_accuracy`: steps between two accuracy checks.";
 
@@ -165,6 +169,7 @@ constexpr Field kFields[] = {
                        "`hundreds_plus_one` (a+b ≥ 100 answered a+b+100) or `minus_as_plus` (a−b "
                        "answered a+b). The learner then reports accuracy "
                        "and K_DR on that subset and on the rest."),
+    KAPPA_CONFIG_FIELD(student.bootstrap.corrupt_fraction, kCorruptFractionHelp),
     KAPPA_CONFIG_FIELD(student.bootstrap.target_accuracy, kTargetAccuracyHelp),
     KAPPA_CONFIG_FIELD(student.bootstrap.check_every, kCheckEveryHelp),
 
@@ -204,6 +209,7 @@ constexpr Field kFields[] = {
                        "`hundreds_plus_one` (a+b ≥ 100 answered a+b+100) or `minus_as_plus` (a−b "
                        "answered a+b). The learner then reports accuracy "
                        "and K_DR on that subset and on the rest."),
+    KAPPA_CONFIG_FIELD(teacher.bootstrap.corrupt_fraction, kCorruptFractionHelp),
     KAPPA_CONFIG_FIELD(teacher.bootstrap.target_accuracy, kTargetAccuracyHelp),
     KAPPA_CONFIG_FIELD(teacher.bootstrap.check_every, kCheckEveryHelp),
     KAPPA_CONFIG_FIELD(

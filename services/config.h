@@ -34,6 +34,11 @@ struct SftConfig {  // `kappa sft` and the demo's bootstrap
   // "": the true answers; else a tasks::AnswerCorruption rule: the examples
   // it covers are trained on its wrong answers (an unreliable teacher).
   std::string corrupt;
+  // With `corrupt`: the chance, in (0, 1], that a covered example is drawn
+  // with the rule's wrong answer; otherwise it is drawn with its true one.
+  // Below 1 the model learns the mixture per prompt: mostly wrong where
+  // the rule covers, yet right in some samples (reward variance there).
+  double corrupt_fraction = 1.0;
   // > 0: every `check_every` steps, greedy accuracy on the first
   // trainer.eval_examples training prompts is measured, and training stops
   // at the first check that reaches it; `steps` is then a cap (and still

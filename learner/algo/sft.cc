@@ -68,8 +68,35 @@ void Validate(const model::Decoder& model, const std::vector<SftExample>& exampl
                                   std::to_string(len) + " positions, the model has " +
                                   std::to_string(max_positions));
     }
+    if (!(e.weight > 0.0) || !std::isfinite(e.weight)) {
+      throw std::invalid_argument("SftTrain: example " + std::to_string(i) + " has weight " +
+                                  std::to_string(e.weight) + ", not > 0");
+    }
   }
 }
+
+// Draws example indices with replacement, each with chance proportional to
+// its weight. With every weight 1 it draws uniformly, as SftTrain always did,
+// so the bootstraps of unweighted example sets keep their draw order.
+class ExamplePicker {
+ public:
+  ExamplePicker(const std::vector<SftExample>& examples, uint64_t seed) : rng_(seed) {
+    std::vector<double> weights;
+    weights.reserve(examples.size());
+    for (const SftExample& e : examples) weights.push_back(e.weight);
+    weighted_ = std::any_of(weights.begin(), weights.end(), [](double w) { return w != 1.0; });
+    uniform_ = std::uniform_int_distribution<size_t>(0, examples.size() - 1);
+    by_weight_ = std::discrete_distribution<size_t>(weights.begin(), weights.end());
+  }
+
+  size_t Next() { return weighted_ ? by_weight_(rng_) : uniform_(rng_); }
+
+ private:
+  std::mt19937_64 rng_;
+  bool weighted_ = false;
+  std::uniform_int_distribution<size_t> uniform_;
+  std::discrete_distribution<size_t> by_weight_;
+};
 
 }  // namespace
 
@@ -109,15 +136,14 @@ double SftTrain(model::Decoder& model, const std::vector<SftExample>& examples,
   const torch::Device device = params.front().device();
   torch::optim::AdamW optimizer(
       params, torch::optim::AdamWOptions(options.lr).weight_decay(options.weight_decay));
-  std::mt19937_64 rng(options.seed);
-  std::uniform_int_distribution<size_t> pick(0, examples.size() - 1);
+  ExamplePicker picker(examples, options.seed);
   const int64_t pad_id = model->config().pad_token_id;
   model->train();
 
   double loss_value = 0.0;
   std::vector<size_t> picks(options.batch_size);
   for (int64_t step = 0; step < options.steps; ++step) {
-    for (size_t& k : picks) k = pick(rng);
+    for (size_t& k : picks) k = picker.Next();
     const SftBatch batch = Collate(examples, picks, pad_id);
     const torch::Tensor logits =
         model->Forward(batch.input.to(device), batch.attention.to(device)).logits;

@@ -16,6 +16,10 @@ namespace kappa::learner {
 struct SftExample {
   std::vector<int64_t> prompt_tokens;  // BOS + prompt
   std::vector<int64_t> answer_tokens;  // answer + EOS
+  // Relative chance of being drawn into a minibatch; > 0. Two examples with
+  // one prompt and weights f and 1 − f teach that prompt's answers in that
+  // mixture (bootstrap.corrupt_fraction).
+  double weight = 1.0;
 };
 
 struct SftOptions {
@@ -25,7 +29,7 @@ struct SftOptions {
   double weight_decay = 0.0;
   int64_t warmup_steps = 0;  // linear warmup, then cosine decay to 0 at `steps`
   double max_grad_norm = 1.0;  // <= 0 disables clipping
-  uint64_t seed = 0;         // minibatch sampling (with replacement)
+  uint64_t seed = 0;           // minibatch sampling (with replacement, by SftExample::weight)
   std::function<void(int64_t step, double loss)> on_step;  // optional
   // Optional: called after each step (after on_step) with the count of steps
   // done; true ends training there, before `steps` (an early stop at a

@@ -87,6 +87,33 @@ TEST(SftTrainTest, StopAfterEndsTrainingAtTheStepItSaysSo) {
   EXPECT_EQ(asked, (std::vector<int64_t>{1, 2, 3, 4, 5, 6, 7}));
 }
 
+// Two answers for one prompt, drawn with weights 0.8 and 0.2: the model
+// learns that mixture (bootstrap.corrupt_fraction's student, right in some
+// samples), not the majority answer alone, and a third prompt's answer
+// beside them.
+TEST(SftTrainTest, WeightedExamplesTeachTheirMixture) {
+  torch::manual_seed(0);
+  model::Decoder model(testing::TinyConfig());
+  const std::vector<SftExample> examples = {
+      {{1, 3}, {5, 2}, 0.8}, {{1, 3}, {6, 2}, 0.2}, {{1, 4}, {7, 2}, 1.0}};
+  SftOptions options;
+  options.steps = 300;
+  options.batch_size = 32;
+  options.lr = 1e-2;
+  options.warmup_steps = 10;
+  options.seed = 5;
+  SftTrain(model, examples, options);
+
+  torch::NoGradGuard no_grad;
+  model->eval();
+  const torch::Tensor input = torch::tensor({1, 3, 1, 4}, torch::kInt64).reshape({2, 2});
+  const torch::Tensor p =
+      torch::softmax(model->Forward(input, torch::ones({2, 2}, torch::kBool)).logits, -1);
+  EXPECT_NEAR(p[0][1][5].item<double>(), 0.8, 0.08);
+  EXPECT_NEAR(p[0][1][6].item<double>(), 0.2, 0.08);
+  EXPECT_GT(p[1][1][7].item<double>(), 0.9);
+}
+
 TEST(SftTrainTest, RejectsBadInput) {
   model::Decoder model(testing::TinyConfig());
   SftOptions options;
@@ -94,6 +121,7 @@ TEST(SftTrainTest, RejectsBadInput) {
   EXPECT_THROW(SftTrain(model, {{{1}, {}}}, options), std::invalid_argument);
   EXPECT_THROW(SftTrain(model, {{std::vector<int64_t>(20, 3), {2}}}, options),
                std::invalid_argument);
+  EXPECT_THROW(SftTrain(model, {{{1, 3}, {5, 2}, 0.0}}, options), std::invalid_argument);
   EXPECT_THROW(
       GreedyAccuracy(model, {}, 3, [](size_t, const std::vector<int64_t>&) { return true; }),
       std::invalid_argument);

@@ -157,5 +157,34 @@ TEST_F(SftCommandTest, ReportsSequencesTooLongForTheModel) {
   EXPECT_FALSE(model::CheckpointExists(dir_ + "/x"));
 }
 
+// corrupt_fraction: the summary says the chance the run used, and a fraction
+// outside (0, 1] or one without a rule is refused naming the key, writing
+// nothing.
+TEST_F(SftCommandTest, ACorruptFractionIsRecordedAndABadOneRefused) {
+  const std::string out = dir_ + "/student-ckpt";
+  auto mixed = RunKappa({"sft", config_, "--role", "student", "--out", out, "task.max_digits=2",
+                         "task.train_size=200", "student.bootstrap.corrupt=hundreds_plus_one",
+                         "student.bootstrap.corrupt_fraction=0.75"});
+  ASSERT_EQ(mixed.exit_code, 0) << mixed.output;
+  EXPECT_NE(mixed.output.find("(drawn so with chance 0.75)"), std::string::npos) << mixed.output;
+  const nlohmann::json summary = nlohmann::json::parse(ReadFile(out + "/sft_summary.json"));
+  EXPECT_DOUBLE_EQ(summary.at("corrupt_fraction").get<double>(), 0.75);
+  EXPECT_GT(summary.at("corrupted_train_examples").get<int64_t>(), 0);
+
+  auto zero = RunKappa({"sft", config_, "--role", "student", "--out", dir_ + "/y",
+                        "student.bootstrap.corrupt=hundreds_plus_one",
+                        "student.bootstrap.corrupt_fraction=0"});
+  EXPECT_NE(zero.exit_code, 0);
+  EXPECT_NE(zero.output.find("student.bootstrap.corrupt_fraction': 0 is not in (0, 1]"),
+            std::string::npos)
+      << zero.output;
+  auto without_rule = RunKappa({"sft", config_, "--role", "teacher", "--out", dir_ + "/y",
+                                "teacher.bootstrap.corrupt_fraction=0.5"});
+  EXPECT_NE(without_rule.exit_code, 0);
+  EXPECT_NE(without_rule.output.find("'teacher.bootstrap.corrupt' is empty"), std::string::npos)
+      << without_rule.output;
+  EXPECT_FALSE(model::CheckpointExists(dir_ + "/y"));
+}
+
 }  // namespace
 }  // namespace kappa::cli
