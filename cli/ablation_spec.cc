@@ -51,6 +51,7 @@ class Parser {
     bool has_seeds = false;
     bool has_arms = false;
     std::optional<YAML::Node> baseline_key;  // where `baseline` is, for its error
+    std::optional<YAML::Node> trend_key;     // where `trend` is, for its arms' errors
     for (auto it = root.begin(); it != root.end(); ++it) {
       const YAML::Node key = it->first;  // copies: the iterator yields a temporary
       const YAML::Node value = it->second;
@@ -75,11 +76,15 @@ class Parser {
         status = ReadBaseline(key, value, &spec.baseline);
       } else if (name == "effects") {
         status = ReadEffects(key, value, &spec.effects);
+      } else if (name == "trend") {
+        trend_key = key;
+        spec.trend.emplace();
+        status = ReadTrend(key, value, &*spec.trend);
       } else {
         status = Error(key, root,
                        absl::StrCat("unknown key '", name,
                                     "' (expected base, seeds, overrides, quick, baseline, "
-                                    "effects, arms)"));
+                                    "effects, trend, arms)"));
       }
       if (!status.ok()) return status;
     }
@@ -91,6 +96,11 @@ class Parser {
     } else if (absl::Status status = CheckBaselineIsAnArm(*baseline_key, root, spec);
                !status.ok()) {
       return status;
+    }
+    if (trend_key) {
+      if (absl::Status status = CheckTrendArms(*trend_key, root, spec); !status.ok()) {
+        return status;
+      }
     }
     return spec;
   }
@@ -138,6 +148,64 @@ class Parser {
                                   "' needs a finite, nonzero effect size"));
       }
       (*effects)[metric.Scalar()] = number;
+    }
+    return absl::OkStatus();
+  }
+
+  // trend: {metric, against, log10, arms}. The arms are checked against the
+  // file's arms once both are read; the metric names when the results are
+  // (per-subset columns exist only then).
+  absl::Status ReadTrend(const YAML::Node& key, const YAML::Node& value, TrendSpec* trend) {
+    if (!value.IsMap()) {
+      return Error(value, key, "'trend' expects a mapping (metric, against, log10, arms)");
+    }
+    for (auto it = value.begin(); it != value.end(); ++it) {
+      const YAML::Node sub_key = it->first;
+      const YAML::Node sub_value = it->second;
+      const std::string name = sub_key.IsScalar() ? sub_key.Scalar() : "";
+      if ((name == "metric" || name == "against") &&
+          (!sub_value.IsScalar() || sub_value.Scalar().empty())) {
+        return Error(sub_value, sub_key,
+                     absl::StrCat("'trend.", name, "' expects a results.csv column"));
+      }
+      if (name == "metric") {
+        trend->metric = sub_value.Scalar();
+      } else if (name == "against") {
+        trend->against = sub_value.Scalar();
+      } else if (name == "log10") {
+        if (!sub_value.IsScalar() ||
+            (sub_value.Scalar() != "true" && sub_value.Scalar() != "false")) {
+          return Error(sub_value, sub_key, "'trend.log10' expects true or false");
+        }
+        trend->log10 = sub_value.Scalar() == "true";
+      } else if (name == "arms") {
+        if (!sub_value.IsSequence() || sub_value.size() < 2) {
+          return Error(sub_value, sub_key, "'trend.arms' expects a list of at least two arms");
+        }
+        for (const YAML::Node& arm : sub_value) {
+          if (!arm.IsScalar()) return Error(arm, sub_key, "'trend.arms' lists arm names");
+          trend->arms.push_back(arm.Scalar());
+        }
+      } else {
+        return Error(
+            sub_key, value,
+            absl::StrCat("unknown key 'trend.", name, "' (expected metric, against, log10, arms)"));
+      }
+    }
+    if (trend->metric.empty() || trend->against.empty() || trend->arms.empty()) {
+      return Error(value, key, "'trend' needs metric, against and arms");
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status CheckTrendArms(const YAML::Node& key, const YAML::Node& root,
+                              const AblationSpec& spec) const {
+    std::set<std::string> names;
+    for (const AblationArm& arm : spec.arms) names.insert(arm.name);
+    for (const std::string& arm : spec.trend->arms) {
+      if (names.count(arm) == 0) {
+        return Error(key, root, absl::StrCat("'trend.arms': '", arm, "' is not an arm"));
+      }
     }
     return absl::OkStatus();
   }

@@ -8,6 +8,11 @@
 //   quick: {seeds: [1], overrides: [trainer.steps=100]}   # --quick
 //   baseline: naive             # optional: the arm the others are compared with
 //   effects: {final_eval_accuracy: 0.1}   # optional: the power is reported for these
+//   trend:                      # optional: one regression over several arms' runs
+//     metric: eval_accuracy_auc         # y, a results.csv column
+//     against: kappa_effective_median   # x, a results.csv column
+//     log10: true                       # x as its base-10 logarithm
+//     arms: [naive_l1, naive_l0.03]     # every run of these arms is a point
 //   arms:
 //     - name: grpo_only
 //       description: "GRPO alone"
@@ -16,6 +21,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -30,6 +36,15 @@ struct AblationArm {
   std::string description;
   std::vector<std::string> overrides;  // "key=value", as `kappa run` takes them
   int line = 0;                        // of the arm in the ablation file, for messages
+};
+
+// A pre-registered single test across arms: the least-squares slope of one
+// run number against another over every run of `arms` (cli/experiment_trend.h).
+struct TrendSpec {
+  std::string metric;             // y: a results.csv column, e.g. eval_accuracy_auc
+  std::string against;            // x: a results.csv column, e.g. kappa_effective_median
+  bool log10 = false;             // x enters as log10(x); runs with x <= 0 are left out, named
+  std::vector<std::string> arms;  // at least two, each an arm of the file
 };
 
 struct AblationSpec {
@@ -49,6 +64,7 @@ struct AblationSpec {
   // size the experiment's pre-registered rule names for it; the results
   // report the paired test's power to find it.
   std::map<std::string, double> effects;
+  std::optional<TrendSpec> trend;
 };
 
 // The baseline of a file without a `baseline` key: "naive" when an arm has
@@ -66,7 +82,9 @@ struct PlannedRun {
 // Parses the ablation file. Errors (INVALID_ARGUMENT, NOT_FOUND) start with
 // "<file>:<line>: " whenever a line is known: unknown keys, an arm without a
 // name, duplicate arm names, seeds that are not non-negative integers,
-// overrides that are not "key=value" strings, a baseline that names no arm.
+// overrides that are not "key=value" strings, a baseline that names no arm,
+// a trend without metric or against, or with fewer than two arms or one that
+// is not an arm.
 absl::StatusOr<AblationSpec> LoadAblationSpec(const std::string& path);
 // The same from text (`file_name` for messages and for resolving `base`).
 absl::StatusOr<AblationSpec> ParseAblationSpec(const std::string& yaml_text,

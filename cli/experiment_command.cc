@@ -15,6 +15,7 @@
 #include "cli/args.h"
 #include "cli/child_run.h"
 #include "cli/experiment_results.h"
+#include "cli/experiment_trend.h"
 #include "cli/progress.h"
 #include "cli/report_experiment.h"
 #include "cli/run_dir.h"
@@ -194,20 +195,34 @@ std::vector<RunResult> InitialResults(const std::vector<PlannedRun>& runs) {
   return results;
 }
 
-// results.csv, summary.csv, differences.csv, results.md and report.html as
+// results.md: the arms, the differences against the baseline and, when the
+// file names one, the trend.
+std::string ExperimentMarkdown(const ExperimentPlan& plan, const std::vector<RunResult>& results) {
+  std::string md = ResultsMarkdown(plan.title, plan.context, plan.spec.arms, results,
+                                   plan.spec.baseline, plan.spec.effects);
+  if (plan.spec.trend) {
+    absl::StrAppend(&md,
+                    TrendMarkdown(FitTrend(*plan.spec.trend, results, ComparedMetrics(results))));
+  }
+  return md;
+}
+
+// results.csv, summary.csv, differences.csv, results.md (trend.csv) and report.html as
 // they stand; a failure to write one is reported, not fatal.
 void WriteResults(const ExperimentPlan& plan, const std::vector<RunResult>& results) {
   const fs::path& out = plan.out;
   const std::vector<AblationArm>& arms = plan.spec.arms;
   const std::vector<ComparedMetric> metrics = ComparedMetrics(results);
-  const std::pair<const char*, std::string> files[] = {
+  std::vector<std::pair<const char*, std::string>> files = {
       {"results.csv", ResultsCsv(results)},
       {"summary.csv", SummaryCsv(SummarizeArms(arms, results, metrics))},
       {"differences.csv", DifferencesCsv(PairedDifferences(arms, results, plan.spec.baseline,
                                                            metrics, plan.spec.effects))},
-      {"results.md", ResultsMarkdown(plan.title, plan.context, arms, results, plan.spec.baseline,
-                                     plan.spec.effects)},
+      {"results.md", ExperimentMarkdown(plan, results)},
   };
+  if (plan.spec.trend) {
+    files.push_back({"trend.csv", TrendCsv(FitTrend(*plan.spec.trend, results, metrics))});
+  }
   for (const auto& [name, text] : files) {
     if (absl::Status status = services::WriteFileAtomically((out / name).string(), text);
         !status.ok()) {
@@ -326,9 +341,7 @@ RunTally RunAll(const ExperimentPlan& plan, const std::vector<std::vector<std::s
 // The per-arm table on stdout, the totals on stderr; the exit status.
 int Summarize(const ExperimentPlan& plan, const std::vector<RunResult>& results,
               const RunTally& tally, Clock::time_point start) {
-  std::cout << ResultsMarkdown(plan.title, plan.context, plan.spec.arms, results,
-                               plan.spec.baseline, plan.spec.effects)
-            << std::flush;
+  std::cout << ExperimentMarkdown(plan, results) << std::flush;
   std::cerr << absl::StrFormat(
       "kappa experiment: %s in %s; %d failed; results in %s/results.md, results.csv, "
       "summary.csv, differences.csv and report.html, run logs in %s/logs/\n",

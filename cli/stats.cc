@@ -188,4 +188,47 @@ std::optional<MeanEstimate> EstimateMean(const std::vector<double>& values, doub
   return estimate;
 }
 
+std::optional<LineFit> FitLine(const std::vector<double>& x, const std::vector<double>& y,
+                               double level) {
+  if (x.size() != y.size() || x.size() < 3) return std::nullopt;
+  const double n = static_cast<double>(x.size());
+  double x_mean = 0.0;
+  double y_mean = 0.0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    x_mean += x[i] / n;
+    y_mean += y[i] / n;
+  }
+  double sxx = 0.0;
+  double sxy = 0.0;
+  double syy = 0.0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    sxx += (x[i] - x_mean) * (x[i] - x_mean);
+    sxy += (x[i] - x_mean) * (y[i] - y_mean);
+    syy += (y[i] - y_mean) * (y[i] - y_mean);
+  }
+  if (!(sxx > 0.0)) return std::nullopt;
+
+  LineFit fit;
+  fit.n = static_cast<int>(x.size());
+  fit.slope = sxy / sxx;
+  fit.intercept = y_mean - fit.slope * x_mean;
+  double residual_squares = 0.0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double residual = y[i] - (fit.intercept + fit.slope * x[i]);
+    residual_squares += residual * residual;
+  }
+  const double df = n - 2.0;
+  fit.slope_standard_error = std::sqrt(residual_squares / df / sxx);
+  fit.ci_half_width = StudentTQuantile(0.5 * (1.0 + level), df) * fit.slope_standard_error;
+  if (fit.slope_standard_error > 0.0) {
+    fit.t = fit.slope / fit.slope_standard_error;
+    fit.p_value = StudentTTwoSidedP(fit.t, df);
+  } else {
+    fit.t = fit.slope == 0.0 ? 0.0 : std::copysign(kInfinity, fit.slope);
+    fit.p_value = fit.slope != 0.0 ? 0.0 : 1.0;
+  }
+  fit.r_squared = syy > 0.0 ? 1.0 - residual_squares / syy : 1.0;
+  return fit;
+}
+
 }  // namespace kappa::cli

@@ -2,7 +2,8 @@
 // distribution (CDF and quantile, from the regularized incomplete beta
 // function), and the mean of a sample with its t confidence interval and a
 // two-sided one-sample t-test against 0 (a paired t-test when the sample is
-// of paired differences). Pure functions, no dependencies beyond <cmath>.
+// of paired differences), and a least-squares line with the t-test of its
+// slope. Pure functions, no dependencies beyond <cmath>.
 #pragma once
 
 #include <optional>
@@ -46,6 +47,30 @@ struct MeanEstimate {
 // Unset for an empty sample. `level`: the interval's confidence, in (0, 1).
 std::optional<MeanEstimate> EstimateMean(const std::vector<double>& values,
                                          double level = kConfidenceLevel);
+
+// A straight line fitted by least squares, y ≈ intercept + slope · x, and
+// what it says about the population slope.
+struct LineFit {
+  int n = 0;
+  double slope = 0.0;
+  double intercept = 0.0;
+  double slope_standard_error = 0.0;  // √(σ̂² / Σ(x − x̄)²), σ̂² = Σ residual² / (n − 2)
+  // t_{(1+level)/2, n−2} · slope_standard_error, for the interval slope ± it.
+  double ci_half_width = 0.0;
+  // The two-sided t-test of "the slope is 0" (n − 2 df): t = slope / its
+  // standard error. An exact fit (no residual) has p 0 when slope != 0.
+  double t = 0.0;
+  double p_value = 1.0;
+  double r_squared = 0.0;  // 1 − Σ residual² / Σ(y − ȳ)²; 1 when y is constant
+
+  double ci_low() const { return slope - ci_half_width; }
+  double ci_high() const { return slope + ci_half_width; }
+};
+
+// Unset unless x and y have one size n >= 3 (one degree of freedom left for
+// the residual spread) and x takes at least two values.
+std::optional<LineFit> FitLine(const std::vector<double>& x, const std::vector<double>& y,
+                               double level = kConfidenceLevel);
 
 // Holm's step-down adjustment of a family of p-values (in any order, the
 // result in the same order): sorted ascending, p_(i) × (m − i + 1) for the

@@ -15,8 +15,10 @@
 #include <tuple>
 #include <vector>
 
+#include "absl/strings/str_format.h"
 #include "cli/ablation_spec.h"
 #include "cli/experiment_results.h"
+#include "cli/experiment_trend.h"
 #include "cli/stats.h"
 #include "tests/integration/cli_test_util.h"
 
@@ -186,6 +188,39 @@ TEST_F(ExperimentTest, BaselineDefaultsToNaiveAndMustNameAnArm) {
                "abl.yaml:3: 'baseline' expects"));
 }
 
+TEST_F(ExperimentTest, ParsesATrendAndRefusesABadOne) {
+  absl::StatusOr<AblationSpec> spec = LoadAblationSpec(Write("abl.yaml", R"(base: base.yaml
+seeds: [1]
+trend:
+  metric: eval_accuracy_auc
+  against: kappa_effective_median
+  log10: true
+  arms: [a, b]
+arms: [{name: a}, {name: b}, {name: c}]
+)"));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  ASSERT_TRUE(spec->trend);
+  EXPECT_EQ(spec->trend->metric, "eval_accuracy_auc");
+  EXPECT_EQ(spec->trend->against, "kappa_effective_median");
+  EXPECT_TRUE(spec->trend->log10);
+  EXPECT_EQ(spec->trend->arms, (std::vector<std::string>{"a", "b"}));
+  EXPECT_FALSE(LoadAblationSpec(Write("abl.yaml", kGoodAblation))->trend) << "no key: no trend";
+
+  const std::string head = "base: base.yaml\nseeds: [1]\narms: [{name: a}, {name: b}]\n";
+  EXPECT_TRUE(Contains(ParseError(head + "trend: {metric: m, against: x, arms: [a, z]}\n"),
+                       "abl.yaml:4: 'trend.arms': 'z' is not an arm"));
+  EXPECT_TRUE(Contains(ParseError(head + "trend: {metric: m, against: x, arms: [a]}\n"),
+                       "'trend.arms' expects a list of at least two arms"));
+  EXPECT_TRUE(Contains(ParseError(head + "trend: {metric: m, arms: [a, b]}\n"),
+                       "abl.yaml:4: 'trend' needs metric, against and arms"));
+  EXPECT_TRUE(
+      Contains(ParseError(head + "trend: {metric: m, against: x, log10: yes, arms: [a, b]}\n"),
+               "'trend.log10' expects true or false"));
+  EXPECT_TRUE(
+      Contains(ParseError(head + "trend: {metric: m, against: x, slope: 1, arms: [a, b]}\n"),
+               "unknown key 'trend.slope'"));
+}
+
 TEST_F(ExperimentTest, UnknownOverrideKeyNamesTheArm) {
   absl::StatusOr<AblationSpec> spec = LoadAblationSpec(Write("abl.yaml", R"(base: base.yaml
 seeds: [1, 2]
@@ -319,12 +354,16 @@ TEST_F(ExperimentTest, ShippedScienceExperimentsAreValid) {
     } else if (file.file == "mirror_control.yaml") {
       EXPECT_EQ((*configs)[0].student.bootstrap.corrupt, "hundreds_plus_one");
       EXPECT_TRUE((*configs)[0].teacher.bootstrap.corrupt.empty());
+      EXPECT_DOUBLE_EQ((*configs)[0].student.bootstrap.corrupt_fraction, 0.8);
     } else if (file.file == "silent_grpo.yaml") {
       EXPECT_DOUBLE_EQ((*configs)[0].teacher.bootstrap.target_accuracy, 0.78);
       EXPECT_EQ((*configs)[3 * 3].rstg.token_selector, "union");  // rstg_union
     } else if (file.file == "kappa_threshold.yaml") {
       EXPECT_DOUBLE_EQ((*configs)[3 * 3].trainer.lambda, 1e-5);
       EXPECT_EQ((*configs)[5 * 3].seed, 2u);  // naive_l1_draw2
+      ASSERT_TRUE(spec->trend);
+      EXPECT_EQ(spec->trend->arms.size(), 4u);
+      EXPECT_TRUE(spec->trend->log10);
     } else {
       EXPECT_EQ((*configs)[0].student.bootstrap.steps, 200);
       EXPECT_EQ((*configs)[3].trainer.distill_gate, "rstg");
@@ -672,6 +711,31 @@ TEST(StatsTest, PairedTPowerMatchesSimulation) {
   EXPECT_TRUE(std::isnan(PairedTPower(3, 0.1, 0.0, 0.05)));
 }
 
+// Against numpy.linalg.lstsq on the same points, and the t CDF's closed form
+// for 3 df: F(t) = 1/2 + (u/(1 + u²) + atan u)/π with u = t/√3.
+TEST(StatsTest, FitLineMatchesAnIndependentLeastSquares) {
+  const std::optional<LineFit> fit = FitLine({0, 1, 2, 3, 4}, {1, 3, 2, 5, 4});
+  ASSERT_TRUE(fit);
+  EXPECT_EQ(fit->n, 5);
+  EXPECT_NEAR(fit->slope, 0.8, 1e-12);
+  EXPECT_NEAR(fit->intercept, 1.4, 1e-12);
+  EXPECT_NEAR(fit->slope_standard_error, 0.3464101615137754, 1e-12);
+  EXPECT_NEAR(fit->t, 2.3094010767585034, 1e-10);
+  EXPECT_NEAR(fit->p_value, 0.10408803866182792, 1e-9);
+  EXPECT_NEAR(fit->ci_half_width, 1.1024317386224394, 1e-8);
+  EXPECT_NEAR(fit->r_squared, 0.64, 1e-12);
+  // A falling exact line: p 0; a flat one: p 1.
+  const std::optional<LineFit> exact = FitLine({1, 2, 3}, {5, 3, 1});
+  ASSERT_TRUE(exact);
+  EXPECT_NEAR(exact->slope, -2.0, 1e-12);
+  EXPECT_EQ(exact->p_value, 0.0);
+  EXPECT_EQ(FitLine({1, 2, 3}, {4, 4, 4})->p_value, 1.0);
+  // Too few points, one x, or sizes that differ: no line.
+  EXPECT_FALSE(FitLine({1, 2}, {1, 2}));
+  EXPECT_FALSE(FitLine({2, 2, 2}, {1, 2, 3}));
+  EXPECT_FALSE(FitLine({1, 2, 3}, {1, 2}));
+}
+
 TEST(StatsTest, StudentTCdfMatchesClosedForms) {
   EXPECT_NEAR(StudentTTwoSidedP(2.776, 4), 0.05, 1e-4);
   EXPECT_NEAR(StudentTTwoSidedP(1.0, 1), 0.5, 1e-12);
@@ -750,6 +814,45 @@ const ArmDifference* FindDifference(const std::vector<ArmDifference>& difference
     if (d.arm == arm && d.metric == metric) return &d;
   }
   return nullptr;
+}
+
+// The trend's points are the runs of its arms that finished with both
+// numbers; log10 leaves out x <= 0, naming the run; the line is FitLine's.
+TEST(ExperimentResultsTest, TrendFitsEveryRunOfItsArmsAgainstLog10) {
+  std::vector<RunResult> runs = {
+      RunWith("l1", 1, 0.30, "ok", 0.1),    RunWith("l1", 2, 0.32, "ok", 0.1),
+      RunWith("l01", 1, 0.50, "ok", 1.0),   RunWith("l01", 2, 0.49, "ok", 1.0),
+      RunWith("l001", 1, 0.71, "ok", 10.0), RunWith("l001", 2, 0.90, "failed", 10.0),
+      RunWith("l001", 3, 0.70, "ok", 0.0),  RunWith("other", 1, 0.0, "ok", 100.0)};
+  TrendSpec spec;
+  spec.metric = "final_eval_accuracy";
+  spec.against = "kappa_median";
+  spec.log10 = true;
+  spec.arms = {"l1", "l01", "l001"};
+  const TrendResult trend = FitTrend(spec, runs, ComparedMetrics(runs));
+  ASSERT_EQ(trend.points.size(), 5u);
+  EXPECT_EQ(trend.points[0].run, "l1-s1");
+  EXPECT_NEAR(trend.points[0].x, -1.0, 1e-12);
+  EXPECT_NEAR(trend.points[4].x, 1.0, 1e-12);
+  EXPECT_EQ(trend.left_out, (std::vector<std::string>{"l001-s2: status failed",
+                                                      "l001-s3: kappa_median = 0, no logarithm"}));
+  const std::optional<LineFit> expected =
+      FitLine({-1, -1, 0, 0, 1}, {0.30, 0.32, 0.50, 0.49, 0.71});
+  ASSERT_TRUE(trend.fit && expected);
+  EXPECT_NEAR(trend.fit->slope, expected->slope, 1e-12);
+  EXPECT_NEAR(trend.fit->p_value, expected->p_value, 1e-12);
+  EXPECT_TRUE(Contains(TrendCsv(trend),
+                       "run,arm,log10(kappa_median),final_eval_accuracy\nl1-s1,l1,-1,0.3\n"));
+  const std::string md = TrendMarkdown(trend);
+  EXPECT_TRUE(Contains(md, "## Trend: final_eval_accuracy against log10(kappa_median)"));
+  EXPECT_TRUE(Contains(md, absl::StrFormat("slope **%+.4g**", expected->slope)));
+  EXPECT_TRUE(Contains(md, "n = 5 runs"));
+  EXPECT_TRUE(Contains(md, "(significant at 0.05)"));
+
+  spec.against = "kappa_medain";
+  const TrendResult misspelt = FitTrend(spec, runs, ComparedMetrics(runs));
+  EXPECT_TRUE(misspelt.points.empty());
+  EXPECT_TRUE(Contains(TrendMarkdown(misspelt), "'kappa_medain' is not a results.csv column"));
 }
 
 TEST(ExperimentResultsTest, PairedDifferencesPairBySeedOverRunsThatFinished) {
