@@ -47,6 +47,20 @@ std::optional<double> MedianOf(const std::vector<nlohmann::json>& steps, const c
   return Median(std::move(values));
 }
 
+// Median cos(∇L_R, ∇L_D) over the steps where both gradients were measured
+// and non-zero: the learner writes 0 where either is zero (GRPO alone, a
+// step with nothing distilled), and an undefined angle is not a right one.
+std::optional<double> GradCosineMedian(const std::vector<nlohmann::json>& steps) {
+  std::vector<double> values;
+  for (const nlohmann::json& record : steps) {
+    const std::optional<double> reward = NumberAt(record, metrics_jsonl::kGradNormReward);
+    const std::optional<double> distill = NumberAt(record, metrics_jsonl::kGradNormDistill);
+    const std::optional<double> cosine = NumberAt(record, metrics_jsonl::kGradCosine);
+    if (reward > 0.0 && distill > 0.0 && cosine) values.push_back(*cosine);
+  }
+  return Median(std::move(values));
+}
+
 // The per-subset fields (metrics_jsonl::k*BySubset, docs/metrics.md) are
 // objects {"<subset>": number or null, ..., "rest": ...}.
 constexpr char kRestSubset[] = "rest";
@@ -432,7 +446,7 @@ RunMetrics SummarizeMetrics(const std::vector<nlohmann::json>& records) {
       MedianOf(steps, metrics_jsonl::kKdrNegativeWeightedFraction);
   metrics.kdr_mean_median_by_subset = SubsetMedians(steps, metrics_jsonl::kKdrMeanBySubset);
   metrics.kdr_sign_agreement_logit_median = MedianOf(steps, metrics_jsonl::kKdrSignAgreementLogit);
-  metrics.grad_cosine_median = MedianOf(steps, metrics_jsonl::kGradCosine);
+  metrics.grad_cosine_median = GradCosineMedian(steps);
   metrics.kdr_mean_early_by_subset =
       SubsetMeans(steps, metrics_jsonl::kKdrMeanBySubset, std::max<size_t>(1, steps.size() / 4));
   metrics.kdr_negative_fraction_median_by_subset =

@@ -65,7 +65,8 @@ struct RunMetrics {
   // Median over the steps that ran the exact K_DR of the share of its
   // sampled positions where the logit estimator has the exact one's sign.
   std::optional<double> kdr_sign_agreement_logit_median;
-  // Median cos(∇L_R, ∇L_D) over the steps that measured both gradients.
+  // Median cos(∇L_R, ∇L_D) over the steps that measured both gradients and
+  // found both non-zero (unset for GRPO alone: no angle there).
   std::optional<double> grad_cosine_median;
   std::optional<double> train_seconds;  // elapsed_seconds of the last step
   // By kind; every kind of AlarmKinds() is present once there are records,

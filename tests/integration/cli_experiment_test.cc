@@ -318,7 +318,7 @@ TEST_F(ExperimentTest, ShippedScienceExperimentsAreValid) {
        {ScienceFile{"unreliable_teacher.yaml", 5}, ScienceFile{"kappa_regimes.yaml", 10},
         ScienceFile{"all_zero_groups.yaml", 4}, ScienceFile{"second_task.yaml", 1, 3000},
         ScienceFile{"teacher_error.yaml", 8, 1000}, ScienceFile{"mirror_control.yaml", 2, 1000},
-        ScienceFile{"silent_grpo.yaml", 5}, ScienceFile{"kappa_threshold.yaml", 7}}) {
+        ScienceFile{"silent_grpo.yaml", 5}, ScienceFile{"kappa_threshold.yaml", 9}}) {
     SCOPED_TRACE(file.file);
     absl::StatusOr<AblationSpec> spec = LoadAblationSpec(dir + file.file);
     ASSERT_TRUE(spec.ok()) << spec.status();
@@ -360,7 +360,8 @@ TEST_F(ExperimentTest, ShippedScienceExperimentsAreValid) {
       EXPECT_EQ((*configs)[3 * 3].rstg.token_selector, "union");  // rstg_union
     } else if (file.file == "kappa_threshold.yaml") {
       EXPECT_DOUBLE_EQ((*configs)[3 * 3].trainer.lambda, 1e-5);
-      EXPECT_EQ((*configs)[5 * 3].seed, 2u);  // naive_l1_draw2
+      EXPECT_EQ((*configs)[6 * 3].trainer.balance, (std::vector<std::string>{"m3_adapt"}));
+      EXPECT_EQ((*configs)[7 * 3].seed, 2u);  // naive_l1_draw2
       ASSERT_TRUE(spec->trend);
       EXPECT_EQ(spec->trend->arms.size(), 4u);
       EXPECT_TRUE(spec->trend->log10);
@@ -449,6 +450,26 @@ TEST(ExperimentResultsTest, SummarizesOneRun) {
   EXPECT_FALSE(m.alarms.at("directional_conflict").first_step);
   ASSERT_TRUE(m.train_seconds);
   EXPECT_DOUBLE_EQ(*m.train_seconds, 4.0);
+}
+
+// The learner writes cos 0 where a gradient is zero (GRPO alone, nothing
+// distilled); those steps have no angle and leave the median, and a run
+// with no angle at all has none.
+TEST(ExperimentResultsTest, GradCosineMedianSkipsStepsWithAZeroGradient) {
+  std::vector<nlohmann::json> records;
+  const double cosines[] = {0.5, 0.0, 0.7, 0.0, 0.6};
+  const double distill_norms[] = {1.0, 0.0, 2.0, 0.0, 1.5};
+  for (int64_t step = 1; step <= 5; ++step) {
+    nlohmann::json record = Step(step, 1.0);
+    record["grad_norm_reward"] = 0.3;
+    record["grad_norm_distill"] = distill_norms[step - 1];
+    record["grad_cosine"] = cosines[step - 1];
+    records.push_back(record);
+  }
+  records.push_back(Step(6, 1.0));  // not measured: no norms, no cosine
+  EXPECT_EQ(SummarizeMetrics(records).grad_cosine_median, 0.6) << "median of 0.5, 0.7, 0.6";
+  for (nlohmann::json& record : records) record["grad_norm_distill"] = 0.0;
+  EXPECT_FALSE(SummarizeMetrics(records).grad_cosine_median);
 }
 
 TEST(ExperimentResultsTest, MissingFieldsStayUnset) {
