@@ -206,14 +206,6 @@ std::string AlarmKindOf(const ComparedMetric& metric) {
                                                             : "";
 }
 
-const ComparedMetric* FindMetric(const std::vector<ComparedMetric>& metrics,
-                                 const std::string& name) {
-  for (const ComparedMetric& metric : metrics) {
-    if (metric.name == name) return &metric;
-  }
-  return nullptr;
-}
-
 // " (first @3)": the earliest step `kind` fired at over `runs`; empty when it
 // never did.
 std::string FirstFiredText(const std::vector<const RunResult*>& runs, const std::string& kind) {
@@ -560,6 +552,14 @@ std::vector<ComparedMetric> ComparedMetrics(const std::vector<RunResult>& runs) 
         [s](const RunMetrics& m) { return ValueOf(m.kdr_mean_early_by_subset, s); }, s);
   }
   return metrics;
+}
+
+const ComparedMetric* FindMetric(const std::vector<ComparedMetric>& metrics,
+                                 const std::string& name) {
+  for (const ComparedMetric& metric : metrics) {
+    if (metric.name == name) return &metric;
+  }
+  return nullptr;
 }
 
 std::vector<ArmStatistic> SummarizeArms(const std::vector<AblationArm>& arms,

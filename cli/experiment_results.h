@@ -128,6 +128,9 @@ struct ComparedMetric {
 // final_accuracy_<subset>, kdr_mean_median_<subset>,
 // kdr_negative_fraction_median_<subset>, kdr_mean_early_<subset>.
 std::vector<ComparedMetric> ComparedMetrics(const std::vector<RunResult>& runs);
+// The metric called `name` in `metrics`; null when none is.
+const ComparedMetric* FindMetric(const std::vector<ComparedMetric>& metrics,
+                                 const std::string& name);
 
 // One arm's numbers for one metric, over the arm's runs that finished ok.
 struct ArmStatistic {

@@ -10,14 +10,6 @@
 namespace kappa::cli {
 namespace {
 
-const ComparedMetric* MetricNamed(const std::vector<ComparedMetric>& metrics,
-                                  const std::string& name) {
-  for (const ComparedMetric& metric : metrics) {
-    if (metric.name == name) return &metric;
-  }
-  return nullptr;
-}
-
 std::string XLabel(const TrendSpec& spec) {
   return spec.log10 ? absl::StrCat("log10(", spec.against, ")") : spec.against;
 }
@@ -49,8 +41,8 @@ TrendResult FitTrend(const TrendSpec& spec, const std::vector<RunResult>& runs,
                      const std::vector<ComparedMetric>& metrics) {
   TrendResult result;
   result.spec = spec;
-  const ComparedMetric* x_metric = MetricNamed(metrics, spec.against);
-  const ComparedMetric* y_metric = MetricNamed(metrics, spec.metric);
+  const ComparedMetric* x_metric = FindMetric(metrics, spec.against);
+  const ComparedMetric* y_metric = FindMetric(metrics, spec.metric);
   if (x_metric == nullptr || y_metric == nullptr) {
     result.error = absl::StrCat("'", x_metric == nullptr ? spec.against : spec.metric,
                                 "' is not a results.csv column");

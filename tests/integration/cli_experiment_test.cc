@@ -318,7 +318,7 @@ TEST_F(ExperimentTest, ShippedScienceExperimentsAreValid) {
        {ScienceFile{"unreliable_teacher.yaml", 5}, ScienceFile{"kappa_regimes.yaml", 10},
         ScienceFile{"all_zero_groups.yaml", 4}, ScienceFile{"second_task.yaml", 1, 3000},
         ScienceFile{"teacher_error.yaml", 8, 1000}, ScienceFile{"mirror_control.yaml", 2, 1000},
-        ScienceFile{"silent_grpo.yaml", 5}, ScienceFile{"kappa_threshold.yaml", 9}}) {
+        ScienceFile{"silent_grpo.yaml", 5}, ScienceFile{"kappa_threshold.yaml", 9, 1000}}) {
     SCOPED_TRACE(file.file);
     absl::StatusOr<AblationSpec> spec = LoadAblationSpec(dir + file.file);
     ASSERT_TRUE(spec.ok()) << spec.status();
