@@ -195,15 +195,21 @@ std::vector<RunResult> InitialResults(const std::vector<PlannedRun>& runs) {
   return results;
 }
 
-// results.md: the arms, the differences against the baseline and, when the
-// file names one, the trend.
-std::string ExperimentMarkdown(const ExperimentPlan& plan, const std::vector<RunResult>& results) {
+// The trend the file names, fitted over `results`; nullopt when it names none.
+// REQUIRES: `metrics` is ComparedMetrics(results).
+std::optional<TrendResult> FitPlannedTrend(const ExperimentPlan& plan,
+                                           const std::vector<RunResult>& results,
+                                           const std::vector<ComparedMetric>& metrics) {
+  if (!plan.spec.trend) return std::nullopt;
+  return FitTrend(*plan.spec.trend, results, metrics);
+}
+
+// results.md: the arms, the differences against the baseline and `trend`.
+std::string ExperimentMarkdown(const ExperimentPlan& plan, const std::vector<RunResult>& results,
+                               const std::optional<TrendResult>& trend) {
   std::string md = ResultsMarkdown(plan.title, plan.context, plan.spec.arms, results,
                                    plan.spec.baseline, plan.spec.effects);
-  if (plan.spec.trend) {
-    absl::StrAppend(&md,
-                    TrendMarkdown(FitTrend(*plan.spec.trend, results, ComparedMetrics(results))));
-  }
+  if (trend) absl::StrAppend(&md, TrendMarkdown(*trend));
   return md;
 }
 
@@ -213,16 +219,15 @@ void WriteResults(const ExperimentPlan& plan, const std::vector<RunResult>& resu
   const fs::path& out = plan.out;
   const std::vector<AblationArm>& arms = plan.spec.arms;
   const std::vector<ComparedMetric> metrics = ComparedMetrics(results);
+  const std::optional<TrendResult> trend = FitPlannedTrend(plan, results, metrics);
   std::vector<std::pair<const char*, std::string>> files = {
       {"results.csv", ResultsCsv(results)},
       {"summary.csv", SummaryCsv(SummarizeArms(arms, results, metrics))},
       {"differences.csv", DifferencesCsv(PairedDifferences(arms, results, plan.spec.baseline,
                                                            metrics, plan.spec.effects))},
-      {"results.md", ExperimentMarkdown(plan, results)},
+      {"results.md", ExperimentMarkdown(plan, results, trend)},
   };
-  if (plan.spec.trend) {
-    files.push_back({"trend.csv", TrendCsv(FitTrend(*plan.spec.trend, results, metrics))});
-  }
+  if (trend) files.push_back({"trend.csv", TrendCsv(*trend)});
   for (const auto& [name, text] : files) {
     if (absl::Status status = services::WriteFileAtomically((out / name).string(), text);
         !status.ok()) {
@@ -341,7 +346,9 @@ RunTally RunAll(const ExperimentPlan& plan, const std::vector<std::vector<std::s
 // The per-arm table on stdout, the totals on stderr; the exit status.
 int Summarize(const ExperimentPlan& plan, const std::vector<RunResult>& results,
               const RunTally& tally, Clock::time_point start) {
-  std::cout << ExperimentMarkdown(plan, results) << std::flush;
+  std::cout << ExperimentMarkdown(plan, results,
+                                  FitPlannedTrend(plan, results, ComparedMetrics(results)))
+            << std::flush;
   std::cerr << absl::StrFormat(
       "kappa experiment: %s in %s; %d failed; results in %s/results.md, results.csv, "
       "summary.csv, differences.csv and report.html, run logs in %s/logs/\n",
