@@ -112,20 +112,13 @@ absl::StatusOr<std::optional<tasks::AnswerCorruption>> ParseCorruption(
         absl::StrCat("config key '", role_name,
                      ".bootstrap.corrupt_fraction': ", sft.corrupt_fraction, " is not in (0, 1]"));
   }
-  if (sft.corrupt.empty()) {
-    if (sft.corrupt_fraction != 1.0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("config key '", role_name, ".bootstrap.corrupt_fraction' is ",
-                       sft.corrupt_fraction, " but '", role_name, ".bootstrap.corrupt' is empty"));
-    }
-    return std::nullopt;
-  }
-  absl::StatusOr<tasks::AnswerCorruption> rule = tasks::AnswerCorruption::Named(sft.corrupt);
-  if (!rule.ok()) {
+  if (sft.corrupt.empty() && sft.corrupt_fraction != 1.0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("config key '", role_name, ".bootstrap.corrupt': ", rule.status().message()));
+        absl::StrCat("config key '", role_name, ".bootstrap.corrupt_fraction' is ",
+                     sft.corrupt_fraction, " but '", role_name, ".bootstrap.corrupt' is empty"));
   }
-  return std::optional<tasks::AnswerCorruption>(*std::move(rule));
+  return tasks::AnswerCorruption::FromConfigKey(absl::StrCat(role_name, ".bootstrap.corrupt"),
+                                                sft.corrupt);
 }
 
 // The first `count` examples of `train`, encoded. An example `corruption`

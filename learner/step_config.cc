@@ -260,16 +260,9 @@ absl::StatusOr<std::optional<tasks::AnswerCorruption>> StudiedCorruption(
                      "') and 'student.bootstrap.corrupt' ('", student,
                      "'): the learner reports one corrupted subset; set one of them"));
   }
-  const std::string key =
-      teacher.empty() ? "student.bootstrap.corrupt" : "teacher.bootstrap.corrupt";
-  const std::string& name = teacher.empty() ? student : teacher;
-  if (name.empty()) return std::nullopt;
-  absl::StatusOr<tasks::AnswerCorruption> rule = tasks::AnswerCorruption::Named(name);
-  if (!rule.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("config key '", key, "': ", rule.status().message()));
-  }
-  return std::optional<tasks::AnswerCorruption>(*std::move(rule));
+  return teacher.empty()
+             ? tasks::AnswerCorruption::FromConfigKey("student.bootstrap.corrupt", student)
+             : tasks::AnswerCorruption::FromConfigKey("teacher.bootstrap.corrupt", teacher);
 }
 
 namespace {

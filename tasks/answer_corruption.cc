@@ -46,6 +46,17 @@ const std::vector<std::string>& AnswerCorruptionNames() {
   return *names;
 }
 
+absl::StatusOr<std::optional<AnswerCorruption>> AnswerCorruption::FromConfigKey(
+    std::string_view key, std::string_view name) {
+  if (name.empty()) return std::nullopt;
+  absl::StatusOr<AnswerCorruption> rule = Named(name);
+  if (!rule.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config key '", std::string(key), "': ", rule.status().message()));
+  }
+  return std::optional<AnswerCorruption>(*std::move(rule));
+}
+
 absl::StatusOr<AnswerCorruption> AnswerCorruption::Named(std::string_view name) {
   if (name == "carry_into_hundreds")
     return AnswerCorruption(std::string(name), Kind::kCarryIntoHundreds);

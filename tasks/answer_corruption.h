@@ -29,6 +29,10 @@ class AnswerCorruption {
  public:
   // The rule called `name`; INVALID_ARGUMENT listing the rules otherwise.
   static absl::StatusOr<AnswerCorruption> Named(std::string_view name);
+  // The rule a config key names: nullopt when `name` is empty, else Named's,
+  // with an unknown rule's INVALID_ARGUMENT prefixed "config key '<key>': ".
+  static absl::StatusOr<std::optional<AnswerCorruption>> FromConfigKey(std::string_view key,
+                                                                       std::string_view name);
 
   const std::string& name() const { return name_; }
   // True when `example` is an arithmetic problem this rule answers wrongly.

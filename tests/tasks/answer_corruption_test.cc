@@ -63,5 +63,25 @@ TEST(AnswerCorruption, UnknownNameListsTheRules) {
       << rule.status();
 }
 
+TEST(AnswerCorruption, FromConfigKeyIsEmptyForNoRuleAndNamesTheKey) {
+  absl::StatusOr<std::optional<AnswerCorruption>> none =
+      AnswerCorruption::FromConfigKey("student.bootstrap.corrupt", "");
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_FALSE(*none);
+  absl::StatusOr<std::optional<AnswerCorruption>> rule =
+      AnswerCorruption::FromConfigKey("student.bootstrap.corrupt", "minus_as_plus");
+  ASSERT_TRUE(rule.ok() && *rule) << rule.status();
+  EXPECT_EQ((*rule)->name(), "minus_as_plus");
+  absl::StatusOr<std::optional<AnswerCorruption>> unknown =
+      AnswerCorruption::FromConfigKey("teacher.bootstrap.corrupt", "off_by_one");
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(unknown.status().message().rfind("config key 'teacher.bootstrap.corrupt': unknown "
+                                             "answer corruption 'off_by_one'",
+                                             0),
+            0u)
+      << unknown.status();
+}
+
 }  // namespace
 }  // namespace kappa::tasks
