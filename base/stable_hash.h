@@ -1,15 +1,18 @@
 // FNV-1a 64-bit: a hash that is stable across builds, processes and
 // platforms (unlike std::hash), for cache keys and seeds derived from names.
-// Header-only and dependency-free, so model/ uses it too.
+// Header-only and dependency-free (the base floor), the project's one FNV-1a.
 #pragma once
 
 #include <cstdint>
 #include <string_view>
 
-namespace kappa::services {
+namespace kappa::base {
 
-inline uint64_t StableHash(std::string_view text) {
-  uint64_t hash = 0xcbf29ce484222325ULL;
+inline constexpr uint64_t kStableHashSeed = 0xcbf29ce484222325ULL;  // FNV-1a's offset basis
+
+// FNV-1a of `text`, continuing from `hash` (the hash of what came before), so
+// StableHash(b, StableHash(a)) == StableHash(a + b).
+inline uint64_t StableHash(std::string_view text, uint64_t hash = kStableHashSeed) {
   for (unsigned char c : text) {
     hash ^= c;
     hash *= 0x100000001b3ULL;
@@ -26,4 +29,4 @@ inline uint64_t SplitMix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
-}  // namespace kappa::services
+}  // namespace kappa::base

@@ -40,7 +40,7 @@
   if (!statusor.ok()) return std::move(statusor).status(); \
   lhs = *std::move(statusor)
 
-namespace kappa::services {
+namespace kappa::base {
 
 // `context: what()` with the code the exception's type stands for:
 // std::invalid_argument → INVALID_ARGUMENT, std::out_of_range → OUT_OF_RANGE,
@@ -76,4 +76,4 @@ auto CaptureExceptions(absl::string_view context, F&& f,
   }
 }
 
-}  // namespace kappa::services
+}  // namespace kappa::base

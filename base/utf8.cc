@@ -1,6 +1,6 @@
-#include "model/utf8.h"
+#include "base/utf8.h"
 
-namespace kappa::model {
+namespace kappa::base {
 namespace {
 
 constexpr char kReplacement[] = "\xEF\xBF\xBD";  // U+FFFD
@@ -131,4 +131,4 @@ bool IsUnicodeWhitespace(char32_t c) {
          c == 0x3000;
 }
 
-}  // namespace kappa::model
+}  // namespace kappa::base

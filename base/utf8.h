@@ -11,7 +11,7 @@
 #include <string>
 #include <string_view>
 
-namespace kappa::model {
+namespace kappa::base {
 
 // Offset of the first byte that is not part of well-formed UTF-8 (RFC 3629:
 // no overlong forms, surrogates or values above U+10FFFF), or npos.
@@ -38,4 +38,4 @@ std::string LossyUtf8(std::string_view bytes);
 // regex `\s` match).
 bool IsUnicodeWhitespace(char32_t c);
 
-}  // namespace kappa::model
+}  // namespace kappa::base

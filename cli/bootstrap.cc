@@ -7,9 +7,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/stable_hash.h"
 #include "model/checkpoint.h"
 #include "model/tokenizer.h"
-#include "services/stable_hash.h"
 
 namespace kappa::cli {
 namespace {
@@ -59,7 +59,7 @@ std::string BootstrapKey(const services::Config& config, Role role) {
                     sft.check_every, ",", config.trainer.eval_examples);
   }
   absl::StrAppend(&text, "|alphabet=", model::CharTokenizer().alphabet());
-  return absl::StrFormat("%016x", services::StableHash(text));
+  return absl::StrFormat("%016x", base::StableHash(text));
 }
 
 std::string BootstrapDir(const services::Config& config, Role role) {

@@ -2,7 +2,7 @@
 
 #include <iostream>
 
-#include "services/status_util.h"
+#include "base/status.h"
 
 namespace kappa::cli {
 
@@ -26,7 +26,7 @@ int ForEachJsonLine(const char* command, std::istream& in, std::ostream& out,
   for (int64_t number = 1; std::getline(in, line); ++number) {
     // nlohmann's parse errors and `process`'s refusals (the tokenizer's too).
     absl::StatusOr<std::string> result =
-        services::CaptureExceptions("", [&] { return process(nlohmann::json::parse(line)); });
+        base::CaptureExceptions("", [&] { return process(nlohmann::json::parse(line)); });
     if (!result.ok()) {
       std::cerr << "kappa " << command << ": stdin line " << number << ": "
                 << result.status().message() << "\n";

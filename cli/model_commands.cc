@@ -11,12 +11,12 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "base/status.h"
 #include "cli/args.h"
 #include "model/checkpoint.h"
 #include "model/generation_config.h"
 #include "model/hf_tokenizer/hf_tokenizer.h"
 #include "model/sampling.h"
-#include "services/status_util.h"
 #include "services/torch_runtime.h"
 
 namespace kappa::cli {
@@ -123,7 +123,7 @@ absl::StatusOr<GeneratePrompt> ReadGeneratePrompt(const CommandLine& line) {
   }
   prompt.flag = "--prompt";
   // The tokenizer's errors name the file.
-  KAPPA_RETURN_IF_ERROR(services::CaptureExceptions(
+  KAPPA_RETURN_IF_ERROR(base::CaptureExceptions(
       "--prompt",
       [&] {
         prompt.tokenizer = model::HfTokenizer::Load(line.config_path);
@@ -159,13 +159,13 @@ int LogitsCommand(const std::vector<std::string>& args) {
   if (!ids.ok()) return UsageError("logits", ids.status(), kLogitsUsage);
   absl::StatusOr<model::LoadOptions> options = ParseLoadOptions(*line);
   if (!options.ok()) return UsageError("logits", options.status(), kLogitsUsage);
-  absl::StatusOr<model::Decoder> decoder = services::CaptureExceptions(
+  absl::StatusOr<model::Decoder> decoder = base::CaptureExceptions(
       "", [&] { return model::LoadCheckpoint(line->config_path, *options); });
   if (!decoder.ok()) return RunError("logits", decoder.status());
   if (absl::Status fit = CheckIdsFit("--ids", *ids, (*decoder)->config(), 0); !fit.ok()) {
     return UsageError("logits", fit, kLogitsUsage);
   }
-  absl::StatusOr<std::string> out = services::CaptureExceptions("", [&] {
+  absl::StatusOr<std::string> out = base::CaptureExceptions("", [&] {
     torch::NoGradGuard no_grad;
     (*decoder)->eval();
     auto tokens = torch::tensor(*ids, torch::kInt64).unsqueeze(0);
@@ -209,14 +209,14 @@ int GenerateCommand(const std::vector<std::string>& args) {
                       absl::InvalidArgumentError("need --max-new-tokens >= 1, --temperature >= 0, 0 < --top-p <= 1"),
                       kGenerateUsage);
   }
-  absl::StatusOr<model::Decoder> decoder = services::CaptureExceptions(
+  absl::StatusOr<model::Decoder> decoder = base::CaptureExceptions(
       "", [&] { return model::LoadCheckpoint(line->config_path, *options); });
   if (!decoder.ok()) return RunError("generate", decoder.status());
   const model::ModelConfig& config = (*decoder)->config();
   if (absl::Status fit = CheckIdsFit(prompt->flag, prompt->ids, config, *max_new); !fit.ok()) {
     return UsageError("generate", fit, kGenerateUsage);
   }
-  absl::Status generated = services::CaptureExceptions("", [&] {
+  absl::Status generated = base::CaptureExceptions("", [&] {
     (*decoder)->eval();
     model::SamplingParams params;
     params.max_new_tokens = *max_new;

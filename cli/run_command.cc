@@ -19,8 +19,8 @@
 #include "cli/run_session.h"
 #include "cli/service_launch.h"
 #include "cli/termination_signal.h"
+#include "dist/shm_segment.h"
 #include "learner/data_parallel_setup.h"
-#include "learner/shm_segment.h"
 #include "learner/step_config.h"
 #include "services/config.h"
 #include "services/torch_runtime.h"
@@ -197,7 +197,7 @@ int RunCommand(const std::vector<std::string>& args) {
   const SessionOutcome outcome = RunSession(*plan, options);
   // A learner killed mid-run leaves its /dev/shm versions behind until a
   // learner on this host starts again; the run is over, so none will.
-  if (const int swept = learner::SweepDeadShmSegments(); swept > 0) {
+  if (const int swept = dist::SweepDeadShmSegments(); swept > 0) {
     std::cout << "  removed " << swept << " shared-memory segment(s) of a stopped learner\n";
   }
   PrintSummary(config, *run_dir, outcome);

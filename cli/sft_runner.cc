@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/status.h"
 #include "learner/algo/sft.h"
 #include "learner/dataset_accuracy.h"
 #include "model/checkpoint.h"
@@ -19,7 +20,6 @@
 #include "model/tokenizer.h"
 #include "model/transformer.h"
 #include "services/atomic_file.h"
-#include "services/status_util.h"
 #include "tasks/answer_corruption.h"
 #include "tasks/dataset_sample.h"
 #include "tasks/from_config.h"
@@ -357,7 +357,7 @@ const services::SftConfig& RoleBootstrap(const services::Config& config, Role ro
 absl::StatusOr<SftResult> RunSft(const services::Config& config, Role role,
                                  const std::string& out_dir, std::ostream& log) {
   KAPPA_ASSIGN_OR_RETURN(absl::StatusOr<SftResult> result,
-                         services::CaptureExceptions(absl::StrCat(RoleName(role), " sft"), [&] {
+                         base::CaptureExceptions(absl::StrCat(RoleName(role), " sft"), [&] {
                            return RunSftOrThrow(config, role, out_dir, log);
                          }));
   return result;

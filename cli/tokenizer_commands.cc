@@ -4,9 +4,9 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 
+#include "base/status.h"
 #include "cli/line_commands.h"
 #include "model/hf_tokenizer/hf_tokenizer.h"
-#include "services/status_util.h"
 
 namespace kappa::cli {
 namespace {
@@ -17,7 +17,7 @@ constexpr const char* kDetokenizeUsage =
 
 std::optional<model::HfTokenizer> LoadTokenizer(const char* command, const std::string& dir) {
   absl::StatusOr<model::HfTokenizer> tokenizer =
-      services::CaptureExceptions("", [&] { return model::HfTokenizer::Load(dir); });
+      base::CaptureExceptions("", [&] { return model::HfTokenizer::Load(dir); });
   if (!tokenizer.ok()) {
     std::cerr << "kappa " << command << ": " << tokenizer.status().message() << "\n";
     return std::nullopt;

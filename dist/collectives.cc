@@ -1,4 +1,4 @@
-#include "learner/algo/collectives.h"
+#include "dist/collectives.h"
 
 #include <torch/torch.h>
 
@@ -13,7 +13,7 @@
 
 #include <stdexcept>
 
-namespace kappa::learner {
+namespace kappa::dist {
 namespace {
 
 // Over any c10d process group class: ProcessGroupGloo and ProcessGroupNCCL
@@ -134,4 +134,4 @@ std::unique_ptr<Collectives> InProcessRendezvous::Join(int rank) {
   return OverStore(impl_->store, rank, impl_->world_size, torch::kCPU, std::chrono::seconds(60));
 }
 
-}  // namespace kappa::learner
+}  // namespace kappa::dist

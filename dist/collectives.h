@@ -16,7 +16,7 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <vector>
 
-namespace kappa::learner {
+namespace kappa::dist {
 
 class Collectives {
  public:
@@ -71,4 +71,4 @@ class InProcessRendezvous {
   std::unique_ptr<Impl> impl_;
 };
 
-}  // namespace kappa::learner
+}  // namespace kappa::dist

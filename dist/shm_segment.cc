@@ -1,4 +1,4 @@
-#include "learner/shm_segment.h"
+#include "dist/shm_segment.h"
 
 #include <ATen/Parallel.h>
 #include <dirent.h>
@@ -18,10 +18,10 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "services/status_util.h"
+#include "base/status.h"
 #include "services/torch_tensor_codec.h"
 
-namespace kappa::learner {
+namespace kappa::dist {
 namespace {
 
 constexpr char kMagic[8] = {'K', 'A', 'P', 'P', 'A', 'S', 'H', 'M'};
@@ -428,4 +428,4 @@ int SweepDeadShmSegments(const std::string& dir) {
   return removed;
 }
 
-}  // namespace kappa::learner
+}  // namespace kappa::dist

@@ -39,7 +39,7 @@
 #include "absl/status/statusor.h"
 #include "kappa/v1/learner.pb.h"
 
-namespace kappa::learner {
+namespace kappa::dist {
 
 inline constexpr char kDefaultShmDir[] = "/dev/shm";
 inline constexpr char kShmPrefix[] = "kappa-";
@@ -159,4 +159,4 @@ absl::StatusOr<std::unique_ptr<OpenShmSegment>> OpenShmSegmentFor(const std::str
 // processes and other names are left alone.
 int SweepDeadShmSegments(const std::string& dir = kDefaultShmDir);
 
-}  // namespace kappa::learner
+}  // namespace kappa::dist

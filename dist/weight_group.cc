@@ -1,4 +1,4 @@
-#include "learner/algo/weight_group.h"
+#include "dist/weight_group.h"
 
 #include <torch/torch.h>
 
@@ -6,7 +6,7 @@
 #include <stdexcept>
 #include <utility>
 
-namespace kappa::learner {
+namespace kappa::dist {
 namespace {
 
 const std::string kClosedKey = "kappa/weights/closed";
@@ -117,4 +117,4 @@ void WeightGroup::Leave() {
   store_->set(LeftKey(rank_), Bytes("1"));
 }
 
-}  // namespace kappa::learner
+}  // namespace kappa::dist

@@ -30,9 +30,9 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <vector>
 
-#include "learner/algo/collectives.h"
+#include "dist/collectives.h"
 
-namespace kappa::learner {
+namespace kappa::dist {
 
 // Where and how the ranks meet: the collectives' options, with a
 // tcp://HOST:PORT store (rank 0 listens, the others connect). `device`:
@@ -91,4 +91,4 @@ class WeightGroup {
   std::vector<int64_t> unread_;
 };
 
-}  // namespace kappa::learner
+}  // namespace kappa::dist

@@ -7,7 +7,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "services/status_util.h"
+#include "base/status.h"
 
 namespace kappa::learner {
 namespace {
@@ -81,13 +81,13 @@ int RankCudaIndex(const std::string& device_name, int resolved_index,
   return setup.rank % visible;
 }
 
-absl::StatusOr<std::unique_ptr<Collectives>> JoinDataParallel(const DataParallelSetup& setup,
-                                                              int64_t start_step,
-                                                              PolicyOptimizer& optimizer) {
+absl::StatusOr<std::unique_ptr<dist::Collectives>> JoinDataParallel(const DataParallelSetup& setup,
+                                                                    int64_t start_step,
+                                                                    PolicyOptimizer& optimizer) {
   if (setup.world_size <= 1) return nullptr;
   spdlog::info("data parallel: rank {} of {}, meeting at {}", setup.rank, setup.world_size,
                setup.store);
-  CollectivesOptions options;
+  dist::CollectivesOptions options;
   options.store = setup.store;
   options.rank = setup.rank;
   options.world_size = setup.world_size;
@@ -95,11 +95,11 @@ absl::StatusOr<std::unique_ptr<Collectives>> JoinDataParallel(const DataParallel
   // A collective waits for the slowest rank's batch, so this bounds how
   // long any rank may go without groups before the run fails.
   options.timeout = std::chrono::minutes(30);
-  KAPPA_ASSIGN_OR_RETURN(std::unique_ptr<Collectives> collectives,
-                         services::CaptureExceptions(
-                             "data parallel", [&] { return ConnectCollectives(options); },
+  KAPPA_ASSIGN_OR_RETURN(std::unique_ptr<dist::Collectives> collectives,
+                         base::CaptureExceptions(
+                             "data parallel", [&] { return dist::ConnectCollectives(options); },
                              absl::StatusCode::kUnavailable));
-  KAPPA_RETURN_IF_ERROR(services::CaptureExceptions(
+  KAPPA_RETURN_IF_ERROR(base::CaptureExceptions(
       "data parallel", [&] { optimizer.set_collectives(collectives.get()); },
       absl::StatusCode::kUnavailable));
   spdlog::info("data parallel: all {} ranks joined", setup.world_size);

@@ -12,7 +12,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "learner/algo/collectives.h"
+#include "dist/collectives.h"
 #include "learner/algo/optimizer_step.h"
 #include "services/config.h"
 
@@ -56,8 +56,8 @@ absl::Status CheckWorldSize(const services::Config& config, int64_t world_size);
 // once. FAILED_PRECONDITION naming both steps on a mismatch, UNAVAILABLE
 // when the ranks cannot meet. One rank: nothing to join, returns null.
 // The returned collectives must outlive the optimizer's use of them.
-absl::StatusOr<std::unique_ptr<Collectives>> JoinDataParallel(const DataParallelSetup& setup,
-                                                              int64_t start_step,
-                                                              PolicyOptimizer& optimizer);
+absl::StatusOr<std::unique_ptr<dist::Collectives>> JoinDataParallel(const DataParallelSetup& setup,
+                                                                    int64_t start_step,
+                                                                    PolicyOptimizer& optimizer);
 
 }  // namespace kappa::learner

@@ -10,8 +10,8 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "base/stable_hash.h"
 #include "services/grpc_util.h"
-#include "services/stable_hash.h"
 #include "services/torch_tensor_codec.h"
 
 namespace kappa::learner {
@@ -80,8 +80,8 @@ kappa::v1::WorkItem LearnerService::MakeWorkItem(const Lease& lease) const {
   item.set_top_k(work_.top_k);
   item.set_min_p(work_.min_p);
   // Reproducible per lease, whichever worker samples it.
-  item.set_sampling_seed(
-      services::StableHash(absl::StrCat(work_.sampling_seed, ":", lease.lease_id)) | 1);
+  item.set_sampling_seed(base::StableHash(absl::StrCat(work_.sampling_seed, ":", lease.lease_id)) |
+                         1);
   item.set_teacher_form(work_.teacher_form);
   item.set_teacher_top_k(work_.teacher_top_k);
   item.set_teacher_value_dtype(static_cast<kappa::v1::DType>(work_.teacher_value_dtype));
@@ -302,7 +302,7 @@ bool LearnerService::SendPolicyDelta(const EncodedDelta& delta,
 }
 
 bool LearnerService::SendPolicyShm(const PolicySnapshot& snapshot, torch::ScalarType dtype,
-                                   const ShmSegment& segment,
+                                   const dist::ShmSegment& segment,
                                    grpc::ServerWriter<kappa::v1::PolicyChunk>* writer) {
   kappa::v1::PolicyChunk chunk;
   chunk.set_version(snapshot.version);
@@ -358,7 +358,8 @@ grpc::Status LearnerService::WatchPolicy(grpc::ServerContext* context,
     if (*shm) {
       // One segment per (version, dtype) for every same-host stream; the
       // worker copies it into its model. Chunks when it cannot be written.
-      absl::StatusOr<std::shared_ptr<const ShmSegment>> segment = publisher_->Shm(snapshot, dtype);
+      absl::StatusOr<std::shared_ptr<const dist::ShmSegment>> segment =
+          publisher_->Shm(snapshot, dtype);
       if (segment.ok()) {
         if (!SendPolicyShm(*snapshot, dtype, **segment, writer)) break;
         known = snapshot->version;

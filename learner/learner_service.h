@@ -80,7 +80,8 @@ class LearnerService final : public kappa::v1::Learner::Service {
                        grpc::ServerWriter<kappa::v1::PolicyChunk>* writer);
   // One SHARED_MEMORY chunk naming `segment`, which holds `snapshot` in `dtype`.
   bool SendPolicyShm(const PolicySnapshot& snapshot, torch::ScalarType dtype,
-                     const ShmSegment& segment, grpc::ServerWriter<kappa::v1::PolicyChunk>* writer);
+                     const dist::ShmSegment& segment,
+                     grpc::ServerWriter<kappa::v1::PolicyChunk>* writer);
   // Whether a stream asking `request` gets segments; FAILED_PRECONDITION
   // (naming rollout.weight_transport) when it requires them and cannot.
   absl::StatusOr<bool> StreamUsesShm(const kappa::v1::WatchPolicyRequest& request) const;

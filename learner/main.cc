@@ -44,7 +44,7 @@
 #include "services/metrics_server.h"
 #include "services/ready_file.h"
 #include "services/server.h"
-#include "services/status_util.h"
+#include "base/status.h"
 #include "services/torch_runtime.h"
 #include "tasks/from_config.h"
 
@@ -73,7 +73,7 @@ absl::StatusOr<StartPoint> LoadStartPoint(const services::Config& config,
       spdlog::info("--resume: no checkpoint in {}, starting fresh", run_dir);
     }
   }
-  KAPPA_ASSIGN_OR_RETURN(start.student, services::CaptureExceptions(
+  KAPPA_ASSIGN_OR_RETURN(start.student, base::CaptureExceptions(
                                             absl::StrCat("student checkpoint ", checkpoint),
                                             [&] { return model::LoadCheckpoint(checkpoint); },
                                             absl::StatusCode::kFailedPrecondition));
@@ -159,7 +159,7 @@ absl::Status EncodePrompts(LearnerInputs& in) {
   KAPPA_RETURN_IF_ERROR(prompts.EncodeAll(*in.heldout, "held-out").status());
   spdlog::info("prompts: {} ({} ids), task.prompt_template {}", prompts.tokenizer().source(),
                prompts.tokenizer().vocab_size(), in.config.task.prompt_template);
-  KAPPA_RETURN_IF_ERROR(services::CaptureExceptions("student", [&] {
+  KAPPA_RETURN_IF_ERROR(base::CaptureExceptions("student", [&] {
     in.vocab_limit = model::VocabLimit(student, prompts.tokenizer().vocab_size());
     in.stop_token_ids = model::StopTokenIds(student);
   }));
@@ -271,7 +271,7 @@ int Main(int argc, char** argv) {
   auto optimizer = std::make_unique<PolicyOptimizer>(
       start.student, *schedule, config.trainer.weight_decay, config.trainer.max_grad_norm);
   if (!start.optimizer_path.empty()) {
-    if (absl::Status loaded = services::CaptureExceptions(
+    if (absl::Status loaded = base::CaptureExceptions(
             start.optimizer_path, [&] { optimizer->Load(start.optimizer_path); });
         !loaded.ok()) {
       spdlog::error("{}", std::string(loaded.message()));
@@ -282,7 +282,7 @@ int Main(int argc, char** argv) {
   // resumed rank has loaded its own checkpoint (optimizer state included),
   // written at the same step as the others': the ranks' updates are
   // identical, so the states are too.
-  absl::StatusOr<std::unique_ptr<Collectives>> collectives =
+  absl::StatusOr<std::unique_ptr<dist::Collectives>> collectives =
       JoinDataParallel(in->rank, start.state.step, *optimizer);
   if (!collectives.ok()) {
     spdlog::error("{}", std::string(collectives.status().message()));
@@ -377,7 +377,7 @@ int Main(int argc, char** argv) {
     trainer.set_corrupted_subset(std::move(owned));
   }
   if (config.monitor.atlas_positions > 0 && in->rank.primary()) {
-    if (absl::Status opened = services::CaptureExceptions(
+    if (absl::Status opened = base::CaptureExceptions(
             "conflict atlas",
             [&] {
               trainer.set_conflict_atlas(std::make_unique<ConflictAtlas>(

@@ -9,12 +9,12 @@
 #include <unordered_map>
 #include <utility>
 
-#include "services/stable_hash.h"
+#include "base/stable_hash.h"
 
 namespace kappa::learner {
 namespace {
 
-using services::SplitMix64;
+using base::SplitMix64;
 
 uint64_t RandomNonce() {
   std::random_device device;
@@ -231,7 +231,7 @@ std::shared_ptr<const EncodedPolicy> PolicyPublisher::Encode(
   return EncodeInto(*slot, *snapshot, dtype);
 }
 
-absl::StatusOr<std::shared_ptr<const ShmSegment>> PolicyPublisher::Shm(
+absl::StatusOr<std::shared_ptr<const dist::ShmSegment>> PolicyPublisher::Shm(
     const std::shared_ptr<const PolicySnapshot>& snapshot, torch::ScalarType dtype) {
   CheckDtype(*snapshot, dtype);
   if (shm_ == nullptr) return absl::FailedPreconditionError("no shared-memory directory");
@@ -239,7 +239,8 @@ absl::StatusOr<std::shared_ptr<const ShmSegment>> PolicyPublisher::Shm(
   absl::MutexLock lock(&slot->mu);
   if (slot->shm != nullptr) return slot->shm;
   if (!slot->shm_error.ok()) return slot->shm_error;
-  absl::StatusOr<std::shared_ptr<const ShmSegment>> segment = ShmLocked(*slot, *snapshot, dtype);
+  absl::StatusOr<std::shared_ptr<const dist::ShmSegment>> segment =
+      ShmLocked(*slot, *snapshot, dtype);
   if (segment.ok()) {
     slot->shm = *segment;
   } else {
@@ -248,9 +249,9 @@ absl::StatusOr<std::shared_ptr<const ShmSegment>> PolicyPublisher::Shm(
   return segment;
 }
 
-absl::StatusOr<std::shared_ptr<const ShmSegment>> PolicyPublisher::ShmLocked(
+absl::StatusOr<std::shared_ptr<const dist::ShmSegment>> PolicyPublisher::ShmLocked(
     Slot& slot, const PolicySnapshot& snapshot, torch::ScalarType dtype) {
-  ShmContent content;
+  dist::ShmContent content;
   content.version = snapshot.version;
   content.policy_id = PolicyId(snapshot.version);
   content.model_config_json = snapshot.model_config_json;
@@ -259,7 +260,7 @@ absl::StatusOr<std::shared_ptr<const ShmSegment>> PolicyPublisher::ShmLocked(
   // segment, and let the encoding (for gRPC streams) view it.
   if (slot.encoded == nullptr && snapshot.dtype != dtype) {
     content.weights = &snapshot.weights;
-    absl::StatusOr<std::shared_ptr<const ShmSegment>> segment = shm_->Write(content);
+    absl::StatusOr<std::shared_ptr<const dist::ShmSegment>> segment = shm_->Write(content);
     if (!segment.ok()) return segment;
     auto encoded = std::make_shared<EncodedPolicy>();
     encoded->version = snapshot.version;

@@ -59,7 +59,7 @@ struct EncodedPolicy {
   int64_t bytes = 0;  // sum of the tensors' bytes
   // The segment `weights` are views of, when the encoding was written
   // straight into shared memory (kept mapped while this lives).
-  std::shared_ptr<const ShmSegment> segment;
+  std::shared_ptr<const dist::ShmSegment> segment;
 };
 
 // A version as a delta against a base version, both in `target->dtype`.
@@ -95,7 +95,7 @@ struct PublisherOptions {
   // Where same-host segments go (a tmpfs directory); empty: no shared
   // memory is offered. The publisher sweeps dead learners' segments there
   // when it is built and unlinks its own at Shutdown().
-  std::string shm_dir = kDefaultShmDir;
+  std::string shm_dir = dist::kDefaultShmDir;
 };
 
 class PolicyPublisher {
@@ -132,7 +132,7 @@ class PolicyPublisher {
   // version two behind: NOT_FOUND, after Shutdown(): FAILED_PRECONDITION)
   // is remembered for that (version, dtype) too, so a full /dev/shm costs
   // one attempt per version. Throws as Encode() for a bad dtype.
-  absl::StatusOr<std::shared_ptr<const ShmSegment>> Shm(
+  absl::StatusOr<std::shared_ptr<const dist::ShmSegment>> Shm(
       const std::shared_ptr<const PolicySnapshot>& snapshot, torch::ScalarType dtype)
       ABSL_LOCKS_EXCLUDED(mu_);
   // The key a worker's WatchPolicyRequest.host_key must equal for Shm()
@@ -155,7 +155,7 @@ class PolicyPublisher {
     int64_t delta_base_version ABSL_GUARDED_BY(mu) = -1;
     std::shared_ptr<const EncodedDelta> delta ABSL_GUARDED_BY(mu);
     // Shm(): the segment, or why it could not be written (not OK: tried).
-    std::shared_ptr<const ShmSegment> shm ABSL_GUARDED_BY(mu);
+    std::shared_ptr<const dist::ShmSegment> shm ABSL_GUARDED_BY(mu);
     absl::Status shm_error ABSL_GUARDED_BY(mu);
   };
   struct VersionSlots {
@@ -174,9 +174,9 @@ class PolicyPublisher {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(slot.mu) ABSL_LOCKS_EXCLUDED(mu_);
   // Shm() for a slot, with slot.mu held: writes the segment from the
   // encoding, or straight from the snapshot (and makes the encoding its views).
-  absl::StatusOr<std::shared_ptr<const ShmSegment>> ShmLocked(Slot& slot,
-                                                              const PolicySnapshot& snapshot,
-                                                              torch::ScalarType dtype)
+  absl::StatusOr<std::shared_ptr<const dist::ShmSegment>> ShmLocked(Slot& slot,
+                                                                    const PolicySnapshot& snapshot,
+                                                                    torch::ScalarType dtype)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(slot.mu) ABSL_LOCKS_EXCLUDED(mu_);
   // Checks Encode()'s dtype rules; throws std::invalid_argument.
   static void CheckDtype(const PolicySnapshot& snapshot, torch::ScalarType dtype);

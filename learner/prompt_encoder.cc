@@ -1,14 +1,14 @@
 #include "learner/prompt_encoder.h"
 
 #include "absl/strings/str_cat.h"
-#include "services/status_util.h"
+#include "base/status.h"
 
 namespace kappa::learner {
 namespace {
 
 // The model library's errors name the file; each is the run's bad input.
 absl::StatusOr<model::TextTokenizer> LoadTokenizer(const std::string& dir, const char* role) {
-  return services::CaptureExceptions(
+  return base::CaptureExceptions(
       absl::StrCat(role, " tokenizer"), [&] { return model::TextTokenizer::ForModel(dir); },
       absl::StatusCode::kInvalidArgument);
 }
@@ -41,7 +41,7 @@ absl::StatusOr<std::vector<int64_t>> PromptEncoder::Encode(const tasks::Example&
   absl::StatusOr<std::string> text = format_.Render(example);
   if (!text.ok()) return text.status();
   // Invalid UTF-8, a character outside the alphabet: the example's fault.
-  return services::CaptureExceptions(
+  return base::CaptureExceptions(
       absl::StrCat("example ", example.id),
       [&] { return tokenizer_.Encode(*text, format_.add_special_tokens()); },
       absl::StatusCode::kInvalidArgument);

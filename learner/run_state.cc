@@ -15,8 +15,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "base/status.h"
 #include "services/atomic_file.h"
-#include "services/status_util.h"
 
 namespace kappa::learner {
 namespace {
@@ -169,7 +169,7 @@ absl::Status RestoreMonitors(const TrainerState& state, LambdaController* lambda
   const std::string at = absl::StrCat("the checkpoint of step ", state.step);
   if (lambda != nullptr && state.lambda_controller) {
     KAPPA_RETURN_IF_ERROR(
-        services::CaptureExceptions(at, [&] { lambda->Restore(*state.lambda_controller); }));
+        base::CaptureExceptions(at, [&] { lambda->Restore(*state.lambda_controller); }));
     spdlog::info("resume: m3_adapt continues at lambda {}", lambda->lambda());
   } else if (lambda != nullptr) {
     spdlog::warn(
@@ -178,7 +178,7 @@ absl::Status RestoreMonitors(const TrainerState& state, LambdaController* lambda
         at, lambda->lambda());
   }
   if (alarms != nullptr && state.alarms) {
-    KAPPA_RETURN_IF_ERROR(services::CaptureExceptions(at, [&] { alarms->Restore(*state.alarms); }));
+    KAPPA_RETURN_IF_ERROR(base::CaptureExceptions(at, [&] { alarms->Restore(*state.alarms); }));
   } else if (alarms != nullptr) {
     spdlog::warn(
         "resume: {} has no alarm monitor state (written before it was recorded); the "

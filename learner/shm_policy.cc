@@ -11,7 +11,7 @@ namespace kappa::learner {
 namespace {
 
 std::string KeyOrEmpty(const std::string& dir) {
-  absl::StatusOr<std::string> key = ShmHostKey(dir);
+  absl::StatusOr<std::string> key = dist::ShmHostKey(dir);
   if (!key.ok()) {
     spdlog::warn("shared-memory weight sync off: {}", key.status().ToString());
     return "";
@@ -33,14 +33,15 @@ const char* DtypeName(torch::ScalarType dtype) {
 ShmPolicyStore::ShmPolicyStore(std::string dir)
     : dir_(std::move(dir)), host_key_(KeyOrEmpty(dir_)), nonce_(Nonce()) {
   if (host_key_.empty()) return;
-  if (const int swept = SweepDeadShmSegments(dir_); swept > 0) {
+  if (const int swept = dist::SweepDeadShmSegments(dir_); swept > 0) {
     spdlog::info("unlinked {} shared-memory policy segments of dead learners in {}", swept, dir_);
   }
 }
 
 ShmPolicyStore::~ShmPolicyStore() { UnlinkAll(); }
 
-absl::StatusOr<std::shared_ptr<const ShmSegment>> ShmPolicyStore::Write(const ShmContent& content) {
+absl::StatusOr<std::shared_ptr<const dist::ShmSegment>> ShmPolicyStore::Write(
+    const dist::ShmContent& content) {
   {
     absl::MutexLock lock(&mu_);
     if (closed_ || host_key_.empty()) {
@@ -51,15 +52,15 @@ absl::StatusOr<std::shared_ptr<const ShmSegment>> ShmPolicyStore::Write(const Sh
                                               newest_, ": no segment is kept for it"));
     }
   }
-  const std::string name = absl::StrCat(kShmPrefix, getpid(), "-", absl::Hex(nonce_), "-v",
+  const std::string name = absl::StrCat(dist::kShmPrefix, getpid(), "-", absl::Hex(nonce_), "-v",
                                         content.version, "-", DtypeName(content.dtype));
   int spare = -1;
   {
     absl::MutexLock lock(&mu_);
-    std::swap(spare, spare_fd_);  // WriteShmSegment uses it only if the size matches
+    std::swap(spare, spare_fd_);  // dist::WriteShmSegment uses it only if the size matches
   }
-  absl::StatusOr<std::shared_ptr<const ShmSegment>> segment =
-      WriteShmSegment(dir_, name, content, spare);
+  absl::StatusOr<std::shared_ptr<const dist::ShmSegment>> segment =
+      dist::WriteShmSegment(dir_, name, content, spare);
   if (!segment.ok()) return segment.status();
   std::vector<std::string> stale;
   {
@@ -86,7 +87,7 @@ void ShmPolicyStore::PrepareSpare(int64_t bytes) {
   if (preparer_.joinable()) preparer_.join();  // finished: preparing_ is false
   preparing_ = true;
   preparer_ = std::thread([this, bytes] {
-    absl::StatusOr<int> fd = PrepareShmFile(dir_, bytes);
+    absl::StatusOr<int> fd = dist::PrepareShmFile(dir_, bytes);
     absl::MutexLock lock(&mu_);
     preparing_ = false;
     if (!fd.ok()) return;  // no room for a spare: segments are written without one

@@ -31,7 +31,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "learner/shm_segment.h"
+#include "dist/shm_segment.h"
 
 namespace kappa::learner {
 
@@ -40,7 +40,7 @@ class ShmPolicyStore {
   // Segments go to `dir` (tmpfs; /dev/shm by default). Sweeps the dead
   // learners' segments there. A `dir` whose host key cannot be read gives a
   // store with an empty host_key() that never writes.
-  explicit ShmPolicyStore(std::string dir = kDefaultShmDir);
+  explicit ShmPolicyStore(std::string dir = dist::kDefaultShmDir);
   ~ShmPolicyStore();  // UnlinkAll()
   ShmPolicyStore(const ShmPolicyStore&) = delete;
   ShmPolicyStore& operator=(const ShmPolicyStore&) = delete;
@@ -54,7 +54,7 @@ class ShmPolicyStore {
   // WriteShmSegment's (RESOURCE_EXHAUSTED on ENOSPC), FAILED_PRECONDITION
   // after UnlinkAll() or without a host key, NOT_FOUND for a version that
   // is already two behind the newest written.
-  absl::StatusOr<std::shared_ptr<const ShmSegment>> Write(const ShmContent& content)
+  absl::StatusOr<std::shared_ptr<const dist::ShmSegment>> Write(const dist::ShmContent& content)
       ABSL_LOCKS_EXCLUDED(mu_);
 
   // Unlinks every segment this store linked; later Write()s fail.

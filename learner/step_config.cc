@@ -6,8 +6,8 @@
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
+#include "base/status.h"
 #include "rollout_worker/rollout_settings.h"
-#include "services/status_util.h"
 
 namespace kappa::learner {
 namespace {
@@ -15,8 +15,8 @@ namespace {
 // *out = parse(value); what the parse throws becomes a status naming `key`.
 template <typename T, typename Parse, typename Value>
 absl::Status ParseKey(const char* key, Parse parse, const Value& value, T* out) {
-  KAPPA_ASSIGN_OR_RETURN(*out, services::CaptureExceptions(absl::StrCat("config key '", key, "'"),
-                                                           [&] { return parse(value); }));
+  KAPPA_ASSIGN_OR_RETURN(*out, base::CaptureExceptions(absl::StrCat("config key '", key, "'"),
+                                                       [&] { return parse(value); }));
   return absl::OkStatus();
 }
 
@@ -300,7 +300,7 @@ absl::Status ValidateStepConfig(const services::Config& config) {
   absl::StatusOr<HybridStepConfig> step = MakeHybridStepConfig(config);
   if (!step.ok()) return step.status();
   // The constructors check their bounds.
-  return services::CaptureExceptions("", [&] {
+  return base::CaptureExceptions("", [&] {
     AlarmMonitor alarms(MakeAlarmConfig(config));
     if (step->balance.adapt) {
       LambdaController controller(step->loss.lambda, step->balance.kappa_target,

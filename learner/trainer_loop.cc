@@ -16,7 +16,7 @@
 #include "learner/step_config.h"
 #include "learner/step_record.h"
 #include "model/checkpoint.h"
-#include "services/status_util.h"
+#include "base/status.h"
 
 namespace kappa::learner {
 namespace {
@@ -127,7 +127,7 @@ void TrainerLoop::ReportKdrBySubset(const std::vector<BufferedGroup>& buffered, 
 absl::Status TrainerLoop::SaveCheckpoint(int64_t step) {
   const std::string dir = CheckpointDir(run_dir_, step);
   const absl::Time start = absl::Now();
-  KAPPA_RETURN_IF_ERROR(services::CaptureExceptions(absl::StrCat("checkpoint ", dir), [&] {
+  KAPPA_RETURN_IF_ERROR(base::CaptureExceptions(absl::StrCat("checkpoint ", dir), [&] {
     model::SaveCheckpoint(dir, student_);
     step_->optimizer().Save(dir + "/optimizer.pt");
   }));
@@ -166,7 +166,7 @@ absl::Status TrainerLoop::CheckpointOrCarryOn(int64_t step) {
 absl::Status TrainerLoop::MakeStep() {
   KAPPA_ASSIGN_OR_RETURN(HybridStepConfig step_config, MakeHybridStepConfig(config_));
   step_config.loss.vocab_limit = vocab_limit_;
-  KAPPA_RETURN_IF_ERROR(services::CaptureExceptions("", [&] {
+  KAPPA_RETURN_IF_ERROR(base::CaptureExceptions("", [&] {
     step_ = std::make_unique<HybridStep>(student_, std::move(optimizer_), std::move(step_config));
     alarms_ = std::make_unique<AlarmMonitor>(MakeAlarmConfig(config_));
   }));
@@ -205,7 +205,7 @@ absl::StatusOr<StepRecord> TrainerLoop::TrainOn(std::vector<BufferedGroup> buffe
   if (nan_fault_.armed) --nan_fault_.tries;
   // c10::Error included: the step stops at this edge, with a status.
   KAPPA_ASSIGN_OR_RETURN(
-      record.report, services::CaptureExceptions(absl::StrCat("training step ", state_.step + 1),
+      record.report, base::CaptureExceptions(absl::StrCat("training step ", state_.step + 1),
                                                  [&] { return step_->Run(batch, on_policy); }));
   if (record.report.stats.skipped()) {
     record.step = state_.step + 1;  // tried, not taken: nothing to publish
@@ -258,7 +258,7 @@ void TrainerLoop::RecordConflicts(const std::vector<BufferedGroup>& buffered,
   example_indices.reserve(buffered.size());
   for (const BufferedGroup& entry : buffered) example_indices.push_back(entry.example_index);
   absl::Status written;
-  const absl::Status thrown = services::CaptureExceptions("conflict atlas", [&] {
+  const absl::Status thrown = base::CaptureExceptions("conflict atlas", [&] {
     written = atlas_->Record(record.step, batch, record.report.kdr_kernel, example_indices);
   });
   if (!thrown.ok()) written = thrown;

@@ -10,7 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "learner/algo/weight_group.h"
+#include "dist/weight_group.h"
 #include "services/torch_runtime.h"
 #include "services/torch_tensor_codec.h"
 
@@ -148,12 +148,12 @@ void WeightBroadcaster::Loop() {
     counters_.closed = true;
     return;
   }
-  std::unique_ptr<WeightGroup> group;
+  std::unique_ptr<dist::WeightGroup> group;
   try {
     const bool use_nccl = nccl();
-    group = WeightGroup::Connect({options_.store, 0, options_.workers + 1,
-                                  use_nccl ? options_.device : torch::Device(torch::kCPU),
-                                  options_.timeout});
+    group = dist::WeightGroup::Connect({options_.store, 0, options_.workers + 1,
+                                        use_nccl ? options_.device : torch::Device(torch::kCPU),
+                                        options_.timeout});
     counters_.formed = true;
     spdlog::info("weight group formed at {}: {} workers, {} on {} tensors", options_.store,
                  options_.workers, nccl() ? "NCCL" : "Gloo", c10::toString(options_.dtype));
@@ -171,7 +171,7 @@ void WeightBroadcaster::Loop() {
   }
 }
 
-void WeightBroadcaster::BroadcastVersions(WeightGroup& group) {
+void WeightBroadcaster::BroadcastVersions(dist::WeightGroup& group) {
   int64_t sent_version = -1;
   int64_t sequence = 0;
   while (!stopping()) {
@@ -193,7 +193,7 @@ void WeightBroadcaster::BroadcastVersions(WeightGroup& group) {
   }
 }
 
-void WeightBroadcaster::SendVersion(WeightGroup& group, int64_t sequence,
+void WeightBroadcaster::SendVersion(dist::WeightGroup& group, int64_t sequence,
                                     const std::shared_ptr<const PolicySnapshot>& snapshot) {
   const absl::Time start = absl::Now();
   // Converted once per version and dtype, shared with WatchPolicy streams.

@@ -47,9 +47,11 @@
 #include "learner/policy_publisher.h"
 #include "services/config.h"
 
-namespace kappa::learner {
-
+namespace kappa::dist {
 class WeightGroup;
+}
+
+namespace kappa::learner {
 
 struct WeightBroadcastOptions {
   int workers = 0;    // learner.weight_group_workers: the members, ranks 1..workers
@@ -115,9 +117,9 @@ class WeightBroadcaster {
   bool WaitForMembers() ABSL_LOCKS_EXCLUDED(mu_);
   // Sends every newer version until Stop(), a member leaves or the
   // publisher shuts down. Throws what the group throws.
-  void BroadcastVersions(WeightGroup& group) ABSL_LOCKS_EXCLUDED(mu_);
+  void BroadcastVersions(dist::WeightGroup& group) ABSL_LOCKS_EXCLUDED(mu_);
   // One version: its manifest, then its tensors in the group's dtype.
-  void SendVersion(WeightGroup& group, int64_t sequence,
+  void SendVersion(dist::WeightGroup& group, int64_t sequence,
                    const std::shared_ptr<const PolicySnapshot>& snapshot);
   bool stopping() const ABSL_LOCKS_EXCLUDED(mu_);
 

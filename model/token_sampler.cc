@@ -7,7 +7,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "services/stable_hash.h"
+#include "base/stable_hash.h"
 
 namespace kappa::model {
 namespace {
@@ -70,7 +70,7 @@ torch::Tensor KeptTokens(const torch::Tensor& probs, const std::vector<TokenSamp
 }  // namespace
 
 uint64_t RowSeed(uint64_t request_seed, int64_t row) {
-  using services::SplitMix64;
+  using base::SplitMix64;
   return SplitMix64(request_seed ^ SplitMix64(static_cast<uint64_t>(row)));
 }
 

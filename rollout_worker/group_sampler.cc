@@ -12,6 +12,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/stable_hash.h"
+#include "base/status.h"
 #include "model/sampling.h"
 #include "model/token_sampler.h"
 #include "model/transformer.h"
@@ -19,8 +21,6 @@
 #include "rollout_worker/response_text.h"
 #include "rollout_worker/teacher_demonstrations.h"
 #include "services/grpc_util.h"
-#include "services/stable_hash.h"
-#include "services/status_util.h"
 #include "services/tensor_codec.h"
 #include "services/torch_tensor_codec.h"
 
@@ -157,7 +157,7 @@ bool SameSettings(const model::SamplingParams& a, const model::SamplingParams& b
 // seed and the lease id (unique per lease).
 uint64_t ItemSeed(const kappa::v1::WorkItem& item, const GroupSamplerOptions& options) {
   if (item.sampling_seed() != 0) return item.sampling_seed();
-  return model::RowSeed(options.seed, static_cast<int64_t>(services::StableHash(item.lease_id())));
+  return model::RowSeed(options.seed, static_cast<int64_t>(base::StableHash(item.lease_id())));
 }
 
 // The item's rows' seeds, as the engine derives them (model::RowSeed).
@@ -283,7 +283,7 @@ std::vector<absl::StatusOr<kappa::v1::ScoredGroup>> GroupSampler::Sample(
     }
     const absl::Time start = absl::Now();
     std::vector<model::SampledSequence> sampled;
-    absl::Status status = services::CaptureExceptions("sampling failed", [&] {
+    absl::Status status = base::CaptureExceptions("sampling failed", [&] {
       // Every row draws from its own seed (sampling.row_seeds), on the
       // policy's device (rollout.device, where the watcher loaded it).
       sampled = model::Sample(decoder, prompts, sampling);

@@ -22,6 +22,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/stable_hash.h"
+#include "base/status.h"
 #include "model/text_tokenizer.h"
 #include "rollout_worker/policy_watcher.h"
 #include "rollout_worker/rollout_settings.h"
@@ -34,8 +36,6 @@
 #include "services/metrics_server.h"
 #include "services/ready_file.h"
 #include "services/server.h"
-#include "services/stable_hash.h"
-#include "services/status_util.h"
 #include "services/torch_runtime.h"
 
 namespace {
@@ -144,13 +144,14 @@ int main(int argc, char** argv) {
                                 : std::max<int64_t>(1, config->rollout.max_outstanding) *
                                       std::max<int64_t>(1, config->trainer.group_size);
   options.engine.max_sequence_tokens = config->rollout.max_sequence_tokens;
-  options.sampler.seed = kappa::services::RlSeed(*config) + kappa::services::StableHash(options.worker_id);
+  options.sampler.seed =
+      kappa::services::RlSeed(*config) + kappa::base::StableHash(options.worker_id);
   // The responses' text (for the verifier, stop strings, logs) in the
   // student's tokenizer: the weights come over the wire, the tokenizer from
   // the student's model directory (so a worker needs read access to it; the
   // toy models have none and decode with the character tokenizer).
   const std::string student_dir = kappa::services::StudentModelDir(*config);
-  absl::StatusOr<kappa::model::TextTokenizer> tokenizer = kappa::services::CaptureExceptions(
+  absl::StatusOr<kappa::model::TextTokenizer> tokenizer = kappa::base::CaptureExceptions(
       absl::StrCat("student tokenizer (", student_dir, ")"),
       [&] { return kappa::model::TextTokenizer::ForModel(student_dir); });
   if (!tokenizer.ok()) {

@@ -6,13 +6,13 @@
 #include <exception>
 #include <utility>
 
-#include "learner/shm_segment.h"
+#include "base/status.h"
+#include "dist/shm_segment.h"
 #include "model/checkpoint.h"
 #include "model/model_config.h"
 #include "model/transformer.h"
 #include "rollout_worker/backoff.h"
 #include "rollout_worker/policy_assembler.h"
-#include "services/status_util.h"
 #include "services/torch_tensor_codec.h"
 
 namespace kappa::rollout {
@@ -28,7 +28,7 @@ bool ReproducesWireBytes(c10::ScalarType held, c10::ScalarType wire) {
 // (and when it cannot be read: then the worker asks for chunks).
 std::string ShmHostKeyFor(const WeightSyncOptions& sync) {
   if (sync.shm == WeightSyncOptions::Shm::kOff) return "";
-  absl::StatusOr<std::string> key = learner::ShmHostKey(sync.shm_dir);
+  absl::StatusOr<std::string> key = dist::ShmHostKey(sync.shm_dir);
   if (!key.ok()) {
     spdlog::warn("shared-memory weight sync unavailable ({}); versions come as gRPC chunks",
                  key.status().ToString());
@@ -149,7 +149,7 @@ bool PolicyWatcher::WaitForStop(absl::Duration timeout) const {
 absl::StatusOr<std::map<std::string, torch::Tensor>> PolicyWatcher::Destination(
     const std::string& model_config_json) {
   // A config the learner sent that does not build is bad input, whatever threw.
-  return services::CaptureExceptions(
+  return base::CaptureExceptions(
       "",
       [&] {
         // use_count() == 1: only this thread holds it (samplers get models

@@ -58,7 +58,7 @@
 namespace kappa::model {
 class Decoder;
 }
-namespace kappa::learner {
+namespace kappa::dist {
 class WeightGroup;
 }
 
@@ -187,7 +187,7 @@ class PolicyWatcher {
   // when it built and filled the inactive copy; an error status (the
   // version is rejected, the membership kept) when it did not. Throws what
   // the group throws.
-  absl::Status ReceiveVersion(learner::WeightGroup& group, const std::string& manifest_bytes)
+  absl::Status ReceiveVersion(dist::WeightGroup& group, const std::string& manifest_bytes)
       ABSL_LOCKS_EXCLUDED(mu_);
   // --- shared memory (policy_watcher_shm.cc)
   // Copies the segment a SHARED_MEMORY chunk names into the inactive copy

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "learner/algo/weight_group.h"
+#include "dist/weight_group.h"
 #include "model/checkpoint.h"
 #include "rollout_worker/backoff.h"
 #include "rollout_worker/policy_watcher.h"
@@ -77,27 +77,26 @@ void PolicyWatcher::ReceiveFromGroup() {
     }
     return;
   }
-  std::unique_ptr<learner::WeightGroup> group;
+  std::unique_ptr<dist::WeightGroup> group;
   try {
     // NCCL on this worker's GPU; Gloo on CPU tensors otherwise (copied to
     // the policy's device parameter by parameter).
     const c10::Device device = joined->nccl() ? options_.device : c10::Device(c10::kCPU);
-    group =
-        learner::WeightGroup::Connect({joined->store(), joined->rank(), joined->world_size(),
-                                       device, absl::ToChronoMilliseconds(sync_.group_timeout)});
+    group = dist::WeightGroup::Connect({joined->store(), joined->rank(), joined->world_size(),
+                                        device, absl::ToChronoMilliseconds(sync_.group_timeout)});
     spdlog::info("weight group: rank {} of {} at {} ({})", joined->rank(), joined->world_size(),
                  joined->store(), joined->nccl() ? "NCCL" : "Gloo");
     for (int64_t sequence = 1;; ++sequence) {
       std::string manifest;
-      learner::WeightGroup::Poll poll;
+      dist::WeightGroup::Poll poll;
       while ((poll = group->PollManifest(sequence, &manifest)) ==
-             learner::WeightGroup::Poll::kNotYet) {
+             dist::WeightGroup::Poll::kNotYet) {
         if (WaitForStop(kManifestPollInterval)) {
           group->Leave();
           return;
         }
       }
-      if (poll == learner::WeightGroup::Poll::kClosed) {
+      if (poll == dist::WeightGroup::Poll::kClosed) {
         spdlog::warn("weight group closed by the learner; versions come over WatchPolicy");
         return;
       }
@@ -118,7 +117,7 @@ void PolicyWatcher::ReceiveFromGroup() {
   }
 }
 
-absl::Status PolicyWatcher::ReceiveVersion(learner::WeightGroup& group,
+absl::Status PolicyWatcher::ReceiveVersion(dist::WeightGroup& group,
                                            const std::string& manifest_bytes) {
   const absl::Time start = absl::Now();
   kappa::v1::WeightGroupManifest manifest;

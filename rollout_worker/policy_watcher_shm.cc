@@ -7,14 +7,14 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "learner/shm_segment.h"
+#include "base/status.h"
+#include "dist/shm_segment.h"
 #include "rollout_worker/policy_watcher.h"
-#include "services/status_util.h"
 
 namespace kappa::rollout {
 
 absl::Status PolicyWatcher::LoadFromShm(const kappa::v1::PolicyChunk& chunk) {
-  absl::StatusOr<std::unique_ptr<learner::OpenShmSegment>> segment = learner::OpenShmSegmentFor(
+  absl::StatusOr<std::unique_ptr<dist::OpenShmSegment>> segment = dist::OpenShmSegmentFor(
       chunk.shm_path(), chunk.shm_bytes(), chunk.shm_token(), chunk.version(), chunk.policy_id());
   if (!segment.ok()) return segment.status();
   const kappa::v1::WeightGroupManifest& manifest = (*segment)->manifest();

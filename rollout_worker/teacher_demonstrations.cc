@@ -7,8 +7,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "base/stable_hash.h"
 #include "rollout_worker/response_text.h"
-#include "services/stable_hash.h"
 
 namespace kappa::rollout {
 
@@ -22,7 +22,7 @@ bool WantsDemonstrations(const kappa::v1::WorkItem& item, const kappa::v1::Score
 
 uint64_t DemonstrationSeed(uint64_t worker_seed, const std::string& lease_id) {
   const uint64_t seed =
-      services::StableHash(absl::StrCat("teacher-demonstrations/", worker_seed, "/", lease_id));
+      base::StableHash(absl::StrCat("teacher-demonstrations/", worker_seed, "/", lease_id));
   return seed == 0 ? 1 : seed;
 }
 

@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/status.h"
 #include "rollout_worker/backoff.h"
-#include "services/status_util.h"
 
 namespace kappa::rollout {
 namespace {
@@ -490,7 +490,7 @@ void RolloutWorker::ServeWithEngine(Connection* connection) {
       absl::StatusOr<model::DecodeRequest> request = sampler_.EngineRequest(item, policy, next_id);
       absl::Status added = request.status();
       if (added.ok()) {
-        added = services::CaptureExceptions("engine", [&] { engine_->Add(*std::move(request)); });
+        added = base::CaptureExceptions("engine", [&] { engine_->Add(*std::move(request)); });
       }
       if (!added.ok()) {
         DropItem(item, std::string(added.ToString()), false);
@@ -503,7 +503,7 @@ void RolloutWorker::ServeWithEngine(Connection* connection) {
     std::vector<model::DecodeResult> finished;
     const int64_t before = engine_->stats().busy_row_steps;
     const absl::Status stepped =
-        services::CaptureExceptions("decode failed", [&] { finished = engine_->Step(); });
+        base::CaptureExceptions("decode failed", [&] { finished = engine_->Step(); });
     if (!stepped.ok()) {
       // Nothing of this engine's state can be trusted: drop every item in it.
       for (auto& [id, entry] : decoding)

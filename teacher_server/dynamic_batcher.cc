@@ -5,7 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "services/status_util.h"
+#include "base/status.h"
 
 namespace kappa::teacher {
 
@@ -162,8 +162,7 @@ absl::Status DynamicBatcher::RunBatch(const std::vector<std::shared_ptr<Pending>
   absl::Status status;
   absl::Status thrown;
   try {
-    thrown =
-        services::CaptureExceptions("teacher batch failed", [&] { status = batch_fn_(units); });
+    thrown = base::CaptureExceptions("teacher batch failed", [&] { status = batch_fn_(units); });
   } catch (...) {  // last resort: not a std::exception, and this thread must not die
     return absl::InternalError("teacher batch failed: unknown exception");
   }

@@ -17,6 +17,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "base/status.h"
 #include "model/checkpoint.h"
 #include "model/generation_config.h"
 #include "model/hf_tokenizer/hf_tokenizer.h"
@@ -27,7 +28,6 @@
 #include "services/metrics_server.h"
 #include "services/ready_file.h"
 #include "services/server.h"
-#include "services/status_util.h"
 #include "services/torch_runtime.h"
 #include "teacher_server/teacher_service.h"
 
@@ -70,7 +70,7 @@ int Serve(const kappa::services::CommonFlags& flags) {
     return 2;
   }
   absl::StatusOr<kappa::model::Decoder> model =
-      kappa::services::CaptureExceptions(absl::StrCat("cannot load checkpoint ", checkpoint), [&] {
+      kappa::base::CaptureExceptions(absl::StrCat("cannot load checkpoint ", checkpoint), [&] {
         kappa::model::Decoder decoder = kappa::model::LoadCheckpoint(checkpoint, {*device, *dtype});
         // Distributions over the tokenizer.json's ids only: padded embedding
         // rows get no mass in Score and are never generated

@@ -14,10 +14,10 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/status.h"
 #include "model/generation_config.h"
 #include "model/sampling.h"
 #include "services/grpc_util.h"
-#include "services/status_util.h"
 #include "services/tensor_codec.h"
 #include "services/torch_tensor_codec.h"
 #include "teacher_server/scorer.h"
@@ -76,7 +76,7 @@ absl::Status ValidateTokenIds(const Ids& ids, const std::string& field, int64_t 
 template <typename Fn>
 grpc::Status Guarded(const char* rpc, Fn&& fn) {
   absl::Status status;
-  const absl::Status thrown = services::CaptureExceptions("", [&] {
+  const absl::Status thrown = base::CaptureExceptions("", [&] {
     try {
       status = fn();
     } catch (const c10::Error& e) {  // its what() carries a C++ backtrace: not for clients
@@ -115,7 +115,7 @@ absl::StatusOr<std::unique_ptr<TeacherService>> TeacherService::Create(
                                                    "] (the model's vocabulary rows)"));
   }
   KAPPA_ASSIGN_OR_RETURN(std::vector<int64_t> stop_token_ids,
-                         services::CaptureExceptions(
+                         base::CaptureExceptions(
                              "stop ids", [&] { return model::StopTokenIds(model->config()); },
                              absl::StatusCode::kInvalidArgument));
   std::unique_ptr<TeacherService> service(

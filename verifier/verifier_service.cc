@@ -11,9 +11,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "model/utf8.h"
+#include "base/status.h"
+#include "base/utf8.h"
 #include "services/grpc_util.h"
-#include "services/status_util.h"
 #include "tasks/answer.h"
 
 namespace kappa::verifier {
@@ -45,13 +45,13 @@ absl::Status ValidateCodeItem(const kappa::v1::VerifyItem& item, int index,
     return absl::FailedPreconditionError(
         absl::StrCat(FamilySource(index, options), ": ", code->available().message()));
   }
-  if (!model::IsValidUtf8(item.reference_answer())) {
+  if (!base::IsValidUtf8(item.reference_answer())) {
     return FieldError(index, "reference_answer", "not valid UTF-8");
   }
   if (absl::Status status = code->ValidateTests(item.reference_answer()); !status.ok()) {
     return FieldError(index, "reference_answer", status.message());
   }
-  if (!model::IsValidUtf8(item.response_text())) {
+  if (!base::IsValidUtf8(item.response_text())) {
     return FieldError(index, "response_text", "not valid UTF-8");
   }
   if (absl::Status status = code->ValidateResponse(item.response_text()); !status.ok()) {
@@ -65,7 +65,7 @@ absl::Status ValidateItem(const kappa::v1::VerifyItem& item, int index,
   // The text fields are bytes on the wire (verifier.proto): UTF-8 is checked
   // here, so the caller learns which field of which item is wrong. Under
   // verifier.reward the task field is not read, so not checked either.
-  if (!options.reward_family.has_value() && !model::IsValidUtf8(item.task())) {
+  if (!options.reward_family.has_value() && !base::IsValidUtf8(item.task())) {
     return FieldError(index, "task", "not valid UTF-8");
   }
   const std::string_view family = FamilyOf(item, options);
@@ -73,14 +73,14 @@ absl::Status ValidateItem(const kappa::v1::VerifyItem& item, int index,
   if (absl::Status status = tasks::ValidateTask(family); !status.ok()) {
     return FieldError(index, "task", status.message());
   }
-  if (!model::IsValidUtf8(item.reference_answer())) {
+  if (!base::IsValidUtf8(item.reference_answer())) {
     return FieldError(index, "reference_answer", "not valid UTF-8");
   }
   if (absl::Status status = tasks::ValidateReference(family, item.reference_answer());
       !status.ok()) {
     return FieldError(index, "reference_answer", status.message());
   }
-  if (!model::IsValidUtf8(item.response_text())) {
+  if (!base::IsValidUtf8(item.response_text())) {
     return FieldError(index, "response_text", "not valid UTF-8");
   }
   return absl::OkStatus();
@@ -162,7 +162,7 @@ absl::StatusOr<std::vector<float>> ScoreRequest(const kappa::v1::VerifyRequest& 
 
 grpc::Status VerifierService::Verify(grpc::ServerContext*, const kappa::v1::VerifyRequest* request,
                                      kappa::v1::VerifyResponse* response) {
-  absl::StatusOr<grpc::Status> handled = services::CaptureExceptions("", [&] {
+  absl::StatusOr<grpc::Status> handled = base::CaptureExceptions("", [&] {
     const absl::Time start = absl::Now();
     absl::StatusOr<std::vector<float>> rewards = ScoreRequest(*request, options_, code_.get());
     if (metrics_ != nullptr) {

@@ -101,7 +101,7 @@ StepStats PolicyOptimizer::Step(const LossTerms& terms, double lambda) {
   return Step(terms, plan, /*separate=*/true);
 }
 
-void PolicyOptimizer::set_collectives(Collectives* collectives) {
+void PolicyOptimizer::set_collectives(dist::Collectives* collectives) {
   collectives_ = collectives;
   if (collectives_ == nullptr || collectives_->size() == 1) return;
   // Every rank starts from rank 0's weights; identical updates keep them so.

@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "dist/collectives.h"
 #include "learner/algo/balance.h"
-#include "learner/algo/collectives.h"
 #include "learner/algo/hybrid_loss.h"
 #include "learner/algo/lr_schedule.h"
 #include "model/transformer.h"
@@ -68,7 +68,7 @@ class PolicyOptimizer {
   // anything reads them (norms, κ, M3, clipping), so every rank applies the
   // same update: that of one step over all ranks' batches together. Starts
   // by broadcasting rank 0's parameters. Not owned; null: one process.
-  void set_collectives(Collectives* collectives);
+  void set_collectives(dist::Collectives* collectives);
 
   // separate = false with a plan that neither projects nor normalizes takes
   // one backward pass of the weighted sum (no κ); otherwise three.
@@ -135,7 +135,7 @@ class PolicyOptimizer {
   model::Decoder model_;
   std::vector<torch::Tensor> params_;
   PendingStep pending_;
-  Collectives* collectives_ = nullptr;
+  dist::Collectives* collectives_ = nullptr;
   FlatGradient reward_grad_, distill_grad_, sft_grad_;
   torch::optim::AdamW optimizer_;
   LearningRateSchedule schedule_;

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "model/utf8.h"
+#include "base/utf8.h"
 
 namespace kappa::model::hf {
 namespace {
@@ -11,7 +11,7 @@ namespace {
 size_t SkipWhitespaceForward(std::string_view text, size_t offset) {
   while (offset < text.size()) {
     size_t next = offset;
-    if (!IsUnicodeWhitespace(NextCodePoint(text, &next))) break;
+    if (!base::IsUnicodeWhitespace(base::NextCodePoint(text, &next))) break;
     offset = next;
   }
   return offset;
@@ -23,7 +23,7 @@ size_t SkipWhitespaceBackward(std::string_view text, size_t offset, size_t floor
     size_t start = offset - 1;
     while (start > floor && (static_cast<unsigned char>(text[start]) & 0xC0) == 0x80) --start;
     size_t probe = start;
-    if (!IsUnicodeWhitespace(NextCodePoint(text, &probe))) break;
+    if (!base::IsUnicodeWhitespace(base::NextCodePoint(text, &probe))) break;
     offset = start;
   }
   return offset;
@@ -45,7 +45,7 @@ AddedVocabulary::AddedVocabulary(const JsonNode& added_tokens, const Normalizer*
     token.id = id.value.get<int64_t>();
     token.content = item.String("content");
     if (token.content.empty()) item.Field("content").Fail("must not be empty");
-    if (FirstInvalidUtf8(token.content) != std::string::npos) {
+    if (base::FirstInvalidUtf8(token.content) != std::string::npos) {
       item.Field("content").Fail("is not valid UTF-8");
     }
     token.special = item.BoolOr("special", false);

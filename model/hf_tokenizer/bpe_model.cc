@@ -4,8 +4,8 @@
 #include <queue>
 #include <stdexcept>
 
+#include "base/utf8.h"
 #include "model/hf_tokenizer/byte_level.h"
-#include "model/utf8.h"
 
 namespace kappa::model::hf {
 namespace {
@@ -184,7 +184,7 @@ std::vector<BpeModel::Symbol> BpeModel::InitialSymbols(std::string_view word) co
     size_t offset = 0;
     while (offset < word.size()) {
       const size_t begin = offset;
-      NextCodePoint(word, &offset);
+      base::NextCodePoint(word, &offset);
       const std::string_view unit = word.substr(begin, offset - begin);
       if (const auto id = Lookup(unit)) {
         flush_unk();

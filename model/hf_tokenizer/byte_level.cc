@@ -2,7 +2,7 @@
 
 #include <array>
 
-#include "model/utf8.h"
+#include "base/utf8.h"
 
 namespace kappa::model::hf {
 namespace {
@@ -38,7 +38,7 @@ std::optional<std::string> AlphabetToBytes(std::string_view token) {
   std::string bytes;
   size_t offset = 0;
   while (offset < token.size()) {
-    const char32_t c = NextCodePoint(token, &offset);
+    const char32_t c = base::NextCodePoint(token, &offset);
     if (c >= tables.to_byte.size() || tables.to_byte[c] < 0) return std::nullopt;
     bytes.push_back(static_cast<char>(tables.to_byte[c]));
   }
@@ -47,7 +47,7 @@ std::optional<std::string> AlphabetToBytes(std::string_view token) {
 
 std::string BytesToAlphabet(std::string_view bytes) {
   std::string text;
-  for (char b : bytes) AppendUtf8(ByteToAlphabet(static_cast<unsigned char>(b)), &text);
+  for (char b : bytes) base::AppendUtf8(ByteToAlphabet(static_cast<unsigned char>(b)), &text);
   return text;
 }
 

@@ -1,7 +1,7 @@
 #include "model/hf_tokenizer/decoder.h"
 
+#include "base/utf8.h"
 #include "model/hf_tokenizer/regex.h"
-#include "model/utf8.h"
 
 namespace kappa::model::hf {
 namespace {
@@ -11,7 +11,7 @@ class ByteLevelDecoder final : public Decoder {
   void DecodeChain(std::vector<std::string>* tokens) const override {
     std::string bytes;
     for (const std::string& token : *tokens) bytes += token;
-    *tokens = {LossyUtf8(bytes)};
+    *tokens = {base::LossyUtf8(bytes)};
   }
 };
 
@@ -70,11 +70,11 @@ class ByteFallbackDecoder final : public Decoder {
         pending.push_back(static_cast<char>(byte));
         continue;
       }
-      if (!pending.empty()) out.push_back(LossyUtf8(pending));
+      if (!pending.empty()) out.push_back(base::LossyUtf8(pending));
       pending.clear();
       out.push_back(std::move(token));
     }
-    if (!pending.empty()) out.push_back(LossyUtf8(pending));
+    if (!pending.empty()) out.push_back(base::LossyUtf8(pending));
     *tokens = std::move(out);
   }
 };

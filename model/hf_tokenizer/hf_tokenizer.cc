@@ -7,6 +7,8 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "base/stable_hash.h"
+#include "base/utf8.h"
 #include "model/hf_tokenizer/added_vocabulary.h"
 #include "model/hf_tokenizer/bpe_model.h"
 #include "model/hf_tokenizer/decoder.h"
@@ -14,7 +16,6 @@
 #include "model/hf_tokenizer/normalizer.h"
 #include "model/hf_tokenizer/post_processor.h"
 #include "model/hf_tokenizer/pre_tokenizer.h"
-#include "model/utf8.h"
 
 namespace kappa::model {
 namespace {
@@ -41,14 +42,6 @@ std::string Hex64(uint64_t value) {
   char buffer[17];
   std::snprintf(buffer, sizeof(buffer), "%016llx", static_cast<unsigned long long>(value));
   return buffer;
-}
-
-uint64_t Fnv1a(std::string_view text, uint64_t hash = 0xcbf29ce484222325ULL) {
-  for (unsigned char c : text) {
-    hash ^= c;
-    hash *= 0x100000001b3ULL;
-  }
-  return hash;
 }
 
 // The content of a tokenizer_config.json special token: a string, an
@@ -179,15 +172,15 @@ HfTokenizer HfTokenizer::FromJson(const std::string& tokenizer_json,
   impl->special_ids = {id_of("bos_token"), id_of("eos_token"), id_of("pad_token"),
                        id_of("unk_token")};
   const nlohmann::json& model = root.at("model");  // BpeModel::FromJson checked it
-  uint64_t hash = Fnv1a(model.at("vocab").dump());
-  hash = Fnv1a(model.at("merges").dump(), hash);
-  hash = Fnv1a(section("added_tokens").value.dump(), hash);
+  uint64_t hash = base::StableHash(model.at("vocab").dump());
+  hash = base::StableHash(model.at("merges").dump(), hash);
+  hash = base::StableHash(section("added_tokens").value.dump(), hash);
   impl->fingerprint = Hex64(hash);
   return tokenizer;
 }
 
 std::vector<int64_t> HfTokenizer::Encode(std::string_view text, bool add_special_tokens) const {
-  const size_t invalid = FirstInvalidUtf8(text);
+  const size_t invalid = base::FirstInvalidUtf8(text);
   if (invalid != std::string_view::npos) {
     throw std::invalid_argument("tokenizer: the text is not valid UTF-8 at byte " +
                                 std::to_string(invalid));

@@ -5,8 +5,8 @@
 #include <cstdlib>
 #include <vector>
 
+#include "base/utf8.h"
 #include "model/hf_tokenizer/regex.h"
-#include "model/utf8.h"
 
 namespace kappa::model::hf {
 namespace {
@@ -68,7 +68,7 @@ class Strip final : public Normalizer {
     if (left_) {
       while (begin < end) {
         size_t next = begin;
-        if (!IsUnicodeWhitespace(NextCodePoint(*text, &next))) break;
+        if (!base::IsUnicodeWhitespace(base::NextCodePoint(*text, &next))) break;
         begin = next;
       }
     }
@@ -77,7 +77,7 @@ class Strip final : public Normalizer {
         size_t start = end - 1;
         while (start > begin && ((*text)[start] & 0xC0) == 0x80) --start;
         size_t probe = start;
-        if (!IsUnicodeWhitespace(NextCodePoint(*text, &probe))) break;
+        if (!base::IsUnicodeWhitespace(base::NextCodePoint(*text, &probe))) break;
         end = start;
       }
     }

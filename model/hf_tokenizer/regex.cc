@@ -5,7 +5,7 @@
 
 #include <stdexcept>
 
-#include "model/utf8.h"
+#include "base/utf8.h"
 
 namespace kappa::model::hf {
 namespace {
@@ -129,7 +129,7 @@ std::vector<std::pair<size_t, size_t>> Regex::FindAll(std::string_view text) con
     if (end == begin) {
       size_t next = begin;
       if (next >= text.size()) break;
-      NextCodePoint(text, &next);
+      base::NextCodePoint(text, &next);
       offset = next;
       continue;
     }

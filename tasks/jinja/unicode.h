@@ -7,18 +7,18 @@
 #include <string>
 #include <string_view>
 
-#include "model/utf8.h"
+#include "base/utf8.h"
 
 namespace kappa::tasks::jinja {
 
 // UTF-8 itself is model/utf8.h's (the project's one implementation); Python
 // strings are well-formed UTF-8 (checked at the module boundary).
-using model::AppendUtf8;
-using model::CodePointCount;
-using model::DecodeUtf8;
-using model::EncodeUtf8;
-using model::IsValidUtf8;
-using model::NextCodePoint;
+using base::AppendUtf8;
+using base::CodePointCount;
+using base::DecodeUtf8;
+using base::EncodeUtf8;
+using base::IsValidUtf8;
+using base::NextCodePoint;
 
 // str.isspace() for one code point (also what Python's re \s matches).
 bool IsPythonSpace(char32_t c);

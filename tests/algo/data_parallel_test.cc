@@ -14,7 +14,7 @@
 #include <thread>
 #include <vector>
 
-#include "learner/algo/collectives.h"
+#include "dist/collectives.h"
 #include "learner/algo/hybrid_step.h"
 #include "tests/algo/tiny_model.h"
 
@@ -40,7 +40,8 @@ HybridStepConfig Config(int64_t kappa_every) {
 }
 
 // kSteps steps of `model`; at step s the batch is `groups[s]` (this rank's share).
-RunResult Train(model::Decoder model, const HybridStepConfig& config, Collectives* collectives,
+RunResult Train(model::Decoder model, const HybridStepConfig& config,
+                dist::Collectives* collectives,
                 const std::vector<std::vector<ScoredGroup>>& groups) {
   auto optimizer = std::make_unique<PolicyOptimizer>(model, 1e-3, 0.01, /*max_grad_norm=*/1.0);
   optimizer->set_collectives(collectives);
@@ -56,8 +57,9 @@ RunResult Train(model::Decoder model, const HybridStepConfig& config, Collective
 }
 
 // Rank r of 2 trains on groups [split[r], split[r+1]) of each step's 6 groups.
-void ExpectDataParallelEqualsOneProcess(const HybridStepConfig& config, std::vector<size_t> split,
-                                        const std::function<std::unique_ptr<Collectives>(int)>& join) {
+void ExpectDataParallelEqualsOneProcess(
+    const HybridStepConfig& config, std::vector<size_t> split,
+    const std::function<std::unique_ptr<dist::Collectives>(int)>& join) {
   // Models and data come from torch's global generator: made here, before
   // the rank threads start, not raced for inside them.
   std::vector<std::vector<ScoredGroup>> whole(kSteps);
@@ -76,7 +78,7 @@ void ExpectDataParallelEqualsOneProcess(const HybridStepConfig& config, std::vec
   std::vector<std::thread> threads;
   for (int r = 0; r < 2; ++r) {
     threads.emplace_back([&, r] {
-      std::unique_ptr<Collectives> collectives = join(r);
+      std::unique_ptr<dist::Collectives> collectives = join(r);
       ranks[r] = Train(models[r], config, collectives.get(), shares[r]);
     });
   }
@@ -100,7 +102,7 @@ void ExpectDataParallelEqualsOneProcess(const HybridStepConfig& config, std::vec
 }
 
 TEST(DataParallelTest, TwoGlooRanksEqualOneProcessOnTheWholeBatch) {
-  InProcessRendezvous rendezvous(2);
+  dist::InProcessRendezvous rendezvous(2);
   ExpectDataParallelEqualsOneProcess(Config(/*kappa_every=*/1), {0, 3, 6},
                                      [&](int rank) { return rendezvous.Join(rank); });
 }
@@ -110,7 +112,7 @@ TEST(DataParallelTest, UnequalSharesAreWeightedByTheirTokens) {
   // with κ, and the single backward of the weighted sum).
   for (int64_t kappa_every : {1, 0}) {
     SCOPED_TRACE("kappa_every " + std::to_string(kappa_every));
-    InProcessRendezvous rendezvous(2);
+    dist::InProcessRendezvous rendezvous(2);
     ExpectDataParallelEqualsOneProcess(Config(kappa_every), {0, 1, 6},
                                        [&](int rank) { return rendezvous.Join(rank); });
   }
@@ -131,25 +133,25 @@ int FreePort() {
 TEST(DataParallelTest, RanksMeetThroughATcpStore) {
   const std::string store = "tcp://127.0.0.1:" + std::to_string(FreePort());
   ExpectDataParallelEqualsOneProcess(Config(1), {0, 2, 6}, [&](int rank) {
-    CollectivesOptions options;
+    dist::CollectivesOptions options;
     options.store = store;
     options.rank = rank;
     options.world_size = 2;
     options.timeout = std::chrono::seconds(60);
-    return ConnectCollectives(options);
+    return dist::ConnectCollectives(options);
   });
 }
 
 TEST(DataParallelTest, BadStoreAddressesAreRefused) {
-  CollectivesOptions options;
+  dist::CollectivesOptions options;
   options.world_size = 2;
   for (const char* store : {"127.0.0.1:29500", "tcp://127.0.0.1", "tcp://host:http", "nfs:///x"}) {
     options.store = store;
-    EXPECT_THROW(ConnectCollectives(options), std::invalid_argument) << store;
+    EXPECT_THROW(dist::ConnectCollectives(options), std::invalid_argument) << store;
   }
   options.store = "tcp://127.0.0.1:29500";
   options.rank = 2;
-  EXPECT_THROW(ConnectCollectives(options), std::invalid_argument);
+  EXPECT_THROW(dist::ConnectCollectives(options), std::invalid_argument);
 }
 
 }  // namespace

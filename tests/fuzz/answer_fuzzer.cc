@@ -11,7 +11,7 @@
 #include <string_view>
 
 #include "absl/status/statusor.h"
-#include "model/utf8.h"
+#include "base/utf8.h"
 #include "tasks/answer.h"
 
 namespace {
@@ -48,13 +48,13 @@ void CheckPythonCode(std::string_view response) {
 }
 
 void CheckUtf8(std::string_view text) {
-  const bool valid = kappa::model::IsValidUtf8(text);
+  const bool valid = kappa::base::IsValidUtf8(text);
   // Valid UTF-8 stays valid split at any character boundary.
   if (valid && !text.empty()) {
     size_t cut = text.size() / 2;
     while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;
-    Check(kappa::model::IsValidUtf8(text.substr(0, cut)));
-    Check(kappa::model::IsValidUtf8(text.substr(cut)));
+    Check(kappa::base::IsValidUtf8(text.substr(0, cut)));
+    Check(kappa::base::IsValidUtf8(text.substr(cut)));
   }
 }
 

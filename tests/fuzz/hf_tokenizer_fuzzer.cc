@@ -17,8 +17,8 @@
 #include <string_view>
 #include <vector>
 
+#include "base/utf8.h"
 #include "model/hf_tokenizer/hf_tokenizer.h"
-#include "model/utf8.h"
 #include "tests/model/synthetic_tokenizers.h"
 
 namespace {
@@ -50,7 +50,7 @@ const HfTokenizer& SentencePiece() {
 }
 
 bool ValidUtf8(std::string_view text) {
-  return kappa::model::FirstInvalidUtf8(text) == std::string_view::npos;
+  return kappa::base::FirstInvalidUtf8(text) == std::string_view::npos;
 }
 
 void EncodeRoundTrip(const HfTokenizer& tokenizer, std::string_view text, bool prepends_space) {

@@ -26,12 +26,12 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "dist/shm_segment.h"
 #include "kappa/v1/learner.grpc.pb.h"
 #include "learner/coordinator.h"
 #include "learner/learner_service.h"
 #include "learner/policy_publisher.h"
 #include "learner/shm_policy.h"
-#include "learner/shm_segment.h"
 #include "learner/work_config.h"
 #include "rollout_worker/policy_watcher.h"
 #include "services/grpc_util.h"
@@ -41,12 +41,12 @@
 namespace kappa::rollout {
 namespace {
 
-using learner::OpenShmSegmentFor;
+using dist::OpenShmSegmentFor;
+using dist::ShmContent;
+using dist::WriteShmSegment;
 using learner::PolicyPublisher;
 using learner::PublisherOptions;
-using learner::ShmContent;
 using learner::ShmPolicyStore;
-using learner::WriteShmSegment;
 using testing::Checksum;
 using testing::Eventually;
 using testing::ExpectModelHolds;
@@ -86,11 +86,11 @@ TEST(ShmSegmentTest, AWrittenSegmentReadsBackConvertedBitForBit) {
   ShmDir dir;
   const Weights weights = VersionWeights(0);
   const auto ordered = Ordered(weights);
-  ShmContent content{3, 77, TinyConfig().ToJson(), torch::kBFloat16, &ordered};
-  auto segment = WriteShmSegment(dir.path(), "kappa-1-a-v3-bf16", content);
+  dist::ShmContent content{3, 77, TinyConfig().ToJson(), torch::kBFloat16, &ordered};
+  auto segment = dist::WriteShmSegment(dir.path(), "kappa-1-a-v3-bf16", content);
   ASSERT_TRUE(segment.ok()) << segment.status();
   auto opened =
-      OpenShmSegmentFor((*segment)->path(), (*segment)->bytes(), (*segment)->token(), 3, 77);
+      dist::OpenShmSegmentFor((*segment)->path(), (*segment)->bytes(), (*segment)->token(), 3, 77);
   ASSERT_TRUE(opened.ok()) << opened.status();
   EXPECT_EQ((*opened)->manifest().model_config_json(), TinyConfig().ToJson());
   // Read into float32 tensors (converting) and into bfloat16 ones (direct).
@@ -116,23 +116,23 @@ TEST(ShmSegmentTest, AWrittenSegmentReadsBackConvertedBitForBit) {
 TEST(ShmSegmentTest, AnotherTokenSizeOrAGoneFileIsRefusedByName) {
   ShmDir dir;
   const auto ordered = Ordered(VersionWeights(0));
-  ShmContent content{1, 5, TinyConfig().ToJson(), torch::kFloat32, &ordered};
-  auto segment = WriteShmSegment(dir.path(), "kappa-1-a-v1-f32", content);
+  dist::ShmContent content{1, 5, TinyConfig().ToJson(), torch::kFloat32, &ordered};
+  auto segment = dist::WriteShmSegment(dir.path(), "kappa-1-a-v1-f32", content);
   ASSERT_TRUE(segment.ok()) << segment.status();
   const std::string& path = (*segment)->path();
   const int64_t bytes = (*segment)->bytes();
   const uint64_t token = (*segment)->token();
-  EXPECT_TRUE(OpenShmSegmentFor(path, bytes, token, 1, 5).ok());
-  EXPECT_EQ(OpenShmSegmentFor(path, bytes, token + 1, 1, 5).status().code(),
+  EXPECT_TRUE(dist::OpenShmSegmentFor(path, bytes, token, 1, 5).ok());
+  EXPECT_EQ(dist::OpenShmSegmentFor(path, bytes, token + 1, 1, 5).status().code(),
             absl::StatusCode::kDataLoss);
-  EXPECT_EQ(OpenShmSegmentFor(path, bytes, token, 2, 5).status().code(),
+  EXPECT_EQ(dist::OpenShmSegmentFor(path, bytes, token, 2, 5).status().code(),
             absl::StatusCode::kDataLoss);
-  EXPECT_EQ(OpenShmSegmentFor(path, bytes - 1, token, 1, 5).status().code(),
+  EXPECT_EQ(dist::OpenShmSegmentFor(path, bytes - 1, token, 1, 5).status().code(),
             absl::StatusCode::kDataLoss);
-  EXPECT_EQ(OpenShmSegmentFor(dir.path() + "/passwd", bytes, token, 1, 5).status().code(),
+  EXPECT_EQ(dist::OpenShmSegmentFor(dir.path() + "/passwd", bytes, token, 1, 5).status().code(),
             absl::StatusCode::kInvalidArgument);
   ASSERT_EQ(unlink(path.c_str()), 0);
-  EXPECT_EQ(OpenShmSegmentFor(path, bytes, token, 1, 5).status().code(),
+  EXPECT_EQ(dist::OpenShmSegmentFor(path, bytes, token, 1, 5).status().code(),
             absl::StatusCode::kNotFound);
 }
 
@@ -145,7 +145,7 @@ TEST(ShmPolicyStoreTest, KeepsTheLatestTwoVersionsAndUnlinksAllAtTheEnd) {
     ShmPolicyStore store(dir.path());
     ASSERT_FALSE(store.host_key().empty());
     for (int64_t v = 0; v < 4; ++v) {
-      ShmContent content{v, 1, "{}", torch::kFloat32, &ordered};
+      dist::ShmContent content{v, 1, "{}", torch::kFloat32, &ordered};
       ASSERT_TRUE(store.Write(content).ok());
       EXPECT_EQ(ShmSegmentsOf(getpid(), dir.path()).size(), std::min<size_t>(v + 1, 2)) << v;
     }
@@ -154,7 +154,7 @@ TEST(ShmPolicyStoreTest, KeepsTheLatestTwoVersionsAndUnlinksAllAtTheEnd) {
     EXPECT_NE(linked[0].find("-v2-"), std::string::npos) << linked[0];
     EXPECT_NE(linked[1].find("-v3-"), std::string::npos) << linked[1];
     // A version two behind the newest gets no segment.
-    ShmContent stale{1, 1, "{}", torch::kFloat32, &ordered};
+    dist::ShmContent stale{1, 1, "{}", torch::kFloat32, &ordered};
     EXPECT_EQ(store.Write(stale).status().code(), absl::StatusCode::kNotFound);
   }
   EXPECT_TRUE(ShmSegmentsOf(getpid(), dir.path()).empty());

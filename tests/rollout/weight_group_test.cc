@@ -4,7 +4,7 @@
 // rollout.weight_transport: c10d, on loopback: versions arrive bit for bit
 // without a WatchPolicy stream, the double buffer holds, a member that
 // leaves sends the others back to WatchPolicy, bad joins are refused by name.
-#include "learner/algo/weight_group.h"
+#include "dist/weight_group.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -33,11 +33,11 @@
 namespace kappa::rollout {
 namespace {
 
+using dist::WeightGroup;
 using learner::PolicyPublisher;
 using learner::PolicySnapshot;
 using learner::WeightBroadcaster;
 using learner::WeightBroadcastOptions;
-using learner::WeightGroup;
 using testing::CopyWeights;
 using testing::EmptyDataset;
 using testing::Eventually;
@@ -62,11 +62,11 @@ TEST(WeightGroupTest, VersionsGoOutInOrderAndLeaveAndCloseAreSeen) {
   const std::vector<torch::Tensor> second = {torch::randn({3, 5}), torch::randn({7})};
   std::vector<std::vector<torch::Tensor>> received(3);
   std::vector<std::string> manifests(3);
-  std::vector<WeightGroup::Poll> after_close(3);
+  std::vector<dist::WeightGroup::Poll> after_close(3);
   bool left_seen = false;
 
   std::thread root([&] {
-    auto group = WeightGroup::Connect({store, 0, 3, torch::kCPU, std::chrono::seconds(30)});
+    auto group = dist::WeightGroup::Connect({store, 0, 3, torch::kCPU, std::chrono::seconds(30)});
     group->Send(1, "first", first);
     group->Send(2, "second", second);
     // Rank 2 leaves after the second version; rank 0 learns it from the store.
@@ -76,10 +76,11 @@ TEST(WeightGroupTest, VersionsGoOutInOrderAndLeaveAndCloseAreSeen) {
   std::vector<std::thread> members;
   for (int rank = 1; rank <= 2; ++rank) {
     members.emplace_back([&, rank] {
-      auto group = WeightGroup::Connect({store, rank, 3, torch::kCPU, std::chrono::seconds(30)});
+      auto group =
+          dist::WeightGroup::Connect({store, rank, 3, torch::kCPU, std::chrono::seconds(30)});
       for (int64_t sequence = 1; sequence <= 2; ++sequence) {
         std::string manifest;
-        while (group->PollManifest(sequence, &manifest) != WeightGroup::Poll::kReady) {
+        while (group->PollManifest(sequence, &manifest) != dist::WeightGroup::Poll::kReady) {
           absl::SleepFor(absl::Milliseconds(2));
         }
         manifests[rank] += manifest;
@@ -90,8 +91,8 @@ TEST(WeightGroupTest, VersionsGoOutInOrderAndLeaveAndCloseAreSeen) {
       }
       if (rank == 2) group->Leave();
       std::string manifest;
-      WeightGroup::Poll poll;
-      while ((poll = group->PollManifest(3, &manifest)) == WeightGroup::Poll::kNotYet) {
+      dist::WeightGroup::Poll poll;
+      while ((poll = group->PollManifest(3, &manifest)) == dist::WeightGroup::Poll::kNotYet) {
         absl::SleepFor(absl::Milliseconds(2));
       }
       after_close[rank] = poll;
@@ -107,12 +108,13 @@ TEST(WeightGroupTest, VersionsGoOutInOrderAndLeaveAndCloseAreSeen) {
     EXPECT_TRUE(SameBytes(received[rank][1], first[1]));
     EXPECT_TRUE(SameBytes(received[rank][2], second[0]));
     EXPECT_TRUE(SameBytes(received[rank][3], second[1]));
-    EXPECT_EQ(after_close[rank], WeightGroup::Poll::kClosed);
+    EXPECT_EQ(after_close[rank], dist::WeightGroup::Poll::kClosed);
   }
 }
 
 TEST(WeightGroupTest, AStoreThatIsNotTcpIsRefused) {
-  EXPECT_THROW(WeightGroup::Connect({"file:///tmp/x", 0, 2, torch::kCPU}), std::invalid_argument);
+  EXPECT_THROW(dist::WeightGroup::Connect({"file:///tmp/x", 0, 2, torch::kCPU}),
+               std::invalid_argument);
 }
 
 // Every tensor moved by 1e-3·N(0,1): an optimizer-like step on all of them.

@@ -1,31 +1,31 @@
-#include "model/utf8.h"
+#include "base/utf8.h"
 
 #include <gtest/gtest.h>
 
 #include <string>
 
-namespace kappa::model {
+namespace kappa::base {
 namespace {
 
 TEST(Utf8Test, AcceptsWellFormedText) {
   for (const char* text : {"", "plain ascii 12+34=46", "caf\xc3\xa9", "\xe2\x82\xac 5",
                            "\xf0\x9f\x98\x80", "\xf4\x8f\xbf\xbf"}) {
-    EXPECT_TRUE(IsValidUtf8(text)) << text;
+    EXPECT_TRUE(base::IsValidUtf8(text)) << text;
   }
-  EXPECT_TRUE(IsValidUtf8(std::string("nul\0inside", 10)));
+  EXPECT_TRUE(base::IsValidUtf8(std::string("nul\0inside", 10)));
 }
 
 TEST(Utf8Test, LossyDecodingReplacesEachMaximalInvalidSubpart) {
   // Unicode's "maximal subpart" rule, as TextDecoder and from_utf8_lossy.
-  EXPECT_EQ(LossyUtf8("a\xe4\xb8"), "a\uFFFD");                // truncated 3-byte: one
-  EXPECT_EQ(LossyUtf8("\xe0\x80\x80"), "\uFFFD\uFFFD\uFFFD");  // overlong: one per byte
-  EXPECT_EQ(LossyUtf8("\xed\xa0\x80"), "\uFFFD\uFFFD\uFFFD");  // surrogate
-  EXPECT_EQ(LossyUtf8("\xf4\x90\x80\x80"), "\uFFFD\uFFFD\uFFFD\uFFFD");
-  EXPECT_EQ(LossyUtf8("\xe4\xb8\xad\xff!"), "\u4E2D\uFFFD!");
-  EXPECT_EQ(FirstInvalidUtf8("ok\xc3("), 2u);
-  EXPECT_EQ(DecodeUtf8("a\u00e9\U0001F600"), (std::u32string{U'a', 0xE9, 0x1F600}));
-  EXPECT_EQ(EncodeUtf8(DecodeUtf8("a\u00e9\U0001F600")), "a\u00e9\U0001F600");
-  EXPECT_EQ(CodePointCount("a\u00e9\U0001F600"), 3u);
+  EXPECT_EQ(base::LossyUtf8("a\xe4\xb8"), "a\uFFFD");                // truncated 3-byte: one
+  EXPECT_EQ(base::LossyUtf8("\xe0\x80\x80"), "\uFFFD\uFFFD\uFFFD");  // overlong: one per byte
+  EXPECT_EQ(base::LossyUtf8("\xed\xa0\x80"), "\uFFFD\uFFFD\uFFFD");  // surrogate
+  EXPECT_EQ(base::LossyUtf8("\xf4\x90\x80\x80"), "\uFFFD\uFFFD\uFFFD\uFFFD");
+  EXPECT_EQ(base::LossyUtf8("\xe4\xb8\xad\xff!"), "\u4E2D\uFFFD!");
+  EXPECT_EQ(base::FirstInvalidUtf8("ok\xc3("), 2u);
+  EXPECT_EQ(base::DecodeUtf8("a\u00e9\U0001F600"), (std::u32string{U'a', 0xE9, 0x1F600}));
+  EXPECT_EQ(base::EncodeUtf8(base::DecodeUtf8("a\u00e9\U0001F600")), "a\u00e9\U0001F600");
+  EXPECT_EQ(base::CodePointCount("a\u00e9\U0001F600"), 3u);
 }
 
 TEST(Utf8Test, RejectsMalformedText) {
@@ -40,9 +40,9 @@ TEST(Utf8Test, RejectsMalformedText) {
            "\xff",              // never valid
            "ok then \xfe",
        }) {
-    EXPECT_FALSE(IsValidUtf8(text)) << testing::PrintToString(text);
+    EXPECT_FALSE(base::IsValidUtf8(text)) << testing::PrintToString(text);
   }
 }
 
 }  // namespace
-}  // namespace kappa::model
+}  // namespace kappa::base

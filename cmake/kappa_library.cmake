@@ -1,0 +1,26 @@
+# kappa_library(NAME [INTERFACE] [SOURCES a.cc ...] [PUBLIC deps ...] [PRIVATE deps ...])
+# One of the project's libraries: a static library of SOURCES compiled with
+# the project's warnings (KAPPA_WARNINGS), its includes rooted at the source
+# tree ("base/utf8.h", "model/transformer.h", ...), linking PUBLIC and PRIVATE.
+# INTERFACE: a header-only library (no SOURCES, no PRIVATE).
+function(kappa_library name)
+  cmake_parse_arguments(L "INTERFACE" "" "SOURCES;PUBLIC;PRIVATE" ${ARGN})
+  if(L_UNPARSED_ARGUMENTS)
+    message(FATAL_ERROR "kappa_library(${name}): unexpected arguments ${L_UNPARSED_ARGUMENTS}")
+  endif()
+  if(L_INTERFACE)
+    add_library(${name} INTERFACE)
+    target_include_directories(${name} INTERFACE ${PROJECT_SOURCE_DIR})
+    target_link_libraries(${name} INTERFACE ${L_PUBLIC})
+    return()
+  endif()
+  add_library(${name} STATIC ${L_SOURCES})
+  target_compile_options(${name} PRIVATE ${KAPPA_WARNINGS})
+  target_include_directories(${name} PUBLIC ${PROJECT_SOURCE_DIR})
+  if(L_PUBLIC)
+    target_link_libraries(${name} PUBLIC ${L_PUBLIC})
+  endif()
+  if(L_PRIVATE)
+    target_link_libraries(${name} PRIVATE ${L_PRIVATE})
+  endif()
+endfunction()
