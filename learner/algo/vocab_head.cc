@@ -42,10 +42,62 @@ torch::Tensor ScaledLogits(const torch::Tensor& hidden_chunk, const torch::Tenso
   return temperature == 1.0 ? z : z / temperature;
 }
 
+// What the node's forward keeps for its backward, by name: the inputs the
+// backward recomputes each chunk's logits from, and the settings it
+// recomputes them with.
+struct SavedForBackward {
+  torch::Tensor hidden;        // [N, D]
+  torch::Tensor weight;        // [V, D]
+  torch::Tensor targets;       // [N]
+  torch::Tensor full_teacher;  // [N, V] log q for a full KL, else empty
+  torch::Tensor topk_ids;      // [N, k] for the top-k losses, else empty (1-D)
+  FullKl full_kl = FullKl::kNone;
+  double temperature = 1.0;
+  int64_t chunk = 1;
+  // The backward recomputes the logits under the same autocast state, so
+  // it differentiates the function the forward evaluated.
+  model::AutocastState autocast;
+
+  void SaveTo(AutogradContext* ctx) const {
+    ctx->save_for_backward({hidden, weight, targets, full_teacher, topk_ids});
+    ctx->saved_data["full_kl"] = static_cast<int64_t>(full_kl);
+    ctx->saved_data["temperature"] = temperature;
+    ctx->saved_data["chunk"] = chunk;
+    ctx->saved_data["autocast"] = autocast.Encode();
+  }
+
+  // The inverse of SaveTo.
+  static SavedForBackward LoadFrom(AutogradContext* ctx) {
+    const variable_list tensors = ctx->get_saved_variables();
+    SavedForBackward saved;
+    saved.hidden = tensors[0];
+    saved.weight = tensors[1];
+    saved.targets = tensors[2];
+    saved.full_teacher = tensors[3];
+    saved.topk_ids = tensors[4];
+    saved.full_kl = static_cast<FullKl>(ctx->saved_data["full_kl"].toInt());
+    saved.temperature = ctx->saved_data["temperature"].toDouble();
+    saved.chunk = ctx->saved_data["chunk"].toInt();
+    saved.autocast = model::AutocastState::Decode(ctx->saved_data["autocast"].toInt());
+    return saved;
+  }
+};
+
+// The node's outputs, by name: logsumexp(s) [N], s at the target [N], s at
+// the top-k ids [N, k] (or empty), the full KL [N] (or empty), the entropy
+// [N] (no gradient). The incoming gradients come in the same order.
+struct HeadOutputs {
+  torch::Tensor lse, target_logit, set_logits, kl, entropy;
+
+  variable_list ToList() const { return {lse, target_logit, set_logits, kl, entropy}; }
+  static HeadOutputs FromList(const variable_list& list) {
+    return {list[0], list[1], list[2], list[3], list[4]};
+  }
+};
+
 // Inputs: hidden [N, D], weight [V, D] (differentiable), targets [N],
 // teacher log-probs ([N, V] for a full KL, else empty), top-k ids ([N, k],
-// else empty). Outputs: logsumexp(s) [N], s at the target [N], s at the ids
-// [N, k] (or empty), the full KL [N] (or empty), the entropy [N].
+// else empty). Outputs: HeadOutputs::ToList().
 class VocabHeadFunction : public torch::autograd::Function<VocabHeadFunction> {
  public:
   static variable_list forward(AutogradContext* ctx, const torch::Tensor& hidden,
@@ -59,81 +111,85 @@ class VocabHeadFunction : public torch::autograd::Function<VocabHeadFunction> {
     // the placeholder for no ids is 1-D.
     const bool with_set = topk_ids.dim() == 2;
     const auto kl_kind = static_cast<FullKl>(full_kl);
-    torch::Tensor lse = torch::empty({rows}, options);
-    torch::Tensor target_logit = torch::empty({rows}, options);
-    torch::Tensor set_logits =
+    HeadOutputs out;
+    out.lse = torch::empty({rows}, options);
+    out.target_logit = torch::empty({rows}, options);
+    out.set_logits =
         with_set ? torch::empty({rows, topk_ids.size(1)}, options) : torch::empty({0}, options);
-    torch::Tensor kl =
-        kl_kind != FullKl::kNone ? torch::empty({rows}, options) : torch::empty({0}, options);
-    torch::Tensor entropy = torch::empty({rows}, options);
+    out.kl = kl_kind != FullKl::kNone ? torch::empty({rows}, options) : torch::empty({0}, options);
+    out.entropy = torch::empty({rows}, options);
     const torch::Tensor w = weight.to(hidden.scalar_type());
     for (int64_t start = 0; start < rows; start += chunk) {
       const int64_t n = std::min(chunk, rows - start);
       const torch::Tensor s = ScaledLogits(hidden.narrow(0, start, n), w, temperature);
       const torch::Tensor chunk_lse = s.logsumexp(-1);
       const torch::Tensor lp = s - chunk_lse.unsqueeze(-1);
-      lse.narrow(0, start, n).copy_(chunk_lse);
-      target_logit.narrow(0, start, n)
+      out.lse.narrow(0, start, n).copy_(chunk_lse);
+      out.target_logit.narrow(0, start, n)
           .copy_(s.gather(-1, targets.narrow(0, start, n).unsqueeze(-1)).squeeze(-1));
       if (with_set)
-        set_logits.narrow(0, start, n).copy_(s.gather(-1, topk_ids.narrow(0, start, n)));
+        out.set_logits.narrow(0, start, n).copy_(s.gather(-1, topk_ids.narrow(0, start, n)));
       if (kl_kind != FullKl::kNone) {
         const torch::Tensor q = full_teacher.narrow(0, start, n).to(lp.scalar_type());
-        kl.narrow(0, start, n)
+        out.kl.narrow(0, start, n)
             .copy_(kl_kind == FullKl::kReverse ? ReverseKlFromLogProbs(lp, q)
                                                : ForwardKlFromLogProbs(lp, q));
       }
-      entropy.narrow(0, start, n).copy_(EntropyFromLogProbs(lp));
+      out.entropy.narrow(0, start, n).copy_(EntropyFromLogProbs(lp));
     }
-    ctx->saved_data["full_kl"] = full_kl;
-    ctx->saved_data["temperature"] = temperature;
-    ctx->saved_data["chunk"] = chunk;
-    // The backward recomputes the logits under the same autocast state, so
-    // it differentiates the function this forward evaluated.
-    ctx->saved_data["autocast"] = model::AutocastState::Current(hidden.device().type()).Encode();
-    ctx->save_for_backward({hidden, weight, targets, full_teacher, topk_ids});
-    ctx->mark_non_differentiable({entropy});
+    SavedForBackward saved;
+    saved.hidden = hidden;
+    saved.weight = weight;
+    saved.targets = targets;
+    saved.full_teacher = full_teacher;
+    saved.topk_ids = topk_ids;
+    saved.full_kl = kl_kind;
+    saved.temperature = temperature;
+    saved.chunk = chunk;
+    saved.autocast = model::AutocastState::Current(hidden.device().type());
+    saved.SaveTo(ctx);
+    ctx->mark_non_differentiable({out.entropy});
     // The L_R and L_D passes each bring some of the gradients, never all.
     ctx->set_materialize_grads(false);
-    return {lse, target_logit, set_logits, kl, entropy};
+    return out.ToList();
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const variable_list saved = ctx->get_saved_variables();
-    const torch::Tensor &hidden = saved[0], &weight = saved[1], &targets = saved[2];
-    const torch::Tensor &full_teacher = saved[3], &topk_ids = saved[4];
-    const auto kl_kind = static_cast<FullKl>(ctx->saved_data["full_kl"].toInt());
-    const double temperature = ctx->saved_data["temperature"].toDouble();
-    const int64_t chunk = ctx->saved_data["chunk"].toInt();
-    const torch::Tensor &g_lse = grads[0], &g_target = grads[1], &g_set = grads[2],
-                        &g_kl = grads[3];
-    const bool any = g_lse.defined() || g_target.defined() ||
-                     (g_set.defined() && g_set.numel() > 0) || (g_kl.defined() && g_kl.numel() > 0);
-    if (!any) return {torch::Tensor(), torch::Tensor(), {}, {}, {}, {}, {}, {}};
+    const SavedForBackward saved = SavedForBackward::LoadFrom(ctx);
+    const HeadOutputs g = HeadOutputs::FromList(grads);
+    auto given = [](const torch::Tensor& t) { return t.defined() && t.numel() > 0; };
+    // One gradient per forward input: hidden, weight, then none for the rest.
+    auto input_grads = [](const torch::Tensor& hidden, const torch::Tensor& weight) {
+      return variable_list{hidden, weight, {}, {}, {}, {}, {}, {}};
+    };
+    if (!g.lse.defined() && !g.target_logit.defined() && !given(g.set_logits) && !given(g.kl)) {
+      return input_grads({}, {});
+    }
 
     torch::NoGradGuard no_grad;
-    const model::AutocastScope forward_autocast(
-        hidden.device().type(), model::AutocastState::Decode(ctx->saved_data["autocast"].toInt()));
-    const int64_t rows = hidden.size(0);
-    torch::Tensor grad_hidden = torch::empty_like(hidden);
-    torch::Tensor grad_weight = torch::zeros_like(weight);
-    const torch::Tensor w = weight.to(hidden.scalar_type());
-    for (int64_t start = 0; start < rows; start += chunk) {
-      const int64_t n = std::min(chunk, rows - start);
-      const torch::Tensor h = hidden.narrow(0, start, n);
-      auto part = [&](const torch::Tensor& g) {
-        return g.defined() && g.numel() > 0 ? g.narrow(0, start, n) : torch::Tensor();
+    const model::AutocastScope forward_autocast(saved.hidden.device().type(), saved.autocast);
+    const int64_t rows = saved.hidden.size(0);
+    torch::Tensor grad_hidden = torch::empty_like(saved.hidden);
+    torch::Tensor grad_weight = torch::zeros_like(saved.weight);
+    const torch::Tensor w = saved.weight.to(saved.hidden.scalar_type());
+    for (int64_t start = 0; start < rows; start += saved.chunk) {
+      const int64_t n = std::min(saved.chunk, rows - start);
+      const torch::Tensor h = saved.hidden.narrow(0, start, n);
+      auto part = [&](const torch::Tensor& t) {
+        return given(t) ? t.narrow(0, start, n) : torch::Tensor();
       };
       const torch::Tensor ds = VocabHeadChunkLogitGradient(
-          ScaledLogits(h, w, temperature), {part(g_lse), part(g_target), part(g_set), part(g_kl)},
-          targets.narrow(0, start, n), part(topk_ids), part(full_teacher),
-          kl_kind == FullKl::kReverse);
+          ScaledLogits(h, w, saved.temperature),
+          {part(g.lse), part(g.target_logit), part(g.set_logits), part(g.kl)},
+          saved.targets.narrow(0, start, n), part(saved.topk_ids), part(saved.full_teacher),
+          saved.full_kl == FullKl::kReverse);
       // s = z / τ and z = h W^T.
-      const torch::Tensor dz = (temperature == 1.0 ? ds : ds / temperature).to(h.scalar_type());
+      const torch::Tensor dz =
+          (saved.temperature == 1.0 ? ds : ds / saved.temperature).to(h.scalar_type());
       grad_hidden.narrow(0, start, n).copy_(torch::matmul(dz, w));
       grad_weight += torch::matmul(dz.t(), h).to(grad_weight.scalar_type());
     }
-    return {grad_hidden, grad_weight, {}, {}, {}, {}, {}, {}};
+    return input_grads(grad_hidden, grad_weight);
   }
 };
 
@@ -174,12 +230,37 @@ void CheckInputs(const VocabHeadInputs& in) {
   }
 }
 
+// VocabHeadChunkLogitGradient's REQUIRES.
+void CheckChunkGradientInputs(const torch::Tensor& s, const VocabHeadOutputGrads& g,
+                              const torch::Tensor& targets, const torch::Tensor& topk_ids,
+                              const torch::Tensor& full_teacher) {
+  auto refuse = [&](const std::string& what, const torch::Tensor& got) {
+    throw std::invalid_argument("VocabHeadChunkLogitGradient: want " + what + " for logits " +
+                                c10::str(s.sizes()) + ", got " +
+                                (got.defined() ? c10::str(got.sizes()) : "none"));
+  };
+  if (s.dim() != 2) refuse("logits s [n, V]", s);
+  const int64_t n = s.size(0);
+  if (!targets.defined() || targets.dim() != 1 || targets.size(0) != n ||
+      targets.scalar_type() != torch::kInt64) {
+    refuse("targets [n] int64", targets);
+  }
+  if (g.set.defined() && (!topk_ids.defined() || topk_ids.dim() != 2 || topk_ids.size(0) != n ||
+                          topk_ids.scalar_type() != torch::kInt64)) {
+    refuse("topk_ids [n, k] int64 with a gradient at the top-k ids", topk_ids);
+  }
+  if (g.kl.defined() && (!full_teacher.defined() || full_teacher.sizes() != s.sizes())) {
+    refuse("full_teacher [n, V] with a gradient of the full KL", full_teacher);
+  }
+}
+
 }  // namespace
 
 torch::Tensor VocabHeadChunkLogitGradient(const torch::Tensor& s, const VocabHeadOutputGrads& g,
                                           const torch::Tensor& targets,
                                           const torch::Tensor& topk_ids,
                                           const torch::Tensor& full_teacher, bool reverse_kl) {
+  CheckChunkGradientInputs(s, g, targets, topk_ids, full_teacher);
   // p from the logits' own logsumexp: each row sums to 1 whatever rounding
   // the logits took.
   const torch::Tensor lp = s - s.logsumexp(-1, /*keepdim=*/true);
@@ -204,21 +285,21 @@ VocabHeadTerms ComputeVocabHeadTerms(const VocabHeadInputs& in) {
   const TeacherRows& teacher = in.teacher;
   const FullKl full_kl = FullKlOf(in.distill, teacher, in.targets);
   const torch::Tensor none = torch::empty({0}, in.targets.options());
-  const variable_list out = VocabHeadFunction::apply(
+  const HeadOutputs out = HeadOutputs::FromList(VocabHeadFunction::apply(
       in.hidden, in.weight, in.targets, full_kl != FullKl::kNone ? teacher.logprobs.detach() : none,
       teacher.topk() ? teacher.topk_ids : none, static_cast<int64_t>(full_kl), in.temperature,
-      in.chunk_positions);
-  const torch::Tensor &lse = out[0], &target_logit = out[1], &set_logits = out[2];
+      in.chunk_positions));
+  const torch::Tensor &lse = out.lse, &set_logits = out.set_logits;
 
   VocabHeadTerms terms;
-  terms.token_logprobs = target_logit - lse;
-  terms.entropy = out[4];
+  terms.token_logprobs = out.target_logit - lse;
+  terms.entropy = out.entropy;
   if (!teacher.defined()) return terms;
   const torch::Tensor q = teacher.logprobs.detach();
   switch (in.distill) {
     case DistillLoss::kReverseKl:
     case DistillLoss::kForwardKl:
-      terms.distill = out[3];
+      terms.distill = out.kl;
       break;
     case DistillLoss::kSampledReverseKl:
       terms.distill = SampledReverseKlTokenLoss(
@@ -242,7 +323,12 @@ torch::Tensor VocabHeadLogitKernel(const VocabHeadInputs& in,
                                    const torch::Tensor& reward_coefficient) {
   CheckInputs(in);
   if (!in.teacher.defined()) {
-    throw std::invalid_argument("VocabHeadLogitKernel: needs teacher rows");
+    throw std::invalid_argument("VocabHeadLogitKernel: requires teacher rows (in.teacher)");
+  }
+  if (reward_coefficient.dim() != 1 || reward_coefficient.size(0) != in.hidden.size(0)) {
+    throw std::invalid_argument(
+        "VocabHeadLogitKernel: requires reward_coefficient [N] for hidden " +
+        c10::str(in.hidden.sizes()) + ", got " + c10::str(reward_coefficient.sizes()));
   }
   torch::NoGradGuard no_grad;
   const torch::Tensor hidden = in.hidden.detach();
