@@ -9,6 +9,7 @@
 #include <stdexcept>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace kappa::learner {
 namespace {
@@ -46,6 +47,41 @@ std::string FirstNonFiniteTerm(const StepStats& s) {
     if (!std::isfinite(value)) return name;
   }
   return "";
+}
+
+// The numbers one step reports, by name: on the device as 0-dim float64
+// tensors (undefined: 0), on the host as doubles. They cross in one
+// device→host transfer (ToHost), not one per number.
+template <typename T>
+struct StepNumbers {
+  T reward_loss{}, distill_loss{}, sft_loss{};  // the whole batch's means
+  T grad_norm_sq{};  // ‖g‖² of the combined gradient, before clipping
+  // Measured steps only (else 0):
+  T rr{};             // ‖w_R ∇L_R‖² before any projection
+  T dd{};             // ‖∇L_D‖²
+  T rd{};             // ⟨w_R ∇L_R, ∇L_D⟩ before any projection
+  T balanced_rr{};    // ‖g_R′‖² after m3_project
+  T distill_scale{};  // s, the coefficient applied to ∇L_D
+
+  // Every field, in the one order the transfer packs them in.
+  static constexpr T StepNumbers::*kFields[] = {
+      &StepNumbers::reward_loss,  &StepNumbers::distill_loss, &StepNumbers::sft_loss,
+      &StepNumbers::grad_norm_sq, &StepNumbers::rr,           &StepNumbers::dd,
+      &StepNumbers::rd,           &StepNumbers::balanced_rr,  &StepNumbers::distill_scale};
+};
+
+// The device numbers on the host: packed into one tensor, one transfer.
+StepNumbers<double> ToHost(const StepNumbers<torch::Tensor>& device_numbers,
+                           const torch::Device& device) {
+  std::vector<torch::Tensor> packed;
+  for (auto field : StepNumbers<torch::Tensor>::kFields) {
+    packed.push_back(Float64Scalar(device_numbers.*field, device));
+  }
+  const torch::Tensor host = torch::stack(packed).to(torch::kCPU);
+  const double* values = host.data_ptr<double>();
+  StepNumbers<double> numbers;
+  for (auto field : StepNumbers<double>::kFields) numbers.*field = *values++;
+  return numbers;
 }
 
 LearningRateSchedule ConstantRate(double lr, int64_t warmup_steps) {
@@ -213,7 +249,10 @@ StepStats PolicyOptimizer::FinishStep() {
     any_sft = totals[2].item<double>() > 0 && plan.sft_weight != 0.0;
   }
   const torch::Tensor losses = loss_sums / pending_.totals.clamp_min(1.0);
-  std::vector<torch::Tensor> host_values = {losses[0], losses[1], losses[2]};
+  StepNumbers<torch::Tensor> on_device;
+  on_device.reward_loss = losses[0];
+  on_device.distill_loss = losses[1];
+  on_device.sft_loss = losses[2];
 
   StepStats stats;
   stats.measured = pending_.measured;
@@ -237,31 +276,30 @@ StepStats PolicyOptimizer::FinishStep() {
     const CombinedGradient combined =
         CombineGradients({reward_grad_.flat}, std::move(distill), std::move(sft), plan, device);
     AttachGradients(reward_grad_, /*zero=*/false);
-    for (const torch::Tensor& t : {combined.total_sq, combined.reward_sq, combined.distill_sq,
-                                   combined.dot, combined.balanced_reward_sq,
-                                   combined.distill_scale}) {
-      host_values.push_back(Float64Scalar(t, device));
-    }
+    on_device.grad_norm_sq = combined.total_sq;
+    on_device.rr = combined.reward_sq;
+    on_device.dd = combined.distill_sq;
+    on_device.rd = combined.dot;
+    on_device.balanced_rr = combined.balanced_reward_sq;
+    on_device.distill_scale = combined.distill_scale;
   } else {
     if (parallel) collectives_->SumInPlace({reward_grad_.flat});
-    host_values.push_back(DotInFloat64(reward_grad_.flat, reward_grad_.flat));
+    on_device.grad_norm_sq = DotInFloat64(reward_grad_.flat, reward_grad_.flat);
   }
 
   // One device→host transfer for every number of the step.
-  const torch::Tensor host = torch::stack(host_values).to(torch::kCPU);
-  const double* h = host.data_ptr<double>();
-  stats.reward_loss = h[0];
-  stats.distill_loss = any_distill ? h[1] : 0.0;
-  stats.sft_loss = h[2];
-  stats.grad_norm = std::sqrt(h[3]);
+  const StepNumbers<double> n = ToHost(on_device, device);
+  stats.reward_loss = n.reward_loss;
+  stats.distill_loss = any_distill ? n.distill_loss : 0.0;
+  stats.sft_loss = n.sft_loss;
+  stats.grad_norm = std::sqrt(n.grad_norm_sq);
   if (stats.measured) {
-    const double rr = h[4], dd = h[5], rd = h[6];
-    stats.reward_grad_norm = std::sqrt(rr);
-    stats.distill_grad_norm = std::sqrt(dd);
-    stats.grad_cosine = (rr > 0 && dd > 0) ? rd / std::sqrt(rr * dd) : 0.0;
-    stats.balanced_reward_grad_norm = std::sqrt(h[7]);
-    stats.distill_scale = h[8];
-    stats.projected = plan.balance.project && rd < 0 && dd > 0;
+    stats.reward_grad_norm = std::sqrt(n.rr);
+    stats.distill_grad_norm = std::sqrt(n.dd);
+    stats.grad_cosine = (n.rr > 0 && n.dd > 0) ? n.rd / std::sqrt(n.rr * n.dd) : 0.0;
+    stats.balanced_reward_grad_norm = std::sqrt(n.balanced_rr);
+    stats.distill_scale = n.distill_scale;
+    stats.projected = plan.balance.project && n.rd < 0 && n.dd > 0;
   } else {
     stats.distill_scale = plan.distill_weight;
   }
