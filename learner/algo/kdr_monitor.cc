@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <stdexcept>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -65,9 +67,31 @@ KdrMonitor::KdrMonitor(const MonitorConfig& monitor, const LossConfig& loss, int
   }
 }
 
+void KdrMonitor::CheckAllObserved(const char* what) const {
+  const int64_t rows = response_mask_.size(0);
+  if (observed_rows_ != rows) {
+    throw std::logic_error(
+        std::string(what) + " requires every micro-batch observed; Observe saw " +
+        std::to_string(observed_rows_) + " of the batch's " + std::to_string(rows) + " rows");
+  }
+}
+
 CheapKernels KdrMonitor::Observe(const MicroBatch& part, const TokenTerms& tokens) {
-  torch::NoGradGuard no_grad;
+  if (!observing()) {
+    throw std::logic_error(
+        "KdrMonitor::Observe requires observing(): no monitor is due at this step");
+  }
   const TrainBatch& sub = part.batch;
+  if (!tokens.token_logprobs.defined() ||
+      tokens.token_logprobs.sizes() != sub.response_mask.sizes()) {
+    throw std::invalid_argument(
+        "KdrMonitor::Observe requires `tokens` to be the forward of `part.batch`: token "
+        "log-probs " +
+        (tokens.token_logprobs.defined() ? c10::str(tokens.token_logprobs.sizes())
+                                         : std::string("undefined")) +
+        " for a response mask " + c10::str(sub.response_mask.sizes()));
+  }
+  torch::NoGradGuard no_grad;
   const torch::Tensor coefficient = RewardLogProbCoefficient(
       tokens.token_logprobs.detach(), sub.old_logprobs, sub.advantages, loss_.ppo);
   CheapKernels kernels;
@@ -75,11 +99,13 @@ CheapKernels KdrMonitor::Observe(const MicroBatch& part, const TokenTerms& token
   kernels.last_layer = LastLayerCrossKernel(kernels.logit, tokens.hidden.detach());
   part.Scatter(kernels.logit.to(logit_.scalar_type()), logit_);
   part.Scatter(kernels.last_layer.to(last_layer_.scalar_type()), last_layer_);
+  observed_rows_ += sub.response_mask.size(0);
   return kernels;
 }
 
 void KdrMonitor::Summarize(HybridStepReport* report) const {
   if (!statistics_due_) return;
+  CheckAllObserved("KdrMonitor::Summarize");
   const torch::Tensor& kernel =
       monitor_.kdr_estimator == KdrEstimator::kLogit ? logit_ : last_layer_;
   report->kdr = SummarizeKdr(kernel, response_mask_);
@@ -92,6 +118,11 @@ void KdrMonitor::Summarize(HybridStepReport* report) const {
 void KdrMonitor::MeasureExact(const TrainBatch& batch, const std::vector<torch::Tensor>& params,
                               const std::function<TokenTerms(const TrainBatch&)>& forward,
                               HybridStepReport* report) const {
+  if (!exact_due_) {
+    throw std::logic_error("KdrMonitor::MeasureExact requires exact_due(): not due at step " +
+                           std::to_string(step_));
+  }
+  CheckAllObserved("KdrMonitor::MeasureExact");
   const auto start = std::chrono::steady_clock::now();
   const std::vector<Position> positions =
       SampleResponsePositions(response_mask_, monitor_.kdr_exact_positions,

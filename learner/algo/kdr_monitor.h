@@ -62,11 +62,14 @@ class KdrMonitor {
 
   // The cheap kernels of one micro-batch from its forward, without graph;
   // also written into this monitor's whole-batch kernels at its rows.
-  // REQUIRES: observing(); `tokens` is the forward of `part.batch`.
+  // REQUIRES: observing() (else std::logic_error); `tokens` is the forward
+  // of `part.batch`: its token log-probs shaped like the part's response
+  // mask (else std::invalid_argument).
   CheapKernels Observe(const MicroBatch& part, const TokenTerms& tokens);
 
   // report->kdr and kdr_values, from the whole batch, when the statistics
-  // are due. REQUIRES: every micro-batch observed.
+  // are due. REQUIRES (when due): every micro-batch observed, i.e. Observe
+  // has seen every row of the batch (else std::logic_error).
   void Summarize(HybridStepReport* report) const;
 
   // Exact K_DR at monitor.kdr_exact_positions sampled response positions of
@@ -74,8 +77,10 @@ class KdrMonitor {
   // ExactCrossKernel through `params`. Fills report->exact_positions,
   // kdr_exact, agreement_logit/last_layer (against the observed cheap
   // kernels) and exact_seconds. Uses autograd::grad: .grad is left as it is.
-  // REQUIRES: exact_due(), every micro-batch observed, and the parameters
-  // still those the micro-batches were observed at.
+  // REQUIRES: exact_due() and every micro-batch observed (else
+  // std::logic_error). The parameters must still be those the micro-batches
+  // were observed at: the caller's to keep (HybridStep measures before the
+  // update), since the monitor sees them first here.
   void MeasureExact(const TrainBatch& batch, const std::vector<torch::Tensor>& params,
                     const std::function<TokenTerms(const TrainBatch&)>& forward,
                     HybridStepReport* report) const;
@@ -84,6 +89,9 @@ class KdrMonitor {
   // g_R(n)·g_D(n) at every position of `sub`, [b, l], without graph.
   torch::Tensor LogitKernel(const TokenTerms& tokens, const TrainBatch& sub,
                             const torch::Tensor& coefficient) const;
+  // Throws std::logic_error naming `what` unless Observe has seen every row
+  // of the batch.
+  void CheckAllObserved(const char* what) const;
 
   const MonitorConfig monitor_;
   const LossConfig loss_;
@@ -92,6 +100,7 @@ class KdrMonitor {
   const bool statistics_due_;
   const bool exact_due_;
   torch::Tensor logit_, last_layer_;  // [B, L] over the whole batch; undefined: not observing
+  int64_t observed_rows_ = 0;         // rows of the batch Observe has seen
 };
 
 }  // namespace kappa::learner

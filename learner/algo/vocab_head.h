@@ -57,9 +57,10 @@ struct VocabHeadOutputGrads {
 // for incoming gradients of log-probabilities (g.lse = −(g.target + Σ g.set))
 // every row sums to 0 to the rounding of s's type whatever rounding s
 // itself took (a bfloat16 GEMM under autocast; docs/algorithms.md §2.4).
-// targets [n] int64; topk_ids [n, k] int64 when g.set is defined;
-// full_teacher [n, V] log q when g.kl is defined, its form the reverse KL's
-// (reverse_kl) or the forward KL's.
+// The full KL's form is the reverse KL's (reverse_kl) or the forward KL's.
+// REQUIRES: s [n, V]; targets [n] int64; topk_ids [n, k] int64 when g.set
+// is defined; full_teacher [n, V] log q when g.kl is defined (else
+// std::invalid_argument naming the argument).
 torch::Tensor VocabHeadChunkLogitGradient(const torch::Tensor& s, const VocabHeadOutputGrads& g,
                                           const torch::Tensor& targets,
                                           const torch::Tensor& topk_ids,
@@ -68,7 +69,8 @@ torch::Tensor VocabHeadChunkLogitGradient(const torch::Tensor& s, const VocabHea
 // The logit estimator of K_DR, g_R(n)·g_D(n) per position, [N], without
 // graph: both closed-form logit gradients one chunk at a time.
 // reward_coefficient [N] is c_n (RewardLogProbCoefficient).
-// REQUIRES: in.teacher defined.
+// REQUIRES: in.teacher defined, reward_coefficient [N] (else, as for
+// ComputeVocabHeadTerms's inputs, std::invalid_argument).
 torch::Tensor VocabHeadLogitKernel(const VocabHeadInputs& in,
                                    const torch::Tensor& reward_coefficient);
 

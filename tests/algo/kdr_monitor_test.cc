@@ -7,6 +7,8 @@
 // are written out from §2.1–2.2, not taken from the losses or the closed-form
 // logit gradients the step uses, and the statistics are computed from their
 // definitions, not by SummarizeKdr.
+#include "learner/algo/kdr_monitor.h"
+
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -15,6 +17,7 @@
 #include <cmath>
 #include <cstdio>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -300,6 +303,55 @@ TEST(KdrMonitorTest, ReportedKdrEqualsPerPositionAutogradOfTheDefinition) {
     EXPECT_EQ(logit, last_layer);
     if (c.on_policy && sampled.size() == all.size()) EXPECT_GE(*report.agreement_logit, 0.7);
   }
+}
+
+// The REQUIRES of KdrMonitor's protocol: Observe only while observing and
+// with the part's own forward; Summarize and MeasureExact only once every
+// micro-batch was observed, MeasureExact only when due.
+TEST(KdrMonitorTest, RefusesCallsOutOfProtocol) {
+  const TrainBatch batch = Float64Batch(/*on_policy=*/true);
+  const std::vector<MicroBatch> parts = SplitMicroBatches(batch, 2);
+  ASSERT_GE(parts.size(), 2u);
+  LossConfig loss;
+  loss.temperature = kTemperature;
+  MonitorConfig monitor;
+  monitor.kdr_exact_every = 2;  // due at step 2, not at step 1
+  model::Decoder model = Float64Model();
+  std::vector<TokenTerms> forwards;
+  for (const MicroBatch& part : parts)
+    forwards.push_back(ComputeTokenTerms(model, part.batch, loss));
+  const std::vector<torch::Tensor> params = model->parameters();
+  auto forward = [&](const TrainBatch& rows) { return ComputeTokenTerms(model, rows, loss); };
+  HybridStepReport report;
+
+  KdrMonitor idle(monitor, loss, /*step=*/1, /*has_distill=*/false, /*kernels_for_mask=*/false,
+                  batch.response_mask);
+  ASSERT_FALSE(idle.observing());
+  EXPECT_THROW(idle.Observe(parts[0], forwards[0]), std::logic_error);
+
+  KdrMonitor due(monitor, loss, /*step=*/2, /*has_distill=*/true, /*kernels_for_mask=*/false,
+                 batch.response_mask);
+  ASSERT_TRUE(due.observing());
+  ASSERT_TRUE(due.exact_due());
+  EXPECT_THROW(due.Observe(parts[0], TokenTerms{}), std::invalid_argument);
+  TokenTerms fewer_rows = forwards[0];
+  fewer_rows.token_logprobs = fewer_rows.token_logprobs.narrow(0, 0, 1);
+  EXPECT_THROW(due.Observe(parts[0], fewer_rows), std::invalid_argument)
+      << "not the forward of the part's rows";
+  due.Observe(parts[0], forwards[0]);
+  EXPECT_THROW(due.Summarize(&report), std::logic_error) << "a micro-batch not observed";
+  EXPECT_THROW(due.MeasureExact(batch, params, forward, &report), std::logic_error);
+  for (size_t k = 1; k < parts.size(); ++k) due.Observe(parts[k], forwards[k]);
+  due.Summarize(&report);
+  EXPECT_TRUE(report.kdr.has_value());
+  due.MeasureExact(batch, params, forward, &report);
+  EXPECT_TRUE(report.kdr_exact.has_value());
+
+  KdrMonitor not_due(monitor, loss, /*step=*/1, /*has_distill=*/true,
+                     /*kernels_for_mask=*/false, batch.response_mask);
+  ASSERT_FALSE(not_due.exact_due());
+  for (size_t k = 0; k < parts.size(); ++k) not_due.Observe(parts[k], forwards[k]);
+  EXPECT_THROW(not_due.MeasureExact(batch, params, forward, &report), std::logic_error);
 }
 
 }  // namespace

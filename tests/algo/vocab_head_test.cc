@@ -417,6 +417,60 @@ TEST(VocabHead, RefusesTeacherRowsTheLossCannotRead) {
   EXPECT_THROW(ComputeTokenTerms(m, full, config), std::invalid_argument);
 }
 
+// The REQUIRES of VocabHeadChunkLogitGradient: each missing or misshapen
+// argument is refused by name.
+TEST(VocabHead, ChunkLogitGradientRefusesArgumentsItRequires) {
+  const int64_t rows = 3, vocab = 5, k = 2;
+  const torch::Tensor s = torch::randn({rows, vocab});
+  const torch::Tensor targets = torch::randint(vocab, {rows}, torch::kInt64);
+  const torch::Tensor ids = torch::randint(vocab, {rows, k}, torch::kInt64);
+  const torch::Tensor teacher = torch::log_softmax(torch::randn({rows, vocab}), -1);
+  auto message = [&](const VocabHeadOutputGrads& g, const torch::Tensor& y,
+                     const torch::Tensor& topk, const torch::Tensor& q) -> std::string {
+    try {
+      VocabHeadChunkLogitGradient(s, g, y, topk, q, /*reverse_kl=*/true);
+    } catch (const std::invalid_argument& e) {
+      return e.what();
+    }
+    return "";
+  };
+  VocabHeadOutputGrads with_set;
+  with_set.set = torch::randn({rows, k});
+  VocabHeadOutputGrads with_kl;
+  with_kl.kl = torch::randn({rows});
+  EXPECT_NE(message({}, targets.to(torch::kInt32), {}, {}).find("targets [n] int64"),
+            std::string::npos);
+  EXPECT_NE(message({}, targets.narrow(0, 0, 2), {}, {}).find("targets [n] int64"),
+            std::string::npos);
+  EXPECT_NE(message(with_set, targets, {}, {}).find("topk_ids [n, k] int64"), std::string::npos);
+  EXPECT_NE(message(with_kl, targets, {}, teacher.narrow(1, 0, 4)).find("full_teacher [n, V]"),
+            std::string::npos);
+  // What each gradient needs, given: no complaint.
+  EXPECT_EQ(message(with_set, targets, ids, {}), "");
+  EXPECT_EQ(message(with_kl, targets, {}, teacher), "");
+}
+
+// The REQUIRES of VocabHeadLogitKernel: teacher rows, and one reward
+// coefficient per position.
+TEST(VocabHead, LogitKernelRefusesMissingTeacherRowsAndMisshapenCoefficients) {
+  const int64_t rows = 3, vocab = 5, width = 4;
+  VocabHeadInputs in;
+  in.hidden = torch::randn({rows, width});
+  in.weight = torch::randn({vocab, width});
+  in.targets = torch::randint(vocab, {rows}, torch::kInt64);
+  in.chunk_positions = 2;
+  const torch::Tensor coefficient = torch::randn({rows});
+  try {
+    VocabHeadLogitKernel(in, coefficient);
+    ADD_FAILURE() << "no teacher rows, no exception";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("requires teacher rows"), std::string::npos) << e.what();
+  }
+  in.teacher.logprobs = torch::log_softmax(torch::randn({rows, vocab}), -1);
+  EXPECT_EQ(VocabHeadLogitKernel(in, coefficient).sizes(), torch::IntArrayRef({rows}));
+  EXPECT_THROW(VocabHeadLogitKernel(in, coefficient.narrow(0, 0, 2)), std::invalid_argument);
+}
+
 // ---- topk_tail_reverse_kl from its definition ----
 
 // p, q over V ids at one position, the set S: the (k+1)-bucket KL written
