@@ -356,9 +356,14 @@ int Main(int argc, char** argv) {
   spdlog::info("learner serving on {} ({}; run dir {})", in->address,
                services::DescribeTransport(server_options->security), in->run_dir);
 
-  TrainerLoop trainer(config, in->run_dir, start.student, std::move(optimizer), start.state,
-                      &coordinator, &publisher, *in->heldout, *in->prompts, in->vocab_limit,
-                      in->rank);
+  absl::StatusOr<std::unique_ptr<TrainerLoop>> created = TrainerLoop::Create(
+      config, in->run_dir, start.student, std::move(optimizer), start.state, &coordinator,
+      &publisher, *in->heldout, *in->prompts, in->vocab_limit, in->rank);
+  if (!created.ok()) {
+    spdlog::error("{}", created.status().ToString());
+    return 2;
+  }
+  TrainerLoop& trainer = **created;
   if (absl::Status fault = ApplyNanGradientFault(flags, trainer); !fault.ok()) {
     spdlog::error("{}", std::string(fault.message()));
     return 2;

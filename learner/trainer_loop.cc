@@ -51,15 +51,43 @@ std::string DescribeLatest(const std::string& run_dir) {
 
 }  // namespace
 
+absl::StatusOr<std::unique_ptr<TrainerLoop>> TrainerLoop::Create(
+    const services::Config& config, std::string run_dir, model::Decoder student,
+    std::unique_ptr<PolicyOptimizer> optimizer, const TrainerState& start, Coordinator* coordinator,
+    PolicyPublisher* publisher, const tasks::Dataset& heldout, const PromptEncoder& prompts,
+    int64_t vocab_limit, DataParallelSetup rank) {
+  KAPPA_ASSIGN_OR_RETURN(HybridStepConfig step_config, MakeHybridStepConfig(config));
+  step_config.loss.vocab_limit = vocab_limit;
+  std::unique_ptr<HybridStep> step;
+  std::unique_ptr<AlarmMonitor> alarms;
+  KAPPA_RETURN_IF_ERROR(base::CaptureExceptions("", [&] {
+    step = std::make_unique<HybridStep>(student, std::move(optimizer), std::move(step_config));
+    alarms = std::make_unique<AlarmMonitor>(MakeAlarmConfig(config));
+  }));
+  // A resumed run continues the λ controller and the alarms where they were.
+  KAPPA_RETURN_IF_ERROR(RestoreMonitors(start, step->lambda_controller(), alarms.get()));
+  KAPPA_RETURN_IF_ERROR(base::CaptureExceptions(
+      "run directory", [&] { std::filesystem::create_directories(run_dir + "/checkpoints"); }));
+  spdlog::info("learner: distill_gate={} balance={} lambda={} kappa_every={} kdr_every={}",
+               DistillGateName(step->config().gate), BalanceName(step->config().balance),
+               step->lambda(), step->config().monitor.kappa_every,
+               step->config().monitor.kdr_every);
+  return std::unique_ptr<TrainerLoop>(new TrainerLoop(
+      config, std::move(run_dir), std::move(student), std::move(step), std::move(alarms), start,
+      coordinator, publisher, heldout, prompts, vocab_limit, std::move(rank)));
+}
+
 TrainerLoop::TrainerLoop(const services::Config& config, std::string run_dir,
-                         model::Decoder student, std::unique_ptr<PolicyOptimizer> optimizer,
-                         const TrainerState& start, Coordinator* coordinator,
-                         PolicyPublisher* publisher, const tasks::Dataset& heldout,
-                         const PromptEncoder& prompts, int64_t vocab_limit, DataParallelSetup rank)
+                         model::Decoder student, std::unique_ptr<HybridStep> step,
+                         std::unique_ptr<AlarmMonitor> alarms, const TrainerState& start,
+                         Coordinator* coordinator, PolicyPublisher* publisher,
+                         const tasks::Dataset& heldout, const PromptEncoder& prompts,
+                         int64_t vocab_limit, DataParallelSetup rank)
     : config_(config),
       run_dir_(std::move(run_dir)),
       student_(std::move(student)),
-      optimizer_(std::move(optimizer)),
+      step_(std::move(step)),
+      alarms_(std::move(alarms)),
       state_(start),
       coordinator_(coordinator),
       publisher_(publisher),
@@ -69,6 +97,16 @@ TrainerLoop::TrainerLoop(const services::Config& config, std::string run_dir,
       rank_(std::move(rank)),
       metrics_(rank_.primary() ? std::make_unique<MetricsLog>(run_dir_ + "/metrics.jsonl")
                                : nullptr) {}
+
+void TrainerLoop::InjectNanGradient(int64_t step, int64_t tries) {
+  if (nan_fault_.step == 0) {
+    step_->optimizer().parameters().front().register_hook(
+        [armed = &nan_fault_.armed](const torch::Tensor& grad) {
+          return *armed ? torch::full_like(grad, std::numeric_limits<float>::quiet_NaN()) : grad;
+        });
+  }
+  nan_fault_ = {step, tries, false};
+}
 
 void TrainerLoop::PublishPolicy() {
   auto snapshot = std::make_shared<PolicySnapshot>();
@@ -160,22 +198,6 @@ absl::Status TrainerLoop::CheckpointOrCarryOn(int64_t step) {
       "checkpoint at step {} failed: {}; {}; training goes on and checkpoints again at "
       "step {}",
       step, std::string(status.message()), kept, step + config_.trainer.checkpoint_every);
-  return absl::OkStatus();
-}
-
-absl::Status TrainerLoop::MakeStep() {
-  KAPPA_ASSIGN_OR_RETURN(HybridStepConfig step_config, MakeHybridStepConfig(config_));
-  step_config.loss.vocab_limit = vocab_limit_;
-  KAPPA_RETURN_IF_ERROR(base::CaptureExceptions("", [&] {
-    step_ = std::make_unique<HybridStep>(student_, std::move(optimizer_), std::move(step_config));
-    alarms_ = std::make_unique<AlarmMonitor>(MakeAlarmConfig(config_));
-  }));
-  // A resumed run continues the λ controller and the alarms where they were.
-  KAPPA_RETURN_IF_ERROR(RestoreMonitors(state_, step_->lambda_controller(), alarms_.get()));
-  spdlog::info("learner: distill_gate={} balance={} lambda={} kappa_every={} kdr_every={}",
-               DistillGateName(step_->config().gate), BalanceName(step_->config().balance),
-               step_->lambda(), step_->config().monitor.kappa_every,
-               step_->config().monitor.kdr_every);
   return absl::OkStatus();
 }
 
@@ -305,14 +327,6 @@ void TrainerLoop::Publish(const StepRecord& record) {
 }
 
 absl::Status TrainerLoop::Run(const std::function<bool()>& stop_requested) {
-  KAPPA_RETURN_IF_ERROR(MakeStep());
-  if (nan_fault_.step > 0) {
-    step_->optimizer().parameters().front().register_hook(
-        [armed = &nan_fault_.armed](const torch::Tensor& grad) {
-          return *armed ? torch::full_like(grad, std::numeric_limits<float>::quiet_NaN()) : grad;
-        });
-  }
-  std::filesystem::create_directories(run_dir_ + "/checkpoints");
   PublishPolicy();
   const absl::Time run_start = absl::Now();
   if (state_.step == 0 && rank_.primary()) {

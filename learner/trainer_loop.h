@@ -33,21 +33,37 @@ namespace kappa::learner {
 
 class TrainerLoop {
  public:
+  // A loop ready to Run, built complete from the configuration and where
+  // the run starts (`start`: a fresh run's step 0, or the checkpoint's state
+  // on --resume), after Reverb's RateLimiter(const RateLimiterCheckpoint&).
+  // Builds the HybridStep (which takes `optimizer`) and the alarm monitor,
+  // continues the λ controller and the alarms from `start`, and creates
+  // run_dir/checkpoints. INVALID_ARGUMENT naming the key on a bad
+  // balancing/gating/monitor/alarm setting (or a `start` they refuse);
+  // nothing runs and nothing is published.
+  //
   // Data parallel (`rank`): every rank trains on its local share of each
   // step's groups (the optimizer holds the collectives) and checkpoints into
   // its own `run_dir`; only the primary rank evaluates and writes
   // metrics.jsonl. `vocab_limit`: the ids the student's distributions are
   // over in the losses and the evaluation (model::VocabLimit of the
   // tokenizer's size; 0: every row); the work items carry the same.
-  TrainerLoop(const services::Config& config, std::string run_dir, model::Decoder student,
-              std::unique_ptr<PolicyOptimizer> optimizer, const TrainerState& start,
-              Coordinator* coordinator, PolicyPublisher* publisher, const tasks::Dataset& heldout,
-              const PromptEncoder& prompts, int64_t vocab_limit, DataParallelSetup rank = {});
+  // Not owned, and must outlive the loop: coordinator, publisher, heldout,
+  // prompts.
+  static absl::StatusOr<std::unique_ptr<TrainerLoop>> Create(
+      const services::Config& config, std::string run_dir, model::Decoder student,
+      std::unique_ptr<PolicyOptimizer> optimizer, const TrainerState& start,
+      Coordinator* coordinator, PolicyPublisher* publisher, const tasks::Dataset& heldout,
+      const PromptEncoder& prompts, int64_t vocab_limit, DataParallelSetup rank = {});
 
-  // Runs until trainer.steps are done or `stop_requested` returns true.
-  // INVALID_ARGUMENT naming the key on a bad balancing/gating/alarm setting;
-  // INTERNAL naming the step and the term once trainer.max_nonfinite_steps
-  // steps in a row were skipped as non-finite (nothing of them applied).
+  TrainerLoop(const TrainerLoop&) = delete;
+  TrainerLoop& operator=(const TrainerLoop&) = delete;
+
+  // Publishes the starting policy, evaluates step 0 (a fresh run), then
+  // trains until trainer.steps are done or `stop_requested` returns true
+  // (CANCELLED). INTERNAL naming the step and the term once
+  // trainer.max_nonfinite_steps steps in a row were skipped as non-finite
+  // (nothing of them applied); a failed final checkpoint's error.
   absl::Status Run(const std::function<bool()>& stop_requested);
 
   // Also export each step to Prometheus (may stay null: no metrics).
@@ -67,7 +83,7 @@ class TrainerLoop {
   // `tries` batches trained at `step` find NaN in the first trainable
   // parameter's gradient (an autograd hook), so the non-finite guard skips
   // them. Call before Run.
-  void InjectNanGradient(int64_t step, int64_t tries) { nan_fault_ = {step, tries, false}; }
+  void InjectNanGradient(int64_t step, int64_t tries);
 
   struct HeldOutResult {
     double accuracy = 0.0;
@@ -77,10 +93,15 @@ class TrainerLoop {
   HeldOutResult EvaluateHeldOut();
 
  private:
+  // Create's: every part already built and validated.
+  TrainerLoop(const services::Config& config, std::string run_dir, model::Decoder student,
+              std::unique_ptr<HybridStep> step, std::unique_ptr<AlarmMonitor> alarms,
+              const TrainerState& start, Coordinator* coordinator, PolicyPublisher* publisher,
+              const tasks::Dataset& heldout, const PromptEncoder& prompts, int64_t vocab_limit,
+              DataParallelSetup rank);
+
   void PublishPolicy();
   absl::Status SaveCheckpoint(int64_t step);
-  // The HybridStep and the alarm monitor from the configuration.
-  absl::Status MakeStep();
   // One optimizer step on `buffered`, and the new policy published: the
   // record of the batch, the step and its timing (alarms and evaluation not
   // yet). Mutates state_ (step, policy version) and last_step_end_. A step
@@ -115,9 +136,8 @@ class TrainerLoop {
   const services::Config config_;
   const std::string run_dir_;
   model::Decoder student_;
-  std::unique_ptr<PolicyOptimizer> optimizer_;  // until Run hands it to step_
-  std::unique_ptr<HybridStep> step_;
-  std::unique_ptr<AlarmMonitor> alarms_;
+  const std::unique_ptr<HybridStep> step_;  // owns the optimizer
+  const std::unique_ptr<AlarmMonitor> alarms_;
   TrainerState state_;
   Coordinator* const coordinator_;
   PolicyPublisher* const publisher_;
