@@ -31,7 +31,6 @@ struct DecodeEngine::Request {
   std::vector<SampledSequence> samples;
   std::vector<RowRandom> random;  // one stream per row
   int64_t rows_left = 0;          // rows that have not finished
-  int64_t rows_placed = 0;        // rows that have had a slot
   Clock::time_point admitted;
   // From its prefill until every row has a slot: the prompt's keys/values
   // per layer [1, kv, prompt, hd] and the next-token logits [V].
@@ -39,14 +38,23 @@ struct DecodeEngine::Request {
   torch::Tensor next_logits;
 };
 
-DecodeEngine::DecodeEngine(DecodeEngineOptions options) : options_(options) {
-  if (options_.max_rows < 1)
-    Fail("max_rows must be >= 1, got " + std::to_string(options_.max_rows));
-  if (options_.max_sequence_tokens < 0) {
-    Fail("max_sequence_tokens must be >= 0, got " + std::to_string(options_.max_sequence_tokens));
+namespace {
+
+// The options, checked before the scheduler is built from them.
+const DecodeEngineOptions& Checked(const DecodeEngineOptions& options) {
+  if (options.max_rows < 1) Fail("max_rows must be >= 1, got " + std::to_string(options.max_rows));
+  if (options.max_sequence_tokens < 0) {
+    Fail("max_sequence_tokens must be >= 0, got " + std::to_string(options.max_sequence_tokens));
   }
-  slots_.resize(static_cast<size_t>(options_.max_rows));
+  return options;
 }
+
+}  // namespace
+
+DecodeEngine::DecodeEngine(DecodeEngineOptions options)
+    : options_(Checked(options)),
+      scheduler_(SlotSchedulerOptions{options_.max_rows, kMaxPrefillTokens}),
+      slots_(static_cast<size_t>(options_.max_rows)) {}
 
 DecodeEngine::~DecodeEngine() = default;
 
@@ -73,6 +81,10 @@ void DecodeEngine::Add(DecodeRequest spec) {
   if (spec.max_new_tokens < 1) {
     Fail(what + "max_new_tokens must be >= 1, got " + std::to_string(spec.max_new_tokens));
   }
+  if (!spec.row_seeds.empty() && static_cast<int64_t>(spec.row_seeds.size()) != spec.num_samples) {
+    Fail(what + std::to_string(spec.row_seeds.size()) + " row_seeds for " +
+         std::to_string(spec.num_samples) + " samples");
+  }
   if (spec.sampling.sampleable_vocab_size == 0)
     spec.sampling.sampleable_vocab_size = config.vocab_size;
   ValidateTokenSampling(spec.sampling, config.vocab_size);
@@ -93,27 +105,29 @@ void DecodeEngine::Add(DecodeRequest spec) {
   request->budget = budget;
   request->columns = columns;
   request->samples.resize(static_cast<size_t>(spec.num_samples));
-  for (int64_t g = 0; g < spec.num_samples; ++g)
-    request->random.emplace_back(RowSeed(spec.seed, g));
+  for (int64_t g = 0; g < spec.num_samples; ++g) {
+    request->random.emplace_back(spec.row_seeds.empty() ? RowSeed(spec.seed, g)
+                                                        : spec.row_seeds[static_cast<size_t>(g)]);
+  }
   request->rows_left = spec.num_samples;
+  const int64_t key = next_key_++;
+  scheduler_.Enqueue(key, spec.model.get(), spec.num_samples, prompt);
   request->spec = std::move(spec);
-  waiting_.push_back(std::move(request));
+  requests_.emplace(key, std::move(request));
 }
 
 void DecodeEngine::Clear() {
-  waiting_.clear();
+  scheduler_.Clear();
   requests_.clear();
-  partial_ = -1;
   for (Slot& slot : slots_) slot = Slot{};
-  active_rows_ = 0;
 }
 
 std::vector<DecodeResult> DecodeEngine::Step() {
   std::vector<DecodeResult> finished;
   if (Idle()) return finished;
   torch::NoGradGuard no_grad;
-  if (active_rows_ > 0) DecodeActiveRows(&finished);
-  AdmitWaiting(&finished);
+  if (scheduler_.active_rows() > 0) DecodeActiveRows(&finished);
+  Admit(&finished);
   ++stats_.steps;
   return finished;
 }
@@ -122,20 +136,17 @@ void DecodeEngine::DecodeActiveRows(std::vector<DecodeResult>* finished) {
   // Slots [0, n) ride in the step, free ones included (as token 0 at column
   // 0); rows are admitted into the lowest free slots, so n stays small as
   // the queue drains.
-  int64_t n = 0;
+  const int64_t n = scheduler_.table().UsedEnd();
   std::vector<int64_t> occupied;
-  for (int64_t s = 0; s < options_.max_rows; ++s) {
-    if (slots_[static_cast<size_t>(s)].request >= 0) {
-      occupied.push_back(s);
-      n = s + 1;
-    }
+  for (int64_t s = 0; s < n; ++s) {
+    if (scheduler_.table().IsUsed(s)) occupied.push_back(s);
   }
   std::vector<int64_t> tokens(static_cast<size_t>(n), 0), lengths(static_cast<size_t>(n), 0);
   std::vector<TokenSampling> settings;
   std::vector<double> uniforms;
   for (int64_t s : occupied) {
     const Slot& slot = slots_[static_cast<size_t>(s)];
-    Request& request = *requests_[static_cast<size_t>(slot.request)];
+    Request& request = *requests_.at(slot.request);
     tokens[static_cast<size_t>(s)] = request.samples[static_cast<size_t>(slot.row)].tokens.back();
     lengths[static_cast<size_t>(s)] = slot.cached;
     stats_.kv_columns_read += slot.cached + 1;
@@ -154,94 +165,60 @@ void DecodeEngine::DecodeActiveRows(std::vector<DecodeResult>* finished) {
   RecordTokens(occupied, sampled, finished);
 }
 
-void DecodeEngine::AdmitWaiting(std::vector<DecodeResult>* finished) {
-  int64_t free_slots = FreeSlots();
-  // Rows of the partly placed request come first; they need no prefill.
-  int64_t to_place = 0;
-  if (partial_ >= 0) {
-    const Request& partial = *requests_[static_cast<size_t>(partial_)];
-    to_place = partial.spec.num_samples - partial.rows_placed;
+void DecodeEngine::Admit(std::vector<DecodeResult>* finished) {
+  const int64_t rows_before = scheduler_.active_rows();
+  const AdmissionPlan plan = scheduler_.Schedule();
+  if (plan.placements.empty()) return;
+  if (!plan.prefill.empty()) {
+    model_ = requests_.at(plan.prefill.front())->spec.model;
+    EnsureCache(*model_, ColumnsNeeded(plan.prefill), /*carry_rows=*/rows_before > 0);
+    Prefill(plan.prefill);
   }
-  int64_t columns = 0;
-  for (const Slot& slot : slots_) {
-    if (slot.request >= 0) {
-      columns = std::max(columns, requests_[static_cast<size_t>(slot.request)]->columns);
-    }
-  }
-  // Waiting requests join while free slots remain; the last one taken may
-  // get only some of its rows a slot now (it then holds its prompt's
-  // keys/values until the rest do).
-  std::vector<int64_t> taken;  // indices into requests_, to prefill
-  int64_t prefill_tokens = 0;
-  while (!waiting_.empty() && to_place < free_slots) {
-    Request& next = *waiting_.front();
-    // One model per step: a request of another version waits until every
-    // row of the current one has finished.
-    const bool busy = active_rows_ > 0 || partial_ >= 0 || !taken.empty();
-    const std::shared_ptr<Decoder>& in_use =
-        !taken.empty() ? requests_[static_cast<size_t>(taken.front())]->spec.model : model_;
-    if (busy && next.spec.model != in_use) break;
-    const int64_t prompt = static_cast<int64_t>(next.spec.prompt.size());
-    if (!taken.empty() && prefill_tokens + prompt > kMaxPrefillTokens) break;
-    prefill_tokens += prompt;
-    to_place += next.spec.num_samples;
-    columns = std::max(columns, next.columns);
-    requests_.push_back(std::move(waiting_.front()));
-    waiting_.pop_front();
-    taken.push_back(static_cast<int64_t>(requests_.size()) - 1);
-  }
-  if (to_place == 0 || free_slots == 0) return;
-  if (!taken.empty()) {
-    model_ = requests_[static_cast<size_t>(taken.front())]->spec.model;
-    EnsureCache(*model_, columns);
-    Prefill(taken);
-  }
-
-  // Place rows, the partly placed request's first, in the lowest free slots.
-  std::vector<int64_t> order;
-  if (partial_ >= 0) order.push_back(partial_);
-  order.insert(order.end(), taken.begin(), taken.end());
-  partial_ = -1;
+  // Placements come grouped by request: each group copies its prompt once.
   std::vector<int64_t> row_slots;
   std::vector<torch::Tensor> row_logits;
   std::vector<TokenSampling> settings;
   std::vector<double> uniforms;
-  int64_t s = 0;
-  for (int64_t index : order) {
-    Request& request = *requests_[static_cast<size_t>(index)];
-    std::vector<int64_t> placed;
-    while (request.rows_placed < request.spec.num_samples && free_slots > 0) {
-      while (slots_[static_cast<size_t>(s)].request >= 0) ++s;
-      const int64_t row = request.rows_placed++;
-      slots_[static_cast<size_t>(s)] =
-          Slot{index, row, static_cast<int64_t>(request.spec.prompt.size())};
-      placed.push_back(s);
-      row_slots.push_back(s);
-      row_logits.push_back(request.next_logits);
-      settings.push_back(request.spec.sampling);
-      uniforms.push_back(request.random[static_cast<size_t>(row)].NextUniform());
-      --free_slots;
-      ++active_rows_;
-    }
-    CopyPromptIntoSlots(request, placed);
-    if (request.rows_placed < request.spec.num_samples) {
-      partial_ = index;
-    } else {
+  std::vector<int64_t> group;  // slots of the current request's rows
+  for (size_t i = 0; i < plan.placements.size(); ++i) {
+    const RowPlacement& placement = plan.placements[i];
+    Request& request = *requests_.at(placement.request);
+    slots_[static_cast<size_t>(placement.slot)] =
+        Slot{placement.request, placement.row, static_cast<int64_t>(request.spec.prompt.size())};
+    group.push_back(placement.slot);
+    row_slots.push_back(placement.slot);
+    row_logits.push_back(request.next_logits);
+    settings.push_back(request.spec.sampling);
+    uniforms.push_back(request.random[static_cast<size_t>(placement.row)].NextUniform());
+    const bool group_ends =
+        i + 1 == plan.placements.size() || plan.placements[i + 1].request != placement.request;
+    if (!group_ends) continue;
+    CopyPromptIntoSlots(request, group);
+    group.clear();
+    if (placement.row + 1 == request.spec.num_samples) {
       request.prompt_keys.clear();  // every row has its copy now
       request.prompt_values.clear();
     }
   }
-  stats_.peak_active_rows = std::max(stats_.peak_active_rows, active_rows_);
+  stats_.peak_active_rows = std::max(stats_.peak_active_rows, scheduler_.active_rows());
   const SampledTokens sampled = SampleTokens(torch::stack(row_logits), settings, uniforms);
   RecordTokens(row_slots, sampled, finished);
 }
 
-void DecodeEngine::Prefill(const std::vector<int64_t>& taken) {
-  const int64_t n = static_cast<int64_t>(taken.size());
+int64_t DecodeEngine::ColumnsNeeded(const std::vector<int64_t>& ids) const {
+  int64_t columns = 0;
+  for (const Slot& slot : slots_) {
+    if (slot.request >= 0) columns = std::max(columns, requests_.at(slot.request)->columns);
+  }
+  for (int64_t id : ids) columns = std::max(columns, requests_.at(id)->columns);
+  return columns;
+}
+
+void DecodeEngine::Prefill(const std::vector<int64_t>& ids) {
+  const int64_t n = static_cast<int64_t>(ids.size());
   int64_t longest = 0;
-  for (int64_t i : taken) {
-    longest = std::max(longest,
-                       static_cast<int64_t>(requests_[static_cast<size_t>(i)]->spec.prompt.size()));
+  for (int64_t id : ids) {
+    longest = std::max(longest, static_cast<int64_t>(requests_.at(id)->spec.prompt.size()));
   }
   // Right padding: every prompt starts at column 0, as it will in its slots.
   auto tokens = torch::zeros({n, longest}, torch::kLong);
@@ -251,8 +228,7 @@ void DecodeEngine::Prefill(const std::vector<int64_t>& taken) {
     auto tok_a = tokens.accessor<int64_t, 2>();
     auto mask_a = mask.accessor<int64_t, 2>();
     for (int64_t i = 0; i < n; ++i) {
-      const std::vector<int64_t>& prompt =
-          requests_[static_cast<size_t>(taken[static_cast<size_t>(i)])]->spec.prompt;
+      const std::vector<int64_t>& prompt = requests_.at(ids[static_cast<size_t>(i)])->spec.prompt;
       for (size_t t = 0; t < prompt.size(); ++t) {
         tok_a[i][static_cast<int64_t>(t)] = prompt[t];
         mask_a[i][static_cast<int64_t>(t)] = 1;
@@ -272,7 +248,7 @@ void DecodeEngine::Prefill(const std::vector<int64_t>& taken) {
   // Each request keeps its own prompt's keys/values until its rows have
   // copied them (a partly placed request holds them across steps).
   for (int64_t i = 0; i < n; ++i) {
-    Request& request = *requests_[static_cast<size_t>(taken[static_cast<size_t>(i)])];
+    Request& request = *requests_.at(ids[static_cast<size_t>(i)]);
     const int64_t prompt = static_cast<int64_t>(request.spec.prompt.size());
     for (size_t l = 0; l < prefill.keys.size(); ++l) {
       request.prompt_keys.push_back(prefill.keys[l].narrow(0, i, 1).narrow(2, 0, prompt).clone());
@@ -306,7 +282,7 @@ void DecodeEngine::RecordTokens(const std::vector<int64_t>& slots, const Sampled
                                 std::vector<DecodeResult>* finished) {
   for (size_t i = 0; i < slots.size(); ++i) {
     Slot& slot = slots_[static_cast<size_t>(slots[i])];
-    Request& request = *requests_[static_cast<size_t>(slot.request)];
+    Request& request = *requests_.at(slot.request);
     SampledSequence& sequence = request.samples[static_cast<size_t>(slot.row)];
     const int64_t token = sampled.tokens[i];
     sequence.tokens.push_back(token);
@@ -318,9 +294,9 @@ void DecodeEngine::RecordTokens(const std::vector<int64_t>& slots, const Sampled
         (!at_budget && request.spec.stops_after && request.spec.stops_after(sequence.tokens));
     if (!stopped && !at_budget) continue;
     sequence.truncated = !stopped;
-    const int64_t index = slot.request;
+    const int64_t key = slot.request;
     slot = Slot{};
-    --active_rows_;
+    scheduler_.Finish(slots[i]);
     if (--request.rows_left > 0) continue;
     DecodeResult result;
     result.id = request.spec.id;
@@ -328,13 +304,12 @@ void DecodeEngine::RecordTokens(const std::vector<int64_t>& slots, const Sampled
     result.samples = std::move(request.samples);
     result.seconds = std::chrono::duration<double>(Clock::now() - request.admitted).count();
     finished->push_back(std::move(result));
-    requests_[static_cast<size_t>(index)].reset();
+    requests_.erase(key);
   }
   stats_.tokens += static_cast<int64_t>(slots.size());
-  if (active_rows_ == 0 && partial_ < 0) requests_.clear();
 }
 
-void DecodeEngine::EnsureCache(Decoder& model, int64_t columns) {
+void DecodeEngine::EnsureCache(Decoder& model, int64_t columns, bool carry_rows) {
   const ModelConfig& config = model->config();
   const torch::Tensor weight = model->OutputWeight();
   const int64_t capacity =
@@ -351,7 +326,7 @@ void DecodeEngine::EnsureCache(Decoder& model, int64_t columns) {
   SlotKVCache grown = model->NewSlotCache(options_.max_rows, std::max(capacity, columns));
   // Rows in slots belong to this model (admission never mixes), so their
   // keys/values carry over when only the capacity grew.
-  if (active_rows_ > 0 && cache_.keys.size() == grown.keys.size()) {
+  if (carry_rows && cache_.keys.size() == grown.keys.size()) {
     for (size_t l = 0; l < cache_.keys.size(); ++l) {
       grown.keys[l].narrow(2, 0, cache_.capacity()).copy_(cache_.keys[l]);
       grown.values[l].narrow(2, 0, cache_.capacity()).copy_(cache_.values[l]);

@@ -15,10 +15,14 @@
 //
 // Shared prefill: the G samples of a request are one prefill of its prompt,
 // whose keys/values are copied into G slots; each of the G rows then draws
-// from its own stream (RowSeed(seed, g)), so a row's tokens do not depend on
-// the rows it shares steps with. With the same seeds and settings the
-// engine samples what model::Sample samples with SamplingParams::row_seeds
-// (and, greedy, what it samples without), up to floating-point noise.
+// from its own stream (RowSeed(seed, g), or its row_seeds entry), so a row's
+// tokens do not depend on the rows it shares steps with. model::Sample is
+// this engine driven until idle.
+//
+// Scheduling: a SlotScheduler (model/slot_scheduler.h) decides which
+// waiting requests join and which row goes to which slot; the engine
+// executes its plan (prefill, copy the prompt's keys/values into the
+// slots, sample, record).
 //
 // Versions: every request names the model that samples it. Rows of
 // different models never share a step: the engine admits a request of
@@ -30,13 +34,14 @@
 #pragma once
 
 #include <cstdint>
-#include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <vector>
 
 #include "model/sampling.h"
+#include "model/slot_scheduler.h"
 #include "model/token_sampler.h"
 #include "model/transformer.h"
 
@@ -57,7 +62,10 @@ struct DecodeRequest {
   int64_t max_new_tokens = 16;
   TokenSampling sampling;  // sampleable_vocab_size 0: every row of the model
   std::vector<int64_t> stop_token_ids;
-  uint64_t seed = 0;  // row g draws from RowRandom(RowSeed(seed, g))
+  uint64_t seed = 0;  // row g draws from RowRandom(RowSeed(seed, g))...
+  // ... unless given here: then row g draws from RowRandom(row_seeds[g]).
+  // Empty or num_samples of them.
+  std::vector<uint64_t> row_seeds;
   // Optional. Called with a row's response so far after each token it
   // samples that is neither a stop id nor the last of its budget; true ends
   // the row there as stopped (not truncated), freeing its slot. Runs on the
@@ -93,7 +101,8 @@ class DecodeEngine {
   // Queues a request behind the others. Throws std::invalid_argument (and
   // queues nothing) for a null model, an empty prompt, ids outside the
   // vocabulary, bad sampling settings, num_samples outside [1, max_rows],
-  // max_new_tokens < 1, or a sequence that cannot fit (prompt +
+  // max_new_tokens < 1, row_seeds neither empty nor num_samples long, or a
+  // sequence that cannot fit (prompt +
   // max_new_tokens − 1 columns, cut to the position table) in
   // max_sequence_tokens. The budget of each row is max_new_tokens, cut to
   // what max_position_embeddings leaves after the prompt (a row with no
@@ -109,10 +118,11 @@ class DecodeEngine {
   // Does nothing when Idle(). Blocks for the model's forwards.
   std::vector<DecodeResult> Step();
 
-  // Nothing queued and nothing in a slot.
-  bool Idle() const { return waiting_.empty() && active_rows_ == 0; }
-  int64_t active_rows() const { return active_rows_; }
-  int64_t waiting_requests() const { return static_cast<int64_t>(waiting_.size()); }
+  // Nothing queued, nothing in a slot, no row of a partly placed request
+  // waiting for one.
+  bool Idle() const { return scheduler_.Idle(); }
+  int64_t active_rows() const { return scheduler_.active_rows(); }
+  int64_t waiting_requests() const { return scheduler_.waiting_requests(); }
   const DecodeEngineStats& stats() const { return stats_; }
 
   // Drops every waiting and active request (their results are lost); keeps
@@ -122,20 +132,22 @@ class DecodeEngine {
  private:
   struct Request;  // a request and its rows' progress
   struct Slot {
-    int64_t request = -1;  // index into requests_, -1: free
+    int64_t request = -1;  // key into requests_, -1: free
     int64_t row = 0;       // its row within the request
     int64_t cached = 0;    // tokens whose keys/values the slot holds
   };
 
   // Samples one token for every occupied slot; retires rows that stopped.
   void DecodeActiveRows(std::vector<DecodeResult>* finished);
-  // Gives free slots to waiting rows: the partly placed request's, then
-  // those of waiting requests (prefilled now), and samples their first
-  // tokens.
-  void AdmitWaiting(std::vector<DecodeResult>* finished);
-  // Prefills the requests `taken` (indices into requests_) in one batch;
-  // each keeps its prompt's keys/values and next-token logits.
-  void Prefill(const std::vector<int64_t>& taken);
+  // Executes the scheduler's next plan: prefills the requests it admits,
+  // copies their prompts into the slots it gives their rows, and samples
+  // those rows' first tokens.
+  void Admit(std::vector<DecodeResult>* finished);
+  // Prefills the requests `ids` (keys into requests_) in one batch; each
+  // keeps its prompt's keys/values and next-token logits.
+  void Prefill(const std::vector<int64_t>& ids);
+  // Slot columns the rows in slots and the requests `ids` need.
+  int64_t ColumnsNeeded(const std::vector<int64_t>& ids) const;
   // Copies `request`'s prompt keys/values into columns [0, prompt) of `slots`.
   void CopyPromptIntoSlots(const Request& request, const std::vector<int64_t>& slots);
   // Records each given row's sampled token, ends rows that stopped, and
@@ -143,21 +155,17 @@ class DecodeEngine {
   void RecordTokens(const std::vector<int64_t>& slots, const SampledTokens& sampled,
                     std::vector<DecodeResult>* finished);
   // Makes the slot cache fit `model` and `columns` per slot (reallocating
-  // only for another dtype, device, shape or more columns).
-  void EnsureCache(Decoder& model, int64_t columns);
-  int64_t FreeSlots() const { return options_.max_rows - active_rows_; }
+  // only for another dtype, device, shape or more columns); the rows in
+  // slots keep their keys/values when `carry_rows`.
+  void EnsureCache(Decoder& model, int64_t columns, bool carry_rows);
 
   const DecodeEngineOptions options_;
-  std::deque<std::unique_ptr<Request>> waiting_;
-  // Admitted requests by index (slots refer to them); finished ones are
-  // reset to null, and the vector is cleared whenever no row is active.
-  std::vector<std::unique_ptr<Request>> requests_;
-  std::vector<Slot> slots_;
-  int64_t active_rows_ = 0;
-  // The request (index into requests_) whose rows did not all get a slot
-  // when it was prefilled; its remaining rows take the next free slots
-  // before any waiting request. -1: none.
-  int64_t partial_ = -1;
+  SlotScheduler scheduler_;
+  // Queued and admitted requests by the engine's key (the scheduler's
+  // request id); a request leaves when its last row finishes.
+  std::map<int64_t, std::unique_ptr<Request>> requests_;
+  int64_t next_key_ = 0;
+  std::vector<Slot> slots_;         // the engine's data of each slot
   std::shared_ptr<Decoder> model_;  // the model of the rows in slots
   SlotKVCache cache_;
   DecodeEngineStats stats_;

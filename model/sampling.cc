@@ -4,33 +4,83 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <limits>
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
-#include "model/token_sampler.h"
+#include "model/decode_engine.h"
 
 namespace kappa::model {
 namespace {
 
-// Draws one token per row from softmax(scaled_logits) restricted to the
-// smallest set of tokens whose probability mass reaches top_p (the most
-// likely token is always kept). scaled_logits: [B, V] fp32.
-torch::Tensor SampleTopP(const torch::Tensor& scaled_logits, double top_p,
-                         const c10::optional<at::Generator>& generator) {
-  auto probs = torch::softmax(scaled_logits, -1);
-  if (top_p < 1.0) {
-    auto sorted = probs.sort(/*dim=*/-1, /*descending=*/true);
-    auto sorted_probs = std::get<0>(sorted);
-    auto sorted_idx = std::get<1>(sorted);
-    // Mass strictly before each token; drop tokens already past top_p.
-    auto before = sorted_probs.cumsum(-1) - sorted_probs;
-    auto kept = sorted_probs.masked_fill(before >= top_p, 0.0);
-    kept.select(-1, 0).copy_(sorted_probs.select(-1, 0));
-    auto choice = torch::multinomial(kept, 1, /*replacement=*/false, generator);
-    return sorted_idx.gather(-1, choice).squeeze(-1);
+[[noreturn]] void Fail(const std::string& what) { throw std::invalid_argument("Sample: " + what); }
+
+void CheckParams(const SamplingParams& params, int64_t vocab_size, size_t rows) {
+  if (params.max_new_tokens < 0) Fail("max_new_tokens must be >= 0");
+  if (params.pad_id < 0 || params.pad_id >= vocab_size) {
+    Fail("pad_id " + std::to_string(params.pad_id) + " is outside the vocabulary");
   }
-  return torch::multinomial(probs, 1, /*replacement=*/false, generator).squeeze(-1);
+  for (int64_t id : params.stop_token_ids) {
+    if (id < 0 || id >= vocab_size) {
+      Fail("stop id " + std::to_string(id) + " is outside the vocabulary [0, " +
+           std::to_string(vocab_size) + ")");
+    }
+  }
+  if (params.sampleable_vocab_size < 0 || params.sampleable_vocab_size > vocab_size) {
+    Fail("sampleable_vocab_size " + std::to_string(params.sampleable_vocab_size) +
+         " is outside [0, " + std::to_string(vocab_size) + "]");
+  }
+  TokenSampling row = params.token_sampling();
+  if (row.sampleable_vocab_size == 0) row.sampleable_vocab_size = vocab_size;
+  ValidateTokenSampling(row, vocab_size);
+  if (!params.row_seeds.empty() && params.row_seeds.size() != rows) {
+    Fail(std::to_string(params.row_seeds.size()) + " row_seeds for " + std::to_string(rows) +
+         " prompts");
+  }
+}
+
+void CheckPrompts(const std::vector<std::vector<int64_t>>& prompts, const ModelConfig& config) {
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const int64_t n = static_cast<int64_t>(prompts[i].size());
+    if (n == 0) Fail("prompt " + std::to_string(i) + " is empty");
+    if (n > config.max_position_embeddings) {
+      Fail("prompt " + std::to_string(i) + " has " + std::to_string(n) +
+           " tokens, more than max_position_embeddings " +
+           std::to_string(config.max_position_embeddings));
+    }
+    for (int64_t t : prompts[i]) {
+      if (t < 0 || t >= config.vocab_size) {
+        Fail("prompt " + std::to_string(i) + " has token id " + std::to_string(t) +
+             " outside the vocabulary");
+      }
+    }
+  }
+}
+
+// One seed per row: params.row_seeds, else RowSeed(base, b) with `base`
+// drawn from `generator` on `device`.
+std::vector<uint64_t> RowSeeds(const SamplingParams& params, size_t rows,
+                               const std::optional<at::Generator>& generator,
+                               const c10::Device& device) {
+  if (!params.row_seeds.empty()) return params.row_seeds;
+  const c10::optional<at::Generator> gen =
+      generator ? c10::optional<at::Generator>(*generator) : c10::nullopt;
+  const auto base = static_cast<uint64_t>(
+      torch::randint(std::numeric_limits<int64_t>::max(), {1}, gen,
+                     torch::TensorOptions().dtype(torch::kLong).device(device))
+          .item<int64_t>());
+  std::vector<uint64_t> seeds;
+  for (size_t b = 0; b < rows; ++b) seeds.push_back(RowSeed(base, static_cast<int64_t>(b)));
+  return seeds;
+}
+
+// A row's budget: max_new_tokens, cut to what the position table leaves.
+int64_t Budget(const SamplingParams& params, const std::vector<int64_t>& prompt,
+               const ModelConfig& config) {
+  return std::min(params.max_new_tokens,
+                  config.max_position_embeddings - static_cast<int64_t>(prompt.size()));
 }
 
 }  // namespace
@@ -51,171 +101,52 @@ std::vector<SampledSequence> Sample(Decoder& model,
                                     const std::vector<std::vector<int64_t>>& prompts,
                                     const SamplingParams& params,
                                     std::optional<at::Generator> generator) {
-  if (params.temperature < 0) throw std::invalid_argument("Sample: temperature must be >= 0");
-  if (!(params.top_p > 0) || params.top_p > 1) {
-    throw std::invalid_argument("Sample: top_p must be in (0, 1]");
-  }
-  if (params.max_new_tokens < 0) throw std::invalid_argument("Sample: max_new_tokens must be >= 0");
-  const int64_t vocab_size = model->config().vocab_size;
-  if (params.pad_id < 0 || params.pad_id >= vocab_size) {
-    throw std::invalid_argument("Sample: pad_id " + std::to_string(params.pad_id) +
-                                " is outside the vocabulary");
-  }
-  for (int64_t id : params.stop_token_ids) {
-    if (id < 0 || id >= vocab_size) {
-      throw std::invalid_argument("Sample: stop id " + std::to_string(id) +
-                                  " is outside the vocabulary [0, " + std::to_string(vocab_size) +
-                                  ")");
-    }
-  }
-  if (params.sampleable_vocab_size < 0 || params.sampleable_vocab_size > vocab_size) {
-    throw std::invalid_argument("Sample: sampleable_vocab_size " +
-                                std::to_string(params.sampleable_vocab_size) + " is outside [0, " +
-                                std::to_string(vocab_size) + "]");
-  }
-  const int64_t sampleable =
-      params.sampleable_vocab_size > 0 ? params.sampleable_vocab_size : vocab_size;
-  const int64_t B = static_cast<int64_t>(prompts.size());
-  if (!params.row_seeds.empty() && static_cast<int64_t>(params.row_seeds.size()) != B) {
-    throw std::invalid_argument("Sample: " + std::to_string(params.row_seeds.size()) +
-                                " row_seeds for " + std::to_string(B) + " prompts");
-  }
-  TokenSampling row_sampling;
-  row_sampling.temperature = params.temperature;
-  row_sampling.top_p = params.top_p;
-  row_sampling.top_k = params.top_k;
-  row_sampling.min_p = params.min_p;
-  row_sampling.sampleable_vocab_size = sampleable;
-  ValidateTokenSampling(row_sampling, vocab_size);
-  const bool per_row = !params.row_seeds.empty() || params.top_k > 0 || params.min_p > 0;
-  std::vector<RowRandom> row_random;
-  for (uint64_t seed : params.row_seeds) row_random.emplace_back(seed);
+  const ModelConfig& config = model->config();
+  CheckParams(params, config.vocab_size, prompts.size());
+  CheckPrompts(prompts, config);
   std::vector<SampledSequence> results(prompts.size());
-  if (B == 0) return results;
-
-  const auto& config = model->config();
-  const int64_t max_pos = config.max_position_embeddings;
-  int64_t max_len = 0;
-  std::vector<int64_t> lengths(prompts.size());
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    const int64_t n = static_cast<int64_t>(prompts[i].size());
-    if (n == 0) throw std::invalid_argument("Sample: prompt " + std::to_string(i) + " is empty");
-    if (n > max_pos) {
-      throw std::invalid_argument("Sample: prompt " + std::to_string(i) + " has " +
-                                  std::to_string(n) + " tokens, more than max_position_embeddings " +
-                                  std::to_string(max_pos));
-    }
-    for (int64_t t : prompts[i]) {
-      if (t < 0 || t >= config.vocab_size) {
-        throw std::invalid_argument("Sample: prompt " + std::to_string(i) + " has token id " +
-                                    std::to_string(t) + " outside the vocabulary");
-      }
-    }
-    lengths[i] = n;
-    max_len = std::max(max_len, n);
-  }
-  // A row's whole sequence (prompt + response) stays within the position
-  // table, so each row gets its own budget.
-  std::vector<int64_t> budgets(prompts.size());
-  int64_t steps = 0;
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    budgets[i] = std::min(params.max_new_tokens, max_pos - lengths[i]);
-    steps = std::max(steps, budgets[i]);
-    results[i].truncated = budgets[i] == 0;  // no room: at its budget before any token
-  }
-  if (steps == 0) return results;
-
+  if (prompts.empty()) return results;
   torch::NoGradGuard no_grad;
-  const auto device = model->named_parameters().front().value().device();
-  auto long_opts = torch::TensorOptions().dtype(torch::kLong);
+  const std::vector<uint64_t> seeds =
+      RowSeeds(params, prompts.size(), generator, model->OutputWeight().device());
 
-  // Left padding keeps every row's last prompt token in the last column.
-  auto tokens = torch::full({B, max_len}, params.pad_id, long_opts);
-  auto mask = torch::zeros({B, max_len}, long_opts);
-  auto positions = torch::zeros({B, max_len}, long_opts);
-  {
-    auto tok_a = tokens.accessor<int64_t, 2>();
-    auto mask_a = mask.accessor<int64_t, 2>();
-    auto pos_a = positions.accessor<int64_t, 2>();
-    for (int64_t b = 0; b < B; ++b) {
-      const int64_t pad = max_len - lengths[static_cast<size_t>(b)];
-      for (int64_t t = 0; t < lengths[static_cast<size_t>(b)]; ++t) {
-        tok_a[b][pad + t] = prompts[static_cast<size_t>(b)][static_cast<size_t>(t)];
-        mask_a[b][pad + t] = 1;
-        pos_a[b][pad + t] = t;
-      }
-    }
+  // A row with no budget returns at once, empty and truncated; the others
+  // get a slot each, consecutive equal prompts sharing one request.
+  int64_t rows = 0, columns = 0;
+  for (const std::vector<int64_t>& prompt : prompts) {
+    const int64_t budget = Budget(params, prompt, config);
+    if (budget < 1) continue;
+    ++rows;
+    columns = std::max(columns, static_cast<int64_t>(prompt.size()) + budget - 1);
   }
-  auto lengths_t = torch::tensor(lengths, long_opts).to(device);
-  auto budgets_t = torch::tensor(budgets, long_opts).to(device);
-
-  // The last sampled token is never fed back, hence steps - 1.
-  KVCache cache = model->NewCache(B, max_len + steps - 1);
-  auto out = model->Forward(tokens.to(device), mask.to(device), positions.to(device), &cache);
-  auto logits = out.logits.select(1, max_len - 1);
-
-  const c10::optional<at::Generator> gen =
-      generator ? c10::optional<at::Generator>(*generator) : c10::nullopt;
-  const bool greedy = params.temperature == 0;
-  const double temperature = greedy ? 1.0 : params.temperature;
-  auto finished = budgets_t.le(0);
-  auto stopped = torch::zeros_like(finished);  // rows that sampled a stop id
-  std::vector<torch::Tensor> step_tokens, step_logprobs, step_active;
-  for (int64_t k = 0; k < steps; ++k) {
-    // Padded rows (ids >= sampleable) get no probability: dropping them is
-    // -inf logits without the [B, V] fill.
-    auto real = sampleable < vocab_size ? logits.narrow(-1, 0, sampleable) : logits;
-    auto scaled = real.to(torch::kFloat32) / temperature;
-    auto logp = torch::log_softmax(scaled, -1);
-    torch::Tensor next;
-    if (per_row && !greedy) {
-      std::vector<double> uniforms;
-      if (!row_random.empty()) {
-        for (RowRandom& random : row_random) uniforms.push_back(random.NextUniform());
-      } else {
-        auto drawn =
-            torch::rand({B}, gen, torch::TensorOptions().dtype(torch::kFloat64).device(device))
-                .cpu();
-        uniforms.assign(drawn.data_ptr<double>(), drawn.data_ptr<double>() + B);
-      }
-      const SampledTokens sampled = SampleTokens(
-          logits, std::vector<TokenSampling>(static_cast<size_t>(B), row_sampling), uniforms);
-      next = torch::tensor(sampled.tokens, long_opts).to(device);
-    } else {
-      next = greedy ? scaled.argmax(-1) : SampleTopP(scaled, params.top_p, gen);
+  for (SampledSequence& result : results) result.truncated = true;
+  if (rows == 0) return results;
+  DecodeEngine engine(DecodeEngineOptions{rows, columns});
+  // `model` outlives the engine: a non-owning pointer.
+  const std::shared_ptr<Decoder> shared(&model, [](Decoder*) {});
+  for (size_t b = 0; b < prompts.size();) {
+    size_t end = b + 1;
+    while (end < prompts.size() && prompts[end] == prompts[b]) ++end;
+    if (Budget(params, prompts[b], config) >= 1) {
+      DecodeRequest request;
+      request.id = b;  // the first row of the run
+      request.model = shared;
+      request.prompt = prompts[b];
+      request.num_samples = static_cast<int64_t>(end - b);
+      request.max_new_tokens = params.max_new_tokens;
+      request.sampling = params.token_sampling();
+      request.stop_token_ids = params.stop_token_ids;
+      request.row_seeds.assign(seeds.begin() + static_cast<std::ptrdiff_t>(b),
+                               seeds.begin() + static_cast<std::ptrdiff_t>(end));
+      engine.Add(std::move(request));
     }
-    auto active = finished.logical_not();
-    step_tokens.push_back(next);
-    step_logprobs.push_back(logp.gather(-1, next.unsqueeze(-1)).squeeze(-1));
-    step_active.push_back(active);
-    auto is_stop = torch::zeros_like(finished);
-    for (int64_t id : params.stop_token_ids) is_stop = is_stop.logical_or(next.eq(id));
-    stopped = stopped.logical_or(active.logical_and(is_stop));
-    finished = finished.logical_or(is_stop).logical_or(budgets_t.le(k + 1));
-    if (k + 1 == steps || finished.all().item<bool>()) break;
-    // Finished rows keep riding along as masked padding.
-    auto feed = torch::where(finished, torch::full_like(next, params.pad_id), next);
-    auto feed_pos = (lengths_t + k).clamp_max(max_pos - 1);
-    out = model->Forward(feed.unsqueeze(1), finished.logical_not().unsqueeze(1),
-                         feed_pos.unsqueeze(1), &cache);
-    logits = out.logits.select(1, 0);
+    b = end;
   }
-
-  auto all_tokens = torch::stack(step_tokens, 1).cpu();
-  auto all_logprobs = torch::stack(step_logprobs, 1).cpu();
-  auto all_active = torch::stack(step_active, 1).cpu();
-  auto all_stopped = stopped.cpu();
-  auto tok_a = all_tokens.accessor<int64_t, 2>();
-  auto lp_a = all_logprobs.accessor<float, 2>();
-  auto act_a = all_active.accessor<bool, 2>();
-  auto stop_a = all_stopped.accessor<bool, 1>();
-  for (int64_t b = 0; b < B; ++b) {
-    auto& seq = results[static_cast<size_t>(b)];
-    // Every row ended at a stop id or at its budget (steps covers the largest).
-    seq.truncated = !stop_a[b];
-    for (int64_t k = 0; k < all_tokens.size(1) && act_a[b][k]; ++k) {
-      seq.tokens.push_back(tok_a[b][k]);
-      seq.logprobs.push_back(lp_a[b][k]);
+  while (!engine.Idle()) {
+    for (DecodeResult& result : engine.Step()) {
+      for (size_t g = 0; g < result.samples.size(); ++g) {
+        results[result.id + g] = std::move(result.samples[g]);
+      }
     }
   }
   return results;

@@ -1,4 +1,4 @@
-// Batched autoregressive sampling with a KV cache.
+// Sampling responses to prompts: model::Sample, a DecodeEngine stepped until idle.
 #pragma once
 
 #include <ATen/core/Generator.h>
@@ -8,34 +8,35 @@
 #include <optional>
 #include <vector>
 
+#include "model/token_sampler.h"
 #include "model/transformer.h"
 
 namespace kappa::model {
 
-struct SamplingParams {
-  int64_t max_new_tokens = 16;
-  double temperature = 1.0;  // 0 = greedy (argmax)
-  double top_p = 1.0;        // nucleus sampling; 1 = full distribution
-  int64_t top_k = 0;         // the k most likely tokens only; 0 = off
-  double min_p = 0.0;        // drop tokens below min_p × the top probability; 0 = off
-  // One seed per prompt row: row b draws its tokens with model::SampleTokens
-  // from RowRandom(row_seeds[b]) (model/token_sampler.h), independent of the
-  // other rows, as the decode engine does. Empty: the rows draw from
-  // `generator` together (torch::multinomial), unless top_k or min_p is set,
-  // which also selects SampleTokens (with uniforms drawn from `generator`).
+// The settings of Sample(): every row's TokenSampling (temperature, top_p,
+// top_k, min_p, sampleable_vocab_size; see model/token_sampler.h, where
+// sampleable_vocab_size 0 means every row of the model) and the batch's.
+struct SamplingParams : TokenSampling {
+  int64_t max_new_tokens = 16;  // >= 0
+  // One seed per prompt row: row b draws its tokens from
+  // RowRandom(row_seeds[b]) (model/token_sampler.h), as the decode engine
+  // does. Empty: Sample() draws one 63-bit base seed from `generator` (the
+  // global generator when it is undefined) and row b draws from
+  // RowRandom(RowSeed(base, b)); so the same generator state gives the same
+  // samples, and a generator is advanced by one draw per call.
   std::vector<uint64_t> row_seeds;
   // A row ends at the first of these it samples (kept as its last token):
   // model::StopTokenIds of the model (generation_config.json's eos_token_id,
   // else config.json's). Empty: rows end only at their budget. Each in
   // [0, vocab_size).
   std::vector<int64_t> stop_token_ids;
+  // In [0, vocab_size). Checked only: rows are decoded in slots of their
+  // own, never padded.
   int64_t pad_id = 0;
-  // Ids >= this are never sampled: their logits are dropped before the
-  // temperature and top-p (the same as setting them to -inf), so the
-  // log-probs are over [0, sampleable_vocab_size) alone. Padded embedding
-  // rows have no token; model::VocabLimit gives the value from the
-  // tokenizer's size. 0: every row; else in [1, vocab_size].
-  int64_t sampleable_vocab_size = 0;
+
+  // The per-row settings: the one conversion to what the decode engine and
+  // SampleTokens take.
+  const TokenSampling& token_sampling() const { return *this; }
 };
 
 struct SampledSequence {
@@ -54,11 +55,15 @@ struct SampledSequence {
 // device's default generator (no CUDA headers needed) and reseeds the copy.
 at::Generator MakeGenerator(const c10::Device& device, uint64_t seed);
 
-// Samples one response per prompt, all prompts in one batch (prompts of
-// different lengths are left-padded and masked). To sample G responses of a
-// prompt, pass it G times. A row ends at its first stop id or at its budget;
-// the batch ends when every row has. Runs under NoGradGuard. `generator` may
-// be undefined (global RNG). Throws std::invalid_argument on bad params (a
+// Samples one response per prompt: adds the prompts to a model::DecodeEngine
+// with a slot per row and steps it until idle (consecutive equal prompts
+// are one request sharing a prefill; pass a prompt G times to sample G
+// responses). A row ends at its first stop id or at its budget (a row whose
+// prompt fills the position table returns empty and truncated). Each row
+// draws from its own stream (SamplingParams::row_seeds), so its tokens do not
+// depend on the other prompts; greedy rows are the argmax. Runs under
+// NoGradGuard. `generator` may be undefined (global RNG); it is on the
+// model's device (MakeGenerator). Throws std::invalid_argument on bad params (a
 // stop or pad id outside the vocabulary, sampleable_vocab_size outside
 // [0, vocab_size], ...) or prompts (empty, ids outside the vocabulary,
 // longer than the position table).

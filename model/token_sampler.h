@@ -30,7 +30,8 @@ struct TokenSampling {
   int64_t top_k = 0;         // >= 0; 0 (or >= the sampleable ids): off
   double min_p = 0.0;        // [0, 1]; 0: off
   // Ids >= this are never sampled and outside the log-probs' distribution;
-  // in [1, V].
+  // in [1, V] for SampleTokens. 0 in a SamplingParams or a DecodeRequest:
+  // every row of the model (they resolve it).
   int64_t sampleable_vocab_size = 0;
 };
 
