@@ -146,25 +146,11 @@ absl::StatusOr<model::SamplingParams> SamplingParamsFor(const kappa::v1::WorkIte
   return params;
 }
 
-// Rows of one model::Sample call must share these; pad comes from the model.
-bool SameSettings(const model::SamplingParams& a, const model::SamplingParams& b) {
-  return a.max_new_tokens == b.max_new_tokens && a.temperature == b.temperature &&
-         a.top_p == b.top_p && a.top_k == b.top_k && a.min_p == b.min_p &&
-         a.stop_token_ids == b.stop_token_ids && a.sampleable_vocab_size == b.sampleable_vocab_size;
-}
-
 // The seed of the item's rows: the learner's, else one from the worker's
 // seed and the lease id (unique per lease).
 uint64_t ItemSeed(const kappa::v1::WorkItem& item, const GroupSamplerOptions& options) {
   if (item.sampling_seed() != 0) return item.sampling_seed();
   return model::RowSeed(options.seed, static_cast<int64_t>(base::StableHash(item.lease_id())));
-}
-
-// The item's rows' seeds, as the engine derives them (model::RowSeed).
-void AppendRowSeeds(const kappa::v1::WorkItem& item, const GroupSamplerOptions& options,
-                    std::vector<uint64_t>* seeds) {
-  const uint64_t seed = ItemSeed(item, options);
-  for (int32_t g = 0; g < item.group_size(); ++g) seeds->push_back(model::RowSeed(seed, g));
 }
 
 // The unscored group of `item` from its `count` sampled sequences, each cut
@@ -238,74 +224,6 @@ bool GroupSampler::cancelled() const {
   return cancelled_;
 }
 
-std::vector<absl::StatusOr<kappa::v1::ScoredGroup>> GroupSampler::Sample(
-    const std::vector<kappa::v1::WorkItem>& items, const Policy& policy) {
-  std::vector<absl::StatusOr<kappa::v1::ScoredGroup>> results(
-      items.size(), absl::InternalError("not sampled"));
-  if (policy.model == nullptr) {
-    for (auto& result : results) result = absl::FailedPreconditionError("no policy loaded");
-    return results;
-  }
-  model::Decoder& decoder = *policy.model;
-  const model::ModelConfig& config = decoder->config();
-
-  // Items with the same settings decode together: (settings, item indices).
-  std::vector<std::pair<model::SamplingParams, std::vector<size_t>>> batches;
-  for (size_t i = 0; i < items.size(); ++i) {
-    const kappa::v1::WorkItem& item = items[i];
-    const absl::Status valid = ValidateItem(item, config);
-    absl::StatusOr<model::SamplingParams> params =
-        valid.ok() ? SamplingParamsFor(item, config, options_) : valid;
-    if (params.ok() && LeaseExpired(item)) {
-      params = absl::DeadlineExceededError(absl::StrCat("lease ", item.lease_id(), " expired"));
-    }
-    if (!params.ok()) {
-      results[i] = params.status();
-      continue;
-    }
-    auto batch = std::find_if(batches.begin(), batches.end(),
-                              [&](const auto& b) { return SameSettings(b.first, *params); });
-    if (batch == batches.end()) batch = batches.insert(batches.end(), {*params, {}});
-    batch->second.push_back(i);
-  }
-
-  for (const auto& [params, members] : batches) {
-    // G copies of each member's prompt, members in order, each row with the
-    // seed the engine would give it.
-    std::vector<std::vector<int64_t>> prompts;
-    model::SamplingParams sampling = params;
-    sampling.row_seeds.clear();
-    for (size_t i : members) {
-      AppendRowSeeds(items[i], options_, &sampling.row_seeds);
-      const std::vector<int64_t> prompt(items[i].prompt_tokens().begin(),
-                                        items[i].prompt_tokens().end());
-      prompts.insert(prompts.end(), items[i].group_size(), prompt);
-    }
-    const absl::Time start = absl::Now();
-    std::vector<model::SampledSequence> sampled;
-    absl::Status status = base::CaptureExceptions("sampling failed", [&] {
-      // Every row draws from its own seed (sampling.row_seeds), on the
-      // policy's device (rollout.device, where the watcher loaded it).
-      sampled = model::Sample(decoder, prompts, sampling);
-    });
-    if (status.ok() && sampled.size() != prompts.size()) {
-      status = absl::InternalError(absl::StrCat("sampling returned ", sampled.size(),
-                                                " sequences for ", prompts.size(), " prompts"));
-    }
-    const double decode_seconds = absl::ToDoubleSeconds(absl::Now() - start);
-
-    size_t row = 0;
-    for (size_t i : members) {
-      const size_t count = static_cast<size_t>(items[i].group_size());
-      results[i] = status.ok() ? GroupOf(items[i], policy.version, options_.worker_id,
-                                         options_.decode, &sampled[row], count, decode_seconds)
-                               : absl::StatusOr<kappa::v1::ScoredGroup>(status);
-      row += count;
-    }
-  }
-  return results;
-}
-
 absl::StatusOr<model::DecodeRequest> GroupSampler::EngineRequest(const kappa::v1::WorkItem& item,
                                                                  const Policy& policy,
                                                                  uint64_t id) const {
@@ -323,11 +241,7 @@ absl::StatusOr<model::DecodeRequest> GroupSampler::EngineRequest(const kappa::v1
   request.prompt.assign(item.prompt_tokens().begin(), item.prompt_tokens().end());
   request.num_samples = item.group_size();
   request.max_new_tokens = params->max_new_tokens;
-  request.sampling.temperature = params->temperature;
-  request.sampling.top_p = params->top_p;
-  request.sampling.top_k = params->top_k;
-  request.sampling.min_p = params->min_p;
-  request.sampling.sampleable_vocab_size = params->sampleable_vocab_size;
+  request.sampling = params->token_sampling();
   request.stop_token_ids = params->stop_token_ids;
   // Rows leave their slots the step a stop string appears; GroupOf's cut
   // still defines where each response ends.

@@ -1,8 +1,8 @@
-// Turns WorkItems into ScoredGroups in two steps. Sample() draws the G
-// responses of every item it is given in one batched decode (items with the
-// same sampling settings share one model::Sample call, G rows per item), so
-// a worker holding several items keeps the accelerator busy with
-// items × G rows instead of G. Complete() then adds one group's rewards
+// Turns WorkItems into ScoredGroups in two steps. EngineRequest() makes an
+// item's decode-engine request (its G rows share one prefill; the worker's
+// engine decodes the rows of every item it holds together) and
+// GroupFromEngine() the unscored group from the engine's samples.
+// Complete() then adds one group's rewards
 // from the verifier, (when the learner asks for them) teacher log-probs,
 // and for negative zero-variance groups (when asked) verified teacher
 // demonstrations. RPCs are retried on transient errors; a group is only
@@ -86,39 +86,27 @@ class GroupSampler {
                GroupSamplerOptions options);
   ~GroupSampler();
 
-  // Samples every item's group with `policy` (version >= each item's), all
-  // in one batch per distinct (max_new_tokens, temperature, top_p, stop ids,
-  // vocab_limit). Each response ends at the item's stop ids (the policy's
-  // config.json eos_token_id when it names none) or its budget, is cut at
-  // the item's first stop string (post hoc, see stop_strings.h), and carries
-  // `truncated` when it hit its budget. Result i belongs to items[i]: the
-  // group's samples with their behavior log-probs and generation_seconds =
-  // the batch's decode time, or INVALID_ARGUMENT for an unusable item,
-  // DEADLINE_EXCEEDED for an expired lease, INTERNAL when the decode failed.
-  // One bad item does not fail the others. Each row draws from its own
-  // seed (the item's sampling_seed, see EngineRequest), so what an item
-  // samples does not depend on the items batched with it. Thread-compatible.
-  std::vector<absl::StatusOr<kappa::v1::ScoredGroup>> Sample(
-      const std::vector<kappa::v1::WorkItem>& items, const Policy& policy) ABSL_LOCKS_EXCLUDED(mu_);
-
-  // The decode-engine request of `item` with `policy` (rollout.engine =
-  // continuous): the same validation and settings as Sample(), G rows
-  // sharing one prefill, each seeded from the item's sampling seed (so the
-  // engine and Sample() draw the same tokens for an item), its rows ending
-  // the step a stop string appears (StopStringCheck). `id` is echoed in
+  // The decode-engine request of `item` with `policy`: its sampling
+  // settings (the worker's defaults where it leaves them unset), G rows
+  // sharing one prefill, row g seeded RowSeed(the item's sampling seed, g)
+  // (so what an item samples does not depend on the items decoded with it),
+  // its rows ending at the item's stop ids (the policy's config.json
+  // eos_token_id when it names none), its budget, or the step a stop string
+  // appears (StopStringCheck). `id` is echoed in
   // the engine's result. INVALID_ARGUMENT for an unusable item,
   // DEADLINE_EXCEEDED for an expired lease, FAILED_PRECONDITION without a
   // policy. Thread-compatible (reads the options only).
   absl::StatusOr<model::DecodeRequest> EngineRequest(const kappa::v1::WorkItem& item,
                                                      const Policy& policy, uint64_t id) const;
-  // The unscored group of `item` from the engine's samples (cut at the
-  // item's stop strings, as Sample() cuts), with generation_seconds =
-  // `seconds`. INTERNAL for a malformed sample.
+  // The unscored group of `item` from the engine's samples, each cut at the
+  // item's first stop string (see stop_strings.h) and carrying `truncated`
+  // when it hit its budget, with generation_seconds = `seconds`. INTERNAL
+  // for a malformed sample.
   absl::StatusOr<kappa::v1::ScoredGroup> GroupFromEngine(
       const kappa::v1::WorkItem& item, int64_t policy_version,
       std::vector<model::SampledSequence> samples, double seconds) const;
 
-  // Verifies and scores a group Sample() returned for `item` (adding the
+  // Verifies and scores a group GroupFromEngine() returned for `item` (adding the
   // time it took to generation_seconds). Thread-safe: the worker completes
   // a batch's groups concurrently, so their Verify and Score requests reach
   // the verifier and the teacher together (the teacher batches them).

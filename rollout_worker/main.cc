@@ -137,7 +137,6 @@ int main(int argc, char** argv) {
     spdlog::error("configuration: {}", std::string(settings.message()));
     return 2;
   }
-  options.decode = config->rollout.engine;
   // Enough slots for every held item's group at once by default.
   options.engine.max_rows = config->rollout.max_batch_rows > 0
                                 ? config->rollout.max_batch_rows

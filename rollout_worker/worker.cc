@@ -4,11 +4,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
-#include <chrono>
 #include <deque>
-#include <future>
-#include <list>
-#include <map>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -16,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
 #include "rollout_worker/backoff.h"
+#include "rollout_worker/engine_session.h"
 
 namespace kappa::rollout {
 namespace {
@@ -100,11 +97,9 @@ RolloutWorker::RolloutWorker(std::shared_ptr<grpc::ChannelInterface> learner_cha
                                     options_.max_backoff, options_.device, options_.dtype},
                options_.weight_sync),
       sampler_(std::move(verifier_channel), std::move(teacher_channel),
-               SamplerOptions(options_, &leases_)) {
-  if (options_.decode == "continuous") {
-    engine_ = std::make_unique<model::DecodeEngine>(options_.engine);
-    if (options_.metrics != nullptr) options_.metrics->SetEngineSlots(options_.engine.max_rows);
-  }
+               SamplerOptions(options_, &leases_)),
+      engine_(options_.engine) {
+  if (options_.metrics != nullptr) options_.metrics->SetEngineSlots(options_.engine.max_rows);
 }
 
 RolloutWorker::~RolloutWorker() { Stop(); }
@@ -193,18 +188,7 @@ grpc::Status RolloutWorker::ServeStream(bool* received_any) {
     spdlog::info("connected to the learner as {}", options_.worker_id);
     connection.reader = std::thread([this, &connection] { ReadLoop(&connection); });
     connection.renewer = std::thread([this, &connection] { RenewLoop(&connection); });
-    if (engine_ != nullptr) ServeWithEngine(&connection);
-    while (engine_ == nullptr && !stopping()) {
-      kappa::v1::WorkItem item;
-      {
-        absl::MutexLock lock(&connection.mu,
-                             absl::Condition(&connection, &Connection::HasItemOrEndedLocked));
-        if (connection.EndedLocked()) break;
-        item = std::move(connection.queue.front());
-        connection.queue.pop_front();
-      }
-      ProcessItems(&connection, std::move(item));
-    }
+    ServeWithEngine(&connection);
   } else {
     connection.MarkBroken();
   }
@@ -327,57 +311,6 @@ std::optional<Policy> RolloutWorker::WaitForPolicy(const kappa::v1::WorkItem& it
   }
 }
 
-void RolloutWorker::ProcessItems(Connection* connection, kappa::v1::WorkItem first) {
-  auto abandon = [this, connection] { return stopping() || connection->Broken(); };
-  std::optional<Policy> waited = WaitForPolicy(first, abandon);
-  if (!waited) return;
-  const Policy policy = *std::move(waited);
-
-  // The items queued behind `first` that this policy serves join its decode,
-  // in order: the first one that asks for a newer version ends the batch.
-  std::vector<kappa::v1::WorkItem> items;
-  items.push_back(std::move(first));
-  {
-    absl::MutexLock lock(&connection->mu);
-    while (!connection->queue.empty() &&
-           static_cast<int32_t>(items.size()) < std::max(1, options_.max_outstanding) &&
-           connection->queue.front().policy_version() <= policy.version) {
-      items.push_back(std::move(connection->queue.front()));
-      connection->queue.pop_front();
-    }
-  }
-  {
-    absl::MutexLock lock(&mu_);
-    ++stats_.decode_batches;
-  }
-  if (options_.metrics != nullptr) {
-    options_.metrics->RecordDecodeBatch(static_cast<int64_t>(items.size()));
-  }
-
-  // Every group's Verify/Score/demonstration RPCs run at once, so the
-  // teacher's dynamic batcher sees the whole batch rather than one group at
-  // a time; groups still go out in order, each as soon as it and those
-  // before it are complete.
-  std::vector<absl::StatusOr<kappa::v1::ScoredGroup>> sampled = sampler_.Sample(items, policy);
-  std::vector<std::future<absl::StatusOr<kappa::v1::ScoredGroup>>> completing;
-  for (size_t i = 0; i < items.size(); ++i) {
-    completing.push_back(std::async(std::launch::async, [&, i] {
-      return sampled[i].ok() ? sampler_.Complete(items[i], *std::move(sampled[i]), policy, abandon)
-                             : absl::StatusOr<kappa::v1::ScoredGroup>(sampled[i].status());
-    }));
-  }
-  for (size_t i = 0; i < items.size(); ++i) {
-    const kappa::v1::WorkItem& item = items[i];
-    absl::StatusOr<kappa::v1::ScoredGroup> group = completing[i].get();
-    if (!group.ok()) {
-      const bool quiet = absl::IsCancelled(group.status()) && abandon();
-      DropItem(item, std::string(group.status().ToString()), quiet);
-      continue;
-    }
-    SendGroup(connection, item, *std::move(group));
-  }
-}
-
 void RolloutWorker::SendGroup(Connection* connection, const kappa::v1::WorkItem& item,
                               kappa::v1::ScoredGroup group) {
   const char* dropped = nullptr;  // why, if the group cannot be sent
@@ -454,95 +387,34 @@ void RolloutWorker::CompleteAndSend(Connection* connection, const kappa::v1::Wor
 
 void RolloutWorker::ServeWithEngine(Connection* connection) {
   auto abandon = [this, connection] { return stopping() || connection->Broken(); };
-  struct Decoding {
-    kappa::v1::WorkItem item;
-    Policy policy;
+  EngineSessionCallbacks callbacks;
+  callbacks.take_items = [connection](bool wait, std::deque<kappa::v1::WorkItem>* into) {
+    absl::MutexLock lock(&connection->mu);
+    if (wait) connection->mu.Await(absl::Condition(connection, &Connection::HasItemOrEndedLocked));
+    if (connection->EndedLocked()) return false;
+    for (kappa::v1::WorkItem& item : connection->queue) into->push_back(std::move(item));
+    connection->queue.clear();
+    return true;
   };
-  std::map<uint64_t, Decoding> decoding;    // by engine request id
-  std::deque<kappa::v1::WorkItem> pending;  // taken from the stream, not yet in the engine
-  std::list<std::future<void>> completing;
-  uint64_t next_id = 0;
-  while (!stopping()) {
-    {
-      // Wait for work only when there is nothing to decode.
-      const bool wait = engine_->Idle() && pending.empty();
-      absl::MutexLock lock(&connection->mu);
-      if (wait)
-        connection->mu.Await(absl::Condition(connection, &Connection::HasItemOrEndedLocked));
-      if (connection->EndedLocked()) break;
-      for (kappa::v1::WorkItem& item : connection->queue) pending.push_back(std::move(item));
-      connection->queue.clear();
-    }
-    // Items enter the engine in order once their policy version has arrived.
-    while (!pending.empty()) {
-      Policy policy = watcher_.Current();
-      if (policy.version < pending.front().policy_version()) {
-        if (!engine_->Idle()) break;  // keep decoding; look again next step
-        std::optional<Policy> waited = WaitForPolicy(pending.front(), abandon);
-        if (!waited) {
-          pending.pop_front();
-          continue;
-        }
-        policy = *std::move(waited);
-      }
-      kappa::v1::WorkItem item = std::move(pending.front());
-      pending.pop_front();
-      absl::StatusOr<model::DecodeRequest> request = sampler_.EngineRequest(item, policy, next_id);
-      absl::Status added = request.status();
-      if (added.ok()) {
-        added = base::CaptureExceptions("engine", [&] { engine_->Add(*std::move(request)); });
-      }
-      if (!added.ok()) {
-        DropItem(item, std::string(added.ToString()), false);
-        continue;
-      }
-      decoding.emplace(next_id++, Decoding{std::move(item), std::move(policy)});
-    }
-    if (engine_->Idle()) continue;
-
-    std::vector<model::DecodeResult> finished;
-    const int64_t before = engine_->stats().busy_row_steps;
-    const absl::Status stepped =
-        base::CaptureExceptions("decode failed", [&] { finished = engine_->Step(); });
-    if (!stepped.ok()) {
-      // Nothing of this engine's state can be trusted: drop every item in it.
-      for (auto& [id, entry] : decoding)
-        DropItem(entry.item, std::string(stepped.ToString()), false);
-      decoding.clear();
-      engine_->Clear();
-      continue;
-    }
-    if (options_.metrics != nullptr) {
-      options_.metrics->RecordEngineStep(engine_->stats().busy_row_steps - before,
-                                         engine_->stats().kv_cache_bytes);
-    }
-    for (model::DecodeResult& result : finished) {
-      auto entry = decoding.extract(result.id);
-      Decoding& done = entry.mapped();
-      absl::StatusOr<kappa::v1::ScoredGroup> group = sampler_.GroupFromEngine(
-          done.item, done.policy.version, std::move(result.samples), result.seconds);
-      {
-        absl::MutexLock lock(&mu_);
-        ++stats_.decode_batches;
-      }
-      completing.push_back(
-          std::async(std::launch::async,
-                     [this, connection, abandon, item = std::move(done.item),
-                      policy = std::move(done.policy), group = std::move(group)]() mutable {
-                       CompleteAndSend(connection, item, std::move(group), policy, abandon);
-                     }));
-    }
-    completing.remove_if([](std::future<void>& f) {
-      return f.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
-    });
-  }
-
-  // The stream ended or the worker stops: what was not sampled yet is lost
-  // (the leases expire at the learner and are handed out again); groups
-  // being completed see abandon() and end.
-  const int64_t dropped = static_cast<int64_t>(decoding.size() + pending.size());
-  engine_->Clear();
-  for (std::future<void>& f : completing) f.wait();
+  callbacks.wait_for_policy = [this, abandon](const kappa::v1::WorkItem& item) {
+    return WaitForPolicy(item, abandon);
+  };
+  callbacks.complete_and_send = [this, connection, abandon](
+                                    const kappa::v1::WorkItem& item,
+                                    absl::StatusOr<kappa::v1::ScoredGroup> group,
+                                    const Policy& policy) {
+    CompleteAndSend(connection, item, std::move(group), policy, abandon);
+  };
+  callbacks.drop = [this](const kappa::v1::WorkItem& item, const std::string& why) {
+    DropItem(item, why, false);
+  };
+  callbacks.group_decoded = [this] {
+    absl::MutexLock lock(&mu_);
+    ++stats_.decode_batches;
+  };
+  EngineSession session(&engine_, &sampler_, &watcher_, options_.metrics,
+                        std::max(1, options_.max_outstanding), std::move(callbacks));
+  const int64_t dropped = session.Serve();
   if (dropped > 0) {
     spdlog::warn("dropped {} work items in the decode engine with the stream", dropped);
     if (options_.metrics != nullptr) options_.metrics->RecordItemsDropped(dropped);

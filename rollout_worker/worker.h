@@ -1,35 +1,27 @@
 // The rollout worker's main loop: one Learner.Rollout stream at a time.
 // A reader thread queues WorkItems and accumulates Credits.
 //
-// rollout.engine = continuous (the default): the loop feeds every item whose
-// policy version has arrived to a model::DecodeEngine (a fixed set of slots;
-// a group's G rows share one prefill) and steps it; each group that
-// finishes is verified and scored on a thread of its own while the engine
-// keeps decoding the others, and sent as soon as it is complete (groups go
-// out in the order they complete, each with the one version that sampled
-// it). An item whose version has not arrived waits without holding up the
-// engine (or, with nothing to decode, the loop waits for the version).
-//
-// rollout.engine = static: the loop takes
-// the oldest item, waits for a policy at least as new as it asks, adds the
-// queued items behind it that this policy also serves (in order, up to
-// max_outstanding in all), and samples all of them in one batched decode.
-// Then it verifies and scores all of them at once (concurrent RPCs, so the
-// teacher batches them) and sends each group, in order, once it
-// holds credit. max_outstanding is therefore both how many items the
-// learner leases the worker ahead and the largest decode batch
-// (max_outstanding × G rows). When the
-// stream breaks, queued items are dropped (their leases expire at the learner
-// and are handed out again) and the worker reconnects with backoff.
+// The loop feeds every item whose policy version has arrived to a
+// model::DecodeEngine (a fixed set of slots; a group's G rows share one
+// prefill) and steps it; each group that finishes is verified and scored
+// on a completion thread while the engine keeps decoding the others, and
+// sent as soon as it is complete (groups go out in the order they complete,
+// each with the one version that sampled it). An item whose version has not
+// arrived waits without holding up the engine (or, with nothing to decode,
+// the loop waits for the version). EngineSession (engine_session.h) serves
+// one stream that way. max_outstanding is how many items the learner leases
+// the worker ahead, and so how many groups are completed at once at most.
+// When the stream breaks, queued items are dropped (their leases expire at
+// the learner and are handed out again) and the worker reconnects with
+// backoff.
 //
 // Leases: the worker renews the leases it holds (queued, waiting for a
 // version, decoding, verifying, scoring, waiting for credit) over the
 // stream, so learner.lease_timeout_ms bounds how long a worker may be
 // silent, not how long a group may take (LeaseClock).
 //
-// Threading: Run() is the loop thread; each stream has a reader thread and
-// a lease-renewal thread, and
-// a decode batch's groups are completed on threads of their own. Locks, in
+// Threading: Run() is the loop thread; each stream has a reader thread, a
+// lease-renewal thread and max_outstanding completion threads. Locks, in
 // the order they may nest: mu_ (the worker's), then the stream's
 // Connection::mu; the sampler's and the policy watcher's locks are never
 // held together with either. Waits are condition waits (absl::Condition), so
@@ -67,9 +59,7 @@ struct WorkerOptions {
   // rollout.weights_dtype, rollout.weight_delta: how versions travel.
   WeightSyncOptions weight_sync;
   int32_t max_outstanding = 2;
-  // "continuous" (a DecodeEngine with `engine` options) or "static".
-  std::string decode = "continuous";
-  model::DecodeEngineOptions engine;
+  model::DecodeEngineOptions engine;  // the decode engine's slots
   absl::Duration initial_backoff = absl::Milliseconds(100);
   absl::Duration max_backoff = absl::Seconds(5);
   // How long an item without a lease deadline waits for its policy version.
@@ -84,9 +74,7 @@ struct WorkerStats {
   int64_t items_received = 0;
   int64_t items_dropped = 0;  // failed, expired, or lost with a broken stream
   int64_t connections = 0;    // Rollout streams opened (Hello sent)
-  // Static path: batched decodes run (items_received counts their items);
-  // continuous engine: groups it finished decoding.
-  int64_t decode_batches = 0;
+  int64_t decode_batches = 0;    // groups the engine finished decoding
   int64_t group_bytes_sent = 0;  // serialized ScoredGroups written to the learner
 };
 
@@ -126,10 +114,7 @@ class RolloutWorker {
   // with less than half of its time left (LeaseClock), until the stream
   // ends or Stop(). A lease then expires only when this worker goes silent.
   void RenewLoop(Connection* connection) ABSL_LOCKS_EXCLUDED(mu_);
-  // The static path: decodes `first` and the queued items its policy serves
-  // as one batch, then completes and sends each group.
-  void ProcessItems(Connection* connection, kappa::v1::WorkItem first) ABSL_LOCKS_EXCLUDED(mu_);
-  // The continuous path: serves the stream's items through engine_ until
+  // Serves the stream's items through an EngineSession on engine_ until
   // the stream ends or Stop(); then drops what it still holds and waits for
   // the groups being completed.
   void ServeWithEngine(Connection* connection) ABSL_LOCKS_EXCLUDED(mu_);
@@ -159,9 +144,9 @@ class RolloutWorker {
   // worked on (before sampler_, which reads it).
   LeaseClock leases_;
   GroupSampler sampler_;
-  // The continuous engine; used by Run()'s thread alone (ServeWithEngine),
-  // kept across streams so its slot cache is allocated once.
-  std::unique_ptr<model::DecodeEngine> engine_;
+  // Used by Run()'s thread alone (ServeWithEngine), kept across streams so
+  // its slot cache is allocated once.
+  model::DecodeEngine engine_;
 
   // Set once, by Stop(), while holding mu_ and then the open connection's
   // mu: a condition wait on either lock that reads it is woken by that
