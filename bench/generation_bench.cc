@@ -1,5 +1,5 @@
-// Generation throughput: the worker's sampling path (model::Sample, batched,
-// KV cache) against
+// Generation throughput: model::Sample (the decode engine, one slot per
+// row, KV cache) against
 //   nocache:    the same batched loop without a cache, which re-runs the
 //               whole prefix through Decoder::Forward at every step;
 //   per_prompt: model::Sample with the cache, but one prompt's G rows per
@@ -27,8 +27,8 @@
 // Usage: kappa_bench_generation [--lengths 32,128,512] [--prompts 8]
 //        [--group-size 8] [--reps 3] [--threads T] [--device cpu|cuda]
 //        [--modes nocache,per_prompt]   (the batched cache path always runs)
-// With --modes static,engine it runs the continuous decode engine against
-// the static path instead (bench/generation_engine_bench.cc).
+// With --modes engine it runs the continuous decode engine's bench instead
+// (bench/generation_engine_bench.cc); the static path retired.
 #include <torch/torch.h>
 
 #include <algorithm>

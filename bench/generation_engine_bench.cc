@@ -1,31 +1,26 @@
-// The continuous decode engine against today's static path, on the same
-// ragged workload, in one run:
-//   static: model::Sample over `--items` prompts' G rows at a time (the
-//           worker with rollout.max_outstanding = items, rollout.engine =
-//           static): each batch waits for its longest row, and every row
-//           prefills its prompt itself;
-//   engine: model::DecodeEngine with items × G slots (the same rows per
-//           step): a row leaves its slot the step it stops and the next
-//           waiting row takes it; a prompt is prefilled once for its G rows.
-// Both draw every row from the same seed (model::RowSeed), so both sample
-// the same tokens up to floating-point noise; the run reports how many rows
-// agree and exits 1 below 90 %.
+// The continuous decode engine on a ragged workload:
+//   engine: model::DecodeEngine with items × G slots: a row leaves its slot
+//           the step it stops and the next waiting row takes it; a prompt
+//           is prefilled once for its G rows. Every row draws from its own
+//           seed (model::RowSeed).
+// The static path it was compared against (model::Sample in batches of
+// `--items` prompts, each batch waiting for its longest row) retired with
+// issue 40: model::Sample is now this engine. bench/README.md keeps the
+// recorded numbers of both for comparison.
 //
 // Ragged (--ragged 1, the default): random weights (HF init, std 0.02) give
 // nearly uniform next-token distributions, so a stop set of V · 2 / budget
 // ids ends a row with probability ≈ 2 / budget per step: lengths spread
 // from 1 to the budget (geometric, ~13 % reach it), as real rollouts do.
 // --ragged 0: no stop ids, every row runs to the budget (the control where
-// the static path loses nothing to waiting).
+// a batch decode would lose nothing to waiting).
 //
 // Roofline: over the engine's decode-only steps (no prefill in them), the
 // bytes a step must read — every weight once plus the keys/values of the
 // columns its rows attend — over its time, against the copy bandwidth of one
 // large tensor measured in the same run.
 //
-// Last line: `engine/static tokens_per_s_ratio=X`.
-//
-// Usage: kappa_bench_generation --modes static,engine [--ragged 1]
+// Usage: kappa_bench_generation --modes engine [--ragged 1]
 //        [--prompts 16] [--group-size 8] [--items 2] [--max-new-tokens 128]
 //        [--prompt-tokens 64,128] [--hidden 512] [--layers 8] [--heads 8]
 //        [--kv-heads 4] [--ffn 1536] [--vocab 32000] [--temperature 1]
@@ -59,7 +54,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 struct Options {
-  std::string modes = "static,engine";
+  std::string modes = "engine";
   bool ragged = true;
   int64_t prompts = 16, group_size = 8, items = 2, max_new_tokens = 128;
   int64_t prompt_min = 64, prompt_max = 128;
@@ -152,26 +147,6 @@ Workload MakeWorkload(const Options& o) {
 // Tokens of every row, prompt-major (prompt p's rows are p·G .. p·G + G − 1).
 using Rows = std::vector<std::vector<int64_t>>;
 
-Rows RunStatic(model::Decoder& model, const Options& o, const Workload& w) {
-  Rows rows;
-  for (int64_t first = 0; first < o.prompts; first += o.items) {
-    std::vector<std::vector<int64_t>> batch;
-    model::SamplingParams params;
-    params.max_new_tokens = o.max_new_tokens;
-    params.temperature = o.temperature;
-    params.stop_token_ids = w.stop_ids;
-    for (int64_t p = first; p < std::min(o.prompts, first + o.items); ++p) {
-      for (int64_t g = 0; g < o.group_size; ++g) {
-        batch.push_back(w.prompts[static_cast<size_t>(p)]);
-        params.row_seeds.push_back(model::RowSeed(w.seeds[static_cast<size_t>(p)], g));
-      }
-    }
-    for (const model::SampledSequence& s : model::Sample(model, batch, params))
-      rows.push_back(s.tokens);
-  }
-  return rows;
-}
-
 struct EngineRun {
   Rows rows;
   double decode_only_seconds = 0;
@@ -262,7 +237,7 @@ bool WantsEngineComparison(int argc, char** argv) {
   for (int i = 1; i + 1 < argc; ++i) {
     if (std::string(argv[i]) != "--modes") continue;
     for (const std::string& mode : SplitCommaList(argv[i + 1])) {
-      if (mode == "static" || mode == "engine") return true;
+      if (mode == "static" || mode == "engine") return true;  // static: refused by name
     }
   }
   return false;
@@ -275,7 +250,12 @@ int RunEngineComparison(int argc, char** argv) {
     return 2;
   }
   const std::vector<std::string> modes = SplitCommaList(o.modes);
-  const bool run_static = std::find(modes.begin(), modes.end(), "static") != modes.end();
+  if (std::find(modes.begin(), modes.end(), "static") != modes.end()) {
+    std::fprintf(stderr,
+                 "--modes static: the static path retired (model::Sample is the engine now); "
+                 "bench/README.md keeps its recorded numbers\n");
+    return 2;
+  }
   const bool run_engine = std::find(modes.begin(), modes.end(), "engine") != modes.end();
   if (o.threads > 0) SetBenchThreads(o.threads);
   const torch::Device device(o.device == "cuda" ? torch::kCUDA : torch::kCPU);
@@ -310,22 +290,12 @@ int RunEngineComparison(int argc, char** argv) {
     warm.prompts = std::min<int64_t>(o.prompts, o.items);
     warm.max_new_tokens = 4;
     const Workload w = MakeWorkload(warm);
-    if (run_static) RunStatic(*model, warm, w);
     if (run_engine) RunEngine(model, warm, w, sync);
   }
 
-  std::vector<double> static_s, engine_s;
-  Rows static_rows;
+  std::vector<double> engine_s;
   EngineRun engine_run;
   for (int rep = 0; rep < o.reps; ++rep) {
-    if (run_static) {
-      sync();
-      const auto start = Clock::now();
-      static_rows = RunStatic(*model, o, workload);
-      sync();
-      static_s.push_back(std::chrono::duration<double>(Clock::now() - start).count());
-      std::fprintf(stderr, "round %d static %.2f s\n", rep + 1, static_s.back());
-    }
     if (run_engine) {
       sync();
       const auto start = Clock::now();
@@ -349,16 +319,16 @@ int RunEngineComparison(int argc, char** argv) {
       static_cast<double>(weight_bytes) / (o.dtype == "bf16" ? 2 : 4) / 1e6);
   std::printf(
       "workload: %lld prompts x G=%lld, prompts %lld..%lld tokens, budget %lld, %s, "
-      "temperature %.2f; %lld rows per step (static: %lld items per batch; engine: slots)\n",
+      "temperature %.2f; %lld slots (%lld items of G)\n",
       static_cast<long long>(o.prompts), static_cast<long long>(o.group_size),
       static_cast<long long>(o.prompt_min), static_cast<long long>(o.prompt_max),
       static_cast<long long>(o.max_new_tokens),
       o.ragged ? "ragged (stop ids end rows)" : "no stop ids (every row to the budget)",
       o.temperature, static_cast<long long>(o.items * o.group_size),
       static_cast<long long>(o.items));
-  const Rows& lengths_of = run_engine ? engine_run.rows : static_rows;
+  if (!run_engine) return 0;
   std::vector<int64_t> lengths;
-  for (const auto& r : lengths_of) lengths.push_back(static_cast<int64_t>(r.size()));
+  for (const auto& r : engine_run.rows) lengths.push_back(static_cast<int64_t>(r.size()));
   std::sort(lengths.begin(), lengths.end());
   const int64_t at_budget = std::count(lengths.begin(), lengths.end(), o.max_new_tokens);
   std::printf(
@@ -366,17 +336,9 @@ int RunEngineComparison(int argc, char** argv) {
       static_cast<long long>(lengths.front()), static_cast<long long>(lengths[lengths.size() / 2]),
       static_cast<long long>(lengths.back()), static_cast<long long>(at_budget), lengths.size());
   std::printf("%-8s %10s %10s %12s\n", "mode", "median_s", "tokens", "tokens/s");
-  double static_rate = 0, engine_rate = 0;
-  if (run_static) {
-    const int64_t tokens = CountTokens(static_rows);
-    static_rate = static_cast<double>(tokens) / median(static_s);
-    std::printf("%-8s %10.2f %10lld %12.1f\n", "static", median(static_s),
-                static_cast<long long>(tokens), static_rate);
-  }
-  int exit_code = 0;
-  if (run_engine) {
+  {
     const int64_t tokens = CountTokens(engine_run.rows);
-    engine_rate = static_cast<double>(tokens) / median(engine_s);
+    const double engine_rate = static_cast<double>(tokens) / median(engine_s);
     std::printf("%-8s %10.2f %10lld %12.1f\n", "engine", median(engine_s),
                 static_cast<long long>(tokens), engine_rate);
     const auto& st = engine_run.stats;
@@ -404,15 +366,7 @@ int RunEngineComparison(int argc, char** argv) {
           bytes_per_step / step_s / 1e9, copy / 1e9, bytes_per_step / step_s / copy);
     }
   }
-  if (run_static && run_engine) {
-    int64_t same = 0;
-    for (size_t r = 0; r < static_rows.size(); ++r) same += static_rows[r] == engine_run.rows[r];
-    std::printf("rows with identical tokens in both modes: %lld of %zu\n",
-                static_cast<long long>(same), static_rows.size());
-    if (same * 10 < static_cast<int64_t>(static_rows.size()) * 9) exit_code = 1;
-    std::printf("engine/static tokens_per_s_ratio=%.2f\n", engine_rate / static_rate);
-  }
-  return exit_code;
+  return 0;
 }
 
 }  // namespace kappa::bench

@@ -1,5 +1,5 @@
-// kappa_bench_generation --modes static,engine: the worker's two decode
-// paths on one workload in one run (see generation_engine_bench.cc).
+// kappa_bench_generation --modes engine: the worker's decode engine on a
+// ragged workload (see generation_engine_bench.cc).
 #pragma once
 
 #include <string>
@@ -10,9 +10,11 @@ namespace kappa::bench {
 // "a,b,,c" -> {"a", "b", "c"}: the benches' comma-separated flag values.
 std::vector<std::string> SplitCommaList(const std::string& text);
 
-// True when --modes names static or engine (the comparison below runs then).
+// True when --modes names engine (or the retired static, refused by
+// RunEngineComparison).
 bool WantsEngineComparison(int argc, char** argv);
-// Runs the comparison; returns the process exit code.
+// Runs the engine bench; returns the process exit code (2: bad flags or
+// --modes static).
 int RunEngineComparison(int argc, char** argv);
 
 }  // namespace kappa::bench
