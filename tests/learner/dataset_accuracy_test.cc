@@ -10,12 +10,17 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <filesystem>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "learner/algo/evaluate.h"
+#include "learner/coordinator.h"
+#include "learner/policy_publisher.h"
 #include "learner/prompt_encoder.h"
+#include "learner/trainer_loop.h"
 #include "model/tokenizer.h"
 #include "model/transformer.h"
 #include "tasks/vector_dataset.h"
@@ -114,6 +119,43 @@ TEST(DatasetAccuracyTest, AFixedPolicyScoresExactlyTheAnswersTheGraderAccepts) {
   EXPECT_EQ(DatasetCorrectness(policy, prompts, heldout, examples.size(), 1),
             (std::vector<bool>{false, true, false, false, false, false, true, false, false, false,
                                true}));
+}
+
+// TrainerLoop::Create validates the step, gate, balance and alarm settings
+// up front: a bad one is refused by key before anything is created or
+// published; a good one gives a loop ready to Run.
+TEST(TrainerLoopTest, CreateRefusesABadSettingByKeyBeforeAnythingRuns) {
+  const model::CharTokenizer chars;
+  const PromptEncoder prompts = PromptEncoder::Character();
+  const tasks::VectorDataset heldout({Arithmetic("5+7=", "12")});
+  Coordinator coordinator(heldout.size(), /*seed=*/1, /*data_position=*/0, CoordinatorOptions{});
+  PolicyPublisher publisher;
+  const std::string run_dir =
+      (std::filesystem::path(::testing::TempDir()) / "trainer_loop_create").string();
+  std::filesystem::remove_all(run_dir);
+  auto create = [&](const services::Config& config) {
+    model::Decoder student = BigramPolicy(chars, {});
+    auto optimizer = std::make_unique<PolicyOptimizer>(student, 1e-3, 0.0, 1.0);
+    return TrainerLoop::Create(config, run_dir, student, std::move(optimizer), TrainerState{},
+                               &coordinator, &publisher, heldout, prompts, /*vocab_limit=*/0);
+  };
+  services::Config bad_balance;
+  bad_balance.trainer.kappa_target = 0;
+  services::Config bad_alarm;
+  bad_alarm.alarms.ema_alpha = 0;
+  for (const auto& [config, key] :
+       {std::pair{bad_balance, "trainer.kappa_target"}, std::pair{bad_alarm, "ema_alpha"}}) {
+    const absl::StatusOr<std::unique_ptr<TrainerLoop>> loop = create(config);
+    ASSERT_FALSE(loop.ok()) << key;
+    EXPECT_EQ(loop.status().code(), absl::StatusCode::kInvalidArgument) << loop.status();
+    EXPECT_NE(loop.status().message().find(key), absl::string_view::npos) << loop.status();
+  }
+  EXPECT_FALSE(std::filesystem::exists(run_dir + "/checkpoints"));
+
+  const absl::StatusOr<std::unique_ptr<TrainerLoop>> loop = create(services::Config{});
+  ASSERT_TRUE(loop.ok()) << loop.status();
+  EXPECT_TRUE(std::filesystem::exists(run_dir + "/checkpoints"));
+  EXPECT_EQ(publisher.version(), -1) << "Create publishes nothing; Run does";
 }
 
 }  // namespace
