@@ -105,6 +105,7 @@ SampledTokens SampleTokens(const torch::Tensor& logits, const std::vector<TokenS
       static_cast<int64_t>(uniforms.size()) != R) {
     throw std::invalid_argument("SampleTokens: logits [R, V] with R settings and R uniforms");
   }
+  for (const TokenSampling& row : rows) ValidateTokenSampling(row, logits.size(1));  // REQUIRES
   SampledTokens out;
   if (R == 0) return out;
   torch::NoGradGuard no_grad;

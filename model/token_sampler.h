@@ -62,7 +62,8 @@ void ValidateTokenSampling(const TokenSampling& sampling, int64_t vocab_size);
 
 // logits: [R, V] (any floating dtype, any device); rows.size() == R ==
 // uniforms.size(). Returns the R tokens and their log-probs on the host.
-// Runs under no-grad. REQUIRES: every row passes ValidateTokenSampling.
+// Runs under no-grad. REQUIRES: every row passes ValidateTokenSampling
+// (checked: std::invalid_argument otherwise).
 SampledTokens SampleTokens(const torch::Tensor& logits, const std::vector<TokenSampling>& rows,
                            const std::vector<double>& uniforms);
 
