@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The build's two include rules (issue 37; docs/contributing.md, "Includes").
+"""The build's three include rules (issues 37 and 40; docs/contributing.md, "Includes").
 
 1. No header of the project includes <torch/torch.h>: a header that did would
    make every file including it parse the whole of libtorch's API. Headers
@@ -12,10 +12,16 @@
    caffe2/), directly or through the project headers it includes. Debian's
    libtorch headers are on the default include path, so the compiler would
    not stop it; the sanitizer and fuzz builds (KAPPA_TORCH=OFF) rely on it.
+3. No include runs up a floor or across to another room: a file in one of
+   the LAYER directories includes project headers only of its own directory
+   and of the directories its LAYER names (the table KAPPA_LAYERS in the
+   top-level CMakeLists.txt, given here as arguments "dir:dep dep ..."). A
+   directory the table does not name (tests/, bench/) may include anything.
 
-Usage: check_include_rules.py ROOT TORCH_FREE_SOURCES_TXT
-Exit status: 0 both rules hold; 1 a rule is broken (every offender is
-printed with the include chain that reaches libtorch); 2 bad arguments.
+Usage: check_include_rules.py ROOT TORCH_FREE_SOURCES_TXT [LAYER ...]
+Exit status: 0 the rules hold; 1 a rule is broken (every offender is
+printed: the include chain that reaches libtorch, or the file and the
+include that runs up); 2 bad arguments.
 """
 import os
 import re
@@ -80,9 +86,51 @@ def project_headers(root):
                 yield os.path.join(dirpath, name)
 
 
+def parse_layers(specs):
+    """{directory: set of directories it may include} from "dir:dep dep ..."."""
+    layers = {}
+    for spec in specs:
+        directory, sep, deps = spec.partition(":")
+        if not sep or not directory.strip():
+            raise ValueError(f"bad layer {spec!r}: expected DIR:DEP DEP ...")
+        layers[directory.strip()] = set(deps.split())
+    unknown = sorted(d for deps in layers.values() for d in deps if d not in layers)
+    if unknown:
+        raise ValueError(f"layers name undeclared directories: {', '.join(unknown)}")
+    return layers
+
+
+def layer_problems(root, layers, includes):
+    """Rule 3: every include of a project header from a layer directory into
+    a directory it may not use, as "file: includes "x" (why)"."""
+    problems = []
+    for directory in sorted(layers):
+        for dirpath, dirnames, filenames in os.walk(os.path.join(root, directory)):
+            dirnames[:] = [d for d in dirnames if d not in SKIP_DIRS]
+            for name in sorted(filenames):
+                if not name.endswith((".h", ".cc", ".cuh", ".cu")):
+                    continue
+                path = os.path.join(dirpath, name)
+                for _, included in includes.of(path):
+                    target = included.split("/", 1)[0]
+                    if "/" not in included or target not in layers or target == directory:
+                        continue
+                    if target not in layers[directory]:
+                        allowed = " ".join(sorted(layers[directory])) or "nothing"
+                        problems.append(
+                            f"{os.path.relpath(path, root)}: includes \"{included}\" (rule 3: "
+                            f"{directory}/ may include only {allowed})")
+    return problems
+
+
 def main(argv):
-    if len(argv) != 3:
+    if len(argv) < 3:
         print(__doc__.split("\n\n")[-2], file=sys.stderr)
+        return 2
+    try:
+        layers = parse_layers(argv[3:])
+    except ValueError as e:
+        print(f"check_include_rules: {e}", file=sys.stderr)
         return 2
     root = os.path.realpath(argv[1])
     try:
@@ -112,6 +160,8 @@ def main(argv):
             problems.append(f"{chain[0]}: a torch-free target's source reaches libtorch "
                             f"(rule 2): {' -> '.join(chain)}")
 
+    problems += layer_problems(root, layers, includes)
+
     if problems:
         print("\n".join(problems), file=sys.stderr)
         print(f"check_include_rules: {len(problems)} broken include rule(s)", file=sys.stderr)
@@ -120,7 +170,8 @@ def main(argv):
         print(f"check_include_rules: no torch-free source found in {argv[2]}", file=sys.stderr)
         return 1
     print(f"check_include_rules: no header includes <torch/torch.h>; {checked} torch-free "
-          "sources reach no libtorch header")
+          f"sources reach no libtorch header; {len(layers)} layer directories include "
+          "nothing above them")
     return 0
 
 
