@@ -31,11 +31,14 @@ std::string BootstrapKey(const services::Config& config, Role role) {
   // Bump the version when the SFT recipe changes in a way the settings below
   // do not capture.
   std::string text = absl::StrCat("kappa-bootstrap-v1|", RoleName(role), "|seed=", config.seed);
-  absl::StrAppend(&text, "|task=", task.kind, ",", task.min_digits, ",", task.max_digits, ",",
-                  task.operators, ",", task.train_size, ",", task.heldout_size);
+  absl::StrAppend(&text, "|task=", std::string(services::ChoiceName(task.kind)), ",",
+                  task.min_digits, ",", task.max_digits, ",", task.operators, ",", task.train_size,
+                  ",", task.heldout_size);
   // Only when set, so the keys of held-out-first bootstraps stay what they were.
-  if (task.heldout_draw != "first") absl::StrAppend(&text, ",heldout_draw=", task.heldout_draw);
-  if (task.kind == "jsonl") {
+  if (task.heldout_draw != services::HeldOutDraw::kFirst) {
+    absl::StrAppend(&text, ",heldout_draw=", std::string(services::ChoiceName(task.heldout_draw)));
+  }
+  if (task.kind == services::TaskKind::kJsonl) {
     absl::StrAppend(&text, ",", FileStamp(task.train_path), ",", FileStamp(task.heldout_path));
   }
   absl::StrAppend(&text, "|shape=", shape.hidden_size, ",", shape.intermediate_size, ",",

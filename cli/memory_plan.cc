@@ -52,7 +52,7 @@ std::string RankDevice(const std::string& device, int64_t rank, int64_t world) {
 }
 
 int64_t ValueBytes(const services::Config& config) {
-  return config.trainer.teacher_values == "bf16" ? 2 : 4;
+  return config.trainer.teacher_values == services::Precision::kBFloat16 ? 2 : 4;
 }
 
 // Bytes of one response position's teacher row on the wire (ScoredSample /
@@ -109,8 +109,12 @@ bool NeedsSeparateGradients(const services::Config& config) {
   // ∇L_R and ∇L_D apart (m3_project, m3_norm, m3_adapt).
   const bool kappa = config.monitor.kappa_every > 0 &&
                      config.monitor.kappa_every <= std::max<int64_t>(config.trainer.steps, 1);
-  for (const std::string& b : config.trainer.balance) {
-    if (b == "m3_project" || b == "m3_norm" || b == "m3_adapt") return true;
+  using services::BalanceMethod;
+  for (BalanceMethod b : config.trainer.balance) {
+    if (b == BalanceMethod::kM3Project || b == BalanceMethod::kM3Norm ||
+        b == BalanceMethod::kM3Adapt) {
+      return true;
+    }
   }
   return kappa;
 }
@@ -147,7 +151,7 @@ ProcessPlan PlanLearner(const PlanInputs& in, int64_t rank, int64_t world) {
   const int64_t t = c.rollout.max_new_tokens;
   const int64_t positions = in.prompt_tokens + t - 1;  // a row: prompt + response − 1
   const bool ckpt = c.trainer.activation_checkpointing;
-  const bool bf16 = c.trainer.precision == "bf16";
+  const bool bf16 = c.trainer.precision == services::Precision::kBFloat16;
   const bool distill = in.teacher_rows != TeacherRows::kNone;
   const bool separate = NeedsSeparateGradients(c);
 
@@ -160,8 +164,8 @@ ProcessPlan PlanLearner(const PlanInputs& in, int64_t rank, int64_t world) {
     terms.Add("gradient of L_D apart (kappa, M3)", dev, 4 * n, "monitor.kappa_every",
               "4·N while κ is measured or a balancer needs ∇L_D apart");
   }
-  if (separate && c.trainer.distill_gate == "rstg" && c.rstg.teacher_samples > 0 &&
-      c.rstg.sft_weight > 0) {
+  if (separate && c.trainer.distill_gate == services::DistillGate::kRstg &&
+      c.rstg.teacher_samples > 0 && c.rstg.sft_weight > 0) {
     terms.Add("gradient of the teacher-SFT term apart", dev, 4 * n, "rstg.sft_weight", "4·N");
   }
   terms.Add("AdamW moments", dev, 8 * n, "", "8·N");
@@ -235,7 +239,8 @@ ProcessPlan PlanLearner(const PlanInputs& in, int64_t rank, int64_t world) {
   // the next, in /dev/shm (tmpfs: host memory, though no process's RSS).
   // Under `kappa run` every worker shares the learner's host, so `auto`
   // means shared memory.
-  if (c.rollout.weight_transport == "shm" || c.rollout.weight_transport == "auto") {
+  if (c.rollout.weight_transport == services::WeightTransport::kShm ||
+      c.rollout.weight_transport == services::WeightTransport::kAuto) {
     terms.Add("/dev/shm segments", "host", 3 * n * in.wire_bytes, "rollout.weight_transport",
               absl::StrCat("3·N·", in.wire_bytes, " (latest two versions, the next prepared)"));
   }
@@ -308,7 +313,7 @@ ProcessPlan PlanWorker(const PlanInputs& in, int64_t index) {
   terms.Add("scored groups in flight", "host",
             held * (ScoreResponseBytes(in) + ScoredGroupBytes(in)), "rollout.max_outstanding",
             "M·(ScoreResponse + ScoredGroup)");
-  if (c.rollout.weight_transport == "c10d") {
+  if (c.rollout.weight_transport == services::WeightTransport::kC10d) {
     terms.Add("weight group receive buffer", dev, s.LargestParameter() * in.wire_bytes, "",
               "V·d·wire (one parameter at a time)");
   }
@@ -383,13 +388,15 @@ std::string CurrentValue(const services::Config& c, const std::string& key) {
     return c.trainer.activation_checkpointing ? "true" : "false";
   }
   if (key == "trainer.eval_examples") return absl::StrCat(c.trainer.eval_examples);
-  if (key == "trainer.distill_loss") return c.trainer.distill_loss;
+  if (key == "trainer.distill_loss")
+    return std::string(services::ChoiceName(c.trainer.distill_loss));
   if (key == "trainer.distill_topk") return absl::StrCat(c.trainer.distill_topk);
   if (key == "monitor.kappa_every") return absl::StrCat(c.monitor.kappa_every);
   if (key == "learner.buffer_groups") return absl::StrCat(c.learner.buffer_groups);
   if (key == "rollout.max_outstanding") return absl::StrCat(c.rollout.max_outstanding);
   if (key == "rollout.max_batch_rows") return absl::StrCat(c.rollout.max_batch_rows);
-  if (key == "rollout.weights_dtype") return c.rollout.weights_dtype;
+  if (key == "rollout.weights_dtype")
+    return std::string(services::ChoiceName(c.rollout.weights_dtype));
   if (key == "rollout.weight_delta") return c.rollout.weight_delta ? "true" : "false";
   if (key == "teacher.max_batch_sequences") return absl::StrCat(c.teacher.max_batch_sequences);
   if (key == "rstg.sft_weight") return absl::StrCat(c.rstg.sft_weight);
@@ -484,7 +491,7 @@ MemoryPlan PlanMemory(const PlanInputs& in) {
 
   const int64_t version = in.student.Parameters() * in.wire_bytes;
   const int64_t group = std::min(c.learner.weight_group_workers, c.workers);
-  const bool c10d = c.rollout.weight_transport == "c10d" && group > 0;
+  const bool c10d = c.rollout.weight_transport == services::WeightTransport::kC10d && group > 0;
   const int64_t streams = c10d ? c.workers - group : c.workers;
   plan.sync_bytes_per_version = version * (streams + (c10d ? 1 : 0));
   plan.sync_formula =
@@ -511,7 +518,7 @@ absl::Status CheckPlanFits(const MemoryPlan& plan, const services::Config& confi
         "(trainer.distill_loss=topk_tail_reverse_kl, trainer.teacher_values=bf16, "
         "rollout.max_new_tokens, trainer.group_size)",
         message.name, FormatBytes(message.bytes), message.bytes, message.limit,
-        config.trainer.distill_loss, message.bytes));
+        std::string(services::ChoiceName(config.trainer.distill_loss)), message.bytes));
   }
   for (const std::string& device : plan.Devices()) {
     const auto it = capacity.find(device);

@@ -64,10 +64,14 @@ absl::StatusOr<model::LoadOptions> ParseLoadOptions(const CommandLine& line) {
   absl::StatusOr<torch::Device> device = services::ResolveDevice(line.Get("--device", "cpu"), "--device");
   if (!device.ok()) return device.status();
   options.device = *device;
-  absl::StatusOr<torch::ScalarType> dtype =
-      services::ResolveModelDtype(line.Get("--dtype", "float32"), "--dtype", *device);
-  if (!dtype.ok()) return dtype.status();
-  options.dtype = *dtype;
+  const std::string dtype_name = line.Get("--dtype", "float32");
+  const std::optional<services::ModelDtype> dtype =
+      services::ChoiceNamed<services::ModelDtype>(dtype_name);
+  if (!dtype) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--dtype: '", dtype_name, "' is not a model dtype (auto | bfloat16 | float32)"));
+  }
+  options.dtype = services::ResolveModelDtype(*dtype, *device);
   return options;
 }
 

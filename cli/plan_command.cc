@@ -123,12 +123,8 @@ torch::Device DeviceNamed(const std::string& name) {
   return absl::StartsWith(name, "cuda") ? torch::Device(torch::kCUDA) : torch::Device(torch::kCPU);
 }
 
-absl::StatusOr<int64_t> DtypeBytes(const std::string& value, const std::string& key,
-                                   const std::string& device) {
-  absl::StatusOr<torch::ScalarType> dtype =
-      services::ResolveModelDtype(value, key, DeviceNamed(device));
-  if (!dtype.ok()) return dtype.status();
-  return *dtype == torch::kBFloat16 ? 2 : 4;
+int64_t DtypeBytes(services::ModelDtype dtype, const std::string& device) {
+  return services::ResolveModelDtype(dtype, DeviceNamed(device)) == torch::kBFloat16 ? 2 : 4;
 }
 
 TeacherRows RowsFor(const services::Config& config) {
@@ -275,22 +271,20 @@ absl::StatusOr<PlanInputs> PlanInputsFor(const services::Config& config) {
   in.heldout_examples = prompts->heldout;
   in.teacher_rows = RowsFor(config);
 
-  absl::StatusOr<int64_t> worker =
-      DtypeBytes(config.student.dtype, "student.dtype", config.rollout.device);
-  if (!worker.ok()) return worker.status();
-  absl::StatusOr<int64_t> teacher_bytes =
-      DtypeBytes(config.teacher.dtype, "teacher.dtype", config.teacher.device);
-  if (!teacher_bytes.ok()) return teacher_bytes.status();
-  in.worker_weight_bytes = *worker;
-  in.teacher_weight_bytes = *teacher_bytes;
-  // The wire: rollout.weights_dtype, "auto" being the worker's model dtype
-  // (rollout_worker/rollout_settings.h WireDtype). The snapshot:
+  in.worker_weight_bytes = DtypeBytes(config.student.dtype, config.rollout.device);
+  in.teacher_weight_bytes = DtypeBytes(config.teacher.dtype, config.teacher.device);
+  // The wire: rollout.weights_dtype, auto being the worker's model dtype
+  // (rollout_worker/policy_watcher.h WireDtype). The snapshot:
   // learner/policy_snapshot_dtype.cc PolicySnapshotDtype, bfloat16 only
   // when the configuration alone makes every worker ask for bfloat16.
-  const std::string& wire = config.rollout.weights_dtype;
-  in.wire_bytes = wire == "bfloat16" ? 2 : wire == "float32" ? 4 : in.worker_weight_bytes;
+  using services::ModelDtype;
+  const ModelDtype wire = config.rollout.weights_dtype;
+  in.wire_bytes = wire == ModelDtype::kBFloat16  ? 2
+                  : wire == ModelDtype::kFloat32 ? 4
+                                                 : in.worker_weight_bytes;
   const bool bf16_snapshot =
-      wire == "bfloat16" || (wire == "auto" && config.student.dtype == "bfloat16");
+      wire == ModelDtype::kBFloat16 ||
+      (wire == ModelDtype::kAuto && config.student.dtype == ModelDtype::kBFloat16);
   in.snapshot_bytes = bf16_snapshot ? 2 : 4;
   return in;
 }

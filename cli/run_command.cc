@@ -43,12 +43,6 @@ absl::Status Preflight(const services::Config& config, bool check_plan) {
   // The learner would refuse these too, but only after the bootstrap and
   // every process had started.
   if (absl::Status status = learner::ValidateStepConfig(config); !status.ok()) return status;
-  // The values only: which device "auto" resolves for is each process's own.
-  for (const auto& [value, key] : {std::pair{config.student.dtype, "student.dtype"},
-                                   std::pair{config.teacher.dtype, "teacher.dtype"}}) {
-    absl::StatusOr<torch::ScalarType> dtype = services::ResolveModelDtype(value, key, torch::kCPU);
-    if (!dtype.ok()) return dtype.status();
-  }
   if (absl::Status status = learner::CheckWorldSize(config, config.learner.world_size);
       !status.ok()) {
     return status;

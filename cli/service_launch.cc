@@ -92,7 +92,7 @@ void ResolveListenAddresses(services::Config& config) {
 }
 
 absl::Status ResolveWeightGroup(services::Config& config) {
-  if (config.rollout.weight_transport != "c10d") return absl::OkStatus();
+  if (config.rollout.weight_transport != services::WeightTransport::kC10d) return absl::OkStatus();
   if (config.learner.weight_group_workers == 0) {
     config.learner.weight_group_workers = config.workers;
   }

@@ -24,6 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "base/status.h"
 #include "learner/algo/optimizer_step.h"
 #include "learner/coordinator.h"
 #include "learner/data_parallel_setup.h"
@@ -44,7 +45,6 @@
 #include "services/metrics_server.h"
 #include "services/ready_file.h"
 #include "services/server.h"
-#include "base/status.h"
 #include "services/torch_runtime.h"
 #include "tasks/from_config.h"
 
@@ -302,16 +302,6 @@ int Main(int argc, char** argv) {
   // starts, so no worker can lease a new prompt ahead of them.
   coordinator.Requeue(
       std::vector<size_t>(start.state.pending_prompts.begin(), start.state.pending_prompts.end()));
-  // rollout.weights_dtype is the workers' to ask for; a bad value is refused
-  // here too, by name, since every process reads the one config.
-  if (const std::string& wire = config.rollout.weights_dtype;
-      wire != "auto" && wire != "float32" && wire != "bfloat16") {
-    spdlog::error(
-        "configuration: rollout.weights_dtype: '{}' is not one of auto, float32, "
-        "bfloat16",
-        wire);
-    return 2;
-  }
   // rollout.weight_delta: keep each version's encodings as the next one's
   // delta base (learner/policy_publisher.h).
   PublisherOptions publisher_options;

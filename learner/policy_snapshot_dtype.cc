@@ -3,9 +3,11 @@
 namespace kappa::learner {
 
 torch::ScalarType PolicySnapshotDtype(const services::Config& config) {
-  const std::string& wire = config.rollout.weights_dtype;
+  using services::ModelDtype;
+  const ModelDtype wire = config.rollout.weights_dtype;
   const bool bfloat16 =
-      wire == "bfloat16" || (wire == "auto" && config.student.dtype == "bfloat16");
+      wire == ModelDtype::kBFloat16 ||
+      (wire == ModelDtype::kAuto && config.student.dtype == ModelDtype::kBFloat16);
   return bfloat16 ? torch::kBFloat16 : torch::kFloat32;
 }
 

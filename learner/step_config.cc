@@ -2,22 +2,185 @@
 
 #include <torch/torch.h>
 
+#include <set>
+#include <stdexcept>
 #include <string>
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
-#include "rollout_worker/rollout_settings.h"
+#include "services/rollout_keys.h"
 
 namespace kappa::learner {
 namespace {
 
-// *out = parse(value); what the parse throws becomes a status naming `key`.
-template <typename T, typename Parse, typename Value>
-absl::Status ParseKey(const char* key, Parse parse, const Value& value, T* out) {
-  KAPPA_ASSIGN_OR_RETURN(*out, base::CaptureExceptions(absl::StrCat("config key '", key, "'"),
-                                                       [&] { return parse(value); }));
-  return absl::OkStatus();
+// The configuration's named choices (parsed and checked when it was loaded)
+// as the algorithm's enums.
+Aggregation ToStep(services::Aggregation a) {
+  switch (a) {
+    case services::Aggregation::kTokenMean:
+      return Aggregation::kTokenMean;
+    case services::Aggregation::kSeqMeanTokenMean:
+      return Aggregation::kSeqMeanTokenMean;
+    case services::Aggregation::kSeqMeanTokenSum:
+      return Aggregation::kSeqMeanTokenSum;
+  }
+  throw std::logic_error("unreachable");
+}
+
+DistillLoss ToStep(services::DistillLoss loss) {
+  switch (loss) {
+    case services::DistillLoss::kReverseKl:
+      return DistillLoss::kReverseKl;
+    case services::DistillLoss::kForwardKl:
+      return DistillLoss::kForwardKl;
+    case services::DistillLoss::kSampledReverseKl:
+      return DistillLoss::kSampledReverseKl;
+    case services::DistillLoss::kTopkReverseKl:
+      return DistillLoss::kTopkReverseKl;
+    case services::DistillLoss::kTopkTailReverseKl:
+      return DistillLoss::kTopkTailReverseKl;
+  }
+  throw std::logic_error("unreachable");
+}
+
+Precision ToStep(services::Precision precision) {
+  switch (precision) {
+    case services::Precision::kFloat32:
+      return Precision::kFloat32;
+    case services::Precision::kBFloat16:
+      return Precision::kBFloat16;
+  }
+  throw std::logic_error("unreachable");
+}
+
+TruncatedResponses ToStep(services::TruncatedResponses truncated) {
+  switch (truncated) {
+    case services::TruncatedResponses::kKeep:
+      return TruncatedResponses::kKeep;
+    case services::TruncatedResponses::kMask:
+      return TruncatedResponses::kMask;
+    case services::TruncatedResponses::kZeroReward:
+      return TruncatedResponses::kZeroReward;
+  }
+  throw std::logic_error("unreachable");
+}
+
+AdvantageStd ToStep(services::AdvantageStd std_kind) {
+  switch (std_kind) {
+    case services::AdvantageStd::kPopulation:
+      return AdvantageStd::kPopulation;
+    case services::AdvantageStd::kSample:
+      return AdvantageStd::kSample;
+  }
+  throw std::logic_error("unreachable");
+}
+
+DistillGate ToStep(services::DistillGate gate) {
+  switch (gate) {
+    case services::DistillGate::kNone:
+      return DistillGate::kNone;
+    case services::DistillGate::kAll:
+      return DistillGate::kAll;
+    case services::DistillGate::kRstg:
+      return DistillGate::kRstg;
+  }
+  throw std::logic_error("unreachable");
+}
+
+RstgConfig::Confidence ToStep(services::RstgConfidence confidence) {
+  switch (confidence) {
+    case services::RstgConfidence::kMaxProb:
+      return RstgConfig::Confidence::kMaxProb;
+    case services::RstgConfidence::kTokenProb:
+      return RstgConfig::Confidence::kTokenProb;
+  }
+  throw std::logic_error("unreachable");
+}
+
+RstgConfig::TokenScore ToStep(services::RstgTokenSelector selector) {
+  switch (selector) {
+    case services::RstgTokenSelector::kEntropy:
+      return RstgConfig::TokenScore::kEntropy;
+    case services::RstgTokenSelector::kDivergence:
+      return RstgConfig::TokenScore::kDivergence;
+    case services::RstgTokenSelector::kUnion:
+      return RstgConfig::TokenScore::kUnion;
+  }
+  throw std::logic_error("unreachable");
+}
+
+BalanceConfig::MaskTarget ToStep(services::MaskTarget target) {
+  switch (target) {
+    case services::MaskTarget::kReward:
+      return BalanceConfig::MaskTarget::kReward;
+    case services::MaskTarget::kDistill:
+      return BalanceConfig::MaskTarget::kDistill;
+  }
+  throw std::logic_error("unreachable");
+}
+
+// The configuration offers the cheap estimators only (exact runs on sampled
+// positions, monitor.kdr_exact_every), so kExact never comes from it.
+KdrEstimator ToStep(services::KdrEstimator estimator) {
+  switch (estimator) {
+    case services::KdrEstimator::kLastLayer:
+      return KdrEstimator::kLastLayer;
+    case services::KdrEstimator::kLogit:
+      return KdrEstimator::kLogit;
+  }
+  throw std::logic_error("unreachable");
+}
+
+LearningRateSchedule::Decay ToStep(services::Schedule schedule) {
+  switch (schedule) {
+    case services::Schedule::kConstant:
+      return LearningRateSchedule::Decay::kConstant;
+    case services::Schedule::kCosine:
+      return LearningRateSchedule::Decay::kCosine;
+  }
+  throw std::logic_error("unreachable");
+}
+
+// trainer.balance: [naive] or a combination of the M3 methods. Each name was
+// checked at load; what is refused here is a combination: a name twice,
+// naive beside another, m3_norm with m3_adapt (both set the scale of g_D).
+absl::StatusOr<BalanceConfig> MakeBalance(const std::vector<services::BalanceMethod>& methods) {
+  BalanceConfig balance;
+  std::set<services::BalanceMethod> seen;
+  for (services::BalanceMethod method : methods) {
+    const std::string name(services::ChoiceName(method));
+    if (!seen.insert(method).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("config key 'trainer.balance': '", name, "' listed twice"));
+    }
+    switch (method) {
+      case services::BalanceMethod::kNaive:
+        break;
+      case services::BalanceMethod::kM3Norm:
+        balance.normalize = true;
+        break;
+      case services::BalanceMethod::kM3Mask:
+        balance.mask = true;
+        break;
+      case services::BalanceMethod::kM3Project:
+        balance.project = true;
+        break;
+      case services::BalanceMethod::kM3Adapt:
+        balance.adapt = true;
+        break;
+    }
+  }
+  if (seen.count(services::BalanceMethod::kNaive) && seen.size() > 1) {
+    return absl::InvalidArgumentError(
+        "config key 'trainer.balance': 'naive' cannot be combined with M3 methods");
+  }
+  if (balance.normalize && balance.adapt) {
+    return absl::InvalidArgumentError(
+        "config key 'trainer.balance': m3_norm and m3_adapt both set the scale of the "
+        "distillation gradient; pick one");
+  }
+  return balance;
 }
 
 }  // namespace
@@ -31,10 +194,8 @@ absl::StatusOr<HybridStepConfig> MakeHybridStepConfig(const services::Config& co
   }
   HybridStepConfig step;
   LossConfig& loss = step.loss;
-  KAPPA_RETURN_IF_ERROR(
-      ParseKey("trainer.aggregation", ParseAggregation, trainer.aggregation, &loss.aggregation));
-  KAPPA_RETURN_IF_ERROR(
-      ParseKey("trainer.distill_loss", ParseDistillLoss, trainer.distill_loss, &loss.distill));
+  loss.aggregation = ToStep(trainer.aggregation);
+  loss.distill = ToStep(trainer.distill_loss);
   loss.ppo.clip_low = trainer.clip_low;
   loss.ppo.clip_high = trainer.clip_high;
   loss.ppo.dual_clip = trainer.dual_clip;
@@ -44,18 +205,12 @@ absl::StatusOr<HybridStepConfig> MakeHybridStepConfig(const services::Config& co
   if (trainer.distill_topk <= 0) {
     return absl::InvalidArgumentError("config key 'trainer.distill_topk' must be > 0");
   }
-  if (trainer.teacher_values != "fp32" && trainer.teacher_values != "bf16") {
-    return absl::InvalidArgumentError(absl::StrCat("config key 'trainer.teacher_values': '",
-                                                   trainer.teacher_values,
-                                                   "' is neither fp32 nor bf16"));
-  }
   if (!(trainer.lambda >= 0) || !(trainer.reward_weight >= 0)) {
     return absl::InvalidArgumentError(
         "config keys 'trainer.lambda' and 'trainer.reward_weight' must be >= 0");
   }
   step.reward_weight = trainer.reward_weight;
-  KAPPA_RETURN_IF_ERROR(
-      ParseKey("trainer.precision", ParsePrecision, trainer.precision, &step.precision));
+  step.precision = ToStep(trainer.precision);
   if (trainer.micro_batch_sequences < 0) {
     return absl::InvalidArgumentError(
         "config key 'trainer.micro_batch_sequences' must be >= 0 (0: no micro-batches)");
@@ -66,18 +221,13 @@ absl::StatusOr<HybridStepConfig> MakeHybridStepConfig(const services::Config& co
         "config key 'trainer.vocab_chunk_positions' must be >= 0 (0: no chunking)");
   }
   loss.vocab_chunk_positions = trainer.vocab_chunk_positions;
-  KAPPA_RETURN_IF_ERROR(
-      ParseKey("trainer.truncated", ParseTruncatedResponses, trainer.truncated, &step.truncated));
-  KAPPA_RETURN_IF_ERROR(ParseKey("trainer.advantage_std", ParseAdvantageStd, trainer.advantage_std,
-                                 &step.advantage_std));
+  step.truncated = ToStep(trainer.truncated);
+  step.advantage_std = ToStep(trainer.advantage_std);
 
-  KAPPA_RETURN_IF_ERROR(
-      ParseKey("trainer.distill_gate", ParseDistillGate, trainer.distill_gate, &step.gate));
+  step.gate = ToStep(trainer.distill_gate);
   const services::Config::Rstg& rstg = config.rstg;
-  KAPPA_RETURN_IF_ERROR(
-      ParseKey("rstg.confidence", ParseRstgConfidence, rstg.confidence, &step.rstg.confidence));
-  KAPPA_RETURN_IF_ERROR(ParseKey("rstg.token_selector", ParseRstgTokenScore, rstg.token_selector,
-                                 &step.rstg.token_score));
+  step.rstg.confidence = ToStep(rstg.confidence);
+  step.rstg.token_score = ToStep(rstg.token_selector);
   if (!(rstg.token_frac > 0 && rstg.token_frac <= 1)) {
     return absl::InvalidArgumentError("config key 'rstg.token_frac' must be in (0, 1]");
   }
@@ -99,7 +249,7 @@ absl::StatusOr<HybridStepConfig> MakeHybridStepConfig(const services::Config& co
   }
   step.sft_weight = step.gate == DistillGate::kRstg ? rstg.sft_weight : 0.0;
 
-  KAPPA_RETURN_IF_ERROR(ParseKey("trainer.balance", ParseBalance, trainer.balance, &step.balance));
+  KAPPA_ASSIGN_OR_RETURN(step.balance, MakeBalance(trainer.balance));
   absl::StatusOr<std::optional<LearningRateSchedule>> lambda_schedule = MakeLambdaSchedule(config);
   if (!lambda_schedule.ok()) return lambda_schedule.status();
   step.lambda_schedule = *lambda_schedule;
@@ -113,14 +263,8 @@ absl::StatusOr<HybridStepConfig> MakeHybridStepConfig(const services::Config& co
     return absl::InvalidArgumentError("config key 'trainer.kappa_target' must be > 0");
   }
   balance.kappa_target = trainer.kappa_target;
-  KAPPA_RETURN_IF_ERROR(
-      ParseKey("m3.mask_target", ParseMaskTarget, config.m3.mask_target, &balance.mask_target));
-  KAPPA_RETURN_IF_ERROR(ParseKey("m3.mask_estimator", ParseKdrEstimator, config.m3.mask_estimator,
-                                 &balance.mask_estimator));
-  if (balance.mask_estimator == KdrEstimator::kExact) {
-    return absl::InvalidArgumentError(
-        "config key 'm3.mask_estimator': must be logit or last_layer");
-  }
+  balance.mask_target = ToStep(config.m3.mask_target);
+  balance.mask_estimator = ToStep(config.m3.mask_estimator);
   if (!(config.m3.mask_temperature >= 0)) {
     return absl::InvalidArgumentError(
         "config key 'm3.mask_temperature' must be >= 0 (0: a hard mask)");
@@ -148,13 +292,7 @@ absl::StatusOr<HybridStepConfig> MakeHybridStepConfig(const services::Config& co
   MonitorConfig& monitor = step.monitor;
   monitor.kappa_every = config.monitor.kappa_every;
   monitor.kdr_every = config.monitor.kdr_every;
-  KAPPA_RETURN_IF_ERROR(ParseKey("monitor.kdr_estimator", ParseKdrEstimator,
-                                 config.monitor.kdr_estimator, &monitor.kdr_estimator));
-  if (monitor.kdr_estimator == KdrEstimator::kExact) {
-    return absl::InvalidArgumentError(
-        "config key 'monitor.kdr_estimator': must be last_layer or logit (exact runs on sampled "
-        "positions: monitor.kdr_exact_every)");
-  }
+  monitor.kdr_estimator = ToStep(config.monitor.kdr_estimator);
   monitor.kdr_exact_every = config.monitor.kdr_exact_every;
   monitor.kdr_exact_positions = config.monitor.kdr_exact_positions;
   monitor.seed = services::RlSeed(config);
@@ -188,8 +326,7 @@ namespace {
 struct ScheduleKeys {
   const char* warmup_key;
   int64_t warmup_steps;
-  const char* decay_key;
-  const std::string& decay;
+  services::Schedule decay;
   const char* min_ratio_key;
   double min_ratio;
 };
@@ -203,14 +340,7 @@ absl::StatusOr<LearningRateSchedule> MakeSchedule(double peak, const ScheduleKey
         absl::StrCat("config key '", keys.warmup_key, "' must be >= 0"));
   }
   schedule.warmup_steps = keys.warmup_steps;
-  if (keys.decay == "constant") {
-    schedule.decay = LearningRateSchedule::Decay::kConstant;
-  } else if (keys.decay == "cosine") {
-    schedule.decay = LearningRateSchedule::Decay::kCosine;
-  } else {
-    return absl::InvalidArgumentError(absl::StrCat("config key '", keys.decay_key, "': '",
-                                                   keys.decay, "' is neither constant nor cosine"));
-  }
+  schedule.decay = ToStep(keys.decay);
   if (!(keys.min_ratio >= 0 && keys.min_ratio <= 1)) {
     return absl::InvalidArgumentError(
         absl::StrCat("config key '", keys.min_ratio_key, "' must be in [0, 1]"));
@@ -226,19 +356,19 @@ absl::StatusOr<LearningRateSchedule> MakeLearningRateSchedule(const services::Co
   const services::Config::Trainer& trainer = config.trainer;
   if (!(trainer.lr > 0)) return absl::InvalidArgumentError("config key 'trainer.lr' must be > 0");
   return MakeSchedule(trainer.lr,
-                      {"trainer.warmup_steps", trainer.warmup_steps, "trainer.lr_schedule",
-                       trainer.lr_schedule, "trainer.min_lr_ratio", trainer.min_lr_ratio},
+                      {"trainer.warmup_steps", trainer.warmup_steps, trainer.lr_schedule,
+                       "trainer.min_lr_ratio", trainer.min_lr_ratio},
                       trainer.steps);
 }
 
 absl::StatusOr<std::optional<LearningRateSchedule>> MakeLambdaSchedule(
     const services::Config& config) {
   const services::Config::Trainer& trainer = config.trainer;
-  absl::StatusOr<LearningRateSchedule> schedule = MakeSchedule(
-      trainer.lambda,
-      {"trainer.lambda_warmup_steps", trainer.lambda_warmup_steps, "trainer.lambda_schedule",
-       trainer.lambda_schedule, "trainer.lambda_min_ratio", trainer.lambda_min_ratio},
-      trainer.steps);
+  absl::StatusOr<LearningRateSchedule> schedule =
+      MakeSchedule(trainer.lambda,
+                   {"trainer.lambda_warmup_steps", trainer.lambda_warmup_steps,
+                    trainer.lambda_schedule, "trainer.lambda_min_ratio", trainer.lambda_min_ratio},
+                   trainer.steps);
   if (!schedule.ok()) return schedule.status();
   if (schedule->decay == LearningRateSchedule::Decay::kConstant) {
     if (trainer.lambda_warmup_steps != 0) {
@@ -295,8 +425,7 @@ absl::Status ValidateStepConfig(const services::Config& config) {
       return own;
     }
   }
-  if (absl::Status rollout = rollout::ValidateRolloutSettings(config); !rollout.ok())
-    return rollout;
+  if (absl::Status rollout = services::ValidateRolloutKeys(config); !rollout.ok()) return rollout;
   absl::StatusOr<HybridStepConfig> step = MakeHybridStepConfig(config);
   if (!step.ok()) return step.status();
   // The constructors check their bounds.

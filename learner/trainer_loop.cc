@@ -10,13 +10,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "base/status.h"
 #include "learner/algo/train_batch.h"
 #include "learner/dataset_accuracy.h"
 #include "learner/policy_snapshot_dtype.h"
 #include "learner/step_config.h"
 #include "learner/step_record.h"
 #include "model/checkpoint.h"
-#include "base/status.h"
 
 namespace kappa::learner {
 namespace {
@@ -226,8 +226,8 @@ absl::StatusOr<StepRecord> TrainerLoop::TrainOn(std::vector<BufferedGroup> buffe
   nan_fault_.armed = nan_fault_.step == state_.step + 1 && nan_fault_.tries > 0;
   if (nan_fault_.armed) --nan_fault_.tries;
   // c10::Error included: the step stops at this edge, with a status.
-  KAPPA_ASSIGN_OR_RETURN(
-      record.report, base::CaptureExceptions(absl::StrCat("training step ", state_.step + 1),
+  KAPPA_ASSIGN_OR_RETURN(record.report,
+                         base::CaptureExceptions(absl::StrCat("training step ", state_.step + 1),
                                                  [&] { return step_->Run(batch, on_policy); }));
   if (record.report.stats.skipped()) {
     record.step = state_.step + 1;  // tried, not taken: nothing to publish

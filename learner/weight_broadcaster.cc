@@ -46,20 +46,20 @@ absl::StatusOr<std::optional<WeightBroadcastOptions>> WeightBroadcastOptionsFrom
         "learner.weight_group_store: '", options.store,
         "' is not tcp://HOST:PORT (learner.weight_group_workers is ", options.workers, ")"));
   }
-  const std::string& wire = config.rollout.weights_dtype;
-  if (wire == "float32" || wire == "bfloat16") {
-    options.dtype = wire == "bfloat16" ? torch::kBFloat16 : torch::kFloat32;
-  } else if (wire == "auto") {
-    absl::StatusOr<torch::Device> worker_device =
-        services::ResolveDevice(config.rollout.device, "rollout.device");
-    if (!worker_device.ok()) return worker_device.status();
-    absl::StatusOr<torch::ScalarType> model_dtype =
-        services::ResolveModelDtype(config.student.dtype, "student.dtype", *worker_device);
-    if (!model_dtype.ok()) return model_dtype.status();
-    options.dtype = *model_dtype == torch::kBFloat16 ? torch::kBFloat16 : torch::kFloat32;
-  } else {
-    return absl::InvalidArgumentError("rollout.weights_dtype: '" + wire +
-                                      "' is not one of auto, float32, bfloat16");
+  switch (config.rollout.weights_dtype) {
+    case services::ModelDtype::kFloat32:
+      options.dtype = torch::kFloat32;
+      break;
+    case services::ModelDtype::kBFloat16:
+      options.dtype = torch::kBFloat16;
+      break;
+    case services::ModelDtype::kAuto: {
+      absl::StatusOr<torch::Device> worker_device =
+          services::ResolveDevice(config.rollout.device, "rollout.device");
+      if (!worker_device.ok()) return worker_device.status();
+      options.dtype = services::ResolveModelDtype(config.student.dtype, *worker_device);
+      break;
+    }
   }
   return std::optional<WeightBroadcastOptions>(options);
 }

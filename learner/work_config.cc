@@ -11,38 +11,38 @@
 namespace kappa::learner {
 namespace {
 
-bool HasBalance(const services::Config& config, const std::string& strategy) {
-  const std::vector<std::string>& balance = config.trainer.balance;
-  return std::find(balance.begin(), balance.end(), strategy) != balance.end();
+bool HasBalance(const services::Config& config, services::BalanceMethod method) {
+  const std::vector<services::BalanceMethod>& balance = config.trainer.balance;
+  return std::find(balance.begin(), balance.end(), method) != balance.end();
 }
 
 }  // namespace
 
 int32_t TeacherFormFor(const services::Config& config) {
   // GRPO only: the loss never looks at the teacher.
-  if (config.trainer.distill_gate == "none") return 0;
+  if (config.trainer.distill_gate == services::DistillGate::kNone) return 0;
   // λ = 0 switches distillation off, unless a balancer sets the scale of the
   // distillation gradient itself (m3_norm) or moves λ (m3_adapt clamps it to
   // lambda_min > 0).
-  if (config.trainer.lambda == 0.0 && !HasBalance(config, "m3_norm") &&
-      !HasBalance(config, "m3_adapt")) {
+  if (config.trainer.lambda == 0.0 && !HasBalance(config, services::BalanceMethod::kM3Norm) &&
+      !HasBalance(config, services::BalanceMethod::kM3Adapt)) {
     return 0;
   }
-  const bool rstg = config.trainer.distill_gate == "rstg";
-  if (config.trainer.distill_loss == "sampled_reverse_kl") {
+  const bool rstg = config.trainer.distill_gate == services::DistillGate::kRstg;
+  if (config.trainer.distill_loss == services::DistillLoss::kSampledReverseKl) {
     // RSTG's max_prob confidence needs max_v q, i.e. the full distribution;
     // the sampled loss reads its token from the full form too.
-    const bool needs_full = rstg && config.rstg.confidence == "max_prob";
+    const bool needs_full = rstg && config.rstg.confidence == services::RstgConfidence::kMaxProb;
     return needs_full ? kappa::v1::SCORE_FORM_FULL : kappa::v1::SCORE_FORM_SAMPLED;
   }
-  if (config.trainer.distill_loss == "topk_reverse_kl" ||
-      config.trainer.distill_loss == "topk_tail_reverse_kl") {
+  if (config.trainer.distill_loss == services::DistillLoss::kTopkReverseKl ||
+      config.trainer.distill_loss == services::DistillLoss::kTopkTailReverseKl) {
     // The loss reads only the teacher's top-k tokens, so the wire and the
     // learner carry just those (k ids + k log-probs per token; the tail
     // bucket is 1 − their mass). RSTG's max_prob confidence reads the top-1, which is among
     // them; token_prob reads q(y_t) of the sampled token, which may lie
     // outside the top-k, so that combination needs the full rows.
-    const bool needs_full = rstg && config.rstg.confidence == "token_prob";
+    const bool needs_full = rstg && config.rstg.confidence == services::RstgConfidence::kTokenProb;
     return needs_full ? kappa::v1::SCORE_FORM_FULL : kappa::v1::SCORE_FORM_TOPK;
   }
   // reverse_kl and forward_kl read the full distribution.
@@ -55,7 +55,8 @@ int32_t TeacherTopKFor(const services::Config& config) {
 }
 
 int32_t TeacherDemonstrationsFor(const services::Config& config) {
-  if (config.trainer.distill_gate != "rstg" || !(config.rstg.sft_weight > 0)) return 0;
+  if (config.trainer.distill_gate != services::DistillGate::kRstg || !(config.rstg.sft_weight > 0))
+    return 0;
   return static_cast<int32_t>(std::max<int64_t>(config.rstg.teacher_samples, 0));
 }
 
@@ -72,9 +73,9 @@ WorkTemplate WorkTemplateFor(const services::Config& config) {
   work.teacher_top_k = TeacherTopKFor(config);
   work.teacher_demonstrations = TeacherDemonstrationsFor(config);
   work.teacher_temperature = static_cast<float>(config.rstg.teacher_temperature);
-  // MakeHybridStepConfig refuses anything but fp32 and bf16.
-  work.teacher_value_dtype = config.trainer.teacher_values == "bf16" ? kappa::v1::DTYPE_BFLOAT16
-                                                                      : kappa::v1::DTYPE_FLOAT32;
+  work.teacher_value_dtype = config.trainer.teacher_values == services::Precision::kBFloat16
+                                 ? kappa::v1::DTYPE_BFLOAT16
+                                 : kappa::v1::DTYPE_FLOAT32;
   work.stop_strings = config.rollout.stop_strings;
   return work;
 }

@@ -55,16 +55,14 @@ void SlotTable::ReleaseAll() {
 
 SlotScheduler::SlotScheduler(SlotSchedulerOptions options)
     : options_(options), table_(options.slots) {
-  Require(options.max_prefill_tokens >= 0,
-          "SlotScheduler: max_prefill_tokens must be >= 0, got " +
-              std::to_string(options.max_prefill_tokens));
+  Require(options.max_prefill_tokens >= 0, "SlotScheduler: max_prefill_tokens must be >= 0, got " +
+                                               std::to_string(options.max_prefill_tokens));
 }
 
 void SlotScheduler::Enqueue(int64_t id, ModelKey model, int64_t rows, int64_t prompt_tokens) {
   Require(rows >= 1 && rows <= options_.slots,
-          "SlotScheduler::Enqueue: request " + std::to_string(id) + " has " +
-              std::to_string(rows) + " rows, outside [1, " + std::to_string(options_.slots) +
-              "]");
+          "SlotScheduler::Enqueue: request " + std::to_string(id) + " has " + std::to_string(rows) +
+              " rows, outside [1, " + std::to_string(options_.slots) + "]");
   Require(prompt_tokens >= 1,
           "SlotScheduler::Enqueue: request " + std::to_string(id) + " has an empty prompt");
   waiting_.push_back(Waiting{id, model, rows, prompt_tokens});

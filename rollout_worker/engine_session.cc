@@ -104,7 +104,8 @@ void EngineSession::StepEngine() {
       base::CaptureExceptions("decode failed", [&] { finished = engine_->Step(); });
   if (!stepped.ok()) {
     // Nothing of this engine's state can be trusted: drop every item in it.
-    for (auto& [id, entry] : decoding_) callbacks_.drop(entry.item, std::string(stepped.ToString()));
+    for (auto& [id, entry] : decoding_)
+      callbacks_.drop(entry.item, std::string(stepped.ToString()));
     decoding_.clear();
     engine_->Clear();
     return;

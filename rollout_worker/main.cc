@@ -26,7 +26,6 @@
 #include "base/status.h"
 #include "model/text_tokenizer.h"
 #include "rollout_worker/policy_watcher.h"
-#include "rollout_worker/rollout_settings.h"
 #include "rollout_worker/worker.h"
 #include "services/cli_flags.h"
 #include "services/config.h"
@@ -35,6 +34,7 @@
 #include "services/metrics.h"
 #include "services/metrics_server.h"
 #include "services/ready_file.h"
+#include "services/rollout_keys.h"
 #include "services/server.h"
 #include "services/torch_runtime.h"
 
@@ -93,30 +93,12 @@ int main(int argc, char** argv) {
   kappa::rollout::WorkerOptions options;
   options.worker_id = flag_or("worker-id", DefaultWorkerId());
   options.device = *device;
-  absl::StatusOr<torch::ScalarType> dtype =
-      kappa::services::ResolveModelDtype(config->student.dtype, "student.dtype", *device);
-  if (!dtype.ok()) {
-    spdlog::error("configuration: {}", dtype.status().ToString());
-    return 2;
-  }
-  options.dtype = *dtype;
-  // rollout.weights_dtype / rollout.weight_delta: how policy versions travel
-  // (rollout_worker/policy_watcher.h).
-  absl::StatusOr<std::optional<torch::ScalarType>> weights_dtype =
-      kappa::rollout::ParseWeightsDtype(config->rollout.weights_dtype, "rollout.weights_dtype");
-  if (!weights_dtype.ok()) {
-    spdlog::error("configuration: {}", weights_dtype.status().ToString());
-    return 2;
-  }
-  options.weight_sync.weights_dtype = *weights_dtype;
+  options.dtype = kappa::services::ResolveModelDtype(config->student.dtype, *device);
+  // rollout.weights_dtype / weight_delta / weight_transport: how policy
+  // versions travel (rollout_worker/policy_watcher.h).
+  options.weight_sync.weights_dtype = kappa::rollout::WeightsDtype(config->rollout.weights_dtype);
   options.weight_sync.weight_delta = config->rollout.weight_delta;
-  // rollout.weight_transport (checked by ValidateRolloutSettings below).
-  if (absl::Status transport = kappa::rollout::ParseWeightTransport(
-          config->rollout.weight_transport, "rollout.weight_transport", &options.weight_sync);
-      !transport.ok()) {
-    spdlog::error("configuration: {}", transport.ToString());
-    return 2;
-  }
+  kappa::rollout::SetWeightTransport(config->rollout.weight_transport, &options.weight_sync);
   using Shm = kappa::rollout::WeightSyncOptions::Shm;
   spdlog::info("policy weights travel as {}{}{}{}",
                c10::toString(kappa::rollout::WireDtype(options.weight_sync, options.dtype)),
@@ -133,7 +115,7 @@ int main(int argc, char** argv) {
   options.sampler.default_top_p = config->rollout.top_p;
   options.sampler.default_top_k = config->rollout.top_k;
   options.sampler.default_min_p = config->rollout.min_p;
-  if (absl::Status settings = kappa::rollout::ValidateRolloutSettings(*config); !settings.ok()) {
+  if (absl::Status settings = kappa::services::ValidateRolloutKeys(*config); !settings.ok()) {
     spdlog::error("configuration: {}", std::string(settings.message()));
     return 2;
   }

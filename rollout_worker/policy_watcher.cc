@@ -39,25 +39,25 @@ std::string ShmHostKeyFor(const WeightSyncOptions& sync) {
 
 }  // namespace
 
-absl::StatusOr<std::optional<c10::ScalarType>> ParseWeightsDtype(const std::string& value,
-                                                                 const std::string& key) {
-  if (value == "auto") return std::optional<c10::ScalarType>();
-  if (value == "float32") return std::optional<c10::ScalarType>(c10::kFloat);
-  if (value == "bfloat16") return std::optional<c10::ScalarType>(c10::kBFloat16);
-  return absl::InvalidArgumentError(key + ": '" + value +
-                                    "' is not one of auto, float32, bfloat16");
+std::optional<c10::ScalarType> WeightsDtype(services::ModelDtype dtype) {
+  switch (dtype) {
+    case services::ModelDtype::kAuto:
+      return std::nullopt;
+    case services::ModelDtype::kFloat32:
+      return c10::kFloat;
+    case services::ModelDtype::kBFloat16:
+      return c10::kBFloat16;
+  }
+  throw std::logic_error("unreachable");
 }
 
-absl::Status ParseWeightTransport(const std::string& value, const std::string& key,
-                                  WeightSyncOptions* sync) {
+void SetWeightTransport(services::WeightTransport transport, WeightSyncOptions* sync) {
   using Shm = WeightSyncOptions::Shm;
-  if (value != "grpc" && value != "c10d" && value != "shm" && value != "auto") {
-    return absl::InvalidArgumentError(key + ": '" + value +
-                                      "' is not one of grpc, c10d, shm, auto");
-  }
-  sync->c10d = value == "c10d";
-  sync->shm = value == "shm" ? Shm::kRequired : value == "auto" ? Shm::kAuto : Shm::kOff;
-  return absl::OkStatus();
+  using services::WeightTransport;
+  sync->c10d = transport == WeightTransport::kC10d;
+  sync->shm = transport == WeightTransport::kShm    ? Shm::kRequired
+              : transport == WeightTransport::kAuto ? Shm::kAuto
+                                                    : Shm::kOff;
 }
 
 c10::ScalarType WireDtype(const WeightSyncOptions& sync, c10::ScalarType dtype) {

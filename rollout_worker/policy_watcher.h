@@ -54,6 +54,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "kappa/v1/learner.grpc.pb.h"
+#include "services/config_choices.h"
 
 namespace kappa::model {
 class Decoder;
@@ -106,15 +107,11 @@ struct WeightSyncOptions {
   std::string shm_dir = "/dev/shm";
 };
 
-// rollout.weight_transport: grpc, c10d, shm or auto into `sync` (c10d,
-// shm); anything else is INVALID_ARGUMENT naming `key`.
-absl::Status ParseWeightTransport(const std::string& value, const std::string& key,
-                                  WeightSyncOptions* sync);
+// rollout.weight_transport into `sync` (its c10d and shm fields).
+void SetWeightTransport(services::WeightTransport transport, WeightSyncOptions* sync);
 
-// rollout.weights_dtype: "auto" (nullopt), "float32" or "bfloat16"; anything
-// else is INVALID_ARGUMENT naming `key`.
-absl::StatusOr<std::optional<c10::ScalarType>> ParseWeightsDtype(const std::string& value,
-                                                                 const std::string& key);
+// rollout.weights_dtype: nullopt for auto (the worker's own dtype).
+std::optional<c10::ScalarType> WeightsDtype(services::ModelDtype dtype);
 // The wire dtype asked for (auto resolved against `dtype`, the model's).
 c10::ScalarType WireDtype(const WeightSyncOptions& sync, c10::ScalarType dtype);
 

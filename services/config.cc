@@ -5,9 +5,11 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <set>
 #include <sstream>
+#include <type_traits>
 #include <variant>
 
 #include "absl/strings/ascii.h"
@@ -25,9 +27,81 @@ namespace {
 // One entry per configuration key. The parser, the override parser,
 // ConfigToYaml and ConfigReferenceMarkdown (docs/configuration.md) all walk
 // this table, so a new key is one line here: its member path and a one-line
-// description (with the allowed values of a named option).
+// description. A member whose type is a named choice (config_choices.h)
+// brings its allowed spellings, which the parser enforces and the reference
+// lists.
 using StringList = std::vector<std::string>;
-using FieldRef = std::variant<int64_t*, uint64_t*, double*, bool*, std::string*, StringList*>;
+
+// A named choice's member (an enum of config_choices.h), type-erased: its
+// spellings, and its value as the index of its spelling.
+struct ChoiceRef {
+  void* member;
+  const char* const* names;
+  size_t count;
+  size_t (*read)(const void* member);
+  void (*write)(void* member, size_t index);
+};
+// A list of one named choice (trainer.balance).
+struct ChoiceListRef {
+  void* member;
+  const char* const* names;
+  size_t count;
+  std::vector<size_t> (*read)(const void* member);
+  void (*write)(void* member, const std::vector<size_t>& indices);
+};
+
+using FieldRef = std::variant<int64_t*, uint64_t*, double*, bool*, std::string*, StringList*,
+                              ChoiceRef, ChoiceListRef>;
+
+template <typename T>
+FieldRef ToFieldRef(T* member) {
+  if constexpr (std::is_enum_v<T>) {
+    using Names = ConfigChoice<T>;
+    return ChoiceRef{member, Names::kNames, std::size(Names::kNames),
+                     [](const void* m) { return static_cast<size_t>(*static_cast<const T*>(m)); },
+                     [](void* m, size_t index) { *static_cast<T*>(m) = static_cast<T>(index); }};
+  } else {
+    return member;
+  }
+}
+
+template <typename T>
+FieldRef ToFieldRef(std::vector<T>* member) {
+  if constexpr (std::is_enum_v<T>) {
+    using Names = ConfigChoice<T>;
+    return ChoiceListRef{member, Names::kNames, std::size(Names::kNames),
+                         [](const void* m) {
+                           std::vector<size_t> indices;
+                           for (T value : *static_cast<const std::vector<T>*>(m)) {
+                             indices.push_back(static_cast<size_t>(value));
+                           }
+                           return indices;
+                         },
+                         [](void* m, const std::vector<size_t>& indices) {
+                           auto* values = static_cast<std::vector<T>*>(m);
+                           values->clear();
+                           for (size_t index : indices) values->push_back(static_cast<T>(index));
+                         }};
+  } else {
+    return member;
+  }
+}
+
+// The spellings of a choice, "a, b, c" (messages) or "`a`, `b`" (the reference).
+std::string JoinNames(const char* const* names, size_t count, absl::string_view quote = "") {
+  std::vector<std::string> quoted;
+  for (size_t i = 0; i < count; ++i) quoted.push_back(absl::StrCat(quote, names[i], quote));
+  return absl::StrJoin(quoted, ", ");
+}
+
+// The index of `text` among a choice's spellings, or count when it is none.
+size_t FindName(const char* const* names, size_t count, absl::string_view text) {
+  for (size_t i = 0; i < count; ++i) {
+    if (text == names[i]) return i;
+  }
+  return count;
+}
+
 struct Field {
   const char* key;
   const char* description;
@@ -40,7 +114,7 @@ constexpr Field MakeField(const char* key, const char* description, FieldRef (*g
 
 // The key path is the member path, so the macro writes both.
 #define KAPPA_CONFIG_FIELD(path, description) \
-  MakeField(#path, description, [](Config& c) -> FieldRef { return &c.path; })
+  MakeField(#path, description, [](Config& c) -> FieldRef { return ToFieldRef(&c.path); })
 
 // Descriptions shared by the student's and the teacher's bootstrap keys.
 constexpr char kTargetAccuracyHelp[] =
@@ -332,10 +406,6 @@ constexpr Field kFields[] = {
                        "Generation also ends at the first of these in the decoded response, cut "
                        "right after the token that completes it (vLLM's `stop`); strings with a "
                        "comma or surrounding spaces need the YAML list form."),
-    KAPPA_CONFIG_FIELD(rollout.engine,
-                       "`continuous`: rows join and leave a fixed set of slots step by step, the G "
-                       "samples of a prompt share one prefill, Verify/Score overlap decoding; "
-                       "`static`: one batch per held items that waits for its longest row."),
     KAPPA_CONFIG_FIELD(rollout.max_batch_rows,
                        "Slots of the continuous engine (rows decoded per step); 0: "
                        "`max_outstanding` × `trainer.group_size`."),
@@ -603,12 +673,18 @@ bool IsSection(const std::string& key) {
 
 // What a field expects, for messages.
 struct Expectation {
-  const char* operator()(int64_t*) const { return "an integer"; }
-  const char* operator()(uint64_t*) const { return "a non-negative integer"; }
-  const char* operator()(double*) const { return "a finite number"; }
-  const char* operator()(bool*) const { return "a boolean"; }
-  const char* operator()(std::string*) const { return "a string"; }
-  const char* operator()(StringList*) const { return "a list of names"; }
+  std::string operator()(int64_t*) const { return "an integer"; }
+  std::string operator()(uint64_t*) const { return "a non-negative integer"; }
+  std::string operator()(double*) const { return "a finite number"; }
+  std::string operator()(bool*) const { return "a boolean"; }
+  std::string operator()(std::string*) const { return "a string"; }
+  std::string operator()(StringList*) const { return "a list of names"; }
+  std::string operator()(const ChoiceRef& choice) const {
+    return absl::StrCat("one of ", JoinNames(choice.names, choice.count));
+  }
+  std::string operator()(const ChoiceListRef& choice) const {
+    return absl::StrCat("a list of ", JoinNames(choice.names, choice.count));
+  }
 };
 
 // Parses `text` into the field; false if it does not have the field's type.
@@ -646,6 +722,27 @@ struct Assign {
     }
     return true;
   }
+  bool operator()(const ChoiceRef& choice) const {
+    const size_t index = FindName(choice.names, choice.count, text);
+    if (index == choice.count) return false;
+    choice.write(choice.member, index);
+    return true;
+  }
+  bool operator()(const ChoiceListRef& choice) const {
+    StringList names;
+    (*this)(&names);
+    return AssignChoiceList(choice, names);
+  }
+  // Every one of `names` a spelling of the choice; nothing written otherwise.
+  static bool AssignChoiceList(const ChoiceListRef& choice, const StringList& names) {
+    std::vector<size_t> indices;
+    for (const std::string& name : names) {
+      indices.push_back(FindName(choice.names, choice.count, name));
+      if (indices.back() == choice.count) return false;
+    }
+    choice.write(choice.member, indices);
+    return true;
+  }
 };
 
 // Shortest decimal text that parses back to exactly `value`.
@@ -669,16 +766,33 @@ struct Format {
   std::string operator()(bool* value) const { return *value ? "true" : "false"; }
   std::string operator()(std::string* value) const { return *value; }
   std::string operator()(StringList* value) const { return absl::StrJoin(*value, ","); }
+  std::string operator()(const ChoiceRef& choice) const {
+    return choice.names[choice.read(choice.member)];
+  }
+  std::string operator()(const ChoiceListRef& choice) const {
+    return absl::StrJoin(Names(choice), ",");
+  }
+  static StringList Names(const ChoiceListRef& choice) {
+    StringList names;
+    for (size_t index : choice.read(choice.member)) names.push_back(choice.names[index]);
+    return names;
+  }
 };
 
 // The reference's type column.
 struct TypeName {
-  const char* operator()(int64_t*) const { return "integer"; }
-  const char* operator()(uint64_t*) const { return "non-negative integer"; }
-  const char* operator()(double*) const { return "number"; }
-  const char* operator()(bool*) const { return "boolean"; }
-  const char* operator()(std::string*) const { return "string"; }
-  const char* operator()(StringList*) const { return "list of names"; }
+  std::string operator()(int64_t*) const { return "integer"; }
+  std::string operator()(uint64_t*) const { return "non-negative integer"; }
+  std::string operator()(double*) const { return "number"; }
+  std::string operator()(bool*) const { return "boolean"; }
+  std::string operator()(std::string*) const { return "string"; }
+  std::string operator()(StringList*) const { return "list of names"; }
+  std::string operator()(const ChoiceRef& choice) const {
+    return absl::StrCat("one of ", JoinNames(choice.names, choice.count, "`"));
+  }
+  std::string operator()(const ChoiceListRef& choice) const {
+    return absl::StrCat("list of ", JoinNames(choice.names, choice.count, "`"));
+  }
 };
 
 // A Markdown table cell: a '|' would end the cell.
@@ -689,6 +803,9 @@ std::string Cell(absl::string_view text) { return absl::StrReplaceAll(text, {{"|
 std::string DefaultCell(const FieldRef& ref) {
   if (const auto* list = std::get_if<StringList*>(&ref)) {
     return Cell(absl::StrCat("`[", absl::StrJoin(**list, ", "), "]`"));
+  }
+  if (const auto* choices = std::get_if<ChoiceListRef>(&ref)) {
+    return Cell(absl::StrCat("`[", absl::StrJoin(Format::Names(*choices), ", "), "]`"));
   }
   const std::string text = std::visit(Format{}, ref);
   return Cell(text.empty() ? "`\"\"`" : absl::StrCat("`", text, "`"));
@@ -762,7 +879,8 @@ absl::Status AssignNode(const Field& field, const YAML::Node& value, const std::
   } else if (value.IsNull() && std::holds_alternative<std::string*>(ref)) {
     std::get<std::string*>(ref)->clear();
     return absl::OkStatus();
-  } else if (value.IsSequence() && std::holds_alternative<StringList*>(ref)) {
+  } else if (value.IsSequence() && (std::holds_alternative<StringList*>(ref) ||
+                                    std::holds_alternative<ChoiceListRef>(ref))) {
     StringList list;
     for (const YAML::Node& item : value) {
       if (!item.IsScalar()) {
@@ -772,8 +890,13 @@ absl::Status AssignNode(const Field& field, const YAML::Node& value, const std::
       list.push_back(item.Scalar());
     }
     if (problem.empty()) {
-      *std::get<StringList*>(ref) = std::move(list);
-      return absl::OkStatus();
+      if (const auto* choice = std::get_if<ChoiceListRef>(&ref)) {
+        if (Assign::AssignChoiceList(*choice, list)) return absl::OkStatus();
+        problem = absl::StrCat("[", absl::StrJoin(list, ", "), "]");
+      } else {
+        *std::get<StringList*>(ref) = std::move(list);
+        return absl::OkStatus();
+      }
     }
   } else {
     problem = NodeKind(value);
@@ -928,9 +1051,12 @@ std::string ConfigToYaml(const Config& config) {
       node.reset(child);  // re-seat, not assign: assignment would overwrite
     }
     const FieldRef ref = field.get(readable);
-    if (const auto* list = std::get_if<StringList*>(&ref)) {
+    if (std::holds_alternative<StringList*>(ref) || std::holds_alternative<ChoiceListRef>(ref)) {
+      const StringList items = std::holds_alternative<StringList*>(ref)
+                                   ? *std::get<StringList*>(ref)
+                                   : Format::Names(std::get<ChoiceListRef>(ref));
       YAML::Node sequence(YAML::NodeType::Sequence);
-      for (const std::string& item : **list) sequence.push_back(item);
+      for (const std::string& item : items) sequence.push_back(item);
       node[parts.back()] = sequence;
     } else {
       node[parts.back()] = std::visit(Format{}, ref);
@@ -974,7 +1100,8 @@ std::string ConfigReferenceMarkdown() {
       "\n"
       "Types: an integer; a non-negative integer; a number (finite); a boolean (`true` or "
       "`false`; YAML 1.1's `yes`/`no`/`on`/`off` too); a string; a list of names (a YAML list, "
-      "or `a,b` in an override).\n";
+      "or `a,b` in an override); one of the names listed (a named choice, refused at load "
+      "when it is none of them), or a list of them.\n";
   Config defaults;
   std::string section;
   for (const Field& field : Fields()) {

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "services/config_choices.h"
 
 namespace kappa::services {
 
@@ -59,13 +60,13 @@ struct Config {
 
   // --- task
   struct Task {
-    std::string kind = "arithmetic";   // arithmetic | jsonl
+    TaskKind kind = TaskKind::kArithmetic;
     int64_t min_digits = 1;
     int64_t max_digits = 2;
     std::string operators = "+";       // subset of "+-*"
     int64_t train_size = 2000;
     int64_t heldout_size = 200;
-    std::string heldout_draw = "first";  // first | interleaved (tasks::HeldOutDraw)
+    HeldOutDraw heldout_draw = HeldOutDraw::kFirst;
     std::string train_path;            // jsonl only
     std::string heldout_path;          // jsonl only
     // jsonl: how a line maps to an example (tasks::JsonlOptions). messages_key
@@ -95,13 +96,13 @@ struct Config {
     std::string checkpoint;            // empty: bootstrap into data_dir/student
     // Parameters of the rollout workers' copies: auto (bf16 on CUDA, fp32 on
     // the CPU) | bfloat16 | float32. The learner keeps fp32 master weights.
-    std::string dtype = "auto";
+    ModelDtype dtype = ModelDtype::kAuto;
     ModelShape shape;
     SftConfig bootstrap;               // weak warm start
   } student;
   struct Teacher {
     std::string checkpoint;            // empty: bootstrap into data_dir/teacher
-    std::string dtype = "auto";        // auto (bf16 on CUDA, fp32 on the CPU) | bfloat16 | float32
+    ModelDtype dtype = ModelDtype::kAuto;  // auto: bf16 on CUDA, fp32 on the CPU
     ModelShape shape;
     SftConfig bootstrap;               // strong teacher
     std::string address = "127.0.0.1:50052";
@@ -172,25 +173,20 @@ struct Config {
     // `stop`; such a response is stopped, not truncated). Strings with a
     // comma or surrounding spaces need the YAML list form, not key=value.
     std::vector<std::string> stop_strings;
-    // The decode path: "continuous" (rollout_worker/decode_engine.h: slots
-    // that rows join and leave step by step, one prefill per prompt, Verify
-    // and Score overlapped with decoding) or "static" (model::Sample over the
-    // items a worker holds, one batch that waits for its longest row).
-    std::string engine = "continuous";
     int64_t max_batch_rows = 0;  // engine slots; 0: max_outstanding × trainer.group_size
     // KV capacity of each slot in tokens (prompt + response), preallocated;
     // 0: grown to the longest sequence seen, up to max_position_embeddings.
     int64_t max_sequence_tokens = 0;
     int64_t top_k = 0;   // sample among the k most likely tokens; 0: off
     double min_p = 0.0;  // drop tokens below min_p × the top token's probability
-    // Precision of the policy weights on the wire: "auto" (the worker's
-    // student.dtype), "float32" or "bfloat16".
-    std::string weights_dtype = "auto";
+    // Precision of the policy weights on the wire: auto (the worker's
+    // student.dtype), float32 or bfloat16.
+    ModelDtype weights_dtype = ModelDtype::kAuto;
     // A version travels as a lossless delta against the one the worker holds.
     bool weight_delta = false;
     // "grpc" (WatchPolicy) or "c10d" (the learner's weight group, falling
     // back to WatchPolicy when it cannot form or closes).
-    std::string weight_transport = "grpc";
+    WeightTransport weight_transport = WeightTransport::kGrpc;
   } rollout;
 
   // --- training
@@ -202,7 +198,7 @@ struct Config {
     // lr_schedule: constant | cosine (to min_lr_ratio · lr at `steps`).
     double lr = 1e-3;
     int64_t warmup_steps = 0;
-    std::string lr_schedule = "constant";
+    Schedule lr_schedule = Schedule::kConstant;
     double min_lr_ratio = 0.0;
     double weight_decay = 0.0;
     double max_grad_norm = 1.0;
@@ -215,22 +211,21 @@ struct Config {
     // cosine (a linear warm-up over lambda_warmup_steps to λ, then a cosine
     // decay to lambda_min_ratio · λ at `steps`; CHORD and KDRL anneal their
     // distillation weight so).
-    std::string lambda_schedule = "constant";
+    Schedule lambda_schedule = Schedule::kConstant;
     int64_t lambda_warmup_steps = 0;
     double lambda_min_ratio = 0.0;
     double reward_weight = 1.0;        // w_R: 0 trains on distillation alone (OPD only)
-    std::string aggregation = "token-mean";
-    // reverse_kl | forward_kl | sampled_reverse_kl | topk_reverse_kl | topk_tail_reverse_kl
-    std::string distill_loss = "reverse_kl";
+    Aggregation aggregation = Aggregation::kTokenMean;
+    DistillLoss distill_loss = DistillLoss::kReverseKl;
     bool norm_std = true;
     // The std the advantage divides by: population (ddof 0, the default) |
     // sample (ddof 1, as verl, TRL and OpenRLHF); docs/algorithms.md §2.1.
-    std::string advantage_std = "population";
+    AdvantageStd advantage_std = AdvantageStd::kPopulation;
     // Responses that hit their token budget without a stop id or string:
     // keep (train on them as they are; verl's default) | mask (their tokens
     // leave L_R and L_D, their reward still counts in the group's mean/std:
     // DAPO's overlong filtering) | zero_reward (reward 0 before advantages).
-    std::string truncated = "keep";
+    TruncatedResponses truncated = TruncatedResponses::kKeep;
     double clip_low = 0.2;
     double clip_high = 0.28;
     double dual_clip = 3.0;
@@ -241,11 +236,11 @@ struct Config {
     // fp32 | bf16: the teacher log-probs' precision on the wire. bf16 halves
     // the values' bytes (top-64 over V = 152k: 384 instead of 512 B/token)
     // at about 3 significant digits per log-prob; the learner computes in fp32.
-    std::string teacher_values = "fp32";
+    Precision teacher_values = Precision::kFloat32;
     // fp32 | bf16: bf16 runs the learner's forward passes under autocast
     // (matmuls in bfloat16; weights, gradients, optimizer state and loss
     // reductions in float32). For CUDA; on a CPU it is correct but slow.
-    std::string precision = "fp32";
+    Precision precision = Precision::kFloat32;
     // Gradient accumulation: > 0 splits each step's batch (this rank's share)
     // into micro-batches of at most this many sequences, bucketed by length
     // so each pads only to its own longest; one optimizer step over the sum.
@@ -264,16 +259,17 @@ struct Config {
     uint64_t seed = 0;
     // Which samples the distillation term sees: none (GRPO only) | all (naive
     // hybrid) | rstg (negative zero-variance groups, see rstg.*).
-    std::string distill_gate = "all";
+    DistillGate distill_gate = DistillGate::kAll;
     // Gradient balancing (docs/algorithms.md §4): [naive] or any of m3_norm, m3_mask,
     // m3_project, m3_adapt (m3_norm and m3_adapt exclude each other).
-    std::vector<std::string> balance = {"naive"};
+    std::vector<BalanceMethod> balance = {BalanceMethod::kNaive};
     double kappa_target = 1.0;         // m3_norm / m3_adapt: ‖g_R‖ / ‖scaled g_D‖
   } trainer;
 
   struct M3 {
-    std::string mask_target = "reward";   // reward | distill: the term dropped where K_DR < 0
-    std::string mask_estimator = "logit"; // logit | last_layer (same sign; differ when soft)
+    MaskTarget mask_target = MaskTarget::kReward;  // the term dropped where K_DR < 0
+    KdrEstimator mask_estimator =
+        KdrEstimator::kLogit;             // logit | last_layer (same sign; differ when soft)
     double mask_temperature = 0.0;        // 0: hard mask; τ > 0: weight σ(K_DR / τ)
     double adapt_gain = 0.5;              // λ ← λ · (κ_eff_ema / κ_target)^gain, per step
     double adapt_ema = 0.1;               // EMA coefficient of κ_eff
@@ -283,8 +279,9 @@ struct Config {
   } m3;
 
   struct Rstg {
-    std::string confidence = "max_prob";    // max_prob: mean_t max_v q | token_prob: exp(mean_t log q(y_t))
-    std::string token_selector = "entropy"; // entropy | divergence
+    RstgConfidence confidence =
+        RstgConfidence::kMaxProb;  // max_prob: mean_t max_v q | token_prob: exp(mean_t log q(y_t))
+    RstgTokenSelector token_selector = RstgTokenSelector::kEntropy;
     double token_frac = 0.5;                // keep the top fraction of gated tokens
     double entropy_threshold = -1.0;        // >= 0: keep H(p_n) >= threshold instead of token_frac
     double divergence_threshold = -1.0;     // >= 0: keep ℓ_D(n) >= threshold instead of token_frac
@@ -296,7 +293,7 @@ struct Config {
   struct Monitor {
     int64_t kappa_every = 1;           // steps between κ measurements (0: never)
     int64_t kdr_every = 1;             // steps between cheap K_DR measurements (0: never)
-    std::string kdr_estimator = "last_layer";  // last_layer | logit: the one the statistics use
+    KdrEstimator kdr_estimator = KdrEstimator::kLastLayer;  // the one the statistics use
     int64_t kdr_exact_every = 0;       // opt-in: steps between exact K_DR samples (0: never)
     int64_t kdr_exact_positions = 32;  // positions per exact sample
     // The conflict atlas: the positions with the most negative K_DR of each

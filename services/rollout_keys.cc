@@ -1,10 +1,10 @@
-#include "rollout_worker/rollout_settings.h"
+#include "services/rollout_keys.h"
 
 #include <string>
 
 #include "absl/strings/str_cat.h"
 
-namespace kappa::rollout {
+namespace kappa::services {
 namespace {
 
 absl::Status Bad(const std::string& key, const std::string& value, const std::string& allowed) {
@@ -14,11 +14,8 @@ absl::Status Bad(const std::string& key, const std::string& value, const std::st
 
 }  // namespace
 
-absl::Status ValidateRolloutSettings(const services::Config& config) {
-  const services::Config::Rollout& r = config.rollout;
-  if (r.engine != "continuous" && r.engine != "static") {
-    return Bad("engine", "'" + r.engine + "'", "use continuous or static");
-  }
+absl::Status ValidateRolloutKeys(const Config& config) {
+  const Config::Rollout& r = config.rollout;
   if (r.max_batch_rows < 0) {
     return Bad("max_batch_rows", std::to_string(r.max_batch_rows), "slots, >= 0; 0: M·G");
   }
@@ -30,12 +27,6 @@ absl::Status ValidateRolloutSettings(const services::Config& config) {
   if (!(r.top_p > 0 && r.top_p <= 1)) return Bad("top_p", std::to_string(r.top_p), "in (0, 1]");
   if (r.top_k < 0) return Bad("top_k", std::to_string(r.top_k), ">= 0; 0: off");
   if (!(r.min_p >= 0 && r.min_p <= 1)) return Bad("min_p", std::to_string(r.min_p), "in [0, 1]");
-  if (r.weight_transport != "grpc" && r.weight_transport != "c10d" && r.weight_transport != "shm" &&
-      r.weight_transport != "auto") {
-    return Bad("weight_transport", "'" + r.weight_transport + "'",
-               "use grpc, c10d, shm (the learner's host only) or auto (shm when on the "
-               "learner's host, else grpc)");
-  }
   if (config.learner.weight_group_workers < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "config key 'learner.weight_group_workers': ", config.learner.weight_group_workers,
@@ -44,4 +35,4 @@ absl::Status ValidateRolloutSettings(const services::Config& config) {
   return absl::OkStatus();
 }
 
-}  // namespace kappa::rollout
+}  // namespace kappa::services

@@ -6,6 +6,7 @@
 #include <torch/torch.h>
 
 #include <mutex>
+#include <stdexcept>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -51,13 +52,16 @@ absl::StatusOr<torch::Device> ResolveDevice(const std::string& name, const std::
   return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(index));
 }
 
-absl::StatusOr<torch::ScalarType> ResolveModelDtype(const std::string& name, const std::string& key,
-                                                    const torch::Device& device) {
-  if (name == "auto") return device.is_cuda() ? torch::kBFloat16 : torch::kFloat32;
-  if (name == "bfloat16") return torch::kBFloat16;
-  if (name == "float32") return torch::kFloat32;
-  return absl::InvalidArgumentError(
-      absl::StrCat(key, ": '", name, "' is not a model dtype (auto | bfloat16 | float32)"));
+torch::ScalarType ResolveModelDtype(ModelDtype dtype, const torch::Device& device) {
+  switch (dtype) {
+    case ModelDtype::kAuto:
+      return device.is_cuda() ? torch::kBFloat16 : torch::kFloat32;
+    case ModelDtype::kFloat32:
+      return torch::kFloat32;
+    case ModelDtype::kBFloat16:
+      return torch::kBFloat16;
+  }
+  throw std::logic_error("unreachable");
 }
 
 }  // namespace kappa::services

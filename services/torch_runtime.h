@@ -8,6 +8,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "services/config_choices.h"
 
 namespace kappa::services {
 
@@ -36,10 +37,9 @@ void ReleaseFreedHeap();
 // and this libtorch has no CUDA device (a CPU build, or no GPU visible).
 absl::StatusOr<torch::Device> ResolveDevice(const std::string& name, const std::string& key);
 
-// The parameter dtype a config key names for a model that runs on `device`:
-// "bfloat16", "float32", or "auto" (bfloat16 on CUDA, float32 on the CPU,
-// where bf16 matmuls are slow). INVALID_ARGUMENT naming `key` otherwise.
-absl::StatusOr<torch::ScalarType> ResolveModelDtype(const std::string& name, const std::string& key,
-                                                    const torch::Device& device);
+// The parameter dtype of a model that runs on `device`: bfloat16, float32,
+// or for kAuto bfloat16 on CUDA and float32 on the CPU (where bf16 matmuls
+// are slow).
+torch::ScalarType ResolveModelDtype(ModelDtype dtype, const torch::Device& device);
 
 }  // namespace kappa::services

@@ -63,15 +63,11 @@ int Serve(const kappa::services::CommonFlags& flags) {
     spdlog::error("teacher: {}", device.status().ToString());
     return 2;
   }
-  absl::StatusOr<torch::ScalarType> dtype =
-      kappa::services::ResolveModelDtype(config->teacher.dtype, "teacher.dtype", *device);
-  if (!dtype.ok()) {
-    spdlog::error("teacher: {}", dtype.status().ToString());
-    return 2;
-  }
+  const torch::ScalarType dtype =
+      kappa::services::ResolveModelDtype(config->teacher.dtype, *device);
   absl::StatusOr<kappa::model::Decoder> model =
       kappa::base::CaptureExceptions(absl::StrCat("cannot load checkpoint ", checkpoint), [&] {
-        kappa::model::Decoder decoder = kappa::model::LoadCheckpoint(checkpoint, {*device, *dtype});
+        kappa::model::Decoder decoder = kappa::model::LoadCheckpoint(checkpoint, {*device, dtype});
         // Distributions over the tokenizer.json's ids only: padded embedding
         // rows get no mass in Score and are never generated
         // (docs/algorithms.md). kappa's toy checkpoints carry no tokenizer
@@ -92,7 +88,7 @@ int Serve(const kappa::services::CommonFlags& flags) {
   spdlog::info(
       "loaded teacher '{}' from {} on {} in {}: vocab {} (scores ids below {}), {} "
       "layers, hidden {}",
-      options.model_name, checkpoint, device->str(), c10::toString(*dtype), model_config.vocab_size,
+      options.model_name, checkpoint, device->str(), c10::toString(dtype), model_config.vocab_size,
       options.vocab_limit > 0 ? options.vocab_limit : model_config.vocab_size,
       model_config.num_hidden_layers, model_config.hidden_size);
   absl::StatusOr<std::unique_ptr<kappa::teacher::TeacherService>> created =

@@ -138,7 +138,7 @@ TEST(BootstrapKeyTest, ChangesWithWhatDeterminesTheWeights) {
   EXPECT_NE(BootstrapKey(more_data, Role::kStudent), student);
 
   services::Config interleaved = config;
-  interleaved.task.heldout_draw = "interleaved";  // another training split
+  interleaved.task.heldout_draw = services::HeldOutDraw::kInterleaved;  // another training split
   EXPECT_NE(BootstrapKey(interleaved, Role::kStudent), student);
 
   services::Config longer_sft = config;

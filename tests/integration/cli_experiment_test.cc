@@ -107,9 +107,12 @@ TEST_F(ExperimentTest, ParsesAGoodFile) {
   EXPECT_EQ(listy.runs_dir, "/out/runs");
   EXPECT_EQ(listy.seed, 1u);
   EXPECT_EQ(listy.trainer.steps, 20);
-  EXPECT_EQ(listy.trainer.balance, (std::vector<std::string>{"m3_norm", "m3_project"}));
+  EXPECT_EQ(listy.trainer.balance,
+            (std::vector<services::BalanceMethod>{services::BalanceMethod::kM3Norm,
+                                                  services::BalanceMethod::kM3Project}));
   EXPECT_DOUBLE_EQ(listy.trainer.lambda, 0.5);
-  EXPECT_EQ((*configs)[0].trainer.balance, (std::vector<std::string>{"naive"}));
+  EXPECT_EQ((*configs)[0].trainer.balance,
+            (std::vector<services::BalanceMethod>{services::BalanceMethod::kNaive}));
 }
 
 TEST_F(ExperimentTest, QuickReplacesSeedsAndAppendsOverrides) {
@@ -281,16 +284,19 @@ TEST_F(ExperimentTest, ShippedAblationFileIsValid) {
     }
     return (*configs)[0];
   };
-  EXPECT_EQ(config_of("grpo_only").trainer.distill_gate, "none");
+  EXPECT_EQ(config_of("grpo_only").trainer.distill_gate, services::DistillGate::kNone);
   EXPECT_EQ(config_of("grpo_only").trainer.steps, 250);
   EXPECT_EQ(config_of("grpo_only").trainer.eval_every, 125);
   EXPECT_EQ(config_of("opd_only").trainer.reward_weight, 0.0);
-  EXPECT_EQ(config_of("naive").trainer.balance, (std::vector<std::string>{"naive"}));
+  EXPECT_EQ(config_of("naive").trainer.balance,
+            (std::vector<services::BalanceMethod>{services::BalanceMethod::kNaive}));
   EXPECT_DOUBLE_EQ(config_of("naive_high_kappa").trainer.lambda, 0.002);
-  EXPECT_EQ(config_of("m3_mask").trainer.balance, (std::vector<std::string>{"m3_mask"}));
+  EXPECT_EQ(config_of("m3_mask").trainer.balance,
+            (std::vector<services::BalanceMethod>{services::BalanceMethod::kM3Mask}));
   EXPECT_EQ(config_of("m3_norm_project").trainer.balance,
-            (std::vector<std::string>{"m3_norm", "m3_project"}));
-  EXPECT_EQ(config_of("rstg").trainer.distill_gate, "rstg");
+            (std::vector<services::BalanceMethod>{services::BalanceMethod::kM3Norm,
+                                                  services::BalanceMethod::kM3Project}));
+  EXPECT_EQ(config_of("rstg").trainer.distill_gate, services::DistillGate::kRstg);
   // Every arm shares the base's bootstrap cache.
   for (const services::Config& config : *configs) {
     EXPECT_EQ(config.data_dir, (*configs)[0].data_dir);
@@ -331,15 +337,16 @@ TEST_F(ExperimentTest, ShippedScienceExperimentsAreValid) {
     for (const services::Config& config : *configs) {
       EXPECT_EQ(config.task.heldout_size, 1000);
       EXPECT_EQ(config.trainer.eval_examples, 1000);
-      EXPECT_EQ(config.task.heldout_draw, "interleaved");
+      EXPECT_EQ(config.task.heldout_draw, services::HeldOutDraw::kInterleaved);
       EXPECT_EQ(config.trainer.steps, file.steps);
     }
     if (file.file == "unreliable_teacher.yaml") {
       EXPECT_EQ((*configs)[0].teacher.bootstrap.corrupt, "hundreds_plus_one");
-      EXPECT_EQ((*configs)[3].trainer.distill_gate, "none");  // grpo_only
+      EXPECT_EQ((*configs)[3].trainer.distill_gate, services::DistillGate::kNone);  // grpo_only
     } else if (file.file == "kappa_regimes.yaml") {
       EXPECT_DOUBLE_EQ((*configs)[4 * 3].trainer.lambda, 0.001);  // naive_l0.001
-      EXPECT_EQ((*configs)[9 * 3].trainer.balance, (std::vector<std::string>{"m3_norm"}));
+      EXPECT_EQ((*configs)[9 * 3].trainer.balance,
+                (std::vector<services::BalanceMethod>{services::BalanceMethod::kM3Norm}));
       EXPECT_DOUBLE_EQ((*configs)[9 * 3].trainer.kappa_target, 50.0);
     } else if (file.file == "second_task.yaml") {
       EXPECT_EQ((*configs)[0].task.operators, "+-");
@@ -349,25 +356,29 @@ TEST_F(ExperimentTest, ShippedScienceExperimentsAreValid) {
     } else if (file.file == "teacher_error.yaml") {
       EXPECT_EQ((*configs)[0].teacher.bootstrap.corrupt, "hundreds_plus_one");
       EXPECT_EQ((*configs)[0].monitor.kdr_exact_every, 25);
-      EXPECT_EQ((*configs)[4 * 3].m3.mask_target, "distill");          // m3_mask_distill
-      EXPECT_EQ((*configs)[3 * 3].trainer.lambda_schedule, "cosine");  // lambda_cosine
+      EXPECT_EQ((*configs)[4 * 3].m3.mask_target,
+                services::MaskTarget::kDistill);  // m3_mask_distill
+      EXPECT_EQ((*configs)[3 * 3].trainer.lambda_schedule,
+                services::Schedule::kCosine);  // lambda_cosine
     } else if (file.file == "mirror_control.yaml") {
       EXPECT_EQ((*configs)[0].student.bootstrap.corrupt, "hundreds_plus_one");
       EXPECT_TRUE((*configs)[0].teacher.bootstrap.corrupt.empty());
       EXPECT_DOUBLE_EQ((*configs)[0].student.bootstrap.corrupt_fraction, 0.8);
     } else if (file.file == "silent_grpo.yaml") {
       EXPECT_DOUBLE_EQ((*configs)[0].teacher.bootstrap.target_accuracy, 0.78);
-      EXPECT_EQ((*configs)[3 * 3].rstg.token_selector, "union");  // rstg_union
+      EXPECT_EQ((*configs)[3 * 3].rstg.token_selector,
+                services::RstgTokenSelector::kUnion);  // rstg_union
     } else if (file.file == "kappa_threshold.yaml") {
       EXPECT_DOUBLE_EQ((*configs)[3 * 3].trainer.lambda, 1e-5);
-      EXPECT_EQ((*configs)[6 * 3].trainer.balance, (std::vector<std::string>{"m3_adapt"}));
+      EXPECT_EQ((*configs)[6 * 3].trainer.balance,
+                (std::vector<services::BalanceMethod>{services::BalanceMethod::kM3Adapt}));
       EXPECT_EQ((*configs)[7 * 3].seed, 2u);  // naive_l1_draw2
       ASSERT_TRUE(spec->trend);
       EXPECT_EQ(spec->trend->arms.size(), 4u);
       EXPECT_TRUE(spec->trend->log10);
     } else {
       EXPECT_EQ((*configs)[0].student.bootstrap.steps, 200);
-      EXPECT_EQ((*configs)[3].trainer.distill_gate, "rstg");
+      EXPECT_EQ((*configs)[3].trainer.distill_gate, services::DistillGate::kRstg);
     }
     ASSERT_TRUE(ApplyQuick(&*spec).ok());
     configs = ResolveRunConfigs(*spec, PlanRuns(*spec, dir_));

@@ -49,8 +49,8 @@ PlanInputs VocabScaleBench(int64_t layers, int64_t rows, bool full, int64_t chun
   c.trainer.micro_batch_sequences = 0;
   c.trainer.vocab_chunk_positions = chunk;
   c.trainer.activation_checkpointing = ckpt;
-  c.trainer.precision = "fp32";
-  c.trainer.teacher_values = "fp32";
+  c.trainer.precision = services::Precision::kFloat32;
+  c.trainer.teacher_values = services::Precision::kFloat32;
   c.trainer.distill_topk = 64;
   c.monitor.kappa_every = 1;
   c.rollout.max_new_tokens = 448;
@@ -138,7 +138,7 @@ TEST(MemoryPlanTest, FullTeacherRowsAtARealVocabularyExceedTheDefaultMessageLimi
 
   // Top-64 bf16 rows: 388 B per token on the wire.
   in.teacher_rows = TeacherRows::kTopK;
-  in.config.trainer.teacher_values = "bf16";
+  in.config.trainer.teacher_values = services::Precision::kBFloat16;
   EXPECT_LT(PlanMemory(in).messages.front().bytes, 4 * 64 * 420 + 4096);
   EXPECT_TRUE(CheckPlanFits(PlanMemory(in), in.config, {}).ok());
 }
@@ -174,7 +174,8 @@ TEST(MemoryPlanTest, SharedMemoryTransportCountsThreeVersionsOfDevShm) {
   };
   EXPECT_EQ(shm_bytes(PlanMemory(in)), 0);  // grpc, the default
   for (const char* transport : {"shm", "auto"}) {
-    in.config.rollout.weight_transport = transport;
+    in.config.rollout.weight_transport =
+        *services::ChoiceNamed<services::WeightTransport>(transport);
     EXPECT_EQ(shm_bytes(PlanMemory(in)), 3 * Qwen05(24).Parameters() * 2) << transport;
   }
 }

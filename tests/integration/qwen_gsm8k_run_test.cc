@@ -199,15 +199,15 @@ TEST_F(QwenGsm8kRunTest, ConfigParsesAndNamesTheMissingCheckpoints) {
   absl::StatusOr<services::Config> config = services::LoadConfig(kConfig, {});
   ASSERT_TRUE(config.ok()) << config.status();
   // What the file promises (docs/running.md's throughput settings).
-  EXPECT_EQ(config->task.kind, "jsonl");
+  EXPECT_EQ(config->task.kind, services::TaskKind::kJsonl);
   EXPECT_EQ(config->task.format, "gsm8k");
   EXPECT_EQ(config->learner.device, "cuda");
   EXPECT_EQ(config->teacher.device, "cuda");
   EXPECT_EQ(config->rollout.device, "cuda");
-  EXPECT_EQ(config->trainer.precision, "bf16");
-  EXPECT_EQ(config->trainer.distill_loss, "topk_tail_reverse_kl");
+  EXPECT_EQ(config->trainer.precision, services::Precision::kBFloat16);
+  EXPECT_EQ(config->trainer.distill_loss, services::DistillLoss::kTopkTailReverseKl);
   EXPECT_EQ(config->trainer.distill_topk, 64);
-  EXPECT_EQ(config->trainer.teacher_values, "bf16");
+  EXPECT_EQ(config->trainer.teacher_values, services::Precision::kBFloat16);
   EXPECT_EQ(config->trainer.vocab_chunk_positions, 1024);
   EXPECT_TRUE(config->trainer.activation_checkpointing);
   EXPECT_GT(config->trainer.micro_batch_sequences, 0);

@@ -38,7 +38,7 @@ absl::StatusOr<HybridStepConfig> StepFor(const std::vector<std::string>& overrid
 }
 
 TEST(AdvantageStd, DefaultIsThePopulationStd) {
-  EXPECT_EQ(services::Config().trainer.advantage_std, "population");
+  EXPECT_EQ(services::Config().trainer.advantage_std, services::AdvantageStd::kPopulation);
   absl::StatusOr<HybridStepConfig> step = StepFor({});
   ASSERT_TRUE(step.ok()) << step.status();
   EXPECT_EQ(step->advantage_std, AdvantageStd::kPopulation);

@@ -63,7 +63,7 @@ std::vector<ScoredGroup> Decoded() {
 // The policy a run configuration with trainer.truncated=`value` trains with.
 TruncatedResponses PolicyFor(const std::string& value) {
   services::Config config;
-  config.trainer.truncated = value;
+  config.trainer.truncated = *services::ChoiceNamed<services::TruncatedResponses>(value);
   absl::StatusOr<HybridStepConfig> step = MakeHybridStepConfig(config);
   EXPECT_TRUE(step.ok()) << step.status();
   return step->truncated;
@@ -147,15 +147,15 @@ TEST(TruncatedResponses, EveryResponseMaskedGivesAZeroStepNotANaN) {
 }
 
 TEST(TruncatedResponses, ABadValueIsRefusedNamingTheKey) {
-  services::Config config;
-  config.trainer.truncated = "drop";
-  const absl::StatusOr<HybridStepConfig> step = MakeHybridStepConfig(config);
-  ASSERT_FALSE(step.ok());
-  EXPECT_EQ(step.status().code(), absl::StatusCode::kInvalidArgument);
-  const std::string message(step.status().message());
+  const absl::StatusOr<services::Config> config =
+      services::ParseConfig("", "run.yaml", {"trainer.truncated=drop"});
+  ASSERT_FALSE(config.ok());
+  EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument);
+  const std::string message(config.status().message());
   EXPECT_NE(message.find("trainer.truncated"), std::string::npos) << message;
   EXPECT_NE(message.find("zero_reward"), std::string::npos) << message;
-  EXPECT_EQ(services::Config().trainer.truncated, "keep");  // verl's default
+  EXPECT_EQ(services::Config().trainer.truncated,
+            services::TruncatedResponses::kKeep);  // verl's default
 }
 
 }  // namespace

@@ -12,8 +12,8 @@ namespace {
 
 services::Config Base() {
   services::Config config;
-  config.trainer.distill_gate = "all";
-  config.trainer.distill_loss = "reverse_kl";
+  config.trainer.distill_gate = services::DistillGate::kAll;
+  config.trainer.distill_loss = services::DistillLoss::kReverseKl;
   config.trainer.lambda = 1.0;
   return config;
 }
@@ -21,42 +21,42 @@ services::Config Base() {
 TEST(WorkConfig, TeacherFormFollowsTheLoss) {
   services::Config config = Base();
   EXPECT_EQ(TeacherFormFor(config), kappa::v1::SCORE_FORM_FULL);
-  config.trainer.distill_loss = "forward_kl";
+  config.trainer.distill_loss = services::DistillLoss::kForwardKl;
   EXPECT_EQ(TeacherFormFor(config), kappa::v1::SCORE_FORM_FULL);
   // Only the teacher's top-k cross the wire.
-  config.trainer.distill_loss = "topk_reverse_kl";
+  config.trainer.distill_loss = services::DistillLoss::kTopkReverseKl;
   EXPECT_EQ(TeacherFormFor(config), kappa::v1::SCORE_FORM_TOPK);
-  config.trainer.distill_loss = "sampled_reverse_kl";
+  config.trainer.distill_loss = services::DistillLoss::kSampledReverseKl;
   EXPECT_EQ(TeacherFormFor(config), kappa::v1::SCORE_FORM_SAMPLED);
 }
 
 TEST(WorkConfig, NoTeacherScoresWithoutDistillation) {
   services::Config config = Base();
-  config.trainer.distill_gate = "none";
+  config.trainer.distill_gate = services::DistillGate::kNone;
   EXPECT_EQ(TeacherFormFor(config), 0);
   config = Base();
   config.trainer.lambda = 0.0;
   EXPECT_EQ(TeacherFormFor(config), 0);
   // ... unless a balancer sets the distillation scale regardless of λ.
-  config.trainer.balance = {"m3_adapt"};
+  config.trainer.balance = {services::BalanceMethod::kM3Adapt};
   EXPECT_EQ(TeacherFormFor(config), kappa::v1::SCORE_FORM_FULL);
-  config.trainer.balance = {"m3_norm", "m3_project"};
+  config.trainer.balance = {services::BalanceMethod::kM3Norm, services::BalanceMethod::kM3Project};
   EXPECT_EQ(TeacherFormFor(config), kappa::v1::SCORE_FORM_FULL);
 }
 
 TEST(WorkConfig, RstgMaxProbConfidenceNeedsTheFullDistribution) {
   services::Config config = Base();
-  config.trainer.distill_gate = "rstg";
-  config.trainer.distill_loss = "sampled_reverse_kl";
-  config.rstg.confidence = "max_prob";
+  config.trainer.distill_gate = services::DistillGate::kRstg;
+  config.trainer.distill_loss = services::DistillLoss::kSampledReverseKl;
+  config.rstg.confidence = services::RstgConfidence::kMaxProb;
   EXPECT_EQ(TeacherFormFor(config), kappa::v1::SCORE_FORM_FULL);
-  config.rstg.confidence = "token_prob";
+  config.rstg.confidence = services::RstgConfidence::kTokenProb;
   EXPECT_EQ(TeacherFormFor(config), kappa::v1::SCORE_FORM_SAMPLED);
 }
 
 TEST(WorkConfig, TopkReverseKlAsksForTheTopkFormWithTheLossK) {
   services::Config config = Base();
-  config.trainer.distill_loss = "topk_reverse_kl";
+  config.trainer.distill_loss = services::DistillLoss::kTopkReverseKl;
   config.trainer.distill_topk = 5;
   EXPECT_EQ(TeacherTopKFor(config), 5);
   WorkTemplate work = WorkTemplateFor(config);
@@ -68,12 +68,12 @@ TEST(WorkConfig, TopkReverseKlAsksForTheTopkFormWithTheLossK) {
   EXPECT_EQ(expect.teacher_top_k, 5);
 
   // RSTG's max_prob confidence reads the top-1: TOPK still suffices.
-  config.trainer.distill_gate = "rstg";
-  config.rstg.confidence = "max_prob";
+  config.trainer.distill_gate = services::DistillGate::kRstg;
+  config.rstg.confidence = services::RstgConfidence::kMaxProb;
   EXPECT_EQ(TeacherFormFor(config), kappa::v1::SCORE_FORM_TOPK);
   EXPECT_EQ(WorkTemplateFor(config).teacher_top_k, 5);
   // token_prob reads q(y_t), possibly outside the top-k: full rows.
-  config.rstg.confidence = "token_prob";
+  config.rstg.confidence = services::RstgConfidence::kTokenProb;
   EXPECT_EQ(TeacherFormFor(config), kappa::v1::SCORE_FORM_FULL);
   EXPECT_EQ(TeacherTopKFor(config), 0);
 
@@ -81,11 +81,11 @@ TEST(WorkConfig, TopkReverseKlAsksForTheTopkFormWithTheLossK) {
   config = Base();
   config.trainer.distill_topk = 5;
   for (const char* loss : {"reverse_kl", "forward_kl", "sampled_reverse_kl"}) {
-    config.trainer.distill_loss = loss;
+    config.trainer.distill_loss = *services::ChoiceNamed<services::DistillLoss>(loss);
     EXPECT_EQ(WorkTemplateFor(config).teacher_top_k, 0) << loss;
   }
-  config.trainer.distill_loss = "topk_reverse_kl";
-  config.trainer.distill_gate = "none";
+  config.trainer.distill_loss = services::DistillLoss::kTopkReverseKl;
+  config.trainer.distill_gate = services::DistillGate::kNone;
   work = WorkTemplateFor(config);
   EXPECT_EQ(work.teacher_form, 0);
   EXPECT_EQ(work.teacher_top_k, 0);
@@ -94,9 +94,9 @@ TEST(WorkConfig, TopkReverseKlAsksForTheTopkFormWithTheLossK) {
 TEST(WorkConfig, TeacherValuesAskForTheirWireDtype) {
   services::Config config = Base();
   EXPECT_EQ(WorkTemplateFor(config).teacher_value_dtype, kappa::v1::DTYPE_FLOAT32);
-  config.trainer.teacher_values = "bf16";
+  config.trainer.teacher_values = services::Precision::kBFloat16;
   EXPECT_EQ(WorkTemplateFor(config).teacher_value_dtype, kappa::v1::DTYPE_BFLOAT16);
-  config.trainer.teacher_values = "fp32";
+  config.trainer.teacher_values = services::Precision::kFloat32;
   EXPECT_EQ(WorkTemplateFor(config).teacher_value_dtype, kappa::v1::DTYPE_FLOAT32);
 }
 
@@ -106,9 +106,9 @@ TEST(WorkConfig, TeacherDemonstrationsOnlyForRstgWithSftWeight) {
   config.rstg.sft_weight = 0.1;
   config.rstg.teacher_temperature = 0.7;
   EXPECT_EQ(TeacherDemonstrationsFor(config), 0);  // gate "all"
-  config.trainer.distill_gate = "none";
+  config.trainer.distill_gate = services::DistillGate::kNone;
   EXPECT_EQ(TeacherDemonstrationsFor(config), 0);
-  config.trainer.distill_gate = "rstg";
+  config.trainer.distill_gate = services::DistillGate::kRstg;
   EXPECT_EQ(TeacherDemonstrationsFor(config), 5);
   config.rstg.sft_weight = 0.0;
   EXPECT_EQ(TeacherDemonstrationsFor(config), 0);

@@ -271,19 +271,22 @@ TEST_F(ShmSyncTest, AWorkerOnAnotherShmGetsChunksWithAutoAndIsRefusedWithShm) {
   EXPECT_EQ(required->fatal_status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
-TEST(ShmSettingsTest, WeightTransportValuesAreParsedAndABadOneIsNamed) {
+// (A name that is none of them is refused when the configuration loads:
+// services_config_test's EveryNamedChoiceRefusesAnUnknownValueByName.)
+TEST(ShmSettingsTest, WeightTransportValuesSetTheSyncOptions) {
+  using services::WeightTransport;
   WeightSyncOptions sync;
-  ASSERT_TRUE(ParseWeightTransport("shm", "rollout.weight_transport", &sync).ok());
+  SetWeightTransport(WeightTransport::kShm, &sync);
   EXPECT_EQ(sync.shm, Shm::kRequired);
-  ASSERT_TRUE(ParseWeightTransport("auto", "rollout.weight_transport", &sync).ok());
+  SetWeightTransport(WeightTransport::kAuto, &sync);
   EXPECT_EQ(sync.shm, Shm::kAuto);
   EXPECT_FALSE(sync.c10d);
-  ASSERT_TRUE(ParseWeightTransport("c10d", "rollout.weight_transport", &sync).ok());
+  SetWeightTransport(WeightTransport::kC10d, &sync);
   EXPECT_EQ(sync.shm, Shm::kOff);
   EXPECT_TRUE(sync.c10d);
-  const absl::Status bad = ParseWeightTransport("nfs", "rollout.weight_transport", &sync);
-  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(bad.message().find("rollout.weight_transport"), std::string::npos);
+  SetWeightTransport(WeightTransport::kGrpc, &sync);
+  EXPECT_EQ(sync.shm, Shm::kOff);
+  EXPECT_FALSE(sync.c10d);
 }
 
 // A full /dev/shm (Docker's default is 64 MiB): the learner's write fails

@@ -367,13 +367,13 @@ TEST(WeightGroupConfigTest, OptionsComeFromTheKeysAndABadStoreIsNamed) {
             std::string::npos)
       << bad.status();
   config.learner.weight_group_store = "tcp://127.0.0.1:29500";
-  config.student.dtype = "bfloat16";
+  config.student.dtype = services::ModelDtype::kBFloat16;
   absl::StatusOr<std::optional<WeightBroadcastOptions>> options =
       learner::WeightBroadcastOptionsFromConfig(config, torch::kCPU);
   ASSERT_TRUE(options.ok()) << options.status();
   EXPECT_EQ((*options)->workers, 3);
   EXPECT_EQ((*options)->dtype, torch::kBFloat16);  // auto: the workers' student.dtype
-  config.rollout.weights_dtype = "float32";
+  config.rollout.weights_dtype = services::ModelDtype::kFloat32;
   EXPECT_EQ((*learner::WeightBroadcastOptionsFromConfig(config, torch::kCPU))->dtype,
             torch::kFloat32);
 }

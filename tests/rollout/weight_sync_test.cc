@@ -207,25 +207,20 @@ TEST_F(WeightSyncTest, ABfloat16SnapshotTravelsAsItIsAndFloat32IsRefused) {
 TEST(WeightSyncConfigTest, TheSnapshotIsBfloat16OnlyWhenEveryWorkerAsksForIt) {
   services::Config config;
   EXPECT_EQ(learner::PolicySnapshotDtype(config), torch::kFloat32);  // auto, auto
-  config.student.dtype = "bfloat16";
+  config.student.dtype = services::ModelDtype::kBFloat16;
   EXPECT_EQ(learner::PolicySnapshotDtype(config), torch::kBFloat16);  // auto follows the model
-  config.rollout.weights_dtype = "float32";
+  config.rollout.weights_dtype = services::ModelDtype::kFloat32;
   EXPECT_EQ(learner::PolicySnapshotDtype(config), torch::kFloat32);
-  config.student.dtype = "auto";  // a worker resolves it on its own host
-  config.rollout.weights_dtype = "bfloat16";
+  config.student.dtype = services::ModelDtype::kAuto;  // a worker resolves it on its own host
+  config.rollout.weights_dtype = services::ModelDtype::kBFloat16;
   EXPECT_EQ(learner::PolicySnapshotDtype(config), torch::kBFloat16);
 }
 
-TEST(WeightSyncConfigTest, WeightsDtypeValuesAreParsedAndABadOneIsNamed) {
-  EXPECT_FALSE(ParseWeightsDtype("auto", "rollout.weights_dtype")->has_value());
-  EXPECT_EQ(**ParseWeightsDtype("float32", "rollout.weights_dtype"), torch::kFloat32);
-  EXPECT_EQ(**ParseWeightsDtype("bfloat16", "rollout.weights_dtype"), torch::kBFloat16);
-  absl::StatusOr<std::optional<c10::ScalarType>> bad =
-      ParseWeightsDtype("fp8", "rollout.weights_dtype");
-  ASSERT_FALSE(bad.ok());
-  EXPECT_NE(bad.status().message().find("rollout.weights_dtype: 'fp8' is not one of"),
-            std::string::npos)
-      << bad.status();
+// (A name that is none of them is refused when the configuration loads.)
+TEST(WeightSyncConfigTest, WeightsDtypeValuesAreTheWireDtype) {
+  EXPECT_FALSE(WeightsDtype(services::ModelDtype::kAuto).has_value());
+  EXPECT_EQ(*WeightsDtype(services::ModelDtype::kFloat32), torch::kFloat32);
+  EXPECT_EQ(*WeightsDtype(services::ModelDtype::kBFloat16), torch::kBFloat16);
   EXPECT_EQ(WireDtype({}, torch::kBFloat16), torch::kBFloat16);
   EXPECT_EQ(WireDtype({}, torch::kFloat16), torch::kFloat32);
   EXPECT_EQ(WireDtype({torch::kBFloat16, false}, torch::kFloat32), torch::kBFloat16);
@@ -243,7 +238,8 @@ TEST(WeightSyncConfigTest, TheWorkerBinaryRefusesABadWeightsDtypeAtStartUp) {
   const int status = pclose(pipe);
   ASSERT_TRUE(WIFEXITED(status)) << output;
   EXPECT_EQ(WEXITSTATUS(status), 2) << output;
-  EXPECT_NE(output.find("rollout.weights_dtype: 'fp16' is not one of auto, float32, bfloat16"),
+  EXPECT_NE(output.find("key 'rollout.weights_dtype' expects one of auto, float32, bfloat16, "
+                        "got 'fp16'"),
             std::string::npos)
       << output;
 }

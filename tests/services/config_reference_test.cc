@@ -72,7 +72,9 @@ TEST(ConfigReferenceTest, RowsCarryTypeAndDefault) {
            "| `trainer.norm_std` | boolean | `true` | ",
            "| `name` | string | `demo` | ",
            "| `task.train_path` | string | `\"\"` | ",
-           "| `trainer.balance` | list of names | `[naive]` | ",
+           "| `trainer.balance` | list of `naive`, `m3_norm`, `m3_mask`, `m3_project`, `m3_adapt` "
+           "| `[naive]` | ",
+           "| `trainer.distill_gate` | one of `none`, `all`, `rstg` | `all` | ",
            "| `rollout.stop_strings` | list of names | `[]` | ",
        }) {
     EXPECT_NE(reference.find(row), std::string::npos) << row;

@@ -5,6 +5,11 @@
 #include <cstdio>
 #include <fstream>
 #include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_split.h"
 
 namespace kappa::services {
 namespace {
@@ -55,7 +60,7 @@ verifier:
   EXPECT_EQ(config->trainer.steps, 10);
   EXPECT_FALSE(config->trainer.norm_std);
   EXPECT_DOUBLE_EQ(config->trainer.lambda, 0.5);
-  EXPECT_EQ(config->trainer.aggregation, "seq-mean-token-mean");
+  EXPECT_EQ(config->trainer.aggregation, services::Aggregation::kSeqMeanTokenMean);
 }
 
 TEST(ConfigTest, UnknownKeyNamesFileLineAndPath) {
@@ -162,7 +167,7 @@ TEST(ConfigTest, YamlRoundTrip) {
   config.rollout.top_p = 0.95;
   // Stop strings keep commas, spaces, newlines and quotes through the YAML.
   config.rollout.stop_strings = {"</answer>", "a, b", "\n\n", " 'q' "};
-  config.trainer.truncated = "mask";
+  config.trainer.truncated = services::TruncatedResponses::kMask;
   const std::string yaml = ConfigToYaml(config);
   absl::StatusOr<Config> parsed = ParseConfig(yaml, "dump.yaml");
   ASSERT_TRUE(parsed.ok()) << parsed.status() << "\n" << yaml;
@@ -179,19 +184,19 @@ TEST(ConfigTest, YamlRoundTrip) {
   EXPECT_EQ(parsed->trainer.steps, -5);
   EXPECT_EQ(parsed->rollout.top_p, 0.95);
   EXPECT_EQ(parsed->rollout.stop_strings, config.rollout.stop_strings);
-  EXPECT_EQ(parsed->trainer.truncated, "mask");
+  EXPECT_EQ(parsed->trainer.truncated, services::TruncatedResponses::kMask);
 }
 
 TEST(ConfigTest, StopStringsAndTruncatedKeys) {
   EXPECT_TRUE(Config().rollout.stop_strings.empty());
-  EXPECT_EQ(Config().trainer.truncated, "keep");
+  EXPECT_EQ(Config().trainer.truncated, services::TruncatedResponses::kKeep);
   absl::StatusOr<Config> config = ParseConfig(
       "rollout:\n  stop_strings: [\"</answer>\", \"User:\"]\n"
       "trainer:\n  truncated: zero_reward\n",
       "run.yaml", {"rollout.max_new_tokens=64"});
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_EQ(config->rollout.stop_strings, (std::vector<std::string>{"</answer>", "User:"}));
-  EXPECT_EQ(config->trainer.truncated, "zero_reward");
+  EXPECT_EQ(config->trainer.truncated, services::TruncatedResponses::kZeroReward);
   config = ParseConfig("", "run.yaml", {"rollout.stop_strings=[\"\\n\\n\", \"END\"]"});
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_EQ(config->rollout.stop_strings, (std::vector<std::string>{"\n\n", "END"}));
@@ -209,6 +214,69 @@ TEST(ConfigTest, YamlListsEveryKey) {
     // Each key also works as an override of its own default.
   }
   EXPECT_NE(yaml.find("trainer:\n"), std::string::npos) << yaml;
+}
+
+// Every named choice of the configuration, with the spellings docs/
+// configuration.md promises for it (written out here, not read from the
+// key table): each spelling loads and writes back unchanged, and any other
+// text is refused at load, naming the key and every allowed spelling.
+TEST(ConfigTest, EveryNamedChoiceRefusesAnUnknownValueByName) {
+  const std::vector<std::pair<std::string, std::vector<std::string>>> kChoices = {
+      {"task.kind", {"arithmetic", "jsonl"}},
+      {"task.heldout_draw", {"first", "interleaved"}},
+      {"student.dtype", {"auto", "float32", "bfloat16"}},
+      {"teacher.dtype", {"auto", "float32", "bfloat16"}},
+      {"rollout.weights_dtype", {"auto", "float32", "bfloat16"}},
+      {"rollout.weight_transport", {"grpc", "c10d", "shm", "auto"}},
+      {"trainer.lr_schedule", {"constant", "cosine"}},
+      {"trainer.lambda_schedule", {"constant", "cosine"}},
+      {"trainer.aggregation", {"token-mean", "seq-mean-token-mean", "seq-mean-token-sum"}},
+      {"trainer.distill_loss",
+       {"reverse_kl", "forward_kl", "sampled_reverse_kl", "topk_reverse_kl",
+        "topk_tail_reverse_kl"}},
+      {"trainer.advantage_std", {"population", "sample"}},
+      {"trainer.truncated", {"keep", "mask", "zero_reward"}},
+      {"trainer.teacher_values", {"fp32", "bf16"}},
+      {"trainer.precision", {"fp32", "bf16"}},
+      {"trainer.distill_gate", {"none", "all", "rstg"}},
+      {"trainer.balance", {"naive", "m3_norm", "m3_mask", "m3_project", "m3_adapt"}},
+      {"m3.mask_target", {"reward", "distill"}},
+      {"m3.mask_estimator", {"last_layer", "logit"}},
+      {"monitor.kdr_estimator", {"last_layer", "logit"}},
+      {"rstg.confidence", {"max_prob", "token_prob"}},
+      {"rstg.token_selector", {"entropy", "divergence", "union"}},
+  };
+  for (const auto& [key, spellings] : kChoices) {
+    for (const std::string& spelling : spellings) {
+      absl::StatusOr<Config> config = ParseConfig("", "run.yaml", {key + "=" + spelling});
+      ASSERT_TRUE(config.ok()) << key << "=" << spelling << ": " << config.status();
+      EXPECT_NE(ConfigToYaml(*config).find(spelling), std::string::npos) << key;
+    }
+    std::string allowed;
+    for (const std::string& spelling : spellings) {
+      allowed += (allowed.empty() ? "" : ", ") + spelling;
+    }
+    for (const std::string& bad : {std::string("bogus"), absl::AsciiStrToUpper(spellings[0])}) {
+      const std::string message = Error(ParseConfig("", "run.yaml", {key + "=" + bad}));
+      EXPECT_NE(message.find("key '" + key + "'"), std::string::npos) << message;
+      EXPECT_NE(message.find(allowed), std::string::npos) << message;
+      EXPECT_NE(message.find("'" + bad + "'"), std::string::npos) << message;
+    }
+    // From a file too, naming the line.
+    const std::vector<std::string> parts = absl::StrSplit(key, '.');
+    const std::string yaml =
+        parts.size() == 1 ? key + ": bogus\n" : parts[0] + ":\n  " + parts[1] + ": bogus\n";
+    const std::string from_file = Error(ParseConfig(yaml, "run.yaml"));
+    EXPECT_EQ(
+        from_file.rfind("run.yaml:" + std::to_string(parts.size()) + ": key '" + key + "'", 0), 0u)
+        << from_file;
+  }
+  // A list of choices: every item is checked.
+  const std::string list =
+      Error(ParseConfig("trainer:\n  balance: [m3_norm, m3_nrom]\n", "run.yaml"));
+  EXPECT_NE(list.find("run.yaml:2: key 'trainer.balance' expects a list of naive, m3_norm"),
+            std::string::npos)
+      << list;
 }
 
 TEST(ConfigTest, LoadConfigFromFile) {
