@@ -4,6 +4,8 @@
 
 #include <vector>
 
+#include "services/service_main.h"
+
 namespace kappa::services {
 namespace {
 
@@ -58,6 +60,38 @@ TEST(CliFlagsTest, UsageMentionsEveryFlag) {
   for (const char* flag : {"--config", "--address", "--log-file", "--health-check", "--rank"}) {
     EXPECT_NE(usage.find(flag), std::string::npos) << flag;
   }
+}
+
+// The exit-code table of services/service_main.h.
+TEST(ServiceMainTest, ExitCodesSeparateConfigurationErrorsFromFailures) {
+  EXPECT_EQ(ExitCodeFor(absl::OkStatus(), "kappa-test"), 0);
+  EXPECT_EQ(ExitCodeFor(absl::UnavailableError("port in use"), "kappa-test"), 1);
+  // INVALID_ARGUMENT alone is not a configuration error: a checkpoint that
+  // does not parse is a failure of the run, not of its flags.
+  EXPECT_EQ(ExitCodeFor(absl::InvalidArgumentError("bad checkpoint"), "kappa-test"), 1);
+  const absl::Status bad_key = ConfigurationError(absl::InvalidArgumentError("trainer.x"));
+  EXPECT_TRUE(IsConfigurationError(bad_key));
+  EXPECT_EQ(bad_key.message(), "trainer.x");
+  EXPECT_EQ(ExitCodeFor(bad_key, "kappa-test"), 2);
+  EXPECT_EQ(ExitCodeFor(ConfigurationError(absl::FailedPreconditionError("no GPU")), "kappa-test"),
+            2);
+  EXPECT_TRUE(ConfigurationError(absl::OkStatus()).ok());
+}
+
+TEST(ServiceMainTest, HelpAndBadFlagsNeverReachServe) {
+  bool served = false;
+  const ServiceBinary binary{"kappa-test", "", {}, [&](const CommonFlags&) {
+                               served = true;
+                               return absl::OkStatus();
+                             }};
+  const char* help[] = {"kappa-test", "--help"};
+  EXPECT_EQ(ServiceMain(2, const_cast<char**>(help), binary), 0);
+  const char* bad[] = {"kappa-test", "--no-such-flag"};
+  EXPECT_EQ(ServiceMain(2, const_cast<char**>(bad), binary), 2);
+  EXPECT_FALSE(served);
+  const char* run[] = {"kappa-test"};
+  EXPECT_EQ(ServiceMain(1, const_cast<char**>(run), binary), 0);
+  EXPECT_TRUE(served);
 }
 
 }  // namespace
