@@ -29,17 +29,13 @@ WorkerMetrics::WorkerMetrics(services::metrics::Registry& registry)
           "Work items given up: failed, lease expired, or lost with a broken stream.")),
       connections_(registry.GetCounter("kappa_worker_learner_connections_total",
                                        "Rollout streams opened to the learner (Hello sent).")),
-      // A group's time is its batch's decode (up to max_outstanding × G rows)
-      // plus its own Verify and Score: tens of milliseconds for the demo
-      // model, seconds for a large one.
+      // A group's time is its decode in the engine (admission to its last
+      // row's stop) plus its own Verify and Score: tens of milliseconds for
+      // the demo model, seconds for a large one.
       generation_seconds_(registry.GetHistogram(
           "kappa_worker_generation_seconds",
-          "Wall time to sample, verify and score one group (its batch's decode included).",
+          "Wall time to sample, verify and score one group (its decode included).",
           {0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60})),
-      // At most rollout.max_outstanding; _sum / _count is the mean batch.
-      decode_batch_items_(registry.GetHistogram(
-          "kappa_worker_decode_batch_items", "Work items sampled together in one batched decode.",
-          {1, 2, 4, 8, 16, 32, 64})),
       policy_version_(registry.GetGauge("kappa_worker_policy_version",
                                         "Policy version the worker samples with.")),
       // Occupancy = rate(busy_slot_steps) / (rate(steps) × slots).
@@ -73,10 +69,6 @@ void WorkerMetrics::RecordStageSeconds(absl::string_view stage, double seconds) 
       .GetHistogram("kappa_worker_stage_seconds", kStageSecondsHelp, kStageSecondsBounds,
                     {{"stage", std::string(stage)}})
       .Observe(seconds);
-}
-
-void WorkerMetrics::RecordDecodeBatch(int64_t items) {
-  decode_batch_items_.Observe(static_cast<double>(items));
 }
 
 void WorkerMetrics::SetEngineSlots(int64_t slots) { engine_slots_.Set(static_cast<double>(slots)); }

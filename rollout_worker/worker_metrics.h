@@ -20,13 +20,11 @@ class WorkerMetrics {
   void RecordConnection();
   // One group handed to the learner.
   void RecordGroupSent(int64_t samples, int64_t tokens, double generation_seconds);
-  // The seconds one group spent in `stage`: "decode" (its batch's decode),
-  // "verify", "teacher_score" or "demonstrations" (the teacher's greedy
-  // answers for a group that failed). The split of
-  // kappa_worker_generation_seconds.
+  // The seconds one group spent in `stage`: "decode" (in the engine, from
+  // admission to its last row's stop), "verify", "teacher_score" or
+  // "demonstrations" (the teacher's greedy answers for a group that
+  // failed). The split of kappa_worker_generation_seconds.
   void RecordStageSeconds(absl::string_view stage, double seconds);
-  // One batched decode of `items` work items (items × G rows).
-  void RecordDecodeBatch(int64_t items);
   // A work item given up (failed, expired, or lost with a broken stream).
   void RecordItemsDropped(int64_t items);
   // A failed RPC to `peer`: "learner", "teacher" or "verifier". Each failed
@@ -53,7 +51,6 @@ class WorkerMetrics {
   services::metrics::Counter& items_dropped_;
   services::metrics::Counter& connections_;
   services::metrics::Histogram& generation_seconds_;
-  services::metrics::Histogram& decode_batch_items_;
   services::metrics::Gauge& policy_version_;
   services::metrics::Counter& engine_steps_;
   services::metrics::Counter& engine_busy_slot_steps_;
