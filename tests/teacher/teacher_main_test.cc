@@ -1,7 +1,7 @@
 // The kappa-teacher executable end to end: starts on a checkpoint, answers
 // health checks and Score, exits cleanly within 2 s of SIGTERM.
-#include <gtest/gtest.h>
 #include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/time/clock.h"
@@ -28,6 +29,7 @@
 
 namespace {
 
+using kappa::testing::ReadFile;
 using kappa::testing::Spawn;
 using kappa::testing::WaitExit;
 
@@ -112,6 +114,29 @@ TEST(TeacherMainTest, BadArgumentsExitNonZero) {
   EXPECT_EQ(WaitExit(Spawn({KAPPA_TEACHER_BINARY, "teacher.no_such_key=1"}),
                      std::chrono::seconds(10)),
             2);
+}
+
+// A bad setting is refused with 2 before the checkpoint loads (whose failure
+// alone is 1), naming the key in the log.
+TEST(TeacherMainTest, ConfigurationErrorsExitTwoBeforeTheCheckpointLoads) {
+  const std::string log = (std::filesystem::temp_directory_path() /
+                           ("kappa_teacher_main_" + std::to_string(getpid()) + ".log"))
+                              .string();
+  for (const auto& [setting, named] :
+       {std::pair<std::string, std::string>{"teacher.device=gpu", "teacher.device: 'gpu'"},
+        {"security.max_message_bytes=0", "security.max_message_bytes: expected 1.."}}) {
+    std::filesystem::remove(log);
+    EXPECT_EQ(WaitExit(Spawn({KAPPA_TEACHER_BINARY, "--checkpoint", "/nonexistent/kappa",
+                              "--address", "127.0.0.1:0", "--log-file", log, setting}),
+                       std::chrono::seconds(20)),
+              2)
+        << setting;
+    const std::string text = ReadFile(log);
+    EXPECT_NE(text.find("kappa-teacher: "), std::string::npos) << text;
+    EXPECT_NE(text.find(named), std::string::npos) << text;
+    EXPECT_EQ(text.find("cannot load checkpoint"), std::string::npos) << text;
+  }
+  std::filesystem::remove(log);
 }
 
 }  // namespace
