@@ -3,15 +3,23 @@
 //   kappa-verifier [--config FILE] [key=value ...] [--address HOST:PORT]
 //                  [--metrics-address HOST:PORT] [--log-file FILE]
 //                  [--health-check ADDR] [--code-* VALUE ...]
+//
+// Exit codes (services/service_main.h): 2 for a bad flag, key or TLS
+// setting; 1 when a port cannot be served or the ready file written.
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
-#include <iostream>
+#include <map>
+#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "base/status.h"
 #include "services/cli_flags.h"
 #include "services/config.h"
 #include "services/logging.h"
@@ -19,9 +27,14 @@
 #include "services/metrics_server.h"
 #include "services/ready_file.h"
 #include "services/server.h"
+#include "services/service_main.h"
 #include "verifier/verifier_service.h"
 
+namespace kappa::verifier {
 namespace {
+
+using services::CommonFlags;
+using services::ConfigurationError;
 
 // The code sandbox's settings are flags rather than config keys (the config
 // schema is shared by every process); defaults suit the demo machine.
@@ -37,8 +50,7 @@ const std::vector<std::string> kExtraFlags = {
     "code-enabled",   "code-max-concurrent", "code-cpu-seconds", "code-wall-seconds",
     "code-memory-mb", "code-python",         "code-work-root"};
 
-absl::Status ApplyCodeFlags(const std::map<std::string, std::string>& extra,
-                            kappa::verifier::CodeOptions* code) {
+absl::Status ApplyCodeFlags(const std::map<std::string, std::string>& extra, CodeOptions* code) {
   for (const auto& [name, value] : extra) {
     int64_t number = 0;
     const bool numeric = absl::SimpleAtoi(value, &number) && number > 0;
@@ -71,83 +83,76 @@ absl::Status ApplyCodeFlags(const std::map<std::string, std::string>& extra,
   return absl::OkStatus();
 }
 
-}  // namespace
+// Everything the binary serves with, read from the configuration and flags.
+struct VerifierServerOptions {
+  std::string address;  // --address, else verifier.address
+  VerifierOptions service;
+  std::string reward;  // verifier.reward, for the start-up line
+  services::ServerOptions server;
+};
 
-int main(int argc, char** argv) {
-  namespace services = kappa::services;
-  services::InstallTerminationHandlers();
-  absl::StatusOr<services::CommonFlags> flags =
-      services::ParseCommonFlags(argc, argv, kExtraFlags);
-  kappa::verifier::VerifierOptions options;
-  if (flags.ok()) {
-    if (absl::Status status = ApplyCodeFlags(flags->extra, &options.code); !status.ok()) {
-      flags = status;
-    }
-  }
-  if (!flags.ok()) {
-    std::cerr << flags.status().message() << "\n"
-              << services::Usage("kappa-verifier", kExtraUsage);
-    return 2;
-  }
-  if (flags->help) {
-    std::cout << services::Usage("kappa-verifier", kExtraUsage);
-    return 0;
-  }
-  if (!flags->health_check_address.empty()) {
-    return services::RunHealthCheck(*flags);
-  }
+// The options for `config` and the --code-* flags; a bad flag, key or TLS
+// setting is a ConfigurationError naming it.
+absl::StatusOr<VerifierServerOptions> VerifierServerOptionsFromConfig(
+    const services::Config& config, const CommonFlags& flags) {
+  VerifierServerOptions options;
+  options.address = flags.address.empty() ? config.verifier.address : flags.address;
+  options.reward = config.verifier.reward;
+  // The code options first: ApplyVerifierConfig checks verifier.reward against them.
+  KAPPA_RETURN_IF_ERROR(ConfigurationError(ApplyCodeFlags(flags.extra, &options.service.code)));
+  KAPPA_RETURN_IF_ERROR(ConfigurationError(ApplyVerifierConfig(config, &options.service)));
+  absl::StatusOr<services::ServerOptions> server = services::ServerOptionsFromConfig(config);
+  if (!server.ok()) return ConfigurationError(server.status());
+  options.server = *std::move(server);
+  return options;
+}
 
-  services::InitLogging("verifier", flags->log_file);
-  absl::StatusOr<services::Config> config = services::LoadConfigFromFlags(*flags);
-  if (!config.ok()) {
-    spdlog::error("{}", config.status().ToString());
-    return 2;
-  }
-  const std::string address = flags->address.empty() ? config->verifier.address : flags->address;
-
-  if (absl::Status status = kappa::verifier::ApplyVerifierConfig(*config, &options); !status.ok()) {
-    spdlog::error("{}", status.ToString());
-    return 2;
-  }
-  services::metrics::Registry registry;
-  kappa::verifier::VerifierMetrics metrics(registry);
-  kappa::verifier::VerifierService service(options, &metrics);
-  absl::StatusOr<std::unique_ptr<services::metrics::MetricsServer>> metrics_server =
-      services::metrics::ServeMetricsIfRequested(flags->metrics_address, &registry);
-  if (!metrics_server.ok()) {
-    spdlog::error("{}", metrics_server.status().ToString());
-    return 1;
-  }
-  absl::StatusOr<services::ServerOptions> server_options =
-      services::ServerOptionsFromConfig(*config);
-  if (!server_options.ok()) {
-    spdlog::error("{}", server_options.status().ToString());
-    return 2;
-  }
-  absl::StatusOr<std::unique_ptr<services::GrpcServer>> server =
-      services::GrpcServer::Start(address, {&service}, *server_options);
-  if (!server.ok()) {
-    spdlog::error("{}", server.status().ToString());
-    return 1;
-  }
-  spdlog::info("serving kappa.v1.Verifier on {} (port {}, {}, max_items {})", address,
-               (*server)->port(), services::DescribeTransport(server_options->security),
-               config->verifier.max_items);
-  if (absl::Status ready = services::WriteReadyFile(
-          flags->ready_file, {getpid(), services::WithPort(address, (*server)->port()),
-                              services::metrics::BoundAddress(metrics_server->get())});
-      !ready.ok()) {
-    spdlog::error("{}", ready.ToString());
-    return 1;
-  }
-  if (options.reward_family.has_value()) {
+// The gRPC server for `service` on options.address.
+absl::StatusOr<std::unique_ptr<services::GrpcServer>> StartServer(
+    const VerifierServerOptions& options, VerifierService* service) {
+  KAPPA_ASSIGN_OR_RETURN(std::unique_ptr<services::GrpcServer> server,
+                         services::GrpcServer::Start(options.address, {service}, options.server));
+  spdlog::info("serving kappa.v1.Verifier on {} (port {}, {}, max_items {})", options.address,
+               server->port(), services::DescribeTransport(options.server.security),
+               options.service.max_items);
+  if (options.service.reward_family.has_value()) {
     spdlog::info("every item is scored as task family '{}' (verifier.reward: {})",
-                 *options.reward_family, config->verifier.reward);
+                 *options.service.reward_family, options.reward);
   }
+  return server;
+}
+
+absl::Status Serve(const CommonFlags& flags) {
+  services::InitLogging("verifier", flags.log_file);
+  absl::StatusOr<services::Config> config = services::LoadConfigFromFlags(flags);
+  if (!config.ok()) return ConfigurationError(config.status());
+  KAPPA_ASSIGN_OR_RETURN(const VerifierServerOptions options,
+                         VerifierServerOptionsFromConfig(*config, flags));
+
+  services::metrics::Registry registry;
+  VerifierMetrics metrics(registry);
+  VerifierService service(options.service, &metrics);
+  KAPPA_ASSIGN_OR_RETURN(
+      std::unique_ptr<services::metrics::MetricsServer> metrics_server,
+      services::metrics::ServeMetricsIfRequested(flags.metrics_address, &registry));
+  KAPPA_ASSIGN_OR_RETURN(std::unique_ptr<services::GrpcServer> server,
+                         StartServer(options, &service));
+  KAPPA_RETURN_IF_ERROR(services::WriteReadyFile(
+      flags.ready_file, {getpid(), services::WithPort(options.address, server->port()),
+                         services::metrics::BoundAddress(metrics_server.get())}));
 
   services::WaitForTerminationSignal();
   spdlog::info("termination requested; shutting down");
-  (*server)->Shutdown();
+  server->Shutdown();
   spdlog::info("stopped");
-  return 0;
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace kappa::verifier
+
+int main(int argc, char** argv) {
+  return kappa::services::ServiceMain(argc, argv,
+                                      {"kappa-verifier", kappa::verifier::kExtraUsage,
+                                       kappa::verifier::kExtraFlags, kappa::verifier::Serve});
 }

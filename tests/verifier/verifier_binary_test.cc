@@ -88,6 +88,8 @@ TEST(VerifierBinaryTest, BadArgumentsExitWithUsageError) {
   EXPECT_EQ(
       ExitCode(Spawn({KAPPA_VERIFIER_BINARY, "verifier.reward=code", "--code-enabled", "false"})),
       2);
+  EXPECT_EQ(ExitCode(Spawn({KAPPA_VERIFIER_BINARY, "--code-cpu-seconds", "soon"})), 2);
+  EXPECT_EQ(ExitCode(Spawn({KAPPA_VERIFIER_BINARY, "security.max_message_bytes=0"})), 2);
 }
 
 }  // namespace
