@@ -12,7 +12,6 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
-#include <iostream>
 #include <limits>
 #include <memory>
 #include <optional>
@@ -45,6 +44,7 @@
 #include "services/metrics_server.h"
 #include "services/ready_file.h"
 #include "services/server.h"
+#include "services/service_main.h"
 #include "services/torch_runtime.h"
 #include "tasks/from_config.h"
 
@@ -220,11 +220,196 @@ absl::Status ApplyNanGradientFault(const services::CommonFlags& flags, TrainerLo
   return absl::OkStatus();
 }
 
-// The command line: --resume is the one boolean flag; the shared parser
-// handles the rest. Returns the exit code when there is nothing to train
-// (usage, --help, --health-check).
-std::optional<int> ParseFlags(int argc, char** argv, services::CommonFlags* flags, bool* resume) {
-  std::vector<const char*> args;
+// What serves the workers while the trainer runs, in the order it starts;
+// Stop() ends it in the order that drains it.
+struct Serving {
+  std::unique_ptr<Coordinator> coordinator;
+  std::unique_ptr<PolicyPublisher> publisher;
+  std::unique_ptr<LearnerService> service;
+  std::unique_ptr<WeightBroadcaster> broadcaster;  // null without a weight group
+  std::unique_ptr<services::GrpcServer> server;
+
+  void Stop() {
+    service->Shutdown();
+    coordinator->Shutdown();
+    if (broadcaster != nullptr) broadcaster->Stop();
+    publisher->Shutdown();
+    server->Shutdown(absl::Seconds(2));
+  }
+};
+
+// The optimizer over the student, with the rate schedule, restored from
+// the checkpoint's optimizer state on a resume.
+absl::StatusOr<std::unique_ptr<PolicyOptimizer>> MakeOptimizer(const services::Config& config,
+                                                               const StartPoint& start) {
+  KAPPA_ASSIGN_OR_RETURN(LearningRateSchedule schedule, MakeLearningRateSchedule(config));
+  auto optimizer = std::make_unique<PolicyOptimizer>(
+      start.student, schedule, config.trainer.weight_decay, config.trainer.max_grad_norm);
+  if (!start.optimizer_path.empty()) {
+    KAPPA_RETURN_IF_ERROR(base::CaptureExceptions(start.optimizer_path,
+                                                  [&] { optimizer->Load(start.optimizer_path); }));
+  }
+  return optimizer;
+}
+
+// Starts the coordinator (requeueing what was in flight at the checkpoint,
+// before any worker can lease), the publisher, the Learner service, the
+// same-host weight group (learner.weight_group_workers; rank 0 publishes)
+// and the gRPC server. Errors: ConfigurationError for a bad weight-group or
+// server setting; the server's own status when it cannot bind.
+absl::StatusOr<Serving> StartServing(const LearnerInputs& in) {
+  const services::Config& config = in.config;
+  Serving serving;
+  CoordinatorOptions coordinator_options;
+  coordinator_options.buffer_groups = config.learner.buffer_groups;
+  coordinator_options.max_staleness = config.learner.max_staleness;
+  coordinator_options.lease_timeout = absl::Milliseconds(config.learner.lease_timeout_ms);
+  coordinator_options.rank = in.rank.rank;
+  coordinator_options.world_size = in.rank.world_size;
+  serving.coordinator = std::make_unique<Coordinator>(
+      in.train->size(), config.seed, in.start.state.data_position, coordinator_options);
+  const std::vector<int64_t>& pending = in.start.state.pending_prompts;
+  serving.coordinator->Requeue(std::vector<size_t>(pending.begin(), pending.end()));
+  // rollout.weight_delta: keep each version's encodings as the next one's
+  // delta base (learner/policy_publisher.h).
+  PublisherOptions publisher_options;
+  publisher_options.keep_delta_bases = config.rollout.weight_delta;
+  serving.publisher = std::make_unique<PolicyPublisher>(publisher_options);
+  const WorkTemplate work = WorkFor(in);
+  serving.service = std::make_unique<LearnerService>(
+      *in.train,
+      [&in](size_t example_index) {
+        const std::vector<int64_t>& ids = in.train_prompts[example_index];
+        return std::vector<int32_t>(ids.begin(), ids.end());
+      },
+      work, GroupExpectationsFor(work, in.vocab_limit), serving.coordinator.get(),
+      serving.publisher.get());
+
+  absl::StatusOr<std::optional<WeightBroadcastOptions>> group =
+      WeightBroadcastOptionsFromConfig(config, in.start.student->parameters().front().device());
+  if (!group.ok()) return services::ConfigurationError(group.status());
+  if (group->has_value() && in.rank.primary()) {
+    serving.broadcaster = std::make_unique<WeightBroadcaster>(serving.publisher.get(), **group);
+    serving.service->set_weight_broadcaster(serving.broadcaster.get());
+    serving.broadcaster->Start();
+  }
+  absl::StatusOr<services::ServerOptions> server_options =
+      services::ServerOptionsFromConfig(config);
+  if (!server_options.ok()) return services::ConfigurationError(server_options.status());
+  absl::StatusOr<std::unique_ptr<services::GrpcServer>> server =
+      services::GrpcServer::Start(in.address, {serving.service.get()}, *server_options);
+  if (!server.ok()) {
+    return absl::Status(server.status().code(), absl::StrCat("cannot serve on ", in.address, ": ",
+                                                             server.status().message()));
+  }
+  serving.server = *std::move(server);
+  spdlog::info("learner serving on {} ({}; run dir {})", in.address,
+               services::DescribeTransport(server_options->security), in.run_dir);
+  return serving;
+}
+
+// The trainer (TrainerLoop::Create checks its settings), with what it
+// reports besides: the --debug-nan-grad fault, the corrupted subset of
+// teacher/student.bootstrap.corrupt, the conflict atlas (rank 0).
+absl::StatusOr<std::unique_ptr<TrainerLoop>> MakeTrainer(
+    const services::CommonFlags& flags, LearnerInputs& in, Serving& serving,
+    std::unique_ptr<PolicyOptimizer> optimizer) {
+  const services::Config& config = in.config;
+  KAPPA_ASSIGN_OR_RETURN(
+      std::unique_ptr<TrainerLoop> trainer,
+      TrainerLoop::Create(config, in.run_dir, in.start.student, std::move(optimizer),
+                          in.start.state, serving.coordinator.get(), serving.publisher.get(),
+                          *in.heldout, *in.prompts, in.vocab_limit, in.rank));
+  KAPPA_RETURN_IF_ERROR(ApplyNanGradientFault(flags, *trainer));
+  KAPPA_ASSIGN_OR_RETURN(std::optional<tasks::AnswerCorruption> corruption,
+                         StudiedCorruption(config));
+  const CorruptedSubset* subset = nullptr;  // owned by `trainer`
+  if (corruption.has_value()) {
+    auto owned = std::make_unique<CorruptedSubset>(
+        *corruption, *in.train, *in.heldout,
+        static_cast<size_t>(std::max<int64_t>(config.trainer.eval_examples, 0)));
+    subset = owned.get();
+    trainer->set_corrupted_subset(std::move(owned));
+  }
+  if (config.monitor.atlas_positions > 0 && in.rank.primary()) {
+    KAPPA_RETURN_IF_ERROR(base::CaptureExceptions("conflict atlas", [&] {
+      trainer->set_conflict_atlas(std::make_unique<ConflictAtlas>(
+          in.run_dir + "/conflict_atlas.jsonl", config.monitor.atlas_positions, *in.train,
+          in.prompts->tokenizer(), subset));
+    }));
+  }
+  return trainer;
+}
+
+// What a scrape reads besides the trainer's steps: the coordinator's,
+// service's and weight group's counters, at collect time.
+void CollectServingCounters(const Serving& serving, LearnerMetrics& metrics) {
+  metrics.RecordCoordinator(serving.coordinator->counters());
+  const ServiceCounters& c = serving.service->counters();
+  metrics.RecordInvalidGroups(c.groups_invalid.load());
+  LearnerMetrics::PolicyTraffic traffic{
+      c.policy_versions_full.load(),     c.policy_versions_delta.load(),
+      c.policy_bytes_full.load(),        c.policy_bytes_delta.load(),
+      c.policy_bytes_saved_delta.load(), c.policy_bytes_saved_bfloat16.load()};
+  if (serving.broadcaster != nullptr) {
+    const WeightBroadcastCounters& group = serving.broadcaster->counters();
+    traffic.group_versions = group.versions.load();
+    traffic.group_bytes = group.bytes.load();
+    traffic.group_seconds = static_cast<double>(group.microseconds.load()) / 1e6;
+  }
+  metrics.RecordPolicyTraffic(traffic);
+}
+
+// The learner process: load and check every input, serve the workers,
+// train until trainer.steps or a termination signal, stop the serving
+// half, report. Configuration errors are marked (exit code 2); a training
+// failure is not (1); a signal is OK.
+absl::Status Serve(const services::CommonFlags& flags, bool resume) {
+  services::InitLogging("learner", flags.log_file);
+  absl::StatusOr<LearnerInputs> in = PrepareInputs(flags, resume);
+  if (!in.ok()) return services::ConfigurationError(in.status());
+  absl::StatusOr<std::unique_ptr<PolicyOptimizer>> optimizer = MakeOptimizer(in->config, in->start);
+  if (!optimizer.ok()) return services::ConfigurationError(optimizer.status());
+  // Data parallel: meet the other ranks and start from rank 0's weights. A
+  // resumed rank has loaded its own checkpoint (optimizer state included),
+  // written at the same step as the others': the ranks' updates are
+  // identical, so the states are too.
+  KAPPA_ASSIGN_OR_RETURN(std::unique_ptr<dist::Collectives> collectives,
+                         JoinDataParallel(in->rank, in->start.state.step, **optimizer));
+  KAPPA_ASSIGN_OR_RETURN(Serving serving, StartServing(*in));
+  absl::StatusOr<std::unique_ptr<TrainerLoop>> trainer =
+      MakeTrainer(flags, *in, serving, *std::move(optimizer));
+  if (!trainer.ok()) return services::ConfigurationError(trainer.status());
+
+  // One registry for the process; /metrics only when asked for.
+  services::metrics::Registry registry;
+  LearnerMetrics learner_metrics(registry);
+  registry.AddCollectHook([&] { CollectServingCounters(serving, learner_metrics); });
+  (*trainer)->set_metrics(&learner_metrics);
+  KAPPA_ASSIGN_OR_RETURN(
+      std::unique_ptr<services::metrics::MetricsServer> metrics_server,
+      services::metrics::ServeMetricsIfRequested(flags.metrics_address, &registry));
+  KAPPA_RETURN_IF_ERROR(services::WriteReadyFile(
+      flags.ready_file, {getpid(), services::WithPort(in->address, serving.server->port()),
+                         services::metrics::BoundAddress(metrics_server.get())}));
+
+  const absl::Status status = (*trainer)->Run([] { return services::TerminationRequested(); });
+  serving.Stop();
+  if (status.ok()) {
+    spdlog::info("training finished");
+    return absl::OkStatus();
+  }
+  if (absl::IsCancelled(status)) {
+    spdlog::info("stopped by signal");
+    return absl::OkStatus();
+  }
+  return absl::Status(status.code(), absl::StrCat("training failed: ", status.message()));
+}
+
+// argv without --resume (the one boolean flag, which the shared parser does
+// not know); *resume says whether it was there.
+std::vector<char*> WithoutResumeFlag(int argc, char** argv, bool* resume) {
+  std::vector<char*> args;
   for (int i = 0; i < argc; ++i) {
     if (std::string_view(argv[i]) == "--resume") {
       *resume = true;
@@ -232,211 +417,21 @@ std::optional<int> ParseFlags(int argc, char** argv, services::CommonFlags* flag
       args.push_back(argv[i]);
     }
   }
-  absl::StatusOr<services::CommonFlags> parsed =
-      services::ParseCommonFlags(static_cast<int>(args.size()), args.data(),
-                                 {"run-dir", "rank", "world-size", "dist-store", "debug-nan-grad"});
-  if (!parsed.ok()) {
-    std::cerr << "kappa-learner: " << parsed.status().message() << "\n"
-              << services::Usage("kappa-learner", kExtraUsage);
-    return 2;
-  }
-  if (parsed->help) {
-    std::cout << services::Usage("kappa-learner", kExtraUsage);
-    return 0;
-  }
-  *flags = *std::move(parsed);
-  services::InitLogging("learner", flags->log_file);
-  if (!flags->health_check_address.empty()) return services::RunHealthCheck(*flags);
-  return std::nullopt;
-}
-
-int Main(int argc, char** argv) {
-  services::InstallTerminationHandlers();
-  services::CommonFlags flags;
-  bool resume = false;
-  if (std::optional<int> exit_code = ParseFlags(argc, argv, &flags, &resume)) return *exit_code;
-
-  absl::StatusOr<LearnerInputs> in = PrepareInputs(flags, resume);
-  if (!in.ok()) {
-    spdlog::error("{}", std::string(in.status().message()));
-    return 2;
-  }
-  const services::Config& config = in->config;
-  StartPoint& start = in->start;
-  absl::StatusOr<LearningRateSchedule> schedule = MakeLearningRateSchedule(config);
-  if (!schedule.ok()) {
-    spdlog::error("{}", std::string(schedule.status().message()));
-    return 2;
-  }
-  auto optimizer = std::make_unique<PolicyOptimizer>(
-      start.student, *schedule, config.trainer.weight_decay, config.trainer.max_grad_norm);
-  if (!start.optimizer_path.empty()) {
-    if (absl::Status loaded = base::CaptureExceptions(
-            start.optimizer_path, [&] { optimizer->Load(start.optimizer_path); });
-        !loaded.ok()) {
-      spdlog::error("{}", std::string(loaded.message()));
-      return 2;
-    }
-  }
-  // Data parallel: meet the other ranks and start from rank 0's weights. A
-  // resumed rank has loaded its own checkpoint (optimizer state included),
-  // written at the same step as the others': the ranks' updates are
-  // identical, so the states are too.
-  absl::StatusOr<std::unique_ptr<dist::Collectives>> collectives =
-      JoinDataParallel(in->rank, start.state.step, *optimizer);
-  if (!collectives.ok()) {
-    spdlog::error("{}", std::string(collectives.status().message()));
-    return 1;
-  }
-
-  CoordinatorOptions coordinator_options;
-  coordinator_options.buffer_groups = config.learner.buffer_groups;
-  coordinator_options.max_staleness = config.learner.max_staleness;
-  coordinator_options.lease_timeout = absl::Milliseconds(config.learner.lease_timeout_ms);
-  coordinator_options.rank = in->rank.rank;
-  coordinator_options.world_size = in->rank.world_size;
-  Coordinator coordinator(in->train->size(), config.seed, start.state.data_position,
-                          coordinator_options);
-  // A resumed run first trains on what was in flight at its checkpoint (the
-  // prompt source continues after the last prompt drawn). Before the server
-  // starts, so no worker can lease a new prompt ahead of them.
-  coordinator.Requeue(
-      std::vector<size_t>(start.state.pending_prompts.begin(), start.state.pending_prompts.end()));
-  // rollout.weight_delta: keep each version's encodings as the next one's
-  // delta base (learner/policy_publisher.h).
-  PublisherOptions publisher_options;
-  publisher_options.keep_delta_bases = config.rollout.weight_delta;
-  PolicyPublisher publisher(publisher_options);
-  const WorkTemplate work = WorkFor(*in);
-  LearnerService service(
-      *in->train,
-      [&in](size_t example_index) {
-        const std::vector<int64_t>& ids = in->train_prompts[example_index];
-        return std::vector<int32_t>(ids.begin(), ids.end());
-      },
-      work, GroupExpectationsFor(work, in->vocab_limit), &coordinator, &publisher);
-
-  // learner.weight_group_workers: same-host workers get every version in
-  // one c10d broadcast (learner/weight_broadcaster.h); rank 0 publishes.
-  absl::StatusOr<std::optional<WeightBroadcastOptions>> group_options =
-      WeightBroadcastOptionsFromConfig(config, start.student->parameters().front().device());
-  if (!group_options.ok()) {
-    spdlog::error("configuration: {}", std::string(group_options.status().message()));
-    return 2;
-  }
-  std::unique_ptr<WeightBroadcaster> broadcaster;
-  if (group_options->has_value() && in->rank.primary()) {
-    broadcaster = std::make_unique<WeightBroadcaster>(&publisher, **group_options);
-    service.set_weight_broadcaster(broadcaster.get());
-    broadcaster->Start();
-  }
-
-  absl::StatusOr<services::ServerOptions> server_options =
-      services::ServerOptionsFromConfig(config);
-  if (!server_options.ok()) {
-    spdlog::error("{}", server_options.status().ToString());
-    return 2;
-  }
-  absl::StatusOr<std::unique_ptr<services::GrpcServer>> server =
-      services::GrpcServer::Start(in->address, {&service}, *server_options);
-  if (!server.ok()) {
-    spdlog::error("cannot serve on {}: {}", in->address, server.status().ToString());
-    return 1;
-  }
-  spdlog::info("learner serving on {} ({}; run dir {})", in->address,
-               services::DescribeTransport(server_options->security), in->run_dir);
-
-  absl::StatusOr<std::unique_ptr<TrainerLoop>> created = TrainerLoop::Create(
-      config, in->run_dir, start.student, std::move(optimizer), start.state, &coordinator,
-      &publisher, *in->heldout, *in->prompts, in->vocab_limit, in->rank);
-  if (!created.ok()) {
-    spdlog::error("{}", created.status().ToString());
-    return 2;
-  }
-  TrainerLoop& trainer = **created;
-  if (absl::Status fault = ApplyNanGradientFault(flags, trainer); !fault.ok()) {
-    spdlog::error("{}", std::string(fault.message()));
-    return 2;
-  }
-  absl::StatusOr<std::optional<tasks::AnswerCorruption>> corruption = StudiedCorruption(config);
-  if (!corruption.ok()) {
-    spdlog::error("{}", std::string(corruption.status().message()));
-    return 2;
-  }
-  const CorruptedSubset* subset = nullptr;  // owned by `trainer`
-  if (corruption->has_value()) {
-    auto owned = std::make_unique<CorruptedSubset>(
-        **corruption, *in->train, *in->heldout,
-        static_cast<size_t>(std::max<int64_t>(config.trainer.eval_examples, 0)));
-    subset = owned.get();
-    trainer.set_corrupted_subset(std::move(owned));
-  }
-  if (config.monitor.atlas_positions > 0 && in->rank.primary()) {
-    if (absl::Status opened = base::CaptureExceptions(
-            "conflict atlas",
-            [&] {
-              trainer.set_conflict_atlas(std::make_unique<ConflictAtlas>(
-                  in->run_dir + "/conflict_atlas.jsonl", config.monitor.atlas_positions, *in->train,
-                  in->prompts->tokenizer(), subset));
-            });
-        !opened.ok()) {
-      spdlog::error("{}", std::string(opened.message()));
-      return 2;
-    }
-  }
-  // One registry for the process; /metrics only when asked for.
-  services::metrics::Registry registry;
-  LearnerMetrics learner_metrics(registry);
-  registry.AddCollectHook([&] {
-    learner_metrics.RecordCoordinator(coordinator.counters());
-    learner_metrics.RecordInvalidGroups(service.counters().groups_invalid.load());
-    const ServiceCounters& c = service.counters();
-    LearnerMetrics::PolicyTraffic traffic{
-        c.policy_versions_full.load(),     c.policy_versions_delta.load(),
-        c.policy_bytes_full.load(),        c.policy_bytes_delta.load(),
-        c.policy_bytes_saved_delta.load(), c.policy_bytes_saved_bfloat16.load()};
-    if (broadcaster != nullptr) {
-      const WeightBroadcastCounters& group = broadcaster->counters();
-      traffic.group_versions = group.versions.load();
-      traffic.group_bytes = group.bytes.load();
-      traffic.group_seconds = static_cast<double>(group.microseconds.load()) / 1e6;
-    }
-    learner_metrics.RecordPolicyTraffic(traffic);
-  });
-  trainer.set_metrics(&learner_metrics);
-  absl::StatusOr<std::unique_ptr<services::metrics::MetricsServer>> metrics_server =
-      services::metrics::ServeMetricsIfRequested(flags.metrics_address, &registry);
-  if (!metrics_server.ok()) {
-    spdlog::error("{}", metrics_server.status().ToString());
-    return 1;
-  }
-  if (absl::Status ready = services::WriteReadyFile(
-          flags.ready_file, {getpid(), services::WithPort(in->address, (*server)->port()),
-                             services::metrics::BoundAddress(metrics_server->get())});
-      !ready.ok()) {
-    spdlog::error("{}", ready.ToString());
-    return 1;
-  }
-  absl::Status status = trainer.Run([] { return services::TerminationRequested(); });
-
-  service.Shutdown();
-  coordinator.Shutdown();
-  if (broadcaster != nullptr) broadcaster->Stop();
-  publisher.Shutdown();
-  (*server)->Shutdown(absl::Seconds(2));
-  if (status.ok()) {
-    spdlog::info("training finished");
-    return 0;
-  }
-  if (absl::IsCancelled(status)) {
-    spdlog::info("stopped by signal");
-    return 0;
-  }
-  spdlog::error("training failed: {}", status.ToString());
-  return 1;
+  return args;
 }
 
 }  // namespace
 }  // namespace kappa::learner
 
-int main(int argc, char** argv) { return kappa::learner::Main(argc, argv); }
+int main(int argc, char** argv) {
+  bool resume = false;
+  std::vector<char*> args = kappa::learner::WithoutResumeFlag(argc, argv, &resume);
+  return kappa::services::ServiceMain(
+      static_cast<int>(args.size()), args.data(),
+      {"kappa-learner",
+       kappa::learner::kExtraUsage,
+       {"run-dir", "rank", "world-size", "dist-store", "debug-nan-grad"},
+       [resume](const kappa::services::CommonFlags& flags) {
+         return kappa::learner::Serve(flags, resume);
+       }});
+}
