@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/status.h"
 #include "cli/args.h"
 #include "cli/bootstrap.h"
 #include "cli/plan_command.h"
@@ -112,6 +113,60 @@ void PrintSummary(const services::Config& config, const std::string& run_dir,
 
 }  // namespace
 
+namespace {
+
+// Children may run from anywhere: the bootstrapped checkpoints (made now if
+// missing), the directories and the TLS files as absolute paths.
+absl::Status MakePathsAbsolute(services::Config& config) {
+  for (Role role : {Role::kTeacher, Role::kStudent}) {
+    KAPPA_ASSIGN_OR_RETURN(std::string checkpoint,
+                           EnsureBootstrapCheckpoint(config, role, std::cout));
+    const std::string absolute = fs::absolute(checkpoint).string();
+    (role == Role::kTeacher ? config.teacher.checkpoint : config.student.checkpoint) = absolute;
+  }
+  config.data_dir = fs::absolute(config.data_dir).string();
+  config.runs_dir = fs::absolute(config.runs_dir).string();
+  for (std::string* path : {&config.security.cert_file, &config.security.key_file,
+                            &config.security.ca_file, &config.security.token_file}) {
+    if (!path->empty()) *path = fs::absolute(*path).string();
+  }
+  return absl::OkStatus();
+}
+
+// A run ready to start: everything checked and written before any process.
+struct PreparedRun {
+  services::Config config;
+  std::string run_dir;
+  LaunchPlan plan;
+  services::TransportSecurity security;
+};
+
+// Loads and checks the configuration (the memory plan unless
+// --ignore-plan), prepares the run directory, bootstraps the checkpoints,
+// loads the TLS material (so a bad certificate path is one clear message
+// rather than three services failing), resolves the addresses and the
+// weight group, writes the resolved config.yaml and plans the launch.
+absl::StatusOr<PreparedRun> PrepareRun(const CommandLine& line,
+                                       const std::vector<std::string>& overrides) {
+  PreparedRun run;
+  KAPPA_ASSIGN_OR_RETURN(run.config, services::LoadConfig(line.config_path, overrides));
+  services::Config& config = run.config;
+  KAPPA_RETURN_IF_ERROR(Preflight(config, !line.Has("--ignore-plan")));
+  const bool resume = line.Has("--resume");
+  KAPPA_ASSIGN_OR_RETURN(run.run_dir, PrepareRunDir(config, resume, std::cout));
+  std::cout << "kappa run: '" << config.name << "' in " << run.run_dir << "\n" << std::flush;
+  KAPPA_RETURN_IF_ERROR(MakePathsAbsolute(config));
+  KAPPA_ASSIGN_OR_RETURN(run.security, services::LoadTransportSecurity(config.security));
+  ResolveListenAddresses(config);
+  KAPPA_RETURN_IF_ERROR(ResolveWeightGroup(config));
+  const std::string config_yaml = (fs::path(run.run_dir) / "config.yaml").string();
+  KAPPA_RETURN_IF_ERROR(WriteResolvedConfig(config, config_yaml));
+  KAPPA_ASSIGN_OR_RETURN(run.plan, PlanLaunch(config, config_yaml, run.run_dir, resume));
+  return run;
+}
+
+}  // namespace
+
 int RunCommand(const std::vector<std::string>& args) {
   absl::StatusOr<CommandLine> line =
       ParseCommandLine(args, {}, {"--resume", "--no-progress", "--ignore-plan"});
@@ -125,78 +180,26 @@ int RunCommand(const std::vector<std::string>& args) {
     std::cerr << "kappa run: " << overrides.status().message() << "\n";
     return 2;
   }
-  absl::StatusOr<services::Config> loaded = services::LoadConfig(line->config_path, *overrides);
-  if (!loaded.ok()) {
-    std::cerr << "kappa run: " << loaded.status().message() << "\n";
-    return 1;
-  }
-  services::Config config = *std::move(loaded);
-  if (absl::Status status = Preflight(config, !line->Has("--ignore-plan")); !status.ok()) {
-    std::cerr << "kappa run: " << status.message() << "\n";
-    return 1;
-  }
-  const bool resume = line->Has("--resume");
-  absl::StatusOr<std::string> run_dir = PrepareRunDir(config, resume, std::cout);
-  if (!run_dir.ok()) {
-    std::cerr << "kappa run: " << run_dir.status().message() << "\n";
-    return 1;
-  }
-  std::cout << "kappa run: '" << config.name << "' in " << *run_dir << "\n" << std::flush;
-
-  // Children may run from anywhere: give them absolute paths.
-  for (Role role : {Role::kTeacher, Role::kStudent}) {
-    absl::StatusOr<std::string> checkpoint = EnsureBootstrapCheckpoint(config, role, std::cout);
-    if (!checkpoint.ok()) {
-      std::cerr << "kappa run: " << checkpoint.status().message() << "\n";
-      return 1;
-    }
-    const std::string absolute = fs::absolute(*checkpoint).string();
-    (role == Role::kTeacher ? config.teacher.checkpoint : config.student.checkpoint) = absolute;
-  }
-  config.data_dir = fs::absolute(config.data_dir).string();
-  config.runs_dir = fs::absolute(config.runs_dir).string();
-  for (std::string* path : {&config.security.cert_file, &config.security.key_file,
-                            &config.security.ca_file, &config.security.token_file}) {
-    if (!path->empty()) *path = fs::absolute(*path).string();
-  }
-  // Checked here, before any process starts, so a bad certificate path is one
-  // clear message rather than three services failing.
-  absl::StatusOr<services::TransportSecurity> security =
-      services::LoadTransportSecurity(config.security);
-  if (!security.ok()) {
-    std::cerr << "kappa run: " << security.status().message() << "\n";
-    return 1;
-  }
-  ResolveListenAddresses(config);
-  if (absl::Status status = ResolveWeightGroup(config); !status.ok()) {
-    std::cerr << "kappa run: " << status.message() << "\n";
-    return 1;
-  }
-  const std::string config_yaml = (fs::path(*run_dir) / "config.yaml").string();
-  if (absl::Status status = WriteResolvedConfig(config, config_yaml); !status.ok()) {
-    std::cerr << "kappa run: " << status.message() << "\n";
-    return 1;
-  }
-  absl::StatusOr<LaunchPlan> plan = PlanLaunch(config, config_yaml, *run_dir, resume);
-  if (!plan.ok()) {
-    std::cerr << "kappa run: " << plan.status().message() << "\n";
+  absl::StatusOr<PreparedRun> run = PrepareRun(*line, *overrides);
+  if (!run.ok()) {
+    std::cerr << "kappa run: " << run.status().message() << "\n";
     return 1;
   }
   InstallTerminationHandlers();
   SessionOptions options;
-  options.run_dir = *run_dir;
-  options.security = *std::move(security);
-  options.total_steps = config.trainer.steps;
+  options.run_dir = run->run_dir;
+  options.security = std::move(run->security);
+  options.total_steps = run->config.trainer.steps;
   options.show_progress = !line->Has("--no-progress");
-  const SessionOutcome outcome = RunSession(*plan, options);
+  const SessionOutcome outcome = RunSession(run->plan, options);
   // A learner killed mid-run leaves its /dev/shm versions behind until a
   // learner on this host starts again; the run is over, so none will.
   if (const int swept = dist::SweepDeadShmSegments(); swept > 0) {
     std::cout << "  removed " << swept << " shared-memory segment(s) of a stopped learner\n";
   }
-  PrintSummary(config, *run_dir, outcome);
+  PrintSummary(run->config, run->run_dir, outcome);
   // The page of the run's curves, also for a stopped run (what it got to).
-  if (absl::StatusOr<RunReportOutcome> report = WriteRunReport(*run_dir, ""); report.ok()) {
+  if (absl::StatusOr<RunReportOutcome> report = WriteRunReport(run->run_dir, ""); report.ok()) {
     std::cout << "  report: " << report->path << "\n";
   } else {
     std::cerr << "kappa run: no report: " << report.status().message() << "\n";

@@ -204,71 +204,57 @@ std::function<bool(int64_t)> StopAtTargetAccuracy(
   };
 }
 
-absl::StatusOr<SftResult> RunSftOrThrow(const services::Config& config, Role role,
-                                        const std::string& out_dir, std::ostream& log) {
-  const auto start = std::chrono::steady_clock::now();
-  const auto elapsed = [&] {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  };
+// What one SFT run trains and measures on: the task's splits, the examples
+// drawn from (with a corruption rule's wrong answers, when one is set) and
+// the training prompts the target and train_accuracy are checked on.
+struct SftData {
+  std::unique_ptr<tasks::Dataset> train, heldout;
+  size_t train_count = 0;  // the first train examples trained on
+  size_t eval_count = 0;   // the first held-out examples measured
+  std::optional<tasks::AnswerCorruption> corruption;
+  int64_t corrupted = 0;  // training examples the rule covers
+  std::vector<learner::SftExample> examples;
+  std::optional<tasks::VectorDataset> check;
+};
+
+// kappa sft trains kappa's toy models from scratch: the character tokenizer
+// and raw prompts, the same encoding the learner uses for them. INVALID_ARGUMENT
+// naming the key for a bad corruption rule or target.
+absl::StatusOr<SftData> PrepareSftData(const services::Config& config, Role role,
+                                       const model::CharTokenizer& tokenizer, std::ostream& log) {
   const services::SftConfig& sft = RoleBootstrap(config, role);
   const std::string role_name = RoleName(role);
-
-  absl::StatusOr<std::unique_ptr<tasks::Dataset>> train =
-      tasks::MakeDataset(config, tasks::Split::kTrain);
-  if (!train.ok()) return train.status();
-  absl::StatusOr<std::unique_ptr<tasks::Dataset>> heldout =
-      tasks::MakeDataset(config, tasks::Split::kHeldOut);
-  if (!heldout.ok()) return heldout.status();
-
-  // kappa sft trains kappa's toy models from scratch: the character
-  // tokenizer and raw prompts (the same encoding the learner uses for them).
-  model::CharTokenizer tokenizer;
-  const learner::PromptEncoder prompts = learner::PromptEncoder::Character();
-  size_t train_count = (*train)->size();
+  SftData data;
+  KAPPA_ASSIGN_OR_RETURN(data.train, tasks::MakeDataset(config, tasks::Split::kTrain));
+  KAPPA_ASSIGN_OR_RETURN(data.heldout, tasks::MakeDataset(config, tasks::Split::kHeldOut));
+  data.train_count = data.train->size();
   if (sft.train_examples > 0) {
-    train_count = std::min(train_count, static_cast<size_t>(sft.train_examples));
+    data.train_count = std::min(data.train_count, static_cast<size_t>(sft.train_examples));
   }
-  KAPPA_ASSIGN_OR_RETURN(std::optional<tasks::AnswerCorruption> corruption,
-                         ParseCorruption(sft, role_name));
-  int64_t corrupted = 0;
-  const std::vector<learner::SftExample> examples =
-      BuildSftExamples(**train, train_count, corruption ? &*corruption : nullptr,
-                       sft.corrupt_fraction, tokenizer, &corrupted);
-  if (corruption) {
+  KAPPA_ASSIGN_OR_RETURN(data.corruption, ParseCorruption(sft, role_name));
+  data.examples =
+      BuildSftExamples(*data.train, data.train_count, data.corruption ? &*data.corruption : nullptr,
+                       sft.corrupt_fraction, tokenizer, &data.corrupted);
+  if (data.corruption) {
     log << absl::StrFormat(
         "[%s sft] corrupt=%s: %d of %d training examples get its wrong answer (drawn so with "
         "chance %g)\n",
-        role_name, corruption->name(), corrupted, train_count, sft.corrupt_fraction);
+        role_name, data.corruption->name(), data.corrupted, data.train_count, sft.corrupt_fraction);
   }
-  const size_t eval_count = std::min<size_t>(
-      (*heldout)->size(), static_cast<size_t>(std::max<int64_t>(config.trainer.eval_examples, 0)));
-  // The training prompts the target (and train_accuracy) are measured on:
-  // spread over the examples trained on, so that they have their mix.
-  const tasks::VectorDataset check = tasks::EvenlySpacedSample(
-      **train, train_count,
-      static_cast<size_t>(std::max<int64_t>(config.trainer.eval_examples, 0)));
-  if (absl::Status target = ValidateTarget(sft, role_name, check.size()); !target.ok()) {
-    return target;
-  }
+  const auto eval_examples =
+      static_cast<size_t>(std::max<int64_t>(config.trainer.eval_examples, 0));
+  data.eval_count = std::min<size_t>(data.heldout->size(), eval_examples);
+  // Spread over the examples trained on, so that they have their mix.
+  data.check = tasks::EvenlySpacedSample(*data.train, data.train_count, eval_examples);
+  KAPPA_RETURN_IF_ERROR(ValidateTarget(sft, role_name, data.check->size()));
+  return data;
+}
 
-  torch::manual_seed(sft.seed);
-  model::Decoder decoder(DecoderConfig(RoleShape(config, role), role, tokenizer));
-
-  SftResult result;
-  result.checkpoint_dir = out_dir;
-  result.train_examples = static_cast<int64_t>(train_count);
-  result.eval_examples = static_cast<int64_t>(eval_count);
-  if (eval_count > 0) {
-    result.accuracy_before = learner::DatasetAccuracy(decoder, prompts, **heldout, eval_count,
-                                                      config.rollout.max_new_tokens);
-  }
-  log << absl::StrFormat(
-             "[%s sft] %d train examples, %d steps, batch %d, lr %g; held-out "
-             "accuracy before: %.3f (%d examples)\n",
-             role_name, train_count, sft.steps, sft.batch_size, sft.lr, result.accuracy_before,
-             eval_count)
-      << std::flush;
-
+// The role's SFT recipe as learner::SftTrain options; each step's count
+// goes to result->steps and every tenth of the run to `log`.
+learner::SftOptions MakeSftOptions(const services::SftConfig& sft, const std::string& role_name,
+                                   const std::function<double()>& elapsed, std::ostream& log,
+                                   SftResult* result) {
   learner::SftOptions options;
   options.steps = sft.steps;
   options.batch_size = sft.batch_size;
@@ -277,49 +263,92 @@ absl::StatusOr<SftResult> RunSftOrThrow(const services::Config& config, Role rol
   options.warmup_steps = sft.warmup_steps;
   options.seed = sft.seed;
   const int64_t report_every = std::max<int64_t>(1, sft.steps / 10);
-  options.on_step = [&](int64_t step, double loss) {
+  const int64_t steps = sft.steps;
+  options.on_step = [=, &log](int64_t step, double loss) {
     // `step` is 0-based; report the count of steps done.
     const int64_t done = step + 1;
-    result.steps = done;
-    if (done % report_every == 0 || done == sft.steps) {
-      log << absl::StrFormat("[%s sft] step %d/%d loss %.4f (%.1f s)\n", role_name, done, sft.steps,
+    result->steps = done;
+    if (done % report_every == 0 || done == steps) {
+      log << absl::StrFormat("[%s sft] step %d/%d loss %.4f (%.1f s)\n", role_name, done, steps,
                              loss, elapsed())
           << std::flush;
     }
   };
+  return options;
+}
+
+// With a corruption rule: accuracy on the held-out examples it covers (true
+// answers, and the rule's answers) and on the rest, into `result` and `log`.
+void MeasureCorruption(const SftData& data, const services::SftConfig& sft,
+                       const std::string& role_name, model::Decoder& decoder,
+                       const learner::PromptEncoder& prompts, int64_t max_new_tokens,
+                       std::ostream& log, SftResult* result) {
+  const tasks::AnswerCorruption& rule = *data.corruption;
+  result->corrupt = rule.name();
+  result->corrupt_fraction = sft.corrupt_fraction;
+  result->corrupted_train_examples = data.corrupted;
+  const CorruptionSplit split = SplitByCorruption(*data.heldout, data.eval_count, rule);
+  result->covered_accuracy = AccuracyIfAny(decoder, prompts, split.covered, max_new_tokens);
+  result->covered_corrupt_agreement =
+      AccuracyIfAny(decoder, prompts, split.covered_as_corrupted, max_new_tokens);
+  result->rest_accuracy = AccuracyIfAny(decoder, prompts, split.rest, max_new_tokens);
+  log << absl::StrFormat(
+             "[%s sft] held-out: %d covered by %s, accuracy %.3f, answered as the rule "
+             "answers %.3f; %d others, accuracy %.3f\n",
+             role_name, split.covered.size(), rule.name(), result->covered_accuracy.value_or(0.0),
+             result->covered_corrupt_agreement.value_or(0.0), split.rest.size(),
+             result->rest_accuracy.value_or(0.0))
+      << std::flush;
+}
+
+absl::StatusOr<SftResult> RunSftOrThrow(const services::Config& config, Role role,
+                                        const std::string& out_dir, std::ostream& log) {
+  const auto start = std::chrono::steady_clock::now();
+  const std::function<double()> elapsed = [start] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  };
+  const services::SftConfig& sft = RoleBootstrap(config, role);
+  const std::string role_name = RoleName(role);
+  const int64_t max_new_tokens = config.rollout.max_new_tokens;
+  model::CharTokenizer tokenizer;
+  const learner::PromptEncoder prompts = learner::PromptEncoder::Character();
+  KAPPA_ASSIGN_OR_RETURN(const SftData data, PrepareSftData(config, role, tokenizer, log));
+
+  torch::manual_seed(sft.seed);
+  model::Decoder decoder(DecoderConfig(RoleShape(config, role), role, tokenizer));
+  SftResult result;
+  result.checkpoint_dir = out_dir;
+  result.train_examples = static_cast<int64_t>(data.train_count);
+  result.eval_examples = static_cast<int64_t>(data.eval_count);
+  if (data.eval_count > 0) {
+    result.accuracy_before =
+        learner::DatasetAccuracy(decoder, prompts, *data.heldout, data.eval_count, max_new_tokens);
+  }
+  log << absl::StrFormat(
+             "[%s sft] %d train examples, %d steps, batch %d, lr %g; held-out "
+             "accuracy before: %.3f (%d examples)\n",
+             role_name, data.train_count, sft.steps, sft.batch_size, sft.lr, result.accuracy_before,
+             data.eval_count)
+      << std::flush;
+
+  learner::SftOptions options = MakeSftOptions(sft, role_name, elapsed, log, &result);
   if (sft.target_accuracy > 0) {
     result.target_accuracy = sft.target_accuracy;
-    options.stop_after = StopAtTargetAccuracy(sft, role_name, decoder, prompts, check,
-                                              config.rollout.max_new_tokens, log, &result);
+    options.stop_after = StopAtTargetAccuracy(sft, role_name, decoder, prompts, *data.check,
+                                              max_new_tokens, log, &result);
   }
-  result.loss = sft.steps > 0 ? learner::SftTrain(decoder, examples, options) : 0.0;
+  result.loss = sft.steps > 0 ? learner::SftTrain(decoder, data.examples, options) : 0.0;
 
-  if (eval_count > 0) {
-    result.accuracy = learner::DatasetAccuracy(decoder, prompts, **heldout, eval_count,
-                                               config.rollout.max_new_tokens);
+  if (data.eval_count > 0) {
+    result.accuracy =
+        learner::DatasetAccuracy(decoder, prompts, *data.heldout, data.eval_count, max_new_tokens);
     // The same measure on examples it trained on: a large gap means it
     // memorized rather than learned the task.
-    result.train_accuracy = learner::DatasetAccuracy(decoder, prompts, check, check.size(),
-                                                     config.rollout.max_new_tokens);
+    result.train_accuracy =
+        learner::DatasetAccuracy(decoder, prompts, *data.check, data.check->size(), max_new_tokens);
   }
-  if (corruption) {
-    result.corrupt = corruption->name();
-    result.corrupt_fraction = sft.corrupt_fraction;
-    result.corrupted_train_examples = corrupted;
-    const CorruptionSplit split = SplitByCorruption(**heldout, eval_count, *corruption);
-    const int64_t budget = config.rollout.max_new_tokens;
-    result.covered_accuracy = AccuracyIfAny(decoder, prompts, split.covered, budget);
-    result.covered_corrupt_agreement =
-        AccuracyIfAny(decoder, prompts, split.covered_as_corrupted, budget);
-    result.rest_accuracy = AccuracyIfAny(decoder, prompts, split.rest, budget);
-    log << absl::StrFormat(
-               "[%s sft] held-out: %d covered by %s, accuracy %.3f, answered as the rule "
-               "answers %.3f; %d others, accuracy %.3f\n",
-               role_name, split.covered.size(), corruption->name(),
-               result.covered_accuracy.value_or(0.0),
-               result.covered_corrupt_agreement.value_or(0.0), split.rest.size(),
-               result.rest_accuracy.value_or(0.0))
-        << std::flush;
+  if (data.corruption) {
+    MeasureCorruption(data, sft, role_name, decoder, prompts, max_new_tokens, log, &result);
   }
   result.seconds = elapsed();
   std::filesystem::path parent = std::filesystem::path(out_dir).parent_path();
