@@ -1,7 +1,7 @@
-// Status plumbing shared by every layer above model/ and learner/algo/.
+// Status plumbing shared by every layer above the compute code.
 //
 // The error rule (docs/contributing.md, "Errors"): the libtorch compute code
-// (model/, learner/algo/) reports bad input and broken invariants by
+// (model/, dist/'s c10d wrappers, learner/algo/) reports bad input and broken invariants by
 // throwing (std::invalid_argument for input, other std::exception types,
 // c10::Error included, for the rest); everything above returns absl::Status.
 // CaptureExceptions is where one becomes the other: a service-layer call into

@@ -1,4 +1,4 @@
-// The learner's shared-memory segments (learner/shm_segment.h): names them,
+// The learner's shared-memory segments (dist/shm_segment.h): names them,
 // keeps the latest two versions' and unlinks the rest, and all of its own at
 // Shutdown() or destruction. One per PolicyPublisher.
 //

@@ -1,8 +1,8 @@
 // A continuous-batching decode engine: a fixed number of slots, each holding
 // one response being sampled. A row leaves its slot the step it stops (a
 // stop id, its request's stop check such as a stop string, or its budget)
-// and the oldest waiting request takes free slots at the next step, so a
-// batch never waits for its longest row the way model::Sample's does.
+// and the oldest waiting request takes free slots at the next step, so no
+// row waits for the longest one of a batch. model::Sample is this engine.
 //
 // Memory: the keys/values live in one SlotKVCache of `max_rows` slots ×
 // `max_sequence_tokens` columns, allocated once (or, with

@@ -21,7 +21,7 @@
 // is closed or fails, it falls back to WatchPolicy for good.
 //
 // With rollout.weight_transport: shm or auto the stream offers this host's
-// shared memory (learner/shm_segment.h ShmHostKey); a learner on the same
+// shared memory (dist/shm_segment.h ShmHostKey); a learner on the same
 // host and /dev/shm then sends each version as one SHARED_MEMORY chunk
 // naming a segment it wrote, and the worker copies the segment into the
 // same inactive copy (one copy, converting if the dtypes differ), published

@@ -1,5 +1,5 @@
 // PolicyWatcher's c10d path: membership of the learner's same-host weight
-// group (learner/weight_broadcaster.h, learner/algo/weight_group.h).
+// group (learner/weight_broadcaster.h, dist/weight_group.h).
 #include <spdlog/spdlog.h>
 #include <torch/torch.h>
 

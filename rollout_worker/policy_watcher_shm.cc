@@ -1,5 +1,5 @@
 // PolicyWatcher's shared-memory path: a version the learner wrote into a
-// segment on this host (learner/shm_segment.h), copied into the inactive copy.
+// segment on this host (dist/shm_segment.h), copied into the inactive copy.
 #include <torch/torch.h>
 
 #include <set>

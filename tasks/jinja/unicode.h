@@ -11,7 +11,7 @@
 
 namespace kappa::tasks::jinja {
 
-// UTF-8 itself is model/utf8.h's (the project's one implementation); Python
+// UTF-8 itself is base/utf8.h's (the project's one implementation); Python
 // strings are well-formed UTF-8 (checked at the module boundary).
 using base::AppendUtf8;
 using base::CodePointCount;

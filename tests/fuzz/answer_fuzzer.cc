@@ -1,7 +1,7 @@
 // Fuzzes what the verifier does with untrusted text before any sandbox runs:
 // the exact-answer reward (tasks/answer.h: ParseFinalAnswer, ValidateReference,
 // ExactAnswerReward), the code-block extraction (ExtractPythonCode) and the
-// UTF-8 check (model/utf8.h). The input is "<reference>\0<response>" (no
+// UTF-8 check (base/utf8.h). The input is "<reference>\0<response>" (no
 // NUL: all of it is both). Crashes and broken invariants are findings.
 #include <cstddef>
 #include <cstdint>

@@ -83,10 +83,10 @@ TEST_F(RunConfigTest, UnknownTeacherValuePrecisionIsRejected) {
   EXPECT_FALSE(std::filesystem::exists(dir_ + "/runs"));
 }
 
-TEST_F(RunConfigTest, BadRolloutEngineOrSamplingKeysAreRejected) {
+TEST_F(RunConfigTest, BadRolloutSamplingKeysAreRejected) {
   const std::string path = Config("ok.yaml", "name: t\n");
   for (const auto& [override_text, key] : std::vector<std::pair<std::string, std::string>>{
-           {"rollout.engine=paged", "rollout.engine"},
+           {"rollout.weights_dtype=fp8", "rollout.weights_dtype"},
            {"rollout.top_k=-1", "rollout.top_k"},
            {"rollout.min_p=1.5", "rollout.min_p"},
            {"rollout.top_p=0", "rollout.top_p"},

@@ -1,4 +1,4 @@
-// The same-host weight broadcast (issue 19): learner/algo/weight_group.h on
+// The same-host weight broadcast (issue 19): dist/weight_group.h on
 // its own (three ranks in threads over a real TCPStore and Gloo), then the
 // real LearnerService + WeightBroadcaster with PolicyWatchers that take
 // rollout.weight_transport: c10d, on loopback: versions arrive bit for bit
