@@ -127,8 +127,47 @@ constexpr char kCorruptFractionHelp[] =
     "Bootstrap SFT with `corrupt`: the chance, in (0, 1], that an example the rule covers is "
     "drawn with the rule's wrong answer (with its true answer otherwise). Below 1 the model "
     "learns that mixture for each covered prompt: mostly wrong, yet right in some samples.";
+constexpr char kBootstrapStepsHelp[] =
+    "Bootstrap SFT (`kappa sft`, the warm start of `kappa run`): optimizer steps; the demo's "
+    "teacher trains long (a strong teacher), its student briefly (a weak warm start).";
+constexpr char kCorruptHelp[] =
+    "Bootstrap SFT: empty: the true answers; else a rule that trains the examples it covers on "
+    "a systematically wrong answer (an unreliable model): `carry_into_hundreds` (a+b ≥ 100 "
+    "answered a+b−100), `hundreds_plus_one` (a+b ≥ 100 answered a+b+100) or `minus_as_plus` "
+    "(a−b answered a+b). The learner then reports accuracy and K_DR on that subset and on the "
+    "rest.";
 constexpr char kCheckEveryHelp[] =
     "Bootstrap SFT with `target_accuracy`: steps between two accuracy checks.";
+
+// The keys the student and the teacher share: the bootstrap model's shape
+// and its SFT recipe (`role` is student or teacher), written once.
+#define KAPPA_MODEL_ROLE_FIELDS(role)                                                          \
+  KAPPA_CONFIG_FIELD(role.shape.hidden_size,                                                   \
+                     "Bootstrap model (when `checkpoint` is empty): hidden size."),            \
+      KAPPA_CONFIG_FIELD(role.shape.intermediate_size,                                         \
+                         "Bootstrap model: SwiGLU intermediate size."),                        \
+      KAPPA_CONFIG_FIELD(role.shape.num_hidden_layers, "Bootstrap model: decoder layers."),    \
+      KAPPA_CONFIG_FIELD(role.shape.num_attention_heads, "Bootstrap model: attention heads."), \
+      KAPPA_CONFIG_FIELD(                                                                      \
+          role.shape.num_key_value_heads,                                                      \
+          "Bootstrap model: key/value heads (fewer than the attention heads: GQA)."),          \
+      KAPPA_CONFIG_FIELD(role.shape.max_position_embeddings,                                   \
+                         "Bootstrap model: context length in tokens."),                        \
+      KAPPA_CONFIG_FIELD(role.bootstrap.steps, kBootstrapStepsHelp),                           \
+      KAPPA_CONFIG_FIELD(role.bootstrap.batch_size, "Bootstrap SFT: examples per step."),      \
+      KAPPA_CONFIG_FIELD(role.bootstrap.lr, "Bootstrap SFT: peak AdamW learning rate."),       \
+      KAPPA_CONFIG_FIELD(role.bootstrap.weight_decay, "Bootstrap SFT: AdamW weight decay."),   \
+      KAPPA_CONFIG_FIELD(role.bootstrap.warmup_steps,                                          \
+                         "Bootstrap SFT: linear warm-up steps, then cosine decay."),           \
+      KAPPA_CONFIG_FIELD(                                                                      \
+          role.bootstrap.train_examples,                                                       \
+          "Bootstrap SFT: train on the first N training examples; 0: the whole train split."), \
+      KAPPA_CONFIG_FIELD(role.bootstrap.seed,                                                  \
+                         "Bootstrap SFT: seed of the initialization and the example order."),  \
+      KAPPA_CONFIG_FIELD(role.bootstrap.corrupt, kCorruptHelp),                                \
+      KAPPA_CONFIG_FIELD(role.bootstrap.corrupt_fraction, kCorruptFractionHelp),               \
+      KAPPA_CONFIG_FIELD(role.bootstrap.target_accuracy, kTargetAccuracyHelp),                 \
+      KAPPA_CONFIG_FIELD(role.bootstrap.check_every, kCheckEveryHelp)
 
 // Constant-initialized (no constructor runs), so it is usable from any
 // static initializer and the order of initialization does not matter.
@@ -213,39 +252,7 @@ constexpr Field kFields[] = {
         student.dtype,
         "Parameters of the rollout workers' copies: `auto` (bf16 on CUDA, fp32 on the CPU), "
         "`bfloat16` or `float32`; the learner keeps fp32 master weights."),
-    KAPPA_CONFIG_FIELD(student.shape.hidden_size,
-                       "Bootstrap model (when `checkpoint` is empty): hidden size."),
-    KAPPA_CONFIG_FIELD(student.shape.intermediate_size,
-                       "Bootstrap model: SwiGLU intermediate size."),
-    KAPPA_CONFIG_FIELD(student.shape.num_hidden_layers, "Bootstrap model: decoder layers."),
-    KAPPA_CONFIG_FIELD(student.shape.num_attention_heads, "Bootstrap model: attention heads."),
-    KAPPA_CONFIG_FIELD(student.shape.num_key_value_heads,
-                       "Bootstrap model: key/value heads (fewer than the attention heads: GQA)."),
-    KAPPA_CONFIG_FIELD(student.shape.max_position_embeddings,
-                       "Bootstrap model: context length in tokens."),
-    KAPPA_CONFIG_FIELD(student.bootstrap.steps,
-                       "Bootstrap SFT (`kappa sft`, the warm start of `kappa run`): optimizer "
-                       "steps; the student's is short on purpose, a weak warm start."),
-    KAPPA_CONFIG_FIELD(student.bootstrap.batch_size, "Bootstrap SFT: examples per step."),
-    KAPPA_CONFIG_FIELD(student.bootstrap.lr, "Bootstrap SFT: peak AdamW learning rate."),
-    KAPPA_CONFIG_FIELD(student.bootstrap.weight_decay, "Bootstrap SFT: AdamW weight decay."),
-    KAPPA_CONFIG_FIELD(student.bootstrap.warmup_steps,
-                       "Bootstrap SFT: linear warm-up steps, then cosine decay."),
-    KAPPA_CONFIG_FIELD(
-        student.bootstrap.train_examples,
-        "Bootstrap SFT: train on the first N training examples; 0: the whole train split."),
-    KAPPA_CONFIG_FIELD(student.bootstrap.seed,
-                       "Bootstrap SFT: seed of the initialization and the example order."),
-    KAPPA_CONFIG_FIELD(student.bootstrap.corrupt,
-                       "Bootstrap SFT: empty: the true answers; else a rule that trains the "
-                       "examples it covers on a systematically wrong answer (an unreliable "
-                       "student): `carry_into_hundreds` (a+b ≥ 100 answered a+b−100), "
-                       "`hundreds_plus_one` (a+b ≥ 100 answered a+b+100) or `minus_as_plus` (a−b "
-                       "answered a+b). The learner then reports accuracy "
-                       "and K_DR on that subset and on the rest."),
-    KAPPA_CONFIG_FIELD(student.bootstrap.corrupt_fraction, kCorruptFractionHelp),
-    KAPPA_CONFIG_FIELD(student.bootstrap.target_accuracy, kTargetAccuracyHelp),
-    KAPPA_CONFIG_FIELD(student.bootstrap.check_every, kCheckEveryHelp),
+    KAPPA_MODEL_ROLE_FIELDS(student),
 
     KAPPA_CONFIG_FIELD(teacher.checkpoint,
                        "Hugging Face model directory of the teacher; empty: bootstrap one by SFT "
@@ -253,39 +260,7 @@ constexpr Field kFields[] = {
     KAPPA_CONFIG_FIELD(teacher.dtype,
                        "Parameters of the teacher: `auto` (bf16 on CUDA, fp32 on the CPU), "
                        "`bfloat16` or `float32`."),
-    KAPPA_CONFIG_FIELD(teacher.shape.hidden_size,
-                       "Bootstrap model (when `checkpoint` is empty): hidden size."),
-    KAPPA_CONFIG_FIELD(teacher.shape.intermediate_size,
-                       "Bootstrap model: SwiGLU intermediate size."),
-    KAPPA_CONFIG_FIELD(teacher.shape.num_hidden_layers, "Bootstrap model: decoder layers."),
-    KAPPA_CONFIG_FIELD(teacher.shape.num_attention_heads, "Bootstrap model: attention heads."),
-    KAPPA_CONFIG_FIELD(teacher.shape.num_key_value_heads,
-                       "Bootstrap model: key/value heads (fewer than the attention heads: GQA)."),
-    KAPPA_CONFIG_FIELD(teacher.shape.max_position_embeddings,
-                       "Bootstrap model: context length in tokens."),
-    KAPPA_CONFIG_FIELD(teacher.bootstrap.steps,
-                       "Bootstrap SFT (`kappa sft`, the warm start of `kappa run`): optimizer "
-                       "steps; the teacher's is long, a strong teacher."),
-    KAPPA_CONFIG_FIELD(teacher.bootstrap.batch_size, "Bootstrap SFT: examples per step."),
-    KAPPA_CONFIG_FIELD(teacher.bootstrap.lr, "Bootstrap SFT: peak AdamW learning rate."),
-    KAPPA_CONFIG_FIELD(teacher.bootstrap.weight_decay, "Bootstrap SFT: AdamW weight decay."),
-    KAPPA_CONFIG_FIELD(teacher.bootstrap.warmup_steps,
-                       "Bootstrap SFT: linear warm-up steps, then cosine decay."),
-    KAPPA_CONFIG_FIELD(
-        teacher.bootstrap.train_examples,
-        "Bootstrap SFT: train on the first N training examples; 0: the whole train split."),
-    KAPPA_CONFIG_FIELD(teacher.bootstrap.seed,
-                       "Bootstrap SFT: seed of the initialization and the example order."),
-    KAPPA_CONFIG_FIELD(teacher.bootstrap.corrupt,
-                       "Bootstrap SFT: empty: the true answers; else a rule that trains the "
-                       "examples it covers on a systematically wrong answer (an unreliable "
-                       "teacher): `carry_into_hundreds` (a+b ≥ 100 answered a+b−100), "
-                       "`hundreds_plus_one` (a+b ≥ 100 answered a+b+100) or `minus_as_plus` (a−b "
-                       "answered a+b). The learner then reports accuracy "
-                       "and K_DR on that subset and on the rest."),
-    KAPPA_CONFIG_FIELD(teacher.bootstrap.corrupt_fraction, kCorruptFractionHelp),
-    KAPPA_CONFIG_FIELD(teacher.bootstrap.target_accuracy, kTargetAccuracyHelp),
-    KAPPA_CONFIG_FIELD(teacher.bootstrap.check_every, kCheckEveryHelp),
+    KAPPA_MODEL_ROLE_FIELDS(teacher),
     KAPPA_CONFIG_FIELD(
         teacher.address,
         "HOST:PORT the teacher serves on and the workers dial; under `kappa run` the "
@@ -650,6 +625,7 @@ constexpr Field kFields[] = {
                        "render and tokenize every train and held-out prompt."),
 };
 
+#undef KAPPA_MODEL_ROLE_FIELDS
 #undef KAPPA_CONFIG_FIELD
 
 // The table above, for the functions below.
