@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -228,9 +229,6 @@ absl::StatusOr<HybridStepConfig> MakeHybridStepConfig(const services::Config& co
   const services::Config::Rstg& rstg = config.rstg;
   step.rstg.confidence = ToStep(rstg.confidence);
   step.rstg.token_score = ToStep(rstg.token_selector);
-  if (!(rstg.token_frac > 0 && rstg.token_frac <= 1)) {
-    return absl::InvalidArgumentError("config key 'rstg.token_frac' must be in (0, 1]");
-  }
   step.rstg.token_frac = rstg.token_frac;
   switch (step.rstg.token_score) {
     case RstgConfig::TokenScore::kEntropy:
@@ -240,11 +238,8 @@ absl::StatusOr<HybridStepConfig> MakeHybridStepConfig(const services::Config& co
       step.rstg.threshold = rstg.divergence_threshold;
       break;
     case RstgConfig::TokenScore::kUnion:
-      if (rstg.entropy_threshold >= 0 || rstg.divergence_threshold >= 0) {
-        return absl::InvalidArgumentError(
-            "config keys 'rstg.entropy_threshold' / 'rstg.divergence_threshold' compare one "
-            "score; 'rstg.token_selector' union ranks both by 'rstg.token_frac'");
-      }
+      // Either threshold set is a contradiction ValidateHybridStepConfig refuses.
+      step.rstg.threshold = std::max(rstg.entropy_threshold, rstg.divergence_threshold);
       break;
   }
   step.sft_weight = step.gate == DistillGate::kRstg ? rstg.sft_weight : 0.0;
@@ -253,11 +248,6 @@ absl::StatusOr<HybridStepConfig> MakeHybridStepConfig(const services::Config& co
   absl::StatusOr<std::optional<LearningRateSchedule>> lambda_schedule = MakeLambdaSchedule(config);
   if (!lambda_schedule.ok()) return lambda_schedule.status();
   step.lambda_schedule = *lambda_schedule;
-  if (step.lambda_schedule && step.balance.adapt) {
-    return absl::InvalidArgumentError(
-        "config keys 'trainer.lambda_schedule' (cosine) and 'trainer.balance' (m3_adapt) both "
-        "move lambda; pick one");
-  }
   BalanceConfig& balance = step.balance;
   if (!(trainer.kappa_target > 0)) {
     return absl::InvalidArgumentError("config key 'trainer.kappa_target' must be > 0");
@@ -296,6 +286,10 @@ absl::StatusOr<HybridStepConfig> MakeHybridStepConfig(const services::Config& co
   monitor.kdr_exact_every = config.monitor.kdr_exact_every;
   monitor.kdr_exact_positions = config.monitor.kdr_exact_positions;
   monitor.seed = services::RlSeed(config);
+  // The pairs of settings that contradict each other: one check, the
+  // algorithm's, also run by HybridStep's constructor.
+  KAPPA_RETURN_IF_ERROR(base::CaptureExceptions(
+      "config", [&] { ValidateHybridStepConfig(step); }, absl::StatusCode::kInvalidArgument));
   return step;
 }
 

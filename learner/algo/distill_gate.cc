@@ -41,6 +41,17 @@ RstgConfig::TokenScore ParseRstgTokenScore(const std::string& name) {
                               name + "'");
 }
 
+void CheckRstgConfig(const RstgConfig& config) {
+  if (!(config.token_frac > 0 && config.token_frac <= 1)) {
+    throw std::invalid_argument("rstg.token_frac must be in (0, 1]");
+  }
+  if (config.token_score == RstgConfig::TokenScore::kUnion && config.threshold >= 0) {
+    throw std::invalid_argument(
+        "rstg.entropy_threshold / rstg.divergence_threshold compare one score; "
+        "rstg.token_selector=union ranks entropy and divergence apart by rstg.token_frac");
+  }
+}
+
 namespace {
 
 // 1 at the ceil(frac · #gated) gated positions of highest `score`, else 0.
@@ -65,12 +76,8 @@ torch::Tensor TopFraction(const torch::Tensor& score, const torch::Tensor& gated
 torch::Tensor SelectTokens(const torch::Tensor& gated, const torch::Tensor& entropy,
                            const torch::Tensor& divergence, const RstgConfig& config) {
   using TokenScore = RstgConfig::TokenScore;
+  CheckRstgConfig(config);
   if (config.token_score == TokenScore::kUnion) {
-    if (config.threshold >= 0) {
-      throw std::invalid_argument(
-          "rstg.threshold compares one score; rstg.token_selector=union ranks entropy and "
-          "divergence apart by rstg.token_frac");
-    }
     return torch::maximum(TopFraction(entropy, gated, config.token_frac),
                           TopFraction(divergence, gated, config.token_frac));
   }

@@ -40,6 +40,11 @@ struct RstgConfig {
   double threshold = -1.0;
 };
 
+// Throws std::invalid_argument for settings that contradict each other: a
+// threshold with kUnion (a threshold compares one score; union ranks both
+// by token_frac), token_frac outside (0, 1].
+void CheckRstgConfig(const RstgConfig& config);
+
 RstgConfig::Confidence ParseRstgConfidence(const std::string& name);  // max_prob | token_prob
 // entropy | divergence | union
 RstgConfig::TokenScore ParseRstgTokenScore(const std::string& name);

@@ -55,20 +55,27 @@ torch::Tensor OnPolicyRows(const std::vector<int64_t>& group_versions, int64_t g
   return torch::tensor(rows, torch::kFloat32);
 }
 
-HybridStep::HybridStep(model::Decoder model, std::unique_ptr<PolicyOptimizer> optimizer,
-                       HybridStepConfig config)
-    : model_(std::move(model)), optimizer_(std::move(optimizer)), config_(std::move(config)) {
-  if (config_.monitor.kdr_estimator == KdrEstimator::kExact) {
+void ValidateHybridStepConfig(const HybridStepConfig& config) {
+  if (config.monitor.kdr_estimator == KdrEstimator::kExact) {
     throw std::invalid_argument(
         "monitor.kdr_estimator must be last_layer or logit (exact runs on sampled positions "
         "via monitor.kdr_exact_every)");
   }
-  if (config_.balance.mask && config_.balance.mask_estimator == KdrEstimator::kExact) {
+  if (config.balance.mask && config.balance.mask_estimator == KdrEstimator::kExact) {
     throw std::invalid_argument("m3.mask_estimator must be logit or last_layer");
   }
-  if (config_.balance.adapt && config_.lambda_schedule) {
-    throw std::invalid_argument("trainer.lambda_schedule and m3_adapt both move lambda; pick one");
+  if (config.balance.adapt && config.lambda_schedule) {
+    throw std::invalid_argument(
+        "trainer.lambda_schedule (cosine) and trainer.balance (m3_adapt) both move lambda; pick "
+        "one");
   }
+  CheckRstgConfig(config.rstg);
+}
+
+HybridStep::HybridStep(model::Decoder model, std::unique_ptr<PolicyOptimizer> optimizer,
+                       HybridStepConfig config)
+    : model_(std::move(model)), optimizer_(std::move(optimizer)), config_(std::move(config)) {
+  ValidateHybridStepConfig(config_);
   if (config_.balance.adapt) {
     lambda_controller_.emplace(config_.loss.lambda, config_.balance.kappa_target,
                                config_.balance.adapt_config);

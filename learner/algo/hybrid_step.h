@@ -68,9 +68,17 @@ struct HybridStepConfig {
 torch::Tensor OnPolicyRows(const std::vector<int64_t>& group_versions, int64_t group_size,
                            int64_t current_version);
 
+// The one check of a step configuration's consistency, made by HybridStep's
+// constructor and by the learner's start-up checks (learner/step_config.h):
+// throws std::invalid_argument naming the keys for settings that contradict
+// each other (an exact K_DR estimator where only the cheap ones run, λ moved
+// by both a schedule and m3_adapt, CheckRstgConfig's pairs).
+void ValidateHybridStepConfig(const HybridStepConfig& config);
+
 class HybridStep {
  public:
-  // Throws std::invalid_argument on inconsistent configuration.
+  // Throws std::invalid_argument on inconsistent configuration
+  // (ValidateHybridStepConfig).
   HybridStep(model::Decoder model, std::unique_ptr<PolicyOptimizer> optimizer,
              HybridStepConfig config);
 

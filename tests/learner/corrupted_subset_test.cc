@@ -84,6 +84,22 @@ TEST(LambdaScheduleConfig, CosineIsAScheduleAndBadValuesNameTheirKey) {
   }
 }
 
+// The pairs that contradict each other are refused by the algorithm's one
+// check (ValidateHybridStepConfig) at start-up, naming the keys.
+TEST(StepConfig, ContradictoryPairsAreRefusedByTheOneCheck) {
+  for (const auto& [overrides, key] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"rstg.token_selector=union", "rstg.entropy_threshold=0.5"}, "rstg.token_selector"},
+           {{"rstg.token_selector=union", "rstg.divergence_threshold=0"}, "union"},
+           {{"rstg.token_frac=0"}, "rstg.token_frac"},
+           {{"trainer.lambda_schedule=cosine", "trainer.balance=[m3_adapt]"},
+            "trainer.lambda_schedule"}}) {
+    const absl::Status status = RefusalOf(overrides);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << key;
+    EXPECT_NE(status.message().find(key), std::string::npos) << status;
+  }
+  EXPECT_TRUE(RefusalOf({"rstg.token_selector=union"}).ok());
+}
+
 TEST(TeacherCorruptionConfig, NamesTheKeyOfAnUnknownRuleOrAConfiguredCheckpoint) {
   absl::StatusOr<services::Config> none = ConfigWith({});
   ASSERT_TRUE(none.ok());
