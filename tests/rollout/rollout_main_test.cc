@@ -75,6 +75,20 @@ TEST(RolloutMainTest, ANameThatIsNoDeviceIsRefusedAtStartUp) {
       << no_index.output;
 }
 
+// The exit code tells a bad setting (2: fix the configuration) from a
+// failure of the process's own start-up (1).
+TEST(RolloutMainTest, ABadSettingExitsTwoAFailedStartUpOne) {
+  const Outcome limit = RunToExit("security.max_message_bytes=0");
+  EXPECT_EQ(limit.exit_code, 2) << limit.output;
+  EXPECT_NE(limit.output.find("kappa-rollout-worker: INVALID_ARGUMENT: "
+                              "security.max_message_bytes: expected 1.."),
+            std::string::npos)
+      << limit.output;
+  const Outcome ready = RunToExit("--ready-file /nonexistent/kappa/ready.json");
+  EXPECT_EQ(ready.exit_code, 1) << ready.output;
+  EXPECT_NE(ready.output.find("/nonexistent/kappa/ready.json"), std::string::npos) << ready.output;
+}
+
 TEST(RolloutMainTest, CpuStartsAndStopsOnSigterm) {
   const std::string log =
       (std::filesystem::temp_directory_path() /
