@@ -24,13 +24,14 @@ std::string FileStamp(const std::string& path) {
 
 }  // namespace
 
-std::string BootstrapKey(const services::Config& config, Role role) {
+std::string BootstrapKey(const services::Config& config, learner::Role role) {
   const services::Config::Task& task = config.task;
-  const services::ModelShape& shape = RoleShape(config, role);
-  const services::SftConfig& sft = RoleBootstrap(config, role);
+  const services::ModelShape& shape = learner::RoleShape(config, role);
+  const services::SftConfig& sft = learner::RoleBootstrap(config, role);
   // Bump the version when the SFT recipe changes in a way the settings below
   // do not capture.
-  std::string text = absl::StrCat("kappa-bootstrap-v1|", RoleName(role), "|seed=", config.seed);
+  std::string text =
+      absl::StrCat("kappa-bootstrap-v1|", learner::RoleName(role), "|seed=", config.seed);
   absl::StrAppend(&text, "|task=", std::string(services::ChoiceName(task.kind)), ",",
                   task.min_digits, ",", task.max_digits, ",", task.operators, ",", task.train_size,
                   ",", task.heldout_size);
@@ -65,17 +66,17 @@ std::string BootstrapKey(const services::Config& config, Role role) {
   return absl::StrFormat("%016x", base::StableHash(text));
 }
 
-std::string BootstrapDir(const services::Config& config, Role role) {
+std::string BootstrapDir(const services::Config& config, learner::Role role) {
   return (std::filesystem::path(config.data_dir) /
-          absl::StrCat(RoleName(role), "-", BootstrapKey(config, role)))
+          absl::StrCat(learner::RoleName(role), "-", BootstrapKey(config, role)))
       .string();
 }
 
-absl::StatusOr<std::string> EnsureBootstrapCheckpoint(const services::Config& config, Role role,
-                                                      std::ostream& log) {
-  const std::string role_name = RoleName(role);
+absl::StatusOr<std::string> EnsureBootstrapCheckpoint(const services::Config& config,
+                                                      learner::Role role, std::ostream& log) {
+  const std::string role_name = learner::RoleName(role);
   const std::string& configured =
-      role == Role::kTeacher ? config.teacher.checkpoint : config.student.checkpoint;
+      role == learner::Role::kTeacher ? config.teacher.checkpoint : config.student.checkpoint;
   if (!configured.empty()) {
     if (!model::CheckpointExists(configured)) {
       return absl::FailedPreconditionError(
@@ -88,7 +89,7 @@ absl::StatusOr<std::string> EnsureBootstrapCheckpoint(const services::Config& co
   }
   const std::string dir = BootstrapDir(config, role);
   if (model::CheckpointExists(dir)) {
-    absl::StatusOr<SftResult> summary = ReadSftSummary(dir);
+    absl::StatusOr<learner::SftResult> summary = learner::ReadSftSummary(dir);
     if (summary.ok()) {
       log << absl::StrFormat("[%s] reusing cached SFT checkpoint %s (held-out accuracy %.3f)\n",
                              role_name, dir, summary->accuracy);
@@ -100,7 +101,7 @@ absl::StatusOr<std::string> EnsureBootstrapCheckpoint(const services::Config& co
   log << "[" << role_name << "] no cached checkpoint for this config; training one by SFT into "
       << dir << "\n"
       << std::flush;
-  absl::StatusOr<SftResult> result = RunSft(config, role, dir, log);
+  absl::StatusOr<learner::SftResult> result = learner::RunSft(config, role, dir, log);
   if (!result.ok()) return result.status();
   return dir;
 }

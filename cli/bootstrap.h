@@ -9,23 +9,23 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "cli/sft_runner.h"
+#include "learner/sft_warm_start.h"
 #include "services/config.h"
 
 namespace kappa::cli {
 
 // 16 hex digits (FNV-1a 64) of the settings that determine the role's SFT
 // checkpoint; stable across builds and machines.
-std::string BootstrapKey(const services::Config& config, Role role);
+std::string BootstrapKey(const services::Config& config, learner::Role role);
 // <data_dir>/<role>-<key>
-std::string BootstrapDir(const services::Config& config, Role role);
+std::string BootstrapDir(const services::Config& config, learner::Role role);
 
 // The checkpoint directory the role's service should load:
 //  * the configured <role>.checkpoint when set (FAILED_PRECONDITION if it
 //    holds no checkpoint: an explicit path is never trained into);
 //  * else the cached bootstrap dir, trained now by RunSft if missing.
 // Says what it does on `log`.
-absl::StatusOr<std::string> EnsureBootstrapCheckpoint(const services::Config& config, Role role,
-                                                      std::ostream& log);
+absl::StatusOr<std::string> EnsureBootstrapCheckpoint(const services::Config& config,
+                                                      learner::Role role, std::ostream& log);
 
 }  // namespace kappa::cli

@@ -14,9 +14,9 @@
 #include "cli/args.h"
 #include "cli/bootstrap.h"
 #include "cli/device_memory.h"
-#include "cli/sft_runner.h"
 #include "kappa/v1/teacher.pb.h"
 #include "learner/prompt_encoder.h"
+#include "learner/sft_warm_start.h"
 #include "learner/work_config.h"
 #include "model/checkpoint.h"
 #include "model/model_config.h"
@@ -47,7 +47,7 @@ ModelDims DimsOf(const model::ModelConfig& m) {
   return d;
 }
 
-// The bootstrap's decoder (cli/sft_runner.cc DecoderConfig): the role's
+// The bootstrap's decoder (learner/sft_warm_start.cc DecoderConfig): the role's
 // shape over the character tokenizer's vocabulary, Llama layout.
 ModelDims BootstrapDims(const services::ModelShape& shape) {
   ModelDims d;
@@ -62,22 +62,22 @@ ModelDims BootstrapDims(const services::ModelShape& shape) {
   return d;
 }
 
-absl::StatusOr<ModelDims> RoleDims(const services::Config& config, Role role) {
+absl::StatusOr<ModelDims> RoleDims(const services::Config& config, learner::Role role) {
   const std::string& dir =
-      role == Role::kTeacher ? config.teacher.checkpoint : config.student.checkpoint;
+      role == learner::Role::kTeacher ? config.teacher.checkpoint : config.student.checkpoint;
   std::string read_from = dir;
   if (dir.empty()) {
     read_from = BootstrapDir(config, role);
-    if (!model::CheckpointExists(read_from)) return BootstrapDims(RoleShape(config, role));
+    if (!model::CheckpointExists(read_from)) return BootstrapDims(learner::RoleShape(config, role));
   } else if (!model::CheckpointExists(dir)) {
     return absl::FailedPreconditionError(
-        absl::StrCat(RoleName(role), ".checkpoint '", dir, "' holds no checkpoint"));
+        absl::StrCat(learner::RoleName(role), ".checkpoint '", dir, "' holds no checkpoint"));
   }
   try {
     return DimsOf(model::ReadModelConfig(read_from));
   } catch (const std::exception& e) {
     return absl::InvalidArgumentError(
-        absl::StrCat(RoleName(role), " model '", read_from, "': ", e.what()));
+        absl::StrCat(learner::RoleName(role), " model '", read_from, "': ", e.what()));
   }
 }
 
@@ -259,9 +259,9 @@ nlohmann::json PlanJson(const PlanInputs& in, const MemoryPlan& plan,
 absl::StatusOr<PlanInputs> PlanInputsFor(const services::Config& config) {
   PlanInputs in;
   in.config = config;
-  absl::StatusOr<ModelDims> teacher = RoleDims(config, Role::kTeacher);
+  absl::StatusOr<ModelDims> teacher = RoleDims(config, learner::Role::kTeacher);
   if (!teacher.ok()) return teacher.status();
-  absl::StatusOr<ModelDims> student = RoleDims(config, Role::kStudent);
+  absl::StatusOr<ModelDims> student = RoleDims(config, learner::Role::kStudent);
   if (!student.ok()) return student.status();
   in.teacher = *teacher;
   in.student = *student;

@@ -77,11 +77,11 @@ void PrintSummary(const services::Config& config, const std::string& run_dir,
                                p.total_steps, FormatDuration(outcome.wall_seconds))
             << "  held-out accuracy: " << AccuracyAt(p.first_eval_accuracy, p.first_eval_step)
             << " -> " << AccuracyAt(p.last_eval_accuracy, p.last_eval_step) << "\n";
-  for (Role role : {Role::kTeacher, Role::kStudent}) {
-    const std::string& dir = role == Role::kTeacher ? config.teacher.checkpoint
-                                                    : config.student.checkpoint;
-    if (absl::StatusOr<SftResult> sft = ReadSftSummary(dir); sft.ok()) {
-      std::cout << absl::StrFormat("  %s after SFT bootstrap: %.3f\n", RoleName(role),
+  for (learner::Role role : {learner::Role::kTeacher, learner::Role::kStudent}) {
+    const std::string& dir =
+        role == learner::Role::kTeacher ? config.teacher.checkpoint : config.student.checkpoint;
+    if (absl::StatusOr<learner::SftResult> sft = learner::ReadSftSummary(dir); sft.ok()) {
+      std::cout << absl::StrFormat("  %s after SFT bootstrap: %.3f\n", learner::RoleName(role),
                                    sft->accuracy);
     }
   }
@@ -118,11 +118,12 @@ namespace {
 // Children may run from anywhere: the bootstrapped checkpoints (made now if
 // missing), the directories and the TLS files as absolute paths.
 absl::Status MakePathsAbsolute(services::Config& config) {
-  for (Role role : {Role::kTeacher, Role::kStudent}) {
+  for (learner::Role role : {learner::Role::kTeacher, learner::Role::kStudent}) {
     KAPPA_ASSIGN_OR_RETURN(std::string checkpoint,
                            EnsureBootstrapCheckpoint(config, role, std::cout));
     const std::string absolute = fs::absolute(checkpoint).string();
-    (role == Role::kTeacher ? config.teacher.checkpoint : config.student.checkpoint) = absolute;
+    (role == learner::Role::kTeacher ? config.teacher.checkpoint : config.student.checkpoint) =
+        absolute;
   }
   config.data_dir = fs::absolute(config.data_dir).string();
   config.runs_dir = fs::absolute(config.runs_dir).string();

@@ -7,7 +7,7 @@
 
 #include "absl/strings/str_format.h"
 #include "cli/args.h"
-#include "cli/sft_runner.h"
+#include "learner/sft_warm_start.h"
 #include "services/config.h"
 
 namespace kappa::cli {
@@ -23,7 +23,7 @@ int SftCommand(const std::vector<std::string>& args) {
     std::cerr << "kappa sft: --role teacher|student is required\n";
     return 2;
   }
-  absl::StatusOr<Role> role = ParseRole(line->Get("--role"));
+  absl::StatusOr<learner::Role> role = learner::ParseRole(line->Get("--role"));
   if (!role.ok()) {
     std::cerr << "kappa sft: " << role.status().message() << "\n";
     return 2;
@@ -39,9 +39,9 @@ int SftCommand(const std::vector<std::string>& args) {
     std::cerr << "kappa sft: " << config.status().message() << "\n";
     return 1;
   }
-  const std::string out =
-      line->Get("--out", (std::filesystem::path(config->data_dir) / RoleName(*role)).string());
-  absl::StatusOr<SftResult> result = RunSft(*config, *role, out, std::cout);
+  const std::string out = line->Get(
+      "--out", (std::filesystem::path(config->data_dir) / learner::RoleName(*role)).string());
+  absl::StatusOr<learner::SftResult> result = learner::RunSft(*config, *role, out, std::cout);
   if (!result.ok()) {
     std::cerr << "kappa sft: " << result.status().message() << "\n";
     return 1;
@@ -49,8 +49,8 @@ int SftCommand(const std::vector<std::string>& args) {
   std::cout << absl::StrFormat(
       "%s: held-out accuracy %.3f (was %.3f) after %d steps, loss %.4f, %.1f s\n"
       "checkpoint: %s\n",
-      RoleName(*role), result->accuracy, result->accuracy_before, result->steps, result->loss,
-      result->seconds, out);
+      learner::RoleName(*role), result->accuracy, result->accuracy_before, result->steps,
+      result->loss, result->seconds, out);
   return 0;
 }
 

@@ -1,4 +1,4 @@
-#include "cli/sft_runner.h"
+#include "learner/sft_warm_start.h"
 
 #include <torch/torch.h>
 
@@ -25,7 +25,7 @@
 #include "tasks/from_config.h"
 #include "tasks/vector_dataset.h"
 
-namespace kappa::cli {
+namespace kappa::learner {
 namespace {
 
 model::ModelConfig DecoderConfig(const services::ModelShape& shape, Role role,
@@ -126,17 +126,15 @@ absl::StatusOr<std::optional<tasks::AnswerCorruption>> ParseCorruption(
 // `fraction` and, when fraction < 1, a twin with its true answer and weight
 // 1 − fraction, so that each prompt is drawn as often as any other.
 // *corrupted counts the covered examples.
-std::vector<learner::SftExample> BuildSftExamples(const tasks::Dataset& train, size_t count,
-                                                  const tasks::AnswerCorruption* corruption,
-                                                  double fraction,
-                                                  const model::CharTokenizer& tokenizer,
-                                                  int64_t* corrupted) {
-  std::vector<learner::SftExample> examples;
+std::vector<SftExample> BuildSftExamples(const tasks::Dataset& train, size_t count,
+                                         const tasks::AnswerCorruption* corruption, double fraction,
+                                         const model::CharTokenizer& tokenizer,
+                                         int64_t* corrupted) {
+  std::vector<SftExample> examples;
   examples.reserve(count);
   auto encode = [&](const tasks::Example& example, const std::string& answer, double weight) {
-    return learner::SftExample{tokenizer.Encode(example.prompt, /*add_bos=*/true),
-                               tokenizer.Encode(answer, /*add_bos=*/false, /*add_eos=*/true),
-                               weight};
+    return SftExample{tokenizer.Encode(example.prompt, /*add_bos=*/true),
+                      tokenizer.Encode(answer, /*add_bos=*/false, /*add_eos=*/true), weight};
   };
   *corrupted = 0;
   for (size_t i = 0; i < count; ++i) {
@@ -153,10 +151,10 @@ std::vector<learner::SftExample> BuildSftExamples(const tasks::Dataset& train, s
 }
 
 // Greedy accuracy on `dataset` (all of it); unset when it is empty.
-std::optional<double> AccuracyIfAny(model::Decoder& decoder, const learner::PromptEncoder& prompts,
+std::optional<double> AccuracyIfAny(model::Decoder& decoder, const PromptEncoder& prompts,
                                     const tasks::Dataset& dataset, int64_t max_new_tokens) {
   if (dataset.size() == 0) return std::nullopt;
-  return learner::DatasetAccuracy(decoder, prompts, dataset, dataset.size(), max_new_tokens);
+  return DatasetAccuracy(decoder, prompts, dataset, dataset.size(), max_new_tokens);
 }
 
 // bootstrap.target_accuracy and check_every as they are used: the target in
@@ -188,12 +186,11 @@ absl::Status ValidateTarget(const services::SftConfig& sft, const std::string& r
 // check is logged. `decoder`, `check` and `log` must outlive it.
 std::function<bool(int64_t)> StopAtTargetAccuracy(
     const services::SftConfig& sft, const std::string& role_name, model::Decoder& decoder,
-    const learner::PromptEncoder& prompts, const tasks::Dataset& check, int64_t max_new_tokens,
+    const PromptEncoder& prompts, const tasks::Dataset& check, int64_t max_new_tokens,
     std::ostream& log, SftResult* result) {
   return [=, &decoder, &check, &log](int64_t done) {
     if (done % sft.check_every != 0) return false;
-    const double accuracy =
-        learner::DatasetAccuracy(decoder, prompts, check, check.size(), max_new_tokens);
+    const double accuracy = DatasetAccuracy(decoder, prompts, check, check.size(), max_new_tokens);
     result->reached_target = accuracy >= sft.target_accuracy;
     log << absl::StrFormat(
                "[%s sft] step %d: accuracy on %d training prompts %.3f (target %.3f)%s\n",
@@ -213,7 +210,7 @@ struct SftData {
   size_t eval_count = 0;   // the first held-out examples measured
   std::optional<tasks::AnswerCorruption> corruption;
   int64_t corrupted = 0;  // training examples the rule covers
-  std::vector<learner::SftExample> examples;
+  std::vector<SftExample> examples;
   std::optional<tasks::VectorDataset> check;
 };
 
@@ -250,12 +247,12 @@ absl::StatusOr<SftData> PrepareSftData(const services::Config& config, Role role
   return data;
 }
 
-// The role's SFT recipe as learner::SftTrain options; each step's count
+// The role's SFT recipe as SftTrain options; each step's count
 // goes to result->steps and every tenth of the run to `log`.
-learner::SftOptions MakeSftOptions(const services::SftConfig& sft, const std::string& role_name,
-                                   const std::function<double()>& elapsed, std::ostream& log,
-                                   SftResult* result) {
-  learner::SftOptions options;
+SftOptions MakeSftOptions(const services::SftConfig& sft, const std::string& role_name,
+                          const std::function<double()>& elapsed, std::ostream& log,
+                          SftResult* result) {
+  SftOptions options;
   options.steps = sft.steps;
   options.batch_size = sft.batch_size;
   options.lr = sft.lr;
@@ -281,8 +278,8 @@ learner::SftOptions MakeSftOptions(const services::SftConfig& sft, const std::st
 // answers, and the rule's answers) and on the rest, into `result` and `log`.
 void MeasureCorruption(const SftData& data, const services::SftConfig& sft,
                        const std::string& role_name, model::Decoder& decoder,
-                       const learner::PromptEncoder& prompts, int64_t max_new_tokens,
-                       std::ostream& log, SftResult* result) {
+                       const PromptEncoder& prompts, int64_t max_new_tokens, std::ostream& log,
+                       SftResult* result) {
   const tasks::AnswerCorruption& rule = *data.corruption;
   result->corrupt = rule.name();
   result->corrupt_fraction = sft.corrupt_fraction;
@@ -311,7 +308,7 @@ absl::StatusOr<SftResult> RunSftOrThrow(const services::Config& config, Role rol
   const std::string role_name = RoleName(role);
   const int64_t max_new_tokens = config.rollout.max_new_tokens;
   model::CharTokenizer tokenizer;
-  const learner::PromptEncoder prompts = learner::PromptEncoder::Character();
+  const PromptEncoder prompts = PromptEncoder::Character();
   KAPPA_ASSIGN_OR_RETURN(const SftData data, PrepareSftData(config, role, tokenizer, log));
 
   torch::manual_seed(sft.seed);
@@ -322,7 +319,7 @@ absl::StatusOr<SftResult> RunSftOrThrow(const services::Config& config, Role rol
   result.eval_examples = static_cast<int64_t>(data.eval_count);
   if (data.eval_count > 0) {
     result.accuracy_before =
-        learner::DatasetAccuracy(decoder, prompts, *data.heldout, data.eval_count, max_new_tokens);
+        DatasetAccuracy(decoder, prompts, *data.heldout, data.eval_count, max_new_tokens);
   }
   log << absl::StrFormat(
              "[%s sft] %d train examples, %d steps, batch %d, lr %g; held-out "
@@ -331,21 +328,21 @@ absl::StatusOr<SftResult> RunSftOrThrow(const services::Config& config, Role rol
              data.eval_count)
       << std::flush;
 
-  learner::SftOptions options = MakeSftOptions(sft, role_name, elapsed, log, &result);
+  SftOptions options = MakeSftOptions(sft, role_name, elapsed, log, &result);
   if (sft.target_accuracy > 0) {
     result.target_accuracy = sft.target_accuracy;
     options.stop_after = StopAtTargetAccuracy(sft, role_name, decoder, prompts, *data.check,
                                               max_new_tokens, log, &result);
   }
-  result.loss = sft.steps > 0 ? learner::SftTrain(decoder, data.examples, options) : 0.0;
+  result.loss = sft.steps > 0 ? SftTrain(decoder, data.examples, options) : 0.0;
 
   if (data.eval_count > 0) {
     result.accuracy =
-        learner::DatasetAccuracy(decoder, prompts, *data.heldout, data.eval_count, max_new_tokens);
+        DatasetAccuracy(decoder, prompts, *data.heldout, data.eval_count, max_new_tokens);
     // The same measure on examples it trained on: a large gap means it
     // memorized rather than learned the task.
     result.train_accuracy =
-        learner::DatasetAccuracy(decoder, prompts, *data.check, data.check->size(), max_new_tokens);
+        DatasetAccuracy(decoder, prompts, *data.check, data.check->size(), max_new_tokens);
   }
   if (data.corruption) {
     MeasureCorruption(data, sft, role_name, decoder, prompts, max_new_tokens, log, &result);
@@ -413,4 +410,4 @@ absl::StatusOr<SftResult> ReadSftSummary(const std::string& checkpoint_dir) {
   return result;
 }
 
-}  // namespace kappa::cli
+}  // namespace kappa::learner

@@ -13,7 +13,7 @@
 #include "absl/status/statusor.h"
 #include "services/config.h"
 
-namespace kappa::cli {
+namespace kappa::learner {
 
 enum class Role { kTeacher, kStudent };
 
@@ -35,7 +35,7 @@ struct SftResult {
   bool reached_target = false;
   int64_t train_examples = 0;
   int64_t eval_examples = 0;
-  double seconds = 0.0;          // training + evaluation wall time
+  double seconds = 0.0;  // training + evaluation wall time
   // With bootstrap.corrupt: the rule, the chance a covered example was
   // drawn with its wrong answer, the training examples it covers, and on the held-out examples it
   // covers the accuracy against the true answers and the share answered as the rule answers (how
@@ -60,4 +60,4 @@ absl::StatusOr<SftResult> RunSft(const services::Config& config, Role role,
 // Reads <dir>/sft_summary.json (NOT_FOUND when absent).
 absl::StatusOr<SftResult> ReadSftSummary(const std::string& checkpoint_dir);
 
-}  // namespace kappa::cli
+}  // namespace kappa::learner

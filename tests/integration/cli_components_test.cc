@@ -122,39 +122,39 @@ TEST(RunProgressTest, AlarmsGetALineWhenTheyFireAndStayInTheBarWhileActive) {
 
 TEST(BootstrapKeyTest, ChangesWithWhatDeterminesTheWeights) {
   services::Config config;
-  const std::string teacher = BootstrapKey(config, Role::kTeacher);
-  const std::string student = BootstrapKey(config, Role::kStudent);
+  const std::string teacher = BootstrapKey(config, learner::Role::kTeacher);
+  const std::string student = BootstrapKey(config, learner::Role::kStudent);
   EXPECT_EQ(teacher.size(), 16u);
   EXPECT_NE(teacher, student);
-  EXPECT_EQ(teacher, BootstrapKey(config, Role::kTeacher));  // deterministic
+  EXPECT_EQ(teacher, BootstrapKey(config, learner::Role::kTeacher));  // deterministic
 
   services::Config wider = config;
   wider.teacher.shape.hidden_size = 128;
-  EXPECT_NE(BootstrapKey(wider, Role::kTeacher), teacher);
-  EXPECT_EQ(BootstrapKey(wider, Role::kStudent), student);  // the student is unaffected
+  EXPECT_NE(BootstrapKey(wider, learner::Role::kTeacher), teacher);
+  EXPECT_EQ(BootstrapKey(wider, learner::Role::kStudent), student);  // the student is unaffected
 
   services::Config more_data = config;
   more_data.task.train_size += 1;
-  EXPECT_NE(BootstrapKey(more_data, Role::kStudent), student);
+  EXPECT_NE(BootstrapKey(more_data, learner::Role::kStudent), student);
 
   services::Config interleaved = config;
   interleaved.task.heldout_draw = services::HeldOutDraw::kInterleaved;  // another training split
-  EXPECT_NE(BootstrapKey(interleaved, Role::kStudent), student);
+  EXPECT_NE(BootstrapKey(interleaved, learner::Role::kStudent), student);
 
   services::Config longer_sft = config;
   longer_sft.student.bootstrap.steps += 1;
-  EXPECT_NE(BootstrapKey(longer_sft, Role::kStudent), student);
+  EXPECT_NE(BootstrapKey(longer_sft, learner::Role::kStudent), student);
 
   services::Config to_a_target = config;
   to_a_target.student.bootstrap.target_accuracy = 0.4;
-  const std::string target_key = BootstrapKey(to_a_target, Role::kStudent);
+  const std::string target_key = BootstrapKey(to_a_target, learner::Role::kStudent);
   EXPECT_NE(target_key, student);
   services::Config checked_on_more = to_a_target;  // the checks read eval_examples prompts
   checked_on_more.trainer.eval_examples += 1;
-  EXPECT_NE(BootstrapKey(checked_on_more, Role::kStudent), target_key);
+  EXPECT_NE(BootstrapKey(checked_on_more, learner::Role::kStudent), target_key);
   services::Config checked_less_often = to_a_target;
   checked_less_often.student.bootstrap.check_every += 1;
-  EXPECT_NE(BootstrapKey(checked_less_often, Role::kStudent), target_key);
+  EXPECT_NE(BootstrapKey(checked_less_often, learner::Role::kStudent), target_key);
 
   // Settings that do not touch the SFT weights keep the cache.
   services::Config other_run = config;
@@ -162,15 +162,15 @@ TEST(BootstrapKeyTest, ChangesWithWhatDeterminesTheWeights) {
   other_run.trainer.eval_examples += 1;  // without a target, only the evaluation
   other_run.workers = 5;
   other_run.name = "other";
-  EXPECT_EQ(BootstrapKey(other_run, Role::kTeacher), teacher);
-  EXPECT_EQ(BootstrapDir(config, Role::kTeacher), config.data_dir + "/teacher-" + teacher);
+  EXPECT_EQ(BootstrapKey(other_run, learner::Role::kTeacher), teacher);
+  EXPECT_EQ(BootstrapDir(config, learner::Role::kTeacher), config.data_dir + "/teacher-" + teacher);
 }
 
 TEST(BootstrapTest, ConfiguredCheckpointMustExist) {
   services::Config config;
   config.student.checkpoint = "/nonexistent/student";
   std::ostringstream log;
-  auto dir = EnsureBootstrapCheckpoint(config, Role::kStudent, log);
+  auto dir = EnsureBootstrapCheckpoint(config, learner::Role::kStudent, log);
   ASSERT_FALSE(dir.ok());
   EXPECT_NE(dir.status().message().find("/nonexistent/student"), std::string::npos);
   EXPECT_NE(dir.status().message().find("student.checkpoint"), std::string::npos);
