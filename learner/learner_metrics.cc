@@ -40,7 +40,7 @@ LearnerMetrics::LearnerMetrics(Registry& registry) : registry_(registry) {
     registry_.GetCounter("kappa_learner_alarms_total", "Alarms fired (turned active).",
                          {{"kind", AlarmName(kind)}});
   }
-  for (const char* what : {"checkpoint", "metrics_log"}) {
+  for (const char* what : {"checkpoint", "metrics_log", "tensorboard"}) {
     registry_.GetCounter("kappa_learner_write_failures_total", kWriteFailuresHelp,
                          {{"what", what}});
   }

@@ -96,7 +96,10 @@ TrainerLoop::TrainerLoop(const services::Config& config, std::string run_dir,
       vocab_limit_(vocab_limit),
       rank_(std::move(rank)),
       metrics_(rank_.primary() ? std::make_unique<MetricsLog>(run_dir_ + "/metrics.jsonl")
-                               : nullptr) {}
+                               : nullptr),
+      tensorboard_(rank_.primary() && config_.logging.tensorboard
+                       ? std::make_unique<TensorBoardLog>(run_dir_)
+                       : nullptr) {}
 
 void TrainerLoop::InjectNanGradient(int64_t step, int64_t tries) {
   if (nan_fault_.step == 0) {
@@ -313,6 +316,12 @@ void TrainerLoop::LogRecord(const nlohmann::json& record) {
   if (absl::Status status = metrics_->Write(record); !status.ok()) {
     spdlog::error("{}", std::string(status.message()));
     if (metrics_exporter_ != nullptr) metrics_exporter_->RecordWriteFailure("metrics_log");
+  }
+  if (tensorboard_ == nullptr) return;
+  if (absl::Status status = tensorboard_->Write(record.value("step", int64_t{0}), record);
+      !status.ok()) {
+    spdlog::error("{}", std::string(status.message()));
+    if (metrics_exporter_ != nullptr) metrics_exporter_->RecordWriteFailure("tensorboard");
   }
 }
 

@@ -25,6 +25,7 @@
 #include "learner/prompt_encoder.h"
 #include "learner/run_state.h"
 #include "learner/step_record.h"
+#include "learner/tensorboard_log.h"
 #include "model/transformer.h"
 #include "services/config.h"
 #include "tasks/dataset.h"
@@ -146,6 +147,9 @@ class TrainerLoop {
   const int64_t vocab_limit_;
   const DataParallelSetup rank_;
   std::unique_ptr<MetricsLog> metrics_;  // the primary rank's
+  // The primary rank's, with logging.tensorboard: the same records as
+  // metrics_, as TensorBoard scalars.
+  std::unique_ptr<TensorBoardLog> tensorboard_;
   LearnerMetrics* metrics_exporter_ = nullptr;
   std::unique_ptr<CorruptedSubset> subset_;  // may stay null
   std::unique_ptr<ConflictAtlas> atlas_;     // may stay null

@@ -49,7 +49,7 @@ TEST_PACKAGES=(
   prometheus
   curl openssl nftables
   python3 python3-yaml jq docker-compose
-  python3-torch python3-numpy python3-jinja2
+  python3-torch python3-numpy python3-jinja2 python3-protobuf
   chromium fonts-dejavu-core
 )
 

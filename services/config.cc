@@ -612,6 +612,12 @@ constexpr Field kFields[] = {
                        "inference_mismatch fires when the mean |log π_learner − log π_behaviour| "
                        "on tokens sampled with the current version is above this."),
 
+    KAPPA_CONFIG_FIELD(logging.tensorboard,
+                       "Write a TensorBoard event file into the run directory "
+                       "(`events.out.tfevents.*`): every scalar of every metrics.jsonl record, "
+                       "tagged by its key (`alarm_active/collapse`), so `tensorboard --logdir "
+                       "runs/` compares runs and an experiment's arms."),
+
     KAPPA_CONFIG_FIELD(
         plan.host_memory_bytes,
         "Host memory the run's processes must fit in, bytes; 0: detect "
@@ -825,6 +831,9 @@ const char* SectionIntro(const std::string& section) {
       {"m3", "The M3 gradient balancers that `trainer.balance` names."},
       {"rstg", "The RSTG distillation gate (`trainer.distill_gate: rstg`)."},
       {"monitor", "How often κ and K_DR are measured."},
+      {"logging",
+       "What the learner writes besides metrics.jsonl "
+       "([metrics.md](metrics.md#tensorboard))."},
       {"plan",
        "The memory plan `kappa plan` prints and `kappa run` checks before it starts "
        "anything ([running.md](running.md#memory-plan-kappa-plan))."},

@@ -321,6 +321,11 @@ struct Config {
     double mismatch_threshold = 0.1;
   } alarms;
 
+  // What the learner writes besides metrics.jsonl (learner/tensorboard_log.h).
+  struct Logging {
+    bool tensorboard = true;  // <run_dir>/events.out.tfevents.*: every metrics scalar
+  } logging;
+
   // `kappa plan` and the check `kappa run` makes before it starts anything
   // (cli/memory_plan.h): the capacities the plan must fit, 0 = detect.
   struct Plan {

@@ -86,6 +86,13 @@ TEST(EndToEndLoopTest, TrainsAFewStepsWithTwoWorkers) {
                           "rollout-1.log"}) {
     EXPECT_TRUE(fs::exists(run_dir / "logs" / log)) << log;
   }
+  // logging.tensorboard (on by default): an independent reader of the event
+  // file format finds every metrics.jsonl scalar at its step, and reads a
+  // copy cut inside its last record up to the record before.
+  const std::string reader = std::string(KAPPA_REFERENCE_PYTHON) + " " + KAPPA_SOURCE_DIR +
+                             "/tests/integration/tensorboard_reader.py --check " +
+                             run_dir.string() + " > " + (root / "tb.out").string() + " 2>&1";
+  EXPECT_EQ(std::system(reader.c_str()), 0) << ReadAll(root / "tb.out");
   fs::remove_all(root);
 }
 
