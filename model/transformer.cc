@@ -13,8 +13,10 @@
 #include <functional>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 
 #include "model/activation_checkpoint.h"
+#include "model/lora.h"
 #include "model/rope.h"
 
 // at::scaled_dot_product_attention (flash / memory-efficient kernels on CUDA)
@@ -72,6 +74,11 @@ torch::Tensor ApplyRope(const torch::Tensor& x, const torch::Tensor& cos,
   return x * cos + torch::cat({-x2, x1}, -1) * sin;
 }
 
+bool Targets(const LoraConfig& config, const std::string& name) {
+  return std::find(config.target_modules.begin(), config.target_modules.end(), name) !=
+         config.target_modules.end();
+}
+
 class AttentionImpl : public torch::nn::Module {
  public:
   explicit AttentionImpl(const ModelConfig& c)
@@ -96,15 +103,15 @@ class AttentionImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
                         const torch::Tensor& allowed, const CacheWrite& write) {
     const int64_t B = x.size(0), T = x.size(1);
-    auto q = q_proj(x).view({B, T, heads_, head_dim_});
-    auto k = k_proj(x).view({B, T, kv_heads_, head_dim_});
+    auto q = q_lora.Apply(q_proj, x).view({B, T, heads_, head_dim_});
+    auto k = k_lora.Apply(k_proj, x).view({B, T, kv_heads_, head_dim_});
     if (q_norm) {  // before RoPE, per head
       q = q_norm(q);
       k = k_norm(k);
     }
     q = q.transpose(1, 2);
     k = k.transpose(1, 2);
-    auto v = v_proj(x).view({B, T, kv_heads_, head_dim_}).transpose(1, 2);
+    auto v = v_lora.Apply(v_proj, x).view({B, T, kv_heads_, head_dim_}).transpose(1, 2);
     q = ApplyRope(q, cos, sin);
     k = ApplyRope(k, cos, sin);
     if (write.columns.defined()) {
@@ -116,7 +123,7 @@ class AttentionImpl : public torch::nn::Module {
       cache_k.scatter_(2, index, k);
       cache_v.scatter_(2, index, v);
       auto out = SlotAttention(q, cache_k, cache_v, allowed, write.width);
-      return o_proj(out.transpose(1, 2).reshape({B, T, heads_ * head_dim_}));
+      return o_lora.Apply(o_proj, out.transpose(1, 2).reshape({B, T, heads_ * head_dim_}));
     }
     if (write.keys != nullptr) {
       write.keys->narrow(2, write.start, T).copy_(k);
@@ -125,10 +132,20 @@ class AttentionImpl : public torch::nn::Module {
       v = write.values->narrow(2, 0, write.start + T);
     }
     auto out = UseSdpa() ? SdpaAttention(q, k, v, allowed) : ExplicitAttention(q, k, v, allowed);
-    return o_proj(out.transpose(1, 2).reshape({B, T, heads_ * head_dim_}));
+    return o_lora.Apply(o_proj, out.transpose(1, 2).reshape({B, T, heads_ * head_dim_}));
+  }
+
+  // Attaches an adapter to each of q/k/v/o_proj that `config` targets.
+  void EnableLora(const LoraConfig& config) {
+    for (auto [name, projection, branch] :
+         {std::tuple{"q_proj", &q_proj, &q_lora}, std::tuple{"k_proj", &k_proj, &k_lora},
+          std::tuple{"v_proj", &v_proj, &v_lora}, std::tuple{"o_proj", &o_proj, &o_lora}}) {
+      if (Targets(config, name)) branch->Attach(**projection, config);
+    }
   }
 
   torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+  LoraBranch q_lora, k_lora, v_lora, o_lora;
   RMSNorm q_norm{nullptr}, k_norm{nullptr};  // Qwen3 only
 
  private:
@@ -207,9 +224,19 @@ class MlpImpl : public torch::nn::Module {
         register_module("down_proj", Projection(c.intermediate_size, c.hidden_size, c.mlp_bias));
   }
   torch::Tensor forward(const torch::Tensor& x) {
-    return down_proj(F::silu(gate_proj(x)) * up_proj(x));
+    return down_lora.Apply(down_proj,
+                           F::silu(gate_lora.Apply(gate_proj, x)) * up_lora.Apply(up_proj, x));
+  }
+  // Attaches an adapter to each of gate/up/down_proj that `config` targets.
+  void EnableLora(const LoraConfig& config) {
+    for (auto [name, projection, branch] : {std::tuple{"gate_proj", &gate_proj, &gate_lora},
+                                            std::tuple{"up_proj", &up_proj, &up_lora},
+                                            std::tuple{"down_proj", &down_proj, &down_lora}}) {
+      if (Targets(config, name)) branch->Attach(**projection, config);
+    }
   }
   torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+  LoraBranch gate_lora, up_lora, down_lora;
 };
 TORCH_MODULE(Mlp);
 
@@ -443,6 +470,16 @@ torch::Tensor DecoderImpl::DecodeSlots(const std::vector<int64_t>& tokens,
   }
   h = model_->norm(h);
   return F::linear(h.select(1, 0), OutputWeight());
+}
+
+void DecoderImpl::EnableLora(const LoraConfig& config) {
+  config.Validate();
+  if (has_lora_) Fail("EnableLora: the model has LoRA adapters already");
+  for (DecoderLayer& block : model_->blocks) {
+    block->self_attn->EnableLora(config);
+    block->mlp->EnableLora(config);
+  }
+  has_lora_ = true;
 }
 
 torch::Tensor DecoderImpl::OutputWeight() const {

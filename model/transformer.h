@@ -15,6 +15,7 @@
 #include <memory>
 #include <vector>
 
+#include "model/lora.h"
 #include "model/model_config.h"
 
 namespace kappa::model {
@@ -150,6 +151,14 @@ class DecoderImpl : public torch::nn::Module {
   // projection are not checkpointed. Not synchronized: set it while no
   // Forward runs. CloneDecoder copies it.
   void SetActivationCheckpointing(bool on) { activation_checkpointing_ = on; }
+
+  // Low-rank adapters (model/lora.h) on the projections `config` targets, in
+  // every layer, on the model's device in float32; the base weights are
+  // left as they are (freezing them is the trainer's choice). Throws
+  // std::invalid_argument as LoraConfig::Validate does, or when the model
+  // has adapters already.
+  void EnableLora(const LoraConfig& config);
+  bool has_lora() const { return has_lora_; }
   bool activation_checkpointing() const { return activation_checkpointing_; }
 
   // Convenience: logits only.
@@ -173,6 +182,7 @@ class DecoderImpl : public torch::nn::Module {
   torch::Tensor rope_cos_;
   torch::Tensor rope_sin_;
   bool activation_checkpointing_ = false;
+  bool has_lora_ = false;
 };
 TORCH_MODULE(Decoder);
 
