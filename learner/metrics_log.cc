@@ -62,25 +62,29 @@ absl::Status MetricsLog::Write(const nlohmann::json& record) {
   return absl::OkStatus();
 }
 
-absl::Status MetricsLog::AppendLine(const std::string& line) {
+absl::Status AppendWholeRecord(int fd, std::string_view record, const std::string& path) {
   struct stat st {};
-  if (::fstat(fd_, &st) != 0) {
-    return absl::InternalError(absl::StrCat(path_, ": ", std::strerror(errno)));
+  if (::fstat(fd, &st) != 0) {
+    return absl::InternalError(absl::StrCat(path, ": ", std::strerror(errno)));
   }
   size_t done = 0;
-  while (done < line.size()) {
-    const ssize_t n = ::write(fd_, line.data() + done, line.size() - done);
+  while (done < record.size()) {
+    const ssize_t n = ::write(fd, record.data() + done, record.size() - done);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
       const std::string reason = n < 0 ? std::strerror(errno) : "wrote nothing";
-      const bool restored = ::ftruncate(fd_, st.st_size) == 0;
+      const bool restored = ::ftruncate(fd, st.st_size) == 0;
       return absl::ResourceExhaustedError(
-          absl::StrCat("cannot append a record to ", path_, ": ", reason,
-                       restored ? "" : " (and the partial line could not be removed)"));
+          absl::StrCat("cannot append a record to ", path, ": ", reason,
+                       restored ? "" : " (and the partial record could not be removed)"));
     }
     done += static_cast<size_t>(n);
   }
   return absl::OkStatus();
+}
+
+absl::Status MetricsLog::AppendLine(const std::string& line) {
+  return AppendWholeRecord(fd_, line, path_);
 }
 
 }  // namespace kappa::learner

@@ -17,10 +17,18 @@
 #include <deque>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <string_view>
 
 #include "absl/status/status.h"
 
 namespace kappa::learner {
+
+// Appends all of `record` to `fd` (opened O_APPEND; `path` names it in
+// messages), retrying short writes and EINTR. On failure the file is cut
+// back to its size before the call, so it never ends in part of a record:
+// INTERNAL when its size cannot be read, RESOURCE_EXHAUSTED naming the
+// cause otherwise. Shared by metrics.jsonl and the TensorBoard event file.
+absl::Status AppendWholeRecord(int fd, std::string_view record, const std::string& path);
 
 class MetricsLog {
  public:

@@ -1,7 +1,6 @@
 #include "learner/tensorboard_log.h"
 
 #include <fcntl.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -11,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/crc32c.h"
+#include "learner/metrics_log.h"
 
 namespace kappa::learner {
 namespace {
@@ -119,7 +119,8 @@ TensorBoardLog::TensorBoardLog(const std::string& dir) : path_(dir + "/" + Event
   if (fd_ < 0) {
     throw std::runtime_error(absl::StrCat(path_, ": cannot create: ", std::strerror(errno)));
   }
-  if (absl::Status status = Append(FrameTfRecord(EncodeEvent(WallTime(), 0, kFileVersion, {})));
+  if (absl::Status status = AppendWholeRecord(
+          fd_, FrameTfRecord(EncodeEvent(WallTime(), 0, kFileVersion, {})), path_);
       !status.ok()) {
     throw std::runtime_error(std::string(status.message()));
   }
@@ -130,31 +131,8 @@ TensorBoardLog::~TensorBoardLog() {
 }
 
 absl::Status TensorBoardLog::Write(int64_t step, const nlohmann::json& record) {
-  return Append(FrameTfRecord(EncodeEvent(WallTime(), step, "", ScalarsOf(record))));
-}
-
-absl::Status TensorBoardLog::Append(const std::string& record) {
-  struct stat before;
-  if (::fstat(fd_, &before) != 0) {
-    return absl::InternalError(absl::StrCat(path_, ": ", std::strerror(errno)));
-  }
-  size_t written = 0;
-  while (written < record.size()) {
-    const ssize_t n = ::write(fd_, record.data() + written, record.size() - written);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const int error = n < 0 ? errno : ENOSPC;
-      // Cut the partial record back off: the file ends after a whole one.
-      if (::ftruncate(fd_, before.st_size) != 0) {
-        return absl::DataLossError(absl::StrCat(path_, ": ", std::strerror(error),
-                                                "; a partial record could not be cut off"));
-      }
-      return absl::ResourceExhaustedError(
-          absl::StrCat(path_, ": event not written: ", std::strerror(error)));
-    }
-    written += static_cast<size_t>(n);
-  }
-  return absl::OkStatus();
+  return AppendWholeRecord(fd_, FrameTfRecord(EncodeEvent(WallTime(), step, "", ScalarsOf(record))),
+                           path_);
 }
 
 }  // namespace kappa::learner

@@ -64,8 +64,6 @@ class TensorBoardLog {
   const std::string& path() const { return path_; }
 
  private:
-  absl::Status Append(const std::string& record);
-
   std::string path_;
   int fd_ = -1;
 };
