@@ -15,6 +15,7 @@
 #include "cli/bootstrap.h"
 #include "cli/device_memory.h"
 #include "kappa/v1/teacher.pb.h"
+#include "learner/policy_snapshot_dtype.h"
 #include "learner/prompt_encoder.h"
 #include "learner/sft_warm_start.h"
 #include "learner/work_config.h"
@@ -274,18 +275,14 @@ absl::StatusOr<PlanInputs> PlanInputsFor(const services::Config& config) {
   in.worker_weight_bytes = DtypeBytes(config.student.dtype, config.rollout.device);
   in.teacher_weight_bytes = DtypeBytes(config.teacher.dtype, config.teacher.device);
   // The wire: rollout.weights_dtype, auto being the worker's model dtype
-  // (rollout_worker/policy_watcher.h WireDtype). The snapshot:
-  // learner/policy_snapshot_dtype.cc PolicySnapshotDtype, bfloat16 only
-  // when the configuration alone makes every worker ask for bfloat16.
+  // (rollout_worker/policy_watcher.h WireDtype). The snapshot: the
+  // learner's own rule (PolicySnapshotDtype).
   using services::ModelDtype;
   const ModelDtype wire = config.rollout.weights_dtype;
   in.wire_bytes = wire == ModelDtype::kBFloat16  ? 2
                   : wire == ModelDtype::kFloat32 ? 4
                                                  : in.worker_weight_bytes;
-  const bool bf16_snapshot =
-      wire == ModelDtype::kBFloat16 ||
-      (wire == ModelDtype::kAuto && config.student.dtype == ModelDtype::kBFloat16);
-  in.snapshot_bytes = bf16_snapshot ? 2 : 4;
+  in.snapshot_bytes = learner::PolicySnapshotDtype(config) == torch::kBFloat16 ? 2 : 4;
   return in;
 }
 
