@@ -214,7 +214,10 @@ kappa::v1::PolicyChunk ChunkOf(const EncodedPolicy& policy, const std::string& n
   kappa::v1::PolicyChunk chunk;
   chunk.set_version(policy.version);
   chunk.set_policy_id(policy.policy_id);
-  if (*first) chunk.set_model_config_json(policy.model_config_json);
+  if (*first) {
+    chunk.set_model_config_json(policy.model_config_json);
+    chunk.set_adapter_config_json(policy.adapter_config_json);
+  }
   *first = false;
   chunk.set_name(name);
   chunk.set_dtype(services::ToWireDType(policy.dtype));
@@ -313,6 +316,7 @@ bool LearnerService::SendPolicyShm(const PolicySnapshot& snapshot, torch::Scalar
   chunk.set_shm_path(segment.path());
   chunk.set_shm_bytes(segment.bytes());
   chunk.set_shm_token(segment.token());
+  chunk.set_adapter_config_json(snapshot.adapter_config_json);
   chunk.set_last_of_version(true);
   if (!writer->Write(chunk)) return false;
   ++counters_.policy_versions_shm;

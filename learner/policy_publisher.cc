@@ -49,6 +49,11 @@ std::shared_ptr<const EncodedDelta> ComputeDelta(std::shared_ptr<const EncodedPo
     const char* now = static_cast<const char*>(tensor.data_ptr());
     const char* before = static_cast<const char*>(it->second->data_ptr());
     std::vector<EncodedDelta::Segment>& segments = parameter.segments;
+    if (now == before) {  // one tensor in both versions (a frozen weight)
+      if (total > 0) segments.push_back({0, total, true, 0});
+      delta->parameters.push_back(std::move(parameter));
+      continue;
+    }
     for (int64_t offset = 0; offset < total;) {
       const int64_t size = std::min(block, total - offset);
       const bool same = std::memcmp(now + offset, before + offset, static_cast<size_t>(size)) == 0;
@@ -194,6 +199,7 @@ std::shared_ptr<const EncodedPolicy> PolicyPublisher::EncodeLocked(Slot& slot,
   encoded->version = snapshot.version;
   encoded->policy_id = PolicyId(snapshot.version);
   encoded->model_config_json = snapshot.model_config_json;
+  encoded->adapter_config_json = snapshot.adapter_config_json;
   encoded->dtype = dtype;
   encoded->weights.reserve(snapshot.weights.size());
   for (const auto& [name, tensor] : snapshot.weights) {
@@ -266,6 +272,7 @@ absl::StatusOr<std::shared_ptr<const dist::ShmSegment>> PolicyPublisher::ShmLock
     encoded->version = snapshot.version;
     encoded->policy_id = content.policy_id;
     encoded->model_config_json = snapshot.model_config_json;
+    encoded->adapter_config_json = snapshot.adapter_config_json;
     encoded->dtype = dtype;
     encoded->weights = (*segment)->views();
     for (const auto& [name, tensor] : encoded->weights) encoded->bytes += TensorBytes(tensor);

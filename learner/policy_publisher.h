@@ -39,6 +39,10 @@ namespace kappa::learner {
 struct PolicySnapshot {
   int64_t version = 0;
   std::string model_config_json;
+  // With LoRA (student.lora): the adapters' PEFT adapter_config.json, and
+  // `weights` holds the frozen base weights (the same tensors in every
+  // version, so deltas skip them without comparing) and the adapters.
+  std::string adapter_config_json;
   // The weights' dtype: float32, or bfloat16 when every consumer asks for
   // bfloat16 (PolicySnapshotDtype); a bfloat16 snapshot encodes only as
   // bfloat16.
@@ -52,6 +56,7 @@ struct EncodedPolicy {
   int64_t version = 0;
   uint64_t policy_id = 0;  // PolicyChunk.policy_id
   std::string model_config_json;
+  std::string adapter_config_json;  // PolicySnapshot's
   torch::ScalarType dtype = torch::kFloat32;
   // Contiguous CPU tensors in `dtype`, in the snapshot's order (float32: the
   // snapshot's own tensors, not copies).

@@ -202,6 +202,7 @@ void WeightBroadcaster::SendVersion(dist::WeightGroup& group, int64_t sequence,
   manifest.set_version(encoded->version);
   manifest.set_policy_id(encoded->policy_id);
   manifest.set_model_config_json(encoded->model_config_json);
+  manifest.set_adapter_config_json(encoded->adapter_config_json);
   manifest.set_dtype(services::ToWireDType(encoded->dtype));
   std::vector<torch::Tensor> tensors;
   tensors.reserve(encoded->weights.size());

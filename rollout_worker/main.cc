@@ -105,6 +105,7 @@ absl::StatusOr<WorkerOptions> WorkerOptionsFromConfig(const services::Config& co
   // versions travel (rollout_worker/policy_watcher.h).
   options.weight_sync.weights_dtype = WeightsDtype(config.rollout.weights_dtype);
   options.weight_sync.weight_delta = config.rollout.weight_delta;
+  options.weight_sync.lora_adapters = config.student.lora.rank > 0;
   SetWeightTransport(config.rollout.weight_transport, &options.weight_sync);
   options.max_outstanding = static_cast<int32_t>(config.rollout.max_outstanding);
   options.sampler.rpc_deadline = absl::Milliseconds(config.rollout.rpc_deadline_ms);

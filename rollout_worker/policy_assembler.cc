@@ -112,13 +112,14 @@ absl::StatusOr<std::optional<AssembledPolicy>> PolicyAssembler::Add(
     policy_id_ = chunk.policy_id();
     config_json_ = chunk.model_config_json().empty() ? last_config_json_
                                                      : chunk.model_config_json();
+    adapter_json_ = chunk.adapter_config_json();
     absl::Status error;
     if (config_json_.empty()) {
       error = absl::InvalidArgumentError(
           absl::StrCat("policy version ", version_, ": first chunk carries no model_config_json"));
     } else if (destination_) {
       absl::StatusOr<std::map<std::string, torch::Tensor>> targets =
-          destination_(version_, config_json_);
+          destination_(version_, config_json_, adapter_json_);
       if (targets.ok()) {
         targets_ = *std::move(targets);
       } else {
@@ -365,6 +366,7 @@ absl::StatusOr<AssembledPolicy> PolicyAssembler::Finish(const kappa::v1::PolicyC
   policy.version = version_;
   policy.policy_id = policy_id_;
   policy.model_config_json = config_json_;
+  policy.adapter_config_json = adapter_json_;
   policy.delta = delta_;
   policy.data_bytes = data_bytes_;
   for (auto& [name, parameter] : parameters_) {

@@ -33,6 +33,8 @@ struct AssembledPolicy {
   int64_t version = -1;
   uint64_t policy_id = 0;  // PolicyChunk.policy_id (0 from a learner that sends none)
   std::string model_config_json;
+  // PolicyChunk.adapter_config_json of the first chunk (empty: a plain model).
+  std::string adapter_config_json;
   // Hugging Face names: the destination's tensors, else CPU tensors of the wire dtype.
   std::map<std::string, torch::Tensor> weights;
   bool delta = false;      // some chunk was XOR / UNCHANGED
@@ -50,12 +52,14 @@ struct PolicyBase {
 
 class PolicyAssembler {
  public:
-  // Called at the first chunk of each version with its config.json: the
-  // tensors to fill, by Hugging Face name (contiguous; every one must be
+  // Called at the first chunk of each version with its config.json and its
+  // adapter_config.json (empty without LoRA adapters): the tensors to fill,
+  // by Hugging Face name (contiguous; every one must be
   // received, with its shape; any device and floating dtype). An error
   // discards the version.
   using Destination = std::function<absl::StatusOr<std::map<std::string, torch::Tensor>>(
-      int64_t version, const std::string& model_config_json)>;
+      int64_t version, const std::string& model_config_json,
+      const std::string& adapter_config_json)>;
 
   PolicyAssembler() = default;
   explicit PolicyAssembler(Destination destination) : destination_(std::move(destination)) {}
@@ -106,6 +110,7 @@ class PolicyAssembler {
   bool delta_ = false;
   int64_t data_bytes_ = 0;
   std::string config_json_;
+  std::string adapter_json_;
   std::string last_config_json_;  // reused when a version omits its config
   std::map<std::string, torch::Tensor> targets_;  // the destination's, this version
   std::map<std::string, Parameter> parameters_;

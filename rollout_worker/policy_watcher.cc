@@ -10,6 +10,7 @@
 #include "dist/shm_segment.h"
 #include "model/checkpoint.h"
 #include "model/model_config.h"
+#include "model/peft_adapter.h"
 #include "model/transformer.h"
 #include "rollout_worker/backoff.h"
 #include "rollout_worker/policy_assembler.h"
@@ -147,7 +148,7 @@ bool PolicyWatcher::WaitForStop(absl::Duration timeout) const {
 }
 
 absl::StatusOr<std::map<std::string, torch::Tensor>> PolicyWatcher::Destination(
-    const std::string& model_config_json) {
+    const std::string& model_config_json, const std::string& adapter_config_json) {
   // A config the learner sent that does not build is bad input, whatever threw.
   return base::CaptureExceptions(
       "",
@@ -155,21 +156,25 @@ absl::StatusOr<std::map<std::string, torch::Tensor>> PolicyWatcher::Destination(
         // use_count() == 1: only this thread holds it (samplers get models
         // only through current_, and this one is not current), so nobody
         // can take a new reference while it is written.
-        if (spare_ == nullptr || spare_.use_count() != 1 ||
-            spare_config_json_ != model_config_json) {
+        const std::string configs = model_config_json + '\n' + adapter_config_json;
+        if (spare_ == nullptr || spare_.use_count() != 1 || spare_config_json_ != configs) {
           spare_.reset();  // a sampler's reference keeps the old one alive
           const model::ModelConfig config = model::ModelConfig::FromJson(model_config_json);
           // No random initialization: every parameter is written before use.
           // Built piece by piece on the device in its dtype (no float32 copy).
           auto decoder = std::make_shared<model::Decoder>(
               config, /*random_init=*/false, model::Placement{options_.device, options_.dtype});
+          if (!adapter_config_json.empty()) {
+            (*decoder)->EnableLora(
+                model::ParseAdapterConfig(adapter_config_json, "adapter_config_json").lora);
+          }
           (*decoder)->eval();
           for (auto& parameter : (*decoder)->parameters()) parameter.set_requires_grad(false);
           spare_ = std::move(decoder);
-          spare_config_json_ = model_config_json;
+          spare_config_json_ = configs;
           models_allocated_.fetch_add(1);
         }
-        return model::NamedWeights(*spare_);
+        return model::PolicyTensors(*spare_);
       },
       absl::StatusCode::kInvalidArgument);
 }
@@ -203,16 +208,18 @@ grpc::Status PolicyWatcher::WatchOnce() {
   grpc::ClientContext context;
   kappa::v1::WatchPolicyRequest request;
   const c10::ScalarType wire = WireDtype(sync_, options_.dtype);
-  PolicyAssembler assembler([this](int64_t, const std::string& model_config_json) {
-    return Destination(model_config_json);
+  PolicyAssembler assembler([this](int64_t, const std::string& model_config_json,
+                                   const std::string& adapter_config_json) {
+    return Destination(model_config_json, adapter_config_json);
   });
   // Deltas apply to the published model (read only; the inactive copy is
   // another model).
   const auto set_base = [&](const Policy& policy, uint64_t policy_id) {
     if (policy.model == nullptr) return;
-    assembler.SetBase(PolicyBase{policy.version, policy_id, model::NamedWeights(*policy.model)});
+    assembler.SetBase(PolicyBase{policy.version, policy_id, model::PolicyTensors(*policy.model)});
   };
-  const bool offer_delta = sync_.weight_delta && ReproducesWireBytes(options_.dtype, wire);
+  const bool offer_delta =
+      (sync_.weight_delta || sync_.lora_adapters) && ReproducesWireBytes(options_.dtype, wire);
   {
     absl::MutexLock lock(&mu_);
     if (stopping_) return grpc::Status::CANCELLED;

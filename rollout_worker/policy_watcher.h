@@ -93,6 +93,10 @@ struct WeightSyncOptions {
   // weights give the wire dtype's bytes exactly (the same dtype, or a
   // bfloat16 wire into float32 parameters).
   bool weight_delta = false;
+  // student.lora: the learner trains adapters on frozen weights. The held
+  // version is offered as a delta base as with weight_delta, so a version
+  // carries only the adapters' bytes (the base travels once).
+  bool lora_adapters = false;
   // rollout.weight_transport: c10d: receive versions in the learner's
   // same-host weight group while it lasts, WatchPolicy before and after.
   bool c10d = false;
@@ -192,10 +196,12 @@ class PolicyWatcher {
   // or its contents cannot be used.
   absl::Status LoadFromShm(const kappa::v1::PolicyChunk& chunk) ABSL_LOCKS_EXCLUDED(mu_);
 
-  // The inactive copy for a version with this config.json: the spare model
-  // when no one else holds it and its config matches, else a new one.
+  // The inactive copy for a version with this config.json and
+  // adapter_config.json (empty: no LoRA adapters): the spare model when no
+  // one else holds it and its configs match, else a new one. Its weights
+  // and adapters by name (model::PolicyTensors).
   absl::StatusOr<std::map<std::string, torch::Tensor>> Destination(
-      const std::string& model_config_json);
+      const std::string& model_config_json, const std::string& adapter_config_json);
 
   std::unique_ptr<kappa::v1::Learner::StubInterface> stub_;
   const PolicyWatcherOptions options_;
@@ -222,7 +228,7 @@ class PolicyWatcher {
   // The watch thread's own: the inactive copy and the config it was built
   // for (the previously published model, or one being filled).
   std::shared_ptr<model::Decoder> spare_;
-  std::string spare_config_json_;
+  std::string spare_config_json_;  // config.json, then adapter_config.json
   std::string current_config_json_;
   // This host's shared-memory key (empty: shared memory not offered), and
   // whether the next stream asks for chunks after a segment failed.

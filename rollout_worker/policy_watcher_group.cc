@@ -133,7 +133,7 @@ absl::Status PolicyWatcher::ReceiveVersion(dist::WeightGroup& group,
   // scratch buffer the size of the largest parameter.
   absl::Status problem = absl::OkStatus();
   absl::StatusOr<std::map<std::string, torch::Tensor>> destination =
-      Destination(manifest.model_config_json());
+      Destination(manifest.model_config_json(), manifest.adapter_config_json());
   if (!destination.ok()) problem = destination.status();
   int64_t largest = 0;
   for (const auto& parameter : manifest.parameters()) {

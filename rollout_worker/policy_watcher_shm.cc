@@ -19,7 +19,7 @@ absl::Status PolicyWatcher::LoadFromShm(const kappa::v1::PolicyChunk& chunk) {
   if (!segment.ok()) return segment.status();
   const kappa::v1::WeightGroupManifest& manifest = (*segment)->manifest();
   absl::StatusOr<std::map<std::string, torch::Tensor>> destination =
-      Destination(manifest.model_config_json());
+      Destination(manifest.model_config_json(), chunk.adapter_config_json());
   if (!destination.ok()) return destination.status();
   // Every parameter of the model exactly once, with its shape.
   std::vector<std::pair<torch::Tensor, int>> copies;

@@ -14,6 +14,8 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "tests/integration/run_files.h"
 #include "tests/integration/tiny_run_config.h"
@@ -93,6 +95,111 @@ TEST(EndToEndLoopTest, TrainsAFewStepsWithTwoWorkers) {
                              "/tests/integration/tensorboard_reader.py --check " +
                              run_dir.string() + " > " + (root / "tb.out").string() + " 2>&1";
   EXPECT_EQ(std::system(reader.c_str()), 0) << ReadAll(root / "tb.out");
+  fs::remove_all(root);
+}
+
+// Bytes of tensor data in a safetensors file: its size less the 8-byte
+// header length and the header.
+int64_t SafetensorsDataBytes(const fs::path& file) {
+  std::ifstream in(file, std::ios::binary);
+  uint64_t header = 0;
+  in.read(reinterpret_cast<char*>(&header), 8);
+  return static_cast<int64_t>(fs::file_size(file)) - 8 - static_cast<int64_t>(header);
+}
+
+// The data bytes of each "policy version N loaded ... (P parameters, B
+// <dtype> bytes[ as a delta]" line of a worker log, in order; `delta` says
+// which were deltas.
+std::vector<std::pair<int64_t, bool>> LoadedVersionBytes(const std::string& log) {
+  std::vector<std::pair<int64_t, bool>> loaded;
+  std::istringstream lines(log);
+  std::string line;
+  while (std::getline(lines, line)) {
+    const size_t parameters = line.find(" parameters, ");
+    if (line.find("policy version ") == std::string::npos || parameters == std::string::npos) {
+      continue;
+    }
+    loaded.emplace_back(std::stoll(line.substr(parameters + 13)),
+                        line.find(" as a delta") != std::string::npos);
+  }
+  return loaded;
+}
+
+// student.lora (issue 41): the learner trains rank-4 adapters on the frozen
+// student, checkpoints them in PEFT's layout, and sends the workers the
+// frozen weights once and then the adapters alone (gRPC deltas), which they
+// apply unmerged: their log-probs match the learner's. A resumed run goes on
+// from the adapter checkpoint, now over shared memory.
+TEST(EndToEndLoopTest, TrainsLoraAdaptersSyncsOnlyThemAndResumes) {
+  const fs::path root = fs::temp_directory_path() / ("kappa-e2e-lora-" + std::to_string(getpid()));
+  fs::remove_all(root);
+  fs::create_directories(root);
+  const fs::path config = root / "lora.yaml";
+  std::ofstream(config) << kappa::testing::TinyRunConfig(
+      "lora", root.string(), 1,
+      "{steps: 4, groups_per_step: 2, group_size: 4, eval_every: 2, eval_examples: 10,\n"
+      "          checkpoint_every: 2, lr: 0.01}");
+  const std::string run = std::string(KAPPA_CLI) + " run " + config.string() +
+                          " student.lora.rank=4 student.lora.alpha=8";
+  const std::string command = run + " rollout.weight_transport=grpc --no-progress > " +
+                              (root / "kappa.out").string() + " 2>&1";
+  ASSERT_EQ(std::system(command.c_str()), 0) << ReadAll(root / "kappa.out");
+
+  const fs::path run_dir = root / "runs" / "lora";
+  auto check_metrics = [&](int64_t steps) {
+    std::ifstream metrics(run_dir / "metrics.jsonl");
+    std::string line;
+    int64_t measured = 0, last_step = -1;
+    while (std::getline(metrics, line)) {
+      const nlohmann::json record = nlohmann::json::parse(line);
+      last_step = record["step"].get<int64_t>();
+      if (last_step == 0) continue;
+      if (record["mismatch_tokens"].get<int64_t>() > 0) {
+        EXPECT_LT(record["mismatch_abs_mean"].get<double>(), 1e-3) << line;
+      }
+      measured += record["kappa"].is_number();
+    }
+    EXPECT_EQ(last_step, steps);
+    EXPECT_GE(measured, 1) << "κ was never measured";
+  };
+  check_metrics(4);
+
+  // The checkpoint is a PEFT adapter directory, without the frozen weights.
+  const fs::path checkpoint = run_dir / "checkpoints" / "step-4";
+  ASSERT_TRUE(fs::exists(checkpoint / "adapter_config.json")) << ReadAll(root / "kappa.out");
+  EXPECT_FALSE(fs::exists(checkpoint / "model.safetensors"));
+  const nlohmann::json adapter_config =
+      nlohmann::json::parse(ReadAll(checkpoint / "adapter_config.json"));
+  EXPECT_EQ(adapter_config["peft_type"], "LORA");
+  EXPECT_EQ(adapter_config["r"], 4);
+  EXPECT_EQ(adapter_config["lora_alpha"], 8.0);
+  EXPECT_TRUE(
+      fs::exists(adapter_config["base_model_name_or_path"].get<std::string>() + "/config.json"));
+
+  // The worker got its first version whole, then deltas no larger than the
+  // adapters (a version it skipped past its delta base comes whole again).
+  const int64_t adapter_bytes = SafetensorsDataBytes(checkpoint / "adapter_model.safetensors");
+  const std::vector<std::pair<int64_t, bool>> loaded =
+      LoadedVersionBytes(ReadAll(run_dir / "logs" / "rollout-0.log"));
+  ASSERT_GE(loaded.size(), 2u);
+  EXPECT_FALSE(loaded.front().second);
+  int64_t deltas = 0;
+  for (const auto& [bytes, delta] : loaded) {
+    deltas += delta;
+    if (delta) {
+      EXPECT_LE(bytes, adapter_bytes);
+    } else {
+      EXPECT_GT(bytes, 4 * adapter_bytes) << "a whole version carries the frozen weights";
+    }
+  }
+  EXPECT_GE(deltas, 1);
+
+  const std::string resume =
+      run + " trainer.steps=6 --resume --no-progress > " + (root / "resume.out").string() + " 2>&1";
+  ASSERT_EQ(std::system(resume.c_str()), 0) << ReadAll(root / "resume.out");
+  EXPECT_NE(ReadAll(run_dir / "logs" / "learner.log").find("resuming from"), std::string::npos);
+  check_metrics(6);
+  EXPECT_TRUE(fs::exists(run_dir / "checkpoints" / "step-6" / "adapter_model.safetensors"));
   fs::remove_all(root);
 }
 
