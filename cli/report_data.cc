@@ -7,9 +7,12 @@
 #include <fstream>
 #include <limits>
 #include <sstream>
+#include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "cli/jsonl_lines.h"
 #include "learner/metrics_schema.h"
 #include "services/config.h"
@@ -49,6 +52,16 @@ void AddDerivedSeries(RunSeries* series) {
     }
   }
   if (any) series->values["tokens_per_second"] = std::move(tps);
+}
+
+// student.lora.target_modules as a YAML list or as the comma-separated
+// text ConfigToYaml writes; absent: the default's count.
+int64_t LoraTargetCount(const YAML::Node& targets) {
+  if (!targets) return static_cast<int64_t>(services::Config().student.lora.target_modules.size());
+  if (targets.IsSequence()) return static_cast<int64_t>(targets.size());
+  const std::vector<std::string> names =
+      absl::StrSplit(targets.as<std::string>(), ',', absl::SkipWhitespace());
+  return static_cast<int64_t>(names.size());
 }
 
 }  // namespace
@@ -159,6 +172,11 @@ void ApplyConfigText(const std::string& config_text, const std::string& file_nam
   series->conflict_threshold = defaults.alarms.conflict_threshold;
   try {
     const YAML::Node root = YAML::Load(config_text);
+    const YAML::Node lora = root["student"] ? root["student"]["lora"] : YAML::Node();
+    if (lora && lora.IsMap() && lora["rank"]) {
+      series->lora_rank = lora["rank"].as<int64_t>();
+      series->lora_targets = LoraTargetCount(lora["target_modules"]);
+    }
     const YAML::Node alarms = root["alarms"];
     if (alarms && alarms.IsMap()) {
       if (alarms["kappa_threshold"]) {

@@ -59,6 +59,10 @@ struct RunSeries {
   double kappa_threshold = 10.0;
   double conflict_threshold = 0.5;
   bool thresholds_from_config = false;
+  // student.lora from the config: rank 0 when every weight trained; else κ
+  // and the gradient norms are over the adapters (docs/algorithms.md §3.4).
+  int64_t lora_rank = 0;
+  int64_t lora_targets = 0;  // projections per layer with adapters
 
   // <run_dir>/conflict_atlas.jsonl as LoadConflictAtlas read it; NOT_FOUND
   // when the run has none or the series was not loaded from a directory.
@@ -77,7 +81,8 @@ std::vector<double> MovingAverage(const std::vector<double>& values, int window)
 // Parses metrics.jsonl text; `file_name` names it in `problems`.
 RunSeries ParseMetricsText(const std::string& text, const std::string& file_name);
 
-// Reads `config_text` (YAML) into the thresholds of `series`; a parse error
+// Reads `config_text` (YAML) into the thresholds and the LoRA settings of
+// `series`; a parse error
 // goes to config_problem with the line.
 void ApplyConfigText(const std::string& config_text, const std::string& file_name,
                      RunSeries* series);

@@ -92,6 +92,11 @@ std::vector<LineChart> KappaAndGradientCharts(const RunSeries& s) {
   LineChart kappa;
   kappa.id = "kappa";
   kappa.title = "κ = ‖∇L_R‖ / ‖∇L_D‖";
+  if (s.lora_rank > 0) {
+    // Only the adapters train: the gradients, and so κ, are theirs.
+    absl::StrAppend(&kappa.title, " over the LoRA adapters (r = ", s.lora_rank, ", ",
+                    s.lora_targets, " projections per layer)");
+  }
   const int64_t measured = CountFinite(s.Series(metrics_jsonl::kKappa));
   kappa.subtitle = absl::StrCat("measured on ", measured, " of ", train_steps,
                                 " steps; κ_eff = κ/λ when naive; alarm: κ_eff EMA > threshold");

@@ -228,6 +228,28 @@ TEST(ReportData, ConfigThresholdsAndErrors) {
   fs::remove_all(dir);
 }
 
+// student.lora in the config: the κ chart says its gradients are the
+// adapters' (docs/algorithms.md §3.4), as a list or as ConfigToYaml's text.
+TEST(ReportData, LoraRunsTitleKappaAsTheAdapters) {
+  RunSeries plain = ParseMetricsText(MetricsText(3), "m.jsonl");
+  ApplyConfigText(kConfig, "c.yaml", &plain);
+  EXPECT_EQ(plain.lora_rank, 0);
+  EXPECT_EQ(RunReportHtml(plain, "run").find("LoRA"), std::string::npos);
+
+  RunSeries listed = ParseMetricsText(MetricsText(3), "m.jsonl");
+  ApplyConfigText("student:\n  lora:\n    rank: 8\n    target_modules: [q_proj, v_proj]\n",
+                  "c.yaml", &listed);
+  EXPECT_EQ(listed.lora_rank, 8);
+  EXPECT_EQ(listed.lora_targets, 2);
+  EXPECT_NE(RunReportHtml(listed, "run").find("over the LoRA adapters (r = 8, 2 projections"),
+            std::string::npos);
+
+  RunSeries written = ParseMetricsText(MetricsText(3), "m.jsonl");
+  ApplyConfigText("student:\n  lora:\n    rank: 4\n    target_modules: q_proj,k_proj,o_proj\n",
+                  "c.yaml", &written);
+  EXPECT_EQ(written.lora_targets, 3);
+}
+
 TEST(ReportData, MovingAverageKeepsGaps) {
   const std::vector<double> y = {1, 2, NAN, 3, 4, 5};
   const std::vector<double> m = MovingAverage(y, 3);
