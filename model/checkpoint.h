@@ -58,7 +58,21 @@ const std::vector<std::string>& CompanionFiles();
 // the existing parameters after checking that no name is missing or
 // unexpected and every shape matches; on error nothing is modified.
 // "lm_head.weight" (when tied) and "*.rotary_emb.inv_freq" are ignored.
+// LoRA adapters (model/lora.h) are not weights: NamedWeights and LoadWeights
+// leave them out, NamedAdapters and LoadAdapters carry them.
 std::map<std::string, torch::Tensor> NamedWeights(Decoder& model);
 void LoadWeights(Decoder& model, const std::map<std::string, torch::Tensor>& weights);
+
+// The adapters' parameters (live tensors) by kappa's names,
+// "model.layers.N.<module>.<proj>.lora_A.weight" and "...lora_B.weight";
+// empty without adapters.
+std::map<std::string, torch::Tensor> NamedAdapters(Decoder& model);
+// True for an adapter's parameter name.
+bool IsAdapterName(const std::string& name);
+// Copies `adapters` into the model's adapters (dtype/device converted) after
+// checking that none is missing or unexpected and every shape matches
+// (std::runtime_error naming the tensor and both shapes; nothing modified).
+// REQUIRES: model->has_lora().
+void LoadAdapters(Decoder& model, const std::map<std::string, torch::Tensor>& adapters);
 
 }  // namespace kappa::model

@@ -474,12 +474,12 @@ torch::Tensor DecoderImpl::DecodeSlots(const std::vector<int64_t>& tokens,
 
 void DecoderImpl::EnableLora(const LoraConfig& config) {
   config.Validate();
-  if (has_lora_) Fail("EnableLora: the model has LoRA adapters already");
+  if (has_lora()) Fail("EnableLora: the model has LoRA adapters already");
   for (DecoderLayer& block : model_->blocks) {
     block->self_attn->EnableLora(config);
     block->mlp->EnableLora(config);
   }
-  has_lora_ = true;
+  lora_ = config;
 }
 
 torch::Tensor DecoderImpl::OutputWeight() const {
@@ -608,6 +608,7 @@ Decoder CloneDecoder(Decoder& source) {
   // into it dangles (it crashed under g++ 13 with libtorch 2.11).
   const torch::Tensor w = source->named_parameters().front().value();
   copy->to(w.device(), w.scalar_type());
+  if (source->has_lora()) copy->EnableLora(source->lora_config());  // float32, as the source's
   torch::NoGradGuard no_grad;
   auto src_params = source->named_parameters();
   auto dst_params = copy->named_parameters();

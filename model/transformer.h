@@ -13,6 +13,7 @@
 #include <torch/types.h>
 
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "model/lora.h"
@@ -158,7 +159,9 @@ class DecoderImpl : public torch::nn::Module {
   // std::invalid_argument as LoraConfig::Validate does, or when the model
   // has adapters already.
   void EnableLora(const LoraConfig& config);
-  bool has_lora() const { return has_lora_; }
+  bool has_lora() const { return lora_.has_value(); }
+  // The adapters' config. REQUIRES: has_lora().
+  const LoraConfig& lora_config() const { return *lora_; }
   bool activation_checkpointing() const { return activation_checkpointing_; }
 
   // Convenience: logits only.
@@ -182,7 +185,7 @@ class DecoderImpl : public torch::nn::Module {
   torch::Tensor rope_cos_;
   torch::Tensor rope_sin_;
   bool activation_checkpointing_ = false;
-  bool has_lora_ = false;
+  std::optional<LoraConfig> lora_;  // set by EnableLora
 };
 TORCH_MODULE(Decoder);
 
