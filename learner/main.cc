@@ -33,10 +33,12 @@
 #include "learner/prompt_encoder.h"
 #include "learner/run_state.h"
 #include "learner/step_config.h"
+#include "learner/student_lora.h"
 #include "learner/trainer_loop.h"
 #include "learner/work_config.h"
 #include "model/checkpoint.h"
 #include "model/generation_config.h"
+#include "model/peft_adapter.h"
 #include "services/cli_flags.h"
 #include "services/config.h"
 #include "services/logging.h"
@@ -57,11 +59,29 @@ struct StartPoint {
   std::string optimizer_path;  // empty: fresh optimizer
 };
 
+// With student.lora: the student's weights from student.checkpoint, frozen,
+// and its adapters fresh, or from `adapter_dir` (a resumed checkpoint).
+absl::StatusOr<model::Decoder> LoadStudentWithAdapters(const std::string& base_dir,
+                                                       const model::LoraConfig& lora,
+                                                       const std::string& adapter_dir) {
+  return base::CaptureExceptions(
+      absl::StrCat("student checkpoint ", adapter_dir.empty() ? base_dir : adapter_dir),
+      [&] {
+        model::Decoder student = model::LoadCheckpoint(base_dir);
+        TrainAdaptersOnly(student, lora);
+        if (!adapter_dir.empty()) model::LoadAdapter(adapter_dir, student);
+        return student;
+      },
+      absl::StatusCode::kFailedPrecondition);
+}
+
 absl::StatusOr<StartPoint> LoadStartPoint(const services::Config& config,
                                           const std::string& run_dir, bool resume) {
   StartPoint start;
   start.state.seed = services::RlSeed(config);
-  std::string checkpoint = services::StudentModelDir(config);
+  KAPPA_ASSIGN_OR_RETURN(const std::optional<model::LoraConfig> lora, StudentLoraConfig(config));
+  const std::string base_dir = services::StudentModelDir(config);
+  std::string checkpoint = base_dir;
   if (resume) {
     KAPPA_ASSIGN_OR_RETURN(std::optional<std::string> latest, FindLatest(run_dir));
     if (latest.has_value()) {
@@ -72,6 +92,20 @@ absl::StatusOr<StartPoint> LoadStartPoint(const services::Config& config,
     } else {
       spdlog::info("--resume: no checkpoint in {}, starting fresh", run_dir);
     }
+  }
+  const bool resumes_adapter = checkpoint != base_dir && model::AdapterExists(checkpoint);
+  if (checkpoint != base_dir && resumes_adapter != lora.has_value()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--resume: checkpoint ", checkpoint,
+                     resumes_adapter ? " holds LoRA adapters" : " holds full weights",
+                     " but student.lora.rank is ", config.student.lora.rank,
+                     "; resume with the student.lora the run was trained with"));
+  }
+  if (lora.has_value()) {
+    KAPPA_ASSIGN_OR_RETURN(
+        start.student,
+        LoadStudentWithAdapters(base_dir, *lora, resumes_adapter ? checkpoint : std::string()));
+    return start;
   }
   KAPPA_ASSIGN_OR_RETURN(start.student, base::CaptureExceptions(
                                             absl::StrCat("student checkpoint ", checkpoint),
@@ -273,7 +307,9 @@ absl::StatusOr<Serving> StartServing(const LearnerInputs& in) {
   // rollout.weight_delta: keep each version's encodings as the next one's
   // delta base (learner/policy_publisher.h).
   PublisherOptions publisher_options;
-  publisher_options.keep_delta_bases = config.rollout.weight_delta;
+  // With LoRA the frozen weights are unchanged ranges of every delta: a
+  // version then carries only the adapters' bytes.
+  publisher_options.keep_delta_bases = config.rollout.weight_delta || config.student.lora.rank > 0;
   serving.publisher = std::make_unique<PolicyPublisher>(publisher_options);
   const WorkTemplate work = WorkFor(in);
   serving.service = std::make_unique<LearnerService>(

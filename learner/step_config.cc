@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
+#include "learner/student_lora.h"
 #include "services/rollout_keys.h"
 
 namespace kappa::learner {
@@ -420,6 +421,7 @@ absl::Status ValidateStepConfig(const services::Config& config) {
     }
   }
   if (absl::Status rollout = services::ValidateRolloutKeys(config); !rollout.ok()) return rollout;
+  if (absl::Status lora = StudentLoraConfig(config).status(); !lora.ok()) return lora;
   absl::StatusOr<HybridStepConfig> step = MakeHybridStepConfig(config);
   if (!step.ok()) return step.status();
   // The constructors check their bounds.

@@ -41,8 +41,8 @@ absl::StatusOr<std::optional<tasks::AnswerCorruption>> StudiedCorruption(
     const services::Config& config);
 
 // Everything the learner checks of the training configuration at start-up:
-// the step configuration, the learning-rate schedule, the corruption rule and the alarm and
-// m3_adapt bounds.
+// the step configuration, the learning-rate schedule, the corruption rule, the alarm and
+// m3_adapt bounds and student.lora.
 absl::Status ValidateStepConfig(const services::Config& config);
 
 }  // namespace kappa::learner

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <limits>
+#include <map>
 #include <optional>
 
 #include "absl/strings/str_cat.h"
@@ -17,9 +18,28 @@
 #include "learner/step_config.h"
 #include "learner/step_record.h"
 #include "model/checkpoint.h"
+#include "model/peft_adapter.h"
 
 namespace kappa::learner {
 namespace {
+
+// Host copies of `tensors` in `dtype` (copy=true: never the live tensor).
+std::vector<std::pair<std::string, torch::Tensor>> HostCopies(
+    const std::map<std::string, torch::Tensor>& tensors, torch::ScalarType dtype) {
+  std::vector<std::pair<std::string, torch::Tensor>> copies;
+  copies.reserve(tensors.size());
+  for (const auto& [name, tensor] : tensors) {
+    copies.emplace_back(name, tensor.detach().to(torch::TensorOptions(torch::kCPU).dtype(dtype),
+                                                 /*non_blocking=*/false, /*copy=*/true));
+  }
+  return copies;
+}
+
+// adapter_config.json's base_model_name_or_path: the student's directory,
+// absolute, so the adapter loads from anywhere on this machine.
+std::string StudentBaseName(const services::Config& config) {
+  return std::filesystem::absolute(services::StudentModelDir(config)).lexically_normal().string();
+}
 
 std::vector<ScoredGroup> TakeGroups(std::vector<BufferedGroup>& buffered) {
   std::vector<ScoredGroup> groups;
@@ -118,17 +138,25 @@ void TrainerLoop::PublishPolicy() {
   snapshot->dtype = PolicySnapshotDtype(config_);
   const absl::Time start = absl::Now();
   torch::NoGradGuard no_grad;
-  int64_t bytes = 0;
-  for (const auto& [name, tensor] : model::NamedWeights(student_)) {
-    // One copy, converting on the way (copy=true: never the live tensor).
-    torch::Tensor copy =
-        tensor.detach().to(torch::TensorOptions(torch::kCPU).dtype(snapshot->dtype),
-                           /*non_blocking=*/false, /*copy=*/true);
-    bytes += static_cast<int64_t>(copy.numel() * copy.element_size());
-    snapshot->weights.emplace_back(name, std::move(copy));
+  if (student_->has_lora()) {
+    snapshot->adapter_config_json =
+        model::AdapterConfigJson(student_->lora_config(), StudentBaseName(config_));
+    // The frozen weights are copied once; every version shares the copies.
+    if (frozen_snapshot_weights_.empty()) {
+      frozen_snapshot_weights_ = HostCopies(model::NamedWeights(student_), snapshot->dtype);
+    }
+    snapshot->weights = frozen_snapshot_weights_;
   }
-  spdlog::info("policy version {} snapshot: {} MiB {} in {:.2f} s", snapshot->version, bytes >> 20,
-               c10::toString(snapshot->dtype), absl::ToDoubleSeconds(absl::Now() - start));
+  const std::vector<std::pair<std::string, torch::Tensor>> trained = HostCopies(
+      student_->has_lora() ? model::NamedAdapters(student_) : model::NamedWeights(student_),
+      snapshot->dtype);
+  snapshot->weights.insert(snapshot->weights.end(), trained.begin(), trained.end());
+  int64_t bytes = 0;
+  for (const auto& [name, copy] : trained) bytes += static_cast<int64_t>(copy.nbytes());
+  spdlog::info("policy version {} snapshot: {} MiB {}{} in {:.2f} s", snapshot->version,
+               bytes >> 20, c10::toString(snapshot->dtype),
+               student_->has_lora() ? " of adapters" : "",
+               absl::ToDoubleSeconds(absl::Now() - start));
   publisher_->Publish(std::move(snapshot));
 }
 
@@ -169,7 +197,11 @@ absl::Status TrainerLoop::SaveCheckpoint(int64_t step) {
   const std::string dir = CheckpointDir(run_dir_, step);
   const absl::Time start = absl::Now();
   KAPPA_RETURN_IF_ERROR(base::CaptureExceptions(absl::StrCat("checkpoint ", dir), [&] {
-    model::SaveCheckpoint(dir, student_);
+    if (student_->has_lora()) {
+      model::SaveAdapter(dir, student_, student_->lora_config(), StudentBaseName(config_));
+    } else {
+      model::SaveCheckpoint(dir, student_);
+    }
     step_->optimizer().Save(dir + "/optimizer.pt");
   }));
   spdlog::info("checkpoint {} written in {:.1f} s", dir,

@@ -8,6 +8,8 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -151,6 +153,9 @@ class TrainerLoop {
   // metrics_, as TensorBoard scalars.
   std::unique_ptr<TensorBoardLog> tensorboard_;
   LearnerMetrics* metrics_exporter_ = nullptr;
+  // With LoRA: host copies of the frozen weights in the snapshot dtype,
+  // made at the first publication and shared by every version's snapshot.
+  std::vector<std::pair<std::string, torch::Tensor>> frozen_snapshot_weights_;
   std::unique_ptr<CorruptedSubset> subset_;  // may stay null
   std::unique_ptr<ConflictAtlas> atlas_;     // may stay null
   absl::Time last_step_end_;                 // of the previous step (or the loop's start)

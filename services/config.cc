@@ -253,6 +253,20 @@ constexpr Field kFields[] = {
         "Parameters of the rollout workers' copies: `auto` (bf16 on CUDA, fp32 on the CPU), "
         "`bfloat16` or `float32`; the learner keeps fp32 master weights."),
     KAPPA_MODEL_ROLE_FIELDS(student),
+    KAPPA_CONFIG_FIELD(student.lora.rank,
+                       "LoRA rank r: > 0 trains low-rank adapters (Hugging Face PEFT's LoRA) on "
+                       "`student.lora.target_modules` with the student's weights frozen; 0: "
+                       "every weight trains."),
+    KAPPA_CONFIG_FIELD(student.lora.alpha,
+                       "LoRA alpha: the adapters' output is scaled by alpha/r (alpha/sqrt(r) "
+                       "with `use_rslora`)."),
+    KAPPA_CONFIG_FIELD(student.lora.dropout,
+                       "LoRA dropout on the adapters' input while training, in [0, 1)."),
+    KAPPA_CONFIG_FIELD(student.lora.use_rslora,
+                       "rsLoRA: scale the adapters by alpha/sqrt(r) instead of alpha/r."),
+    KAPPA_CONFIG_FIELD(student.lora.target_modules,
+                       "Projections that get adapters, by their Hugging Face names: any of "
+                       "`q_proj k_proj v_proj o_proj gate_proj up_proj down_proj`."),
 
     KAPPA_CONFIG_FIELD(teacher.checkpoint,
                        "Hugging Face model directory of the teacher; empty: bootstrap one by SFT "

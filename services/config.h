@@ -99,6 +99,16 @@ struct Config {
     ModelDtype dtype = ModelDtype::kAuto;
     ModelShape shape;
     SftConfig bootstrap;               // weak warm start
+    // Low-rank adapters (PEFT's LoRA): with rank > 0 the learner freezes the
+    // student's weights and trains adapters on `target_modules` only.
+    struct Lora {
+      int64_t rank = 0;  // 0: off (every weight trains)
+      double alpha = 16.0;
+      double dropout = 0.0;
+      bool use_rslora = false;  // scaling alpha/sqrt(rank) instead of alpha/rank
+      std::vector<std::string> target_modules = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
+                                                 "gate_proj", "up_proj", "down_proj"};
+    } lora;
   } student;
   struct Teacher {
     std::string checkpoint;            // empty: bootstrap into data_dir/teacher

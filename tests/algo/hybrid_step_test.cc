@@ -6,8 +6,11 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cmath>
+
 #include "learner/algo/logit_gradients.h"
 #include "learner/algo/losses.h"
+#include "model/lora.h"
 #include "tests/algo/tiny_model.h"
 
 namespace kappa::learner {
@@ -63,6 +66,73 @@ TEST_F(StepFixture, KappaIsTheRatioOfSeparateNormsAndTheSumIsTheNaiveGradient) {
           << "parameter " << i << " kappa_every " << kappa_every;
     }
   }
+}
+
+// A LoRA student (docs/algorithms.md §3.1): only the adapters train, so κ is
+// the ratio of the two signals' gradient norms over the adapters' parameters,
+// computed here with autograd::grad on a copy, independently of the step.
+TEST_F(StepFixture, KappaOfAnAdapterOnlyStepIsTheRatioOfAdapterGradientNorms) {
+  model::Decoder model = TinyModel(2);
+  model::LoraConfig lora;
+  lora.rank = 2;
+  lora.alpha = 3.0;
+  lora.target_modules = {"q_proj", "v_proj", "gate_proj", "down_proj"};
+  torch::manual_seed(11);
+  model->EnableLora(lora);
+  std::vector<torch::Tensor> adapters, frozen;
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& p : model->named_parameters()) {
+      const bool adapter = p.key().find(".lora_") != std::string::npos;
+      // B starts at zero in a fresh adapter; a trained one is not.
+      if (p.key().find(".lora_B.") != std::string::npos) p.value().normal_(0.0, 0.05);
+      p.value().set_requires_grad(adapter);
+      (adapter ? adapters : frozen).push_back(p.value());
+    }
+  }
+  // A and B on four targets in every layer.
+  ASSERT_EQ(static_cast<int64_t>(adapters.size()), 2 * 4 * model->config().num_hidden_layers);
+  model::Decoder reference = model::CloneDecoder(model);
+  std::vector<torch::Tensor> reference_adapters;
+  for (auto& p : reference->named_parameters()) {
+    if (p.key().find(".lora_") != std::string::npos) reference_adapters.push_back(p.value());
+  }
+  LossConfig loss;
+  auto adapter_norm = [&](const torch::Tensor& term) {
+    const std::vector<torch::Tensor> grads =
+        torch::autograd::grad({term}, reference_adapters, {}, false, false, true);
+    double sq = 0;
+    for (const torch::Tensor& g : grads) {
+      if (g.defined()) sq += g.to(torch::kFloat64).square().sum().item<double>();
+    }
+    return std::sqrt(sq);
+  };
+  const double reward_norm = adapter_norm(ComputeLossTerms(reference, batch, loss).reward_loss);
+  const double distill_norm = adapter_norm(ComputeLossTerms(reference, batch, loss).distill_loss);
+  ASSERT_GT(reward_norm, 0);
+  ASSERT_GT(distill_norm, 0);
+
+  std::vector<torch::Tensor> frozen_before;
+  for (const torch::Tensor& w : frozen) frozen_before.push_back(w.detach().clone());
+  std::vector<torch::Tensor> adapters_before;
+  for (const torch::Tensor& a : adapters) adapters_before.push_back(a.detach().clone());
+  HybridStepConfig config;
+  config.monitor.kappa_every = 1;
+  auto optimizer = std::make_unique<PolicyOptimizer>(model, 1e-2, 0.0, /*max_grad_norm=*/0.0);
+  ASSERT_EQ(optimizer->parameters().size(), adapters.size());
+  HybridStep step(model, std::move(optimizer), config);
+  const HybridStepReport report = step.Run(batch);
+  ASSERT_TRUE(report.stats.kappa().has_value());
+  EXPECT_NEAR(*report.stats.kappa(), reward_norm / distill_norm, 1e-5 * reward_norm / distill_norm);
+  EXPECT_NEAR(report.stats.reward_grad_norm, reward_norm, 1e-5 * reward_norm);
+  EXPECT_NEAR(report.stats.distill_grad_norm, distill_norm, 1e-5 * distill_norm);
+  for (size_t i = 0; i < frozen.size(); ++i) {
+    EXPECT_TRUE(torch::equal(frozen[i], frozen_before[i])) << "frozen parameter " << i;
+  }
+  int64_t moved = 0;
+  for (size_t i = 0; i < adapters.size(); ++i)
+    moved += !torch::equal(adapters[i], adapters_before[i]);
+  EXPECT_EQ(moved, static_cast<int64_t>(adapters.size()));
 }
 
 TEST_F(StepFixture, EveryBalanceAndGateRunsWithFiniteStatistics) {
