@@ -825,7 +825,8 @@ const char* SectionIntro(const std::string& section) {
        "([tokenizers.md](tokenizers.md#chat-templates-and-prompts))."},
       {"student",
        "The model being trained: a Hugging Face checkpoint ([models.md](models.md)), or "
-       "the shape and SFT recipe of the bootstrap warm start."},
+       "the shape and SFT recipe of the bootstrap warm start; with `lora.rank` > 0, the "
+       "LoRA adapters trained on it ([models.md](models.md#lora-adapters))."},
       {"teacher",
        "The teacher server: its checkpoint or bootstrap, dtype, device and dynamic "
        "batching."},
