@@ -22,12 +22,23 @@
 // after the batch was built and at the end, the batch's teacher bytes, and
 // the first step's losses (all configurations start from the same weights
 // and rows, so chunked and unchunked, with and without checkpointing, must
-// agree to rounding). A failed allocation (the memory cap the script sets
-// with ulimit -v) prints {"oom": true, ...} and exits 3.
+// agree to rounding), and the parameter counts: all, and the trainable ones
+// (those the optimizer updates).
+//
+// --lora-rank R > 0 trains LoRA adapters instead of every weight (issue 41,
+// student.lora): rank R, alpha 2R, on all seven projections (q k v o gate up
+// down) of every layer, every other parameter frozen, as
+// learner::TrainAdaptersOnly does. Fresh adapters have B = 0, so the first
+// step's losses equal full training's; the gradients and the step differ.
+// bench/lora_step_bench.sh runs full against LoRA, one process each.
+//
+// A failed allocation (the memory cap the script sets with ulimit -v)
+// prints {"oom": true, ...} and exits 3.
 //
 // Usage: kappa_bench_vocab_scale --teacher full|topk [--chunk N] [--checkpointing 0|1]
 //        [--layers 24] [--rows 8] [--group-size 4] [--prompt 64] [--response 448]
 //        [--threads 2] [--steps 2] [--topk 64] [--kappa 0|1] [--kdr 0|1]
+//        [--lora-rank R]
 #include <sys/resource.h>
 #include <torch/torch.h>
 
@@ -48,6 +59,8 @@
 #include "bench/threads.h"
 #include "learner/algo/hybrid_step.h"
 #include "learner/algo/train_batch.h"
+#include "model/checkpoint.h"
+#include "model/lora.h"
 #include "model/model_config.h"
 #include "model/transformer.h"
 
@@ -69,7 +82,36 @@ struct Options {
   int64_t topk = 64;
   bool kappa = true;  // monitor.kappa_every = 1 (else 0)
   bool kdr = true;    // monitor.kdr_every = 1 (else 0)
+  int64_t lora_rank = 0;  // 0: full training; R > 0: LoRA adapters only
 };
+
+// LoRA rank R, alpha 2R, on every projection a decoder layer has.
+model::LoraConfig BenchLora(int64_t rank) {
+  model::LoraConfig lora;
+  lora.rank = rank;
+  lora.alpha = 2.0 * static_cast<double>(rank);
+  lora.target_modules = model::LoraTargetNames();
+  return lora;
+}
+
+// What learner::TrainAdaptersOnly (learner/student_lora.cc) does: attach
+// fresh adapters and freeze every other parameter. Done here because that
+// file lives in kappa_learner_step_config, which needs the services (gRPC),
+// and this bench builds with libtorch only (the GPU machine builds it so).
+void AttachAdaptersAndFreeze(model::Decoder& model, const model::LoraConfig& lora) {
+  model->EnableLora(lora);
+  for (const auto& parameter : model->named_parameters()) {
+    parameter.value().set_requires_grad(model::IsAdapterName(parameter.key()));
+  }
+}
+
+// Parameters the optimizer updates (PolicyOptimizer takes those that
+// require gradients).
+int64_t TrainableParameters(model::Decoder& model) {
+  int64_t n = 0;
+  for (const auto& p : model->parameters()) n += p.requires_grad() ? p.numel() : 0;
+  return n;
+}
 
 double PeakRssMiB() {
   rusage usage{};
@@ -163,12 +205,13 @@ std::string ConfigJson(const Options& o) {
       buffer, sizeof buffer,
       "\"teacher\": \"%s\", \"chunk\": %lld, \"checkpointing\": %d, \"layers\": %lld, "
       "\"rows\": %lld, \"group_size\": %lld, \"prompt\": %lld, \"response\": %lld, "
-      "\"threads\": %d, \"steps\": %d, \"topk\": %lld, \"kappa_every\": %d, \"kdr_every\": %d",
+      "\"threads\": %d, \"steps\": %d, \"topk\": %lld, \"kappa_every\": %d, \"kdr_every\": %d, "
+      "\"lora_rank\": %lld",
       o.teacher.c_str(), static_cast<long long>(o.chunk), o.checkpointing ? 1 : 0,
       static_cast<long long>(o.layers), static_cast<long long>(o.rows),
       static_cast<long long>(o.group_size), static_cast<long long>(o.prompt),
       static_cast<long long>(o.response), o.threads, o.steps, static_cast<long long>(o.topk),
-      o.kappa ? 1 : 0, o.kdr ? 1 : 0);
+      o.kappa ? 1 : 0, o.kdr ? 1 : 0, static_cast<long long>(o.lora_rank));
   return buffer;
 }
 
@@ -195,8 +238,10 @@ int Run(const Options& o, Progress* progress) {
   torch::manual_seed(1);
   model::Decoder model(config);
   model->SetActivationCheckpointing(o.checkpointing);
+  if (o.lora_rank > 0) AttachAdaptersAndFreeze(model, BenchLora(o.lora_rank));
   int64_t parameters = 0;
   for (const auto& p : model->parameters()) parameters += p.numel();
+  const int64_t trainable = TrainableParameters(model);
   const double rss_model = StatusMiB("VmRSS");
 
   *phase = "batch";
@@ -238,14 +283,15 @@ int Run(const Options& o, Progress* progress) {
   const std::string steps_json = SecondsJson(seconds);
   const learner::StepStats& stats = first->stats;
   std::printf(
-      "{%s, \"oom\": false, \"parameters\": %lld, \"batch_positions\": %lld, "
+      "{%s, \"oom\": false, \"parameters\": %lld, \"trainable_parameters\": %lld, "
+      "\"batch_positions\": %lld, "
       "\"step_s\": [%s], \"cpu_s\": [%s], \"last_step_s\": %s, \"peak_rss_mib\": %.1f, "
       "\"peak_rss_after_build_mib\": %.1f, \"rss_model_mib\": %.1f, \"rss_batch_mib\": %.1f, "
       "\"vm_peak_mib\": %.1f, \"teacher_bytes\": %lld, \"reward_loss\": %s, "
       "\"distill_loss\": %s, \"grad_norm\": %s, \"reward_grad_norm\": %s, "
       "\"distill_grad_norm\": %s, \"kappa\": %s, \"entropy\": %s, \"kdr_mean\": %s, "
       "\"teacher_tail_mass\": %s}\n",
-      ConfigJson(o).c_str(), static_cast<long long>(parameters),
+      ConfigJson(o).c_str(), static_cast<long long>(parameters), static_cast<long long>(trainable),
       static_cast<long long>(batch.input_tokens.numel()), steps_json.c_str(),
       SecondsJson(cpu_seconds).c_str(), Number(seconds.back()).c_str(), PeakRssMiB(), peak_build,
       rss_model, rss_batch, StatusMiB("VmPeak"), static_cast<long long>(batch.teacher_bytes()),
@@ -305,6 +351,8 @@ int main(int argc, char** argv) {
       o.kappa = std::string(value) == "1";
     else if (flag == "--kdr")
       o.kdr = std::string(value) == "1";
+    else if (flag == "--lora-rank")
+      o.lora_rank = std::atoll(value);
     else {
       std::fprintf(stderr, "unknown flag %s\n", flag.c_str());
       return 2;
@@ -316,10 +364,10 @@ int main(int argc, char** argv) {
   }
   if ((o.teacher != "full" && o.teacher != "topk") || o.chunk < 0 || o.layers < 1 ||
       o.group_size < 2 || o.rows < o.group_size || o.rows % o.group_size != 0 || o.prompt < 1 ||
-      o.response < 1 || o.steps < 1 || o.topk < 1) {
+      o.response < 1 || o.steps < 1 || o.topk < 1 || o.lora_rank < 0) {
     std::fprintf(stderr,
                  "bad flags: --teacher full|topk, --chunk >= 0, --group-size >= 2 dividing "
-                 "--rows, --layers/--prompt/--response/--steps/--topk >= 1\n");
+                 "--rows, --layers/--prompt/--response/--steps/--topk >= 1, --lora-rank >= 0\n");
     return 2;
   }
   if (o.threads > 0) kappa::bench::SetBenchThreads(o.threads);
