@@ -119,6 +119,47 @@ bool NeedsSeparateGradients(const services::Config& config) {
   return kappa;
 }
 
+// student.lora: the learner trains adapters on frozen weights.
+bool TrainsAdapters(const services::Config& config) { return config.student.lora.rank > 0; }
+
+// learner/main.cc StartServing: the publisher keeps the previous version as
+// a delta base with rollout.weight_delta, and always with student.lora.
+bool KeepsDeltaBases(const services::Config& config) {
+  return config.rollout.weight_delta || TrainsAdapters(config);
+}
+
+// Under `kappa run` every worker shares the learner's host, so `auto`
+// means shared memory (learner/shm_policy.h): a segment of every weight
+// per version, never a delta.
+bool SyncsThroughSharedMemory(const services::Config& config) {
+  return config.rollout.weight_transport == services::WeightTransport::kShm ||
+         config.rollout.weight_transport == services::WeightTransport::kAuto;
+}
+
+// A worker offers its version as a delta base only when its weights give
+// back the wire bytes exactly: the same dtype, or a bfloat16 wire into
+// float32 weights (rollout_worker/policy_watcher.cc ReproducesWireBytes).
+bool WorkersTakeDeltas(const PlanInputs& in) {
+  return in.wire_bytes == in.worker_weight_bytes ||
+         (in.wire_bytes == 2 && in.worker_weight_bytes == 4);
+}
+
+// The [out, in] weight of a decoder layer's projection by its Hugging Face
+// name (model/transformer.h); {0, 0} for any other name.
+struct ProjectionShape {
+  int64_t out = 0;
+  int64_t in = 0;
+};
+ProjectionShape ProjectionNamed(const ModelDims& d, const std::string& name) {
+  const int64_t q = d.heads * d.head_dim, kv = d.kv_heads * d.head_dim;
+  if (name == "q_proj") return {q, d.hidden};
+  if (name == "k_proj" || name == "v_proj") return {kv, d.hidden};
+  if (name == "o_proj") return {d.hidden, q};
+  if (name == "gate_proj" || name == "up_proj") return {d.intermediate, d.hidden};
+  if (name == "down_proj") return {d.hidden, d.intermediate};
+  return {};
+}
+
 class Terms {
  public:
   explicit Terms(ProcessPlan& process) : process_(process) {}
@@ -157,18 +198,36 @@ ProcessPlan PlanLearner(const PlanInputs& in, int64_t rank, int64_t world) {
 
   // learner/algo/optimizer_step.cc: fp32 parameters, the flat gradient that
   // .grad views, one more flat buffer per separately measured signal
-  // (AttachGradients, kept once made), AdamW's two moments.
-  terms.Add("weights (fp32 master)", dev, 4 * n, "", "4·N");
-  terms.Add("gradient", dev, 4 * n, "", "4·N (flat buffer; .grad views it)");
+  // (AttachGradients, kept once made), AdamW's two moments, all over the
+  // parameters that require gradients. With student.lora those are the
+  // adapters' N_a (learner/student_lora.h); every student weight stays
+  // float32 and frozen.
+  const bool lora = TrainsAdapters(c);
+  const int64_t adapters = s.AdapterParameters(c.student.lora);
+  const int64_t trained = lora ? adapters : n;
+  if (lora) {
+    terms.Add("frozen weights (fp32)", dev, 4 * n, "", "4·N (every student weight: student.lora)");
+    terms.Add("adapters (fp32 master)", dev, 4 * adapters, "student.lora.rank",
+              "4·N_a, N_a = Σ layers Σ targets r·(in + out)");
+  } else {
+    terms.Add("weights (fp32 master)", dev, 4 * n, "", "4·N");
+  }
+  terms.Add("gradient", dev, 4 * trained, "",
+            lora ? "4·N_a (adapters only, student.lora; flat buffer, .grad views it)"
+                 : "4·N (flat buffer; .grad views it)");
   if (separate && distill) {
-    terms.Add("gradient of L_D apart (kappa, M3)", dev, 4 * n, "monitor.kappa_every",
-              "4·N while κ is measured or a balancer needs ∇L_D apart");
+    terms.Add("gradient of L_D apart (kappa, M3)", dev, 4 * trained, "monitor.kappa_every",
+              lora ? "4·N_a (adapters only, student.lora) while κ is measured or a balancer "
+                     "needs ∇L_D apart"
+                   : "4·N while κ is measured or a balancer needs ∇L_D apart");
   }
   if (separate && c.trainer.distill_gate == services::DistillGate::kRstg &&
       c.rstg.teacher_samples > 0 && c.rstg.sft_weight > 0) {
-    terms.Add("gradient of the teacher-SFT term apart", dev, 4 * n, "rstg.sft_weight", "4·N");
+    terms.Add("gradient of the teacher-SFT term apart", dev, 4 * trained, "rstg.sft_weight",
+              lora ? "4·N_a (adapters only, student.lora)" : "4·N");
   }
-  terms.Add("AdamW moments", dev, 8 * n, "", "8·N");
+  terms.Add("AdamW moments", dev, 8 * trained, "",
+            lora ? "8·N_a (adapters only, student.lora)" : "8·N");
   if (bf16) {
     // Autocast's bfloat16 casts of the weights are saved for backward; under
     // checkpointing only the vocabulary head's outlives a layer.
@@ -225,31 +284,51 @@ ProcessPlan PlanLearner(const PlanInputs& in, int64_t rank, int64_t world) {
 
   // learner/trainer_loop.cc PublishPolicy: a deep copy per version in the
   // snapshot dtype (learner/policy_snapshot_dtype.h), taken while the
-  // publisher still holds the previous one (and, with weight_delta, the one
-  // before as the delta base); learner/policy_publisher.cc EncodeInto
-  // converts once per version when the wire dtype differs, and a delta holds
-  // up to a version's bytes of XOR data.
-  const int64_t copies = 2 + (c.rollout.weight_delta ? 1 : 0);
-  terms.Add("policy snapshots", "host", copies * n * in.snapshot_bytes,
-            in.snapshot_bytes == 4 ? "rollout.weights_dtype" : "",
-            absl::StrCat(copies, "·N·", in.snapshot_bytes,
-                         " (the new version, the one streams still send",
-                         c.rollout.weight_delta ? ", the delta base)" : ")"));
-  // learner/shm_policy.h: the latest two versions and the file prepared for
-  // the next, in /dev/shm (tmpfs: host memory, though no process's RSS).
-  // Under `kappa run` every worker shares the learner's host, so `auto`
-  // means shared memory.
-  if (c.rollout.weight_transport == services::WeightTransport::kShm ||
-      c.rollout.weight_transport == services::WeightTransport::kAuto) {
-    terms.Add("/dev/shm segments", "host", 3 * n * in.wire_bytes, "rollout.weight_transport",
-              absl::StrCat("3·N·", in.wire_bytes, " (latest two versions, the next prepared)"));
+  // publisher still holds the previous one (and, keeping delta bases, the
+  // one before). With student.lora the frozen weights are copied once and
+  // every version shares them; a version copies its adapters only.
+  const int64_t copies = 2 + (KeepsDeltaBases(c) ? 1 : 0);
+  const int64_t sb = in.snapshot_bytes;
+  const std::string snapshot_key = sb == 4 ? "rollout.weights_dtype" : "";
+  if (lora) {
+    terms.Add("policy snapshot of the frozen weights", "host", n * sb, snapshot_key,
+              absl::StrCat("N·", sb, " (copied once, shared by every version: student.lora)"));
+    terms.Add("policy snapshots", "host", copies * adapters * sb, snapshot_key,
+              absl::StrCat(copies, "·N_a·", sb,
+                           " (the adapters of the new version, the one streams still send, the "
+                           "delta base)"));
+  } else {
+    terms.Add("policy snapshots", "host", copies * n * sb, snapshot_key,
+              absl::StrCat(copies, "·N·", sb, " (the new version, the one streams still send",
+                           c.rollout.weight_delta ? ", the delta base)" : ")"));
   }
+  // learner/shm_policy.h: the latest two versions and the file prepared for
+  // the next, in /dev/shm (tmpfs: host memory, though no process's RSS),
+  // every weight of each (the adapters too).
+  if (SyncsThroughSharedMemory(c)) {
+    terms.Add("/dev/shm segments", "host", 3 * (n + adapters) * in.wire_bytes,
+              "rollout.weight_transport",
+              absl::StrCat(lora ? "3·(N + N_a)·" : "3·N·", in.wire_bytes,
+                           " (latest two versions, the next prepared)"));
+  }
+  // learner/policy_publisher.cc EncodeLocked converts a whole version when
+  // the wire dtype differs (with student.lora the shared frozen weights
+  // too, again for every version); a delta holds up to a version's bytes
+  // of XOR data, with student.lora the adapters' only (ComputeDelta: a
+  // tensor both versions share is an UNCHANGED range, and equal bytes are
+  // too).
   int64_t encodings = 0;
-  if (in.wire_bytes != in.snapshot_bytes) encodings += copies * n * in.wire_bytes;
-  if (c.rollout.weight_delta) encodings += n * in.wire_bytes;
-  terms.Add("wire encodings", "host", encodings,
-            c.rollout.weight_delta ? "rollout.weight_delta" : "rollout.weights_dtype",
-            "the versions in the wire dtype when it differs, + N·wire of XOR data with deltas");
+  if (in.wire_bytes != sb) encodings += copies * (n + adapters) * in.wire_bytes;
+  if (KeepsDeltaBases(c)) encodings += trained * in.wire_bytes;
+  if (lora) {
+    terms.Add("wire encodings", "host", encodings, "rollout.weights_dtype",
+              "the versions (N + N_a each: the frozen weights converted again) in the wire dtype "
+              "when it differs, + N_a·wire of XOR data (adapters only, student.lora)");
+  } else {
+    terms.Add("wire encodings", "host", encodings,
+              c.rollout.weight_delta ? "rollout.weight_delta" : "rollout.weights_dtype",
+              "the versions in the wire dtype when it differs, + N·wire of XOR data with deltas");
+  }
 
   // Held-out greedy decoding on the training thread (learner/dataset_
   // accuracy.cc, model::Sample): an fp32 KV cache of the prompts and
@@ -285,9 +364,15 @@ ProcessPlan PlanWorker(const PlanInputs& in, int64_t index) {
   // still decodes with the spare's old version when the next one arrives
   // (versions faster than one group); issue 38's 0.5B run never held it in
   // 20 version loads (2.22 GiB peak against 2.05 GiB planned).
-  terms.Add(
-      "policy copies", dev, 2 * n * b, "",
-      absl::StrCat("2·N·", b, " (current and spare; a third while a sampler holds the spare)"));
+  // With student.lora each copy also holds float32 adapters (model/lora.h).
+  const int64_t adapters = s.AdapterParameters(c.student.lora);
+  terms.Add("policy copies", dev, 2 * (n * b + adapters * 4), "",
+            adapters > 0 ? absl::StrCat("2·(N·", b,
+                                        " + N_a·4) (current and spare, with float32 adapters: "
+                                        "student.lora; a third while a sampler holds the spare)")
+                         : absl::StrCat("2·N·", b,
+                                        " (current and spare; a third while a sampler holds "
+                                        "the spare)"));
   // model/decode_engine.h: slots × capacity columns, every layer.
   const int64_t slots = c.rollout.max_batch_rows > 0 ? c.rollout.max_batch_rows : held * g;
   const int64_t capacity = c.rollout.max_sequence_tokens > 0
@@ -400,6 +485,7 @@ std::string CurrentValue(const services::Config& c, const std::string& key) {
   if (key == "rollout.weight_delta") return c.rollout.weight_delta ? "true" : "false";
   if (key == "teacher.max_batch_sequences") return absl::StrCat(c.teacher.max_batch_sequences);
   if (key == "rstg.sft_weight") return absl::StrCat(c.rstg.sft_weight);
+  if (key == "student.lora.rank") return absl::StrCat(c.student.lora.rank);
   return "";
 }
 
@@ -431,6 +517,16 @@ std::string Suggestion(const services::Config& c, const std::string& key) {
 std::string GiB(int64_t bytes) { return absl::StrFormat("%.2f GiB", bytes / double(1 << 30)); }
 
 }  // namespace
+
+int64_t ModelDims::AdapterParameters(const services::Config::Student::Lora& lora) const {
+  if (lora.rank <= 0) return 0;
+  int64_t per_layer = 0;
+  for (const std::string& name : lora.target_modules) {
+    const ProjectionShape shape = ProjectionNamed(*this, name);
+    per_layer += lora.rank * (shape.in + shape.out);
+  }
+  return layers * per_layer;
+}
 
 int64_t ModelDims::Parameters() const {
   const int64_t q = heads * head_dim, kv = kv_heads * head_dim;
@@ -479,6 +575,53 @@ int64_t ProcessBaseBytes(const std::string& binary) {
   return 0;
 }
 
+namespace {
+
+// sync_bytes_per_version and sync_formula: each WatchPolicy stream carries
+// a whole version, or with student.lora only the adapters (after the
+// worker's first full version); the c10d group gets one whole broadcast.
+void PlanWeightSync(const PlanInputs& in, MemoryPlan& plan) {
+  const services::Config& c = in.config;
+  const int64_t n = in.student.Parameters();
+  const int64_t adapters = in.student.AdapterParameters(c.student.lora);
+  const int64_t w = in.wire_bytes;
+  const int64_t whole = (n + adapters) * w;
+  const int64_t group = std::min(c.learner.weight_group_workers, c.workers);
+  const bool c10d = c.rollout.weight_transport == services::WeightTransport::kC10d && group > 0;
+  const int64_t streams = c10d ? c.workers - group : c.workers;
+  const bool lora = TrainsAdapters(c);
+  const bool adapters_only = lora && !SyncsThroughSharedMemory(c) && WorkersTakeDeltas(in);
+  const int64_t per_stream = adapters_only ? adapters * w : whole;
+  plan.sync_bytes_per_version = per_stream * streams + (c10d ? whole : 0);
+
+  const std::string per_version =
+      adapters_only ? absl::StrCat("N_a·", w) : absl::StrCat(lora ? "(N + N_a)·" : "N·", w);
+  const std::string stream_count =
+      absl::StrCat(streams, " WatchPolicy stream", streams == 1 ? "" : "s");
+  std::string why;
+  if (adapters_only) {
+    why = absl::StrCat(" (LoRA: adapters only; the frozen N·", w, " = ", FormatBytes(n * w),
+                       " once per worker)");
+  } else if (lora) {
+    why = SyncsThroughSharedMemory(c)
+              ? " (LoRA through shared memory: every weight per version)"
+              : " (LoRA, every weight per version: float32 on the wire into bfloat16 workers "
+                "takes no deltas)";
+  } else if (c.rollout.weight_delta) {
+    why = " (at most: deltas send the changed blocks)";
+  }
+  plan.sync_formula = absl::StrCat(
+      per_version, " = ", FormatBytes(per_stream), " × ", stream_count,
+      c10d ? absl::StrCat(" + one c10d broadcast",
+                          lora ? absl::StrCat(" of (N + N_a)·", w, " = ", FormatBytes(whole))
+                               : std::string(),
+                          " to ", group, " workers")
+           : std::string(),
+      why);
+}
+
+}  // namespace
+
 MemoryPlan PlanMemory(const PlanInputs& in) {
   const services::Config& c = in.config;
   MemoryPlan plan;
@@ -489,16 +632,7 @@ MemoryPlan PlanMemory(const PlanInputs& in) {
   plan.processes.push_back(PlanTeacher(in));
   plan.processes.push_back(PlanVerifier());
 
-  const int64_t version = in.student.Parameters() * in.wire_bytes;
-  const int64_t group = std::min(c.learner.weight_group_workers, c.workers);
-  const bool c10d = c.rollout.weight_transport == services::WeightTransport::kC10d && group > 0;
-  const int64_t streams = c10d ? c.workers - group : c.workers;
-  plan.sync_bytes_per_version = version * (streams + (c10d ? 1 : 0));
-  plan.sync_formula =
-      absl::StrCat("N·", in.wire_bytes, " = ", FormatBytes(version), " × ", streams,
-                   " WatchPolicy stream", streams == 1 ? "" : "s",
-                   c10d ? absl::StrCat(" + one c10d broadcast to ", group, " workers") : "",
-                   c.rollout.weight_delta ? " (at most: deltas send the changed blocks)" : "");
+  PlanWeightSync(in, plan);
 
   plan.messages.push_back({"ScoredGroup", ScoredGroupBytes(in), c.security.max_message_bytes,
                            "G·(T·(row + 17) + 64) + 5·P, row = teacher row bytes on the wire"});

@@ -5,6 +5,13 @@
 // fits. Pure arithmetic: no files, no libtorch, no processes (plan_command.h
 // gathers the inputs and the capacities).
 //
+// With student.lora (rank > 0) the learner trains the adapters only: its
+// gradients and AdamW's moments are over N_a = ModelDims::AdapterParameters
+// instead of N, the frozen weights are snapshot once for every version, and
+// a gRPC WatchPolicy stream carries N_a·wire per version after a worker's
+// first full one (learner/policy_publisher.h's deltas; shared memory and
+// the c10d group still carry every weight).
+//
 // Every term is an upper estimate of what the code allocates at the peak
 // the term names (the file:line it follows is beside its formula in
 // memory_plan.cc), charged to the device it lives on ("host" or "cuda:N").
@@ -42,6 +49,13 @@ struct ModelDims {
 
   // Every parameter (model::Decoder's registered ones, the tied head once).
   int64_t Parameters() const;
+  // Parameters of the LoRA adapters student.lora attaches (model/lora.h):
+  // A [r, in] and B [out, r] on each projection `lora.target_modules` names,
+  // in every layer, so r·(in + out) each, with q_proj [h·hd, d], k_proj and
+  // v_proj [kv·hd, d], o_proj [d, h·hd], gate_proj and up_proj [f, d],
+  // down_proj [d, f] as [out, in]. 0 when lora.rank <= 0 (full training).
+  // Other names count nothing (learner/student_lora.h refuses them).
+  int64_t AdapterParameters(const services::Config::Student::Lora& lora) const;
   // The largest single parameter: the [V, d] embedding.
   int64_t LargestParameter() const { return vocab * hidden; }
   // Keys and values of one token over every layer, at `element` bytes.
@@ -96,7 +110,9 @@ struct MessagePlan {
 
 struct MemoryPlan {
   std::vector<ProcessPlan> processes;
-  int64_t sync_bytes_per_version = 0;  // learner → every worker, per version
+  // Learner → every worker, per version (with student.lora: after each
+  // worker's first full version, which sync_formula states).
+  int64_t sync_bytes_per_version = 0;
   std::string sync_formula;
   std::vector<MessagePlan> messages;
 

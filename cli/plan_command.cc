@@ -11,6 +11,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "cli/args.h"
 #include "cli/bootstrap.h"
 #include "cli/device_memory.h"
@@ -18,6 +19,7 @@
 #include "learner/policy_snapshot_dtype.h"
 #include "learner/prompt_encoder.h"
 #include "learner/sft_warm_start.h"
+#include "learner/student_lora.h"
 #include "learner/work_config.h"
 #include "model/checkpoint.h"
 #include "model/model_config.h"
@@ -158,9 +160,19 @@ void PrintDims(std::ostream& out, const char* role, const ModelDims& d) {
                          d.heads, d.kv_heads, d.tied ? ", tied" : "");
 }
 
+// With student.lora: the adapters the learner trains instead of the student.
+void PrintAdapters(std::ostream& out, const PlanInputs& in) {
+  const services::Config::Student::Lora& lora = in.config.student.lora;
+  if (lora.rank <= 0) return;
+  out << absl::StrFormat("  student.lora: rank %d on %s: N_a %.2f M adapter parameters trained\n",
+                         lora.rank, absl::StrJoin(lora.target_modules, " "),
+                         in.student.AdapterParameters(lora) / 1e6);
+}
+
 void PrintText(std::ostream& out, const PlanInputs& in, const MemoryPlan& plan,
                const std::map<std::string, int64_t>& capacity, const absl::Status& fits) {
   PrintDims(out, "student", in.student);
+  PrintAdapters(out, in);
   PrintDims(out, "teacher", in.teacher);
   out << absl::StrFormat("  sequences: longest prompt P %d + max_new_tokens T %d tokens\n",
                          in.prompt_tokens, in.config.rollout.max_new_tokens);
@@ -205,6 +217,13 @@ nlohmann::json DimsJson(const ModelDims& d) {
           {"kv_heads", d.kv_heads},         {"head_dim", d.head_dim}, {"tied", d.tied}};
 }
 
+// DimsJson, and the adapters student.lora trains (0: every weight).
+nlohmann::json StudentJson(const PlanInputs& in) {
+  nlohmann::json student = DimsJson(in.student);
+  student["adapter_parameters"] = in.student.AdapterParameters(in.config.student.lora);
+  return student;
+}
+
 nlohmann::json PlanJson(const PlanInputs& in, const MemoryPlan& plan,
                         const std::map<std::string, int64_t>& capacity, const absl::Status& fits) {
   nlohmann::json processes = nlohmann::json::array();
@@ -244,7 +263,7 @@ nlohmann::json PlanJson(const PlanInputs& in, const MemoryPlan& plan,
   }
   return {{"fits", fits.ok()},
           {"reason", fits.ok() ? "" : std::string(fits.message())},
-          {"student", DimsJson(in.student)},
+          {"student", StudentJson(in)},
           {"teacher", DimsJson(in.teacher)},
           {"prompt_tokens", in.prompt_tokens},
           {"max_new_tokens", in.config.rollout.max_new_tokens},
@@ -260,6 +279,9 @@ nlohmann::json PlanJson(const PlanInputs& in, const MemoryPlan& plan,
 absl::StatusOr<PlanInputs> PlanInputsFor(const services::Config& config) {
   PlanInputs in;
   in.config = config;
+  // The learner's own check of student.lora (unknown targets, rank < 0).
+  absl::StatusOr<std::optional<model::LoraConfig>> lora = learner::StudentLoraConfig(config);
+  if (!lora.ok()) return lora.status();
   absl::StatusOr<ModelDims> teacher = RoleDims(config, learner::Role::kTeacher);
   if (!teacher.ok()) return teacher.status();
   absl::StatusOr<ModelDims> student = RoleDims(config, learner::Role::kStudent);

@@ -25,9 +25,10 @@ namespace kappa::cli {
 // vocabulary), the longest rendered prompt of the train and held-out splits
 // (or plan.prompt_tokens), the dtypes each process resolves and the teacher
 // rows the loss asks for. Reads config.json files, the task's data and the
-// student's tokenizer; loads no weights. FAILED_PRECONDITION naming the key
-// when a configured checkpoint holds none; the dataset's or tokenizer's
-// error otherwise.
+// student's tokenizer; loads no weights. INVALID_ARGUMENT naming the key
+// when student.lora is out of range (learner/student_lora.h, the learner's
+// own check); FAILED_PRECONDITION naming the key when a configured
+// checkpoint holds none; the dataset's or tokenizer's error otherwise.
 absl::StatusOr<PlanInputs> PlanInputsFor(const services::Config& config);
 
 // Capacity of every device the plan charges: "host" from plan.host_memory_bytes,

@@ -180,5 +180,142 @@ TEST(MemoryPlanTest, SharedMemoryTransportCountsThreeVersionsOfDevShm) {
   }
 }
 
+// student.lora at Qwen2.5-0.5B: rank 16 on all seven projections.
+constexpr int64_t kRank = 16;
+
+// N_a by hand from the published shape (hidden 896, intermediate 4864, 14
+// heads and 2 KV heads of 64, 24 layers), r·(in + out) per projection:
+//   q_proj [896, 896]   16·(896 + 896)  = 28,672
+//   k_proj [128, 896]   16·(896 + 128)  = 16,384
+//   v_proj [128, 896]   16·(896 + 128)  = 16,384
+//   o_proj [896, 896]   16·(896 + 896)  = 28,672
+//   gate_proj [4864, 896] 16·(896 + 4864) = 92,160
+//   up_proj [4864, 896]   16·(896 + 4864) = 92,160
+//   down_proj [896, 4864] 16·(4864 + 896) = 92,160
+// 366,592 per layer × 24 = 8,798,208 (PEFT's print_trainable_parameters
+// for this model and LoraConfig says the same).
+constexpr int64_t kQwen05AdaptersRank16 =
+    24 * (16 * (896 + 896) + 2 * 16 * (896 + 128) + 16 * (896 + 896) + 3 * 16 * (896 + 4864));
+static_assert(kQwen05AdaptersRank16 == 8798208);
+
+// The vocab-scale bench's learner under bf16 autocast as a `kappa run` of
+// two gRPC workers (bf16 snapshots, wire and worker weights), with
+// student.lora at `rank`.
+PlanInputs QwenRun(int64_t rank) {
+  PlanInputs in = VocabScaleBench(24, 8, /*full=*/false, 512, /*ckpt=*/true);
+  in.config.trainer.precision = services::Precision::kBFloat16;
+  in.config.workers = 2;
+  in.worker_weight_bytes = 2;
+  in.snapshot_bytes = 2;
+  in.wire_bytes = 2;
+  in.config.student.lora.rank = rank;
+  return in;
+}
+
+// The learner's term `name`, or nullptr.
+const PlanTerm* LearnerTerm(const MemoryPlan& plan, const std::string& name) {
+  for (const PlanTerm& term : plan.processes.front().terms) {
+    if (term.name == name) return &term;
+  }
+  return nullptr;
+}
+
+TEST(MemoryPlanLoraTest, CountsTheAdaptersOfEveryTargetedProjection) {
+  services::Config::Student::Lora lora;
+  lora.rank = kRank;  // the default targets: all seven
+  EXPECT_EQ(Qwen05(24).AdapterParameters(lora), kQwen05AdaptersRank16);
+  // q_proj and v_proj only: 24·(28,672 + 16,384).
+  lora.target_modules = {"q_proj", "v_proj"};
+  EXPECT_EQ(Qwen05(24).AdapterParameters(lora), 24 * (28672 + 16384));
+  lora.rank = 0;
+  EXPECT_EQ(Qwen05(24).AdapterParameters(lora), 0);
+}
+
+TEST(MemoryPlanLoraTest, TheOptimizerAndTheSnapshotsHoldTheAdaptersOnly) {
+  const int64_t n = Qwen05(24).Parameters();
+  const int64_t adapters = kQwen05AdaptersRank16;
+  const MemoryPlan plan = PlanMemory(QwenRun(kRank));
+  const auto bytes = [&](const std::string& name) -> int64_t {
+    const PlanTerm* term = LearnerTerm(plan, name);
+    return term == nullptr ? -1 : term->bytes;
+  };
+  EXPECT_EQ(bytes("weights (fp32 master)"), -1);
+  EXPECT_EQ(bytes("frozen weights (fp32)"), 4 * n);
+  EXPECT_EQ(bytes("adapters (fp32 master)"), 4 * adapters);
+  EXPECT_EQ(bytes("gradient"), 4 * adapters);
+  EXPECT_EQ(bytes("gradient of L_D apart (kappa, M3)"), 4 * adapters);  // κ every step
+  EXPECT_EQ(bytes("AdamW moments"), 8 * adapters);
+  ASSERT_NE(LearnerTerm(plan, "AdamW moments"), nullptr);
+  EXPECT_EQ(LearnerTerm(plan, "AdamW moments")->formula, "8·N_a (adapters only, student.lora)");
+  // The frozen weights once in bf16; the adapters of three versions (the
+  // delta base is kept whenever LoRA is on); XOR data of the adapters.
+  EXPECT_EQ(bytes("policy snapshot of the frozen weights"), n * 2);
+  EXPECT_EQ(bytes("policy snapshots"), 3 * adapters * 2);
+  EXPECT_EQ(bytes("wire encodings"), adapters * 2);
+  // A worker's two copies carry float32 adapters beside the bf16 weights.
+  for (const PlanTerm& term : plan.processes[1].terms) {
+    if (term.name == "policy copies") EXPECT_EQ(term.bytes, 2 * (n * 2 + adapters * 4));
+  }
+}
+
+TEST(MemoryPlanLoraTest, AVersionCarriesTheAdaptersOnEachWatchPolicyStream) {
+  const int64_t n = Qwen05(24).Parameters();
+  const int64_t adapters = kQwen05AdaptersRank16;
+  PlanInputs in = QwenRun(kRank);
+  MemoryPlan plan = PlanMemory(in);
+  // N_a·2 bytes × 2 streams, the frozen weights once per worker.
+  EXPECT_EQ(plan.sync_bytes_per_version, adapters * 2 * 2);
+  EXPECT_NE(plan.sync_formula.find("N_a·2 = 16.8 MiB × 2 WatchPolicy streams"), std::string::npos)
+      << plan.sync_formula;
+  EXPECT_NE(plan.sync_formula.find("once per worker"), std::string::npos) << plan.sync_formula;
+
+  // Shared memory sends every weight per version, as without LoRA.
+  in.config.rollout.weight_transport = services::WeightTransport::kShm;
+  EXPECT_EQ(PlanMemory(in).sync_bytes_per_version, (n + adapters) * 2 * 2);
+  // The c10d group gets every weight, the other worker's stream the adapters.
+  in.config.rollout.weight_transport = services::WeightTransport::kC10d;
+  in.config.learner.weight_group_workers = 1;
+  EXPECT_EQ(PlanMemory(in).sync_bytes_per_version, adapters * 2 + (n + adapters) * 2);
+}
+
+// Rank 0 (the default) is full training: the plan of every process is what
+// it was before student.lora existed, whatever the other lora keys say.
+TEST(MemoryPlanLoraTest, RankZeroPlansFullTrainingUnchanged) {
+  const int64_t n = Qwen05(24).Parameters();
+  PlanInputs in = QwenRun(0);
+  in.config.student.lora.target_modules = {"q_proj"};
+  in.config.student.lora.alpha = 64;
+  const MemoryPlan plan = PlanMemory(in);
+  const MemoryPlan defaults = PlanMemory(QwenRun(0));
+  ASSERT_EQ(plan.processes.size(), defaults.processes.size());
+  for (size_t p = 0; p < plan.processes.size(); ++p) {
+    ASSERT_EQ(plan.processes[p].terms.size(), defaults.processes[p].terms.size());
+    for (size_t t = 0; t < plan.processes[p].terms.size(); ++t) {
+      EXPECT_EQ(plan.processes[p].terms[t].bytes, defaults.processes[p].terms[t].bytes);
+      EXPECT_EQ(plan.processes[p].terms[t].formula, defaults.processes[p].terms[t].formula);
+    }
+  }
+  const auto bytes = [&](const std::string& name) -> int64_t {
+    const PlanTerm* term = LearnerTerm(plan, name);
+    return term == nullptr ? -1 : term->bytes;
+  };
+  EXPECT_EQ(bytes("weights (fp32 master)"), 4 * n);
+  EXPECT_EQ(bytes("gradient"), 4 * n);
+  EXPECT_EQ(bytes("AdamW moments"), 8 * n);
+  EXPECT_EQ(bytes("frozen weights (fp32)"), -1);
+  EXPECT_EQ(bytes("policy snapshots"), 2 * n * 2);  // no delta base kept
+  EXPECT_EQ(bytes("wire encodings"), -1);
+  EXPECT_EQ(plan.sync_bytes_per_version, n * 2 * 2);
+  EXPECT_EQ(plan.sync_formula, "N·2 = 942.3 MiB × 2 WatchPolicy streams");
+  // What training does not change is the same under LoRA.
+  const MemoryPlan lora = PlanMemory(QwenRun(kRank));
+  for (const char* name :
+       {"bf16 weight casts (autocast)", "activations", "vocab head", "scored groups buffered"}) {
+    const PlanTerm* term = LearnerTerm(lora, name);
+    ASSERT_NE(term, nullptr) << name;
+    EXPECT_EQ(term->bytes, bytes(name)) << name;
+  }
+}
+
 }  // namespace
 }  // namespace kappa::cli

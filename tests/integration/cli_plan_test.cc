@@ -16,6 +16,8 @@
 //   - full teacher rows (trainer.distill_loss=reverse_kl) at V = 151,936
 //     against the default 64 MiB message limit name
 //     security.max_message_bytes.
+//
+// With student.lora the plan counts the adapters of the student's shape.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -207,6 +209,36 @@ TEST_F(PlanTest, FullTeacherRowsOverTheMessageLimitAreRefusedByTheKey) {
   overrides.push_back("security.max_message_bytes=134217728");
   const CommandResult planned = Kappa("plan", overrides, {"--json"});
   EXPECT_EQ(planned.exit_code, 0) << planned.output;
+}
+
+// `kappa plan` reads student.lora: the adapters of the student's checkpoint
+// (d 32, f 64, one layer, 2 heads and 1 KV head of 16) are what the
+// optimizer holds and what a version sends; a target the learner would
+// refuse is refused by the plan.
+TEST_F(PlanTest, ALoraPlanCountsTheAdaptersOfTheStudentsCheckpoint) {
+  std::vector<std::string> overrides = Overrides("plan-lora");
+  overrides.push_back("student.lora.rank=4");
+  overrides.push_back("rollout.weights_dtype=float32");
+  // q_proj [32, 32]: 4·(32 + 32) = 256; v_proj [16, 32]: 4·(32 + 16) = 192.
+  const int64_t adapters = 256 + 192;
+  const CommandResult planned =
+      Kappa("plan", overrides, {"student.lora.target_modules=[q_proj,v_proj]", "--json"});
+  ASSERT_EQ(planned.exit_code, 0) << planned.output;
+  const Json plan = Json::parse(planned.output);
+  EXPECT_EQ(plan["student"]["adapter_parameters"].get<int64_t>(), adapters);
+  int64_t moments = -1;
+  for (const Json& term : plan["processes"][0]["terms"]) {
+    if (term["name"] == "AdamW moments") moments = term["bytes"].get<int64_t>();
+  }
+  EXPECT_EQ(moments, 8 * adapters);
+  // float32 on the wire to two workers' WatchPolicy streams.
+  EXPECT_EQ(plan["sync_bytes_per_version"].get<int64_t>(), adapters * 4 * 2);
+
+  const CommandResult refused =
+      Kappa("plan", overrides, {"student.lora.target_modules=[q_proj,qkv_proj]"});
+  EXPECT_EQ(refused.exit_code, 1) << refused.output;
+  EXPECT_NE(refused.output.find("student.lora.target_modules"), std::string::npos)
+      << refused.output;
 }
 
 }  // namespace
