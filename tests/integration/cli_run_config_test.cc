@@ -99,6 +99,24 @@ TEST_F(RunConfigTest, BadRolloutSamplingKeysAreRejected) {
   }
 }
 
+// student.lora is checked before anything starts, naming the key.
+TEST_F(RunConfigTest, BadLoraKeysAreRejected) {
+  const std::string path = Config("ok.yaml", "name: t\n");
+  for (const auto& [overrides, key] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"student.lora.rank=-2"}, "student.lora.rank"},
+           {{"student.lora.rank=8", "student.lora.alpha=0"}, "student.lora.alpha"},
+           {{"student.lora.rank=8", "student.lora.dropout=1"}, "student.lora.dropout"},
+           {{"student.lora.rank=8", "student.lora.target_modules=q_proj,lm_head"},
+            "student.lora.target_modules: 'lm_head'"}}) {
+    std::vector<std::string> args = {"run", path, "runs_dir=" + dir_ + "/runs"};
+    args.insert(args.end(), overrides.begin(), overrides.end());
+    auto result = RunKappa(args);
+    EXPECT_NE(result.exit_code, 0) << key;
+    EXPECT_NE(result.output.find(key), std::string::npos) << result.output;
+    EXPECT_FALSE(std::filesystem::exists(dir_ + "/runs")) << key;
+  }
+}
+
 TEST_F(RunConfigTest, UsageErrorsExitWithTwo) {
   auto no_config = RunKappa({"run"});
   EXPECT_EQ(no_config.exit_code, 2);
