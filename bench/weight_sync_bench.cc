@@ -51,7 +51,8 @@
 //                     adapted projections into its inactive copy), timed
 //                     against what the unmerged adapters add to one decode
 //                     step (DecodeSlots over 1 and 8 slots, the same model
-//                     before and after EnableLora).
+//                     before and after EnableLora, the adapters in
+//                     bfloat16 as a worker keeps them).
 // Versions 0 and 1 allocate the worker's two models (cold); from version 2
 // the watcher reuses the inactive copy (steady state, what is reported as
 // s/version). 1.5B float32 runs version 0 only: learner snapshot + two
@@ -474,6 +475,8 @@ void CompareMergeWithUnmerged(const std::string& shape, const kappa::model::Mode
     plain.push_back(SecondsPerDecodeStep(model, slots, decode_steps));
   model->EnableLora(BenchLora());
   RandomizeAdapters(model);
+  // In the model's dtype, as a rollout worker keeps them (PolicyWatcher).
+  kappa::model::CastAdapters(model, torch::kBFloat16);
   std::vector<double> unmerged;
   for (int64_t slots : slot_counts) {
     unmerged.push_back(SecondsPerDecodeStep(model, slots, decode_steps));

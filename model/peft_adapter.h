@@ -69,6 +69,21 @@ inline std::map<std::string, torch::Tensor> PolicyTensors(Decoder& model) {
   return all;
 }
 
+// Moves `model`'s adapters to `dtype`. A rollout worker runs them in its
+// model's dtype (as vLLM does): float32 adapters on a bfloat16 model send
+// their matmuls down another BLAS path that competes with the model's
+// threads (bench/README.md, LoRA). The learner keeps them float32.
+inline void CastAdapters(Decoder& model, torch::ScalarType dtype) {
+  for (const auto& module : model->named_modules()) {
+    const std::string& name = module.key();
+    const auto ends_with = [&](const std::string& tail) {
+      return name.size() > tail.size() &&
+             name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
+    };
+    if (ends_with(".lora_A") || ends_with(".lora_B")) module.value()->to(dtype);
+  }
+}
+
 // NamedWeights(model) with every adapted projection's weight replaced by
 // W + scaling · B · A (new tensors in W's dtype, computed in float32): the
 // weights of the plain model that computes what `model` does.

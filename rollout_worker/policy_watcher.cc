@@ -167,6 +167,7 @@ absl::StatusOr<std::map<std::string, torch::Tensor>> PolicyWatcher::Destination(
           if (!adapter_config_json.empty()) {
             (*decoder)->EnableLora(
                 model::ParseAdapterConfig(adapter_config_json, "adapter_config_json").lora);
+            model::CastAdapters(*decoder, options_.dtype);
           }
           (*decoder)->eval();
           for (auto& parameter : (*decoder)->parameters()) parameter.set_requires_grad(false);
