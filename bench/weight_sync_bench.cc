@@ -42,7 +42,7 @@
 //                     for bfloat16, PolicySnapshotDtype), wire and model;
 //                     lora-bfloat16-f32snap: float32 snapshot, bfloat16 wire
 //                     and model (the publisher converts the frozen weights
-//                     again every version and compares them).
+//                     once, PolicySnapshot.frozen_weights).
 //                     The last lines, `lora/full ...`, are LoRA's bytes and
 //                     seconds per version over the full-weight case's.
 //   <shape> lora-merge  not a sync: the alternative of a worker that merges
@@ -344,6 +344,7 @@ Result Run(const Case& c, const kappa::model::ModelConfig& config,
     if (c.wire_snapshot) snapshot->dtype = c.wire;
     if (c.lora) {
       snapshot->weights = LoraSnapshot(weights, adapters, snapshot->dtype, &frozen);
+      snapshot->frozen_weights = static_cast<int64_t>(frozen.size());
     } else if (c.wire_snapshot) {
       snapshot->weights = SnapshotIn(weights, c.wire);
     } else {

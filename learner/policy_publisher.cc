@@ -202,10 +202,13 @@ std::shared_ptr<const EncodedPolicy> PolicyPublisher::EncodeLocked(Slot& slot,
   encoded->adapter_config_json = snapshot.adapter_config_json;
   encoded->dtype = dtype;
   encoded->weights.reserve(snapshot.weights.size());
-  for (const auto& [name, tensor] : snapshot.weights) {
+  for (size_t i = 0; i < snapshot.weights.size(); ++i) {
+    const auto& [name, tensor] = snapshot.weights[i];
     torch::Tensor wire = tensor;
     if (wire.device() != torch::kCPU || wire.scalar_type() != dtype || !wire.is_contiguous()) {
-      wire = tensor.to(torch::kCPU, dtype).contiguous();
+      wire = static_cast<int64_t>(i) < snapshot.frozen_weights
+                 ? FrozenEncoding(tensor, dtype)
+                 : tensor.to(torch::kCPU, dtype).contiguous();
     }
     encoded->bytes += TensorBytes(wire);
     encoded->weights.emplace_back(name, std::move(wire));
@@ -216,6 +219,14 @@ std::shared_ptr<const EncodedPolicy> PolicyPublisher::EncodeLocked(Slot& slot,
     ++encodings_made_;
   }
   return encoded;
+}
+
+torch::Tensor PolicyPublisher::FrozenEncoding(const torch::Tensor& frozen,
+                                              torch::ScalarType dtype) {
+  absl::MutexLock lock(&frozen_mu_);
+  auto& entry = frozen_encodings_[{frozen.data_ptr(), static_cast<int>(dtype)}];
+  if (!entry.second.defined()) entry = {frozen, frozen.to(torch::kCPU, dtype).contiguous()};
+  return entry.second;
 }
 
 void PolicyPublisher::CheckDtype(const PolicySnapshot& snapshot, torch::ScalarType dtype) {

@@ -49,6 +49,10 @@ struct PolicySnapshot {
   torch::ScalarType dtype = torch::kFloat32;
   // Hugging Face names -> contiguous CPU tensors in `dtype` (deep copies).
   std::vector<std::pair<std::string, torch::Tensor>> weights;
+  // weights[0, frozen_weights) are the same tensors in every version (LoRA's
+  // frozen weights): each is converted to a wire dtype once, and the
+  // conversion is shared by every version's encoding.
+  int64_t frozen_weights = 0;
 };
 
 // One version's weights in one wire dtype, as every stream sends them.
@@ -185,6 +189,10 @@ class PolicyPublisher {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(slot.mu) ABSL_LOCKS_EXCLUDED(mu_);
   // Checks Encode()'s dtype rules; throws std::invalid_argument.
   static void CheckDtype(const PolicySnapshot& snapshot, torch::ScalarType dtype);
+  // `frozen` (a PolicySnapshot frozen weight) in `dtype`: converted at the
+  // first call, the same tensor at every later one.
+  torch::Tensor FrozenEncoding(const torch::Tensor& frozen, torch::ScalarType dtype)
+      ABSL_LOCKS_EXCLUDED(frozen_mu_);
 
   const PublisherOptions options_;
   const uint64_t nonce_;
@@ -195,6 +203,11 @@ class PolicyPublisher {
   VersionSlots latest_slots_ ABSL_GUARDED_BY(mu_);
   VersionSlots base_slots_ ABSL_GUARDED_BY(mu_);  // the version before latest_
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
+  // FrozenEncoding's conversions by (the frozen tensor's data, dtype); the
+  // entry holds the frozen tensor too, so its address is never reused.
+  absl::Mutex frozen_mu_;
+  std::map<std::pair<const void*, int>, std::pair<torch::Tensor, torch::Tensor>> frozen_encodings_
+      ABSL_GUARDED_BY(frozen_mu_);
   int64_t encodings_made_ ABSL_GUARDED_BY(mu_) = 0;
 };
 

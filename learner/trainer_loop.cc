@@ -146,6 +146,7 @@ void TrainerLoop::PublishPolicy() {
       frozen_snapshot_weights_ = HostCopies(model::NamedWeights(student_), snapshot->dtype);
     }
     snapshot->weights = frozen_snapshot_weights_;
+    snapshot->frozen_weights = static_cast<int64_t>(frozen_snapshot_weights_.size());
   }
   const std::vector<std::pair<std::string, torch::Tensor>> trained = HostCopies(
       student_->has_lora() ? model::NamedAdapters(student_) : model::NamedWeights(student_),

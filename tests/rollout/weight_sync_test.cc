@@ -281,6 +281,40 @@ TEST_P(DeltaTest, DeltaVersionsReconstructBitIdenticalWeights) {
 INSTANTIATE_TEST_SUITE_P(WireDtypes, DeltaTest,
                          ::testing::Values(torch::kFloat32, torch::kBFloat16));
 
+// LoRA's frozen weights (PolicySnapshot.frozen_weights): converted to the
+// wire dtype once and shared by every version's encoding, so a delta skips
+// them by pointer and carries only the adapters.
+TEST(PolicyPublisherTest, FrozenWeightsAreConvertedOnceAndDeltasCarryTheRest) {
+  PolicyPublisher publisher(PublisherOptions{true});
+  torch::manual_seed(3);
+  const torch::Tensor frozen = torch::randn({64, 64});
+  auto snapshot = [&](int64_t version) {
+    auto s = std::make_shared<PolicySnapshot>();
+    s->version = version;
+    s->model_config_json = "{}";
+    s->weights = {{"w", frozen}, {"w.lora_A.weight", torch::randn({4, 64})}};
+    s->frozen_weights = 1;
+    return s;
+  };
+  const auto s1 = snapshot(1);
+  publisher.Publish(s1);
+  const auto e1 = publisher.Encode(s1, torch::kBFloat16);
+  const auto s2 = snapshot(2);
+  publisher.Publish(s2);
+  const auto e2 = publisher.Encode(s2, torch::kBFloat16);
+  EXPECT_EQ(e1->weights[0].second.data_ptr(), e2->weights[0].second.data_ptr());
+  EXPECT_TRUE(torch::equal(e2->weights[0].second, frozen.to(torch::kBFloat16)));
+  EXPECT_NE(e1->weights[1].second.data_ptr(), e2->weights[1].second.data_ptr());
+
+  const auto delta = publisher.Delta(s2, torch::kBFloat16, 1, publisher.PolicyId(1));
+  ASSERT_NE(delta, nullptr);
+  ASSERT_EQ(delta->parameters.size(), 2u);
+  ASSERT_EQ(delta->parameters[0].segments.size(), 1u);
+  EXPECT_TRUE(delta->parameters[0].segments[0].unchanged);
+  EXPECT_EQ(delta->parameters[0].segments[0].size, 64 * 64 * 2);
+  EXPECT_EQ(delta->bytes, 4 * 64 * 2);  // the adapter, every byte changed
+}
+
 TEST_F(WeightSyncTest, AnOlderOrUnknownBaseGetsAFullVersion) {
   Serve(PublisherOptions{true});
   model::Decoder source = MakeDecoder(TinyConfig(), 5);
