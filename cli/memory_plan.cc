@@ -313,17 +313,19 @@ ProcessPlan PlanLearner(const PlanInputs& in, int64_t rank, int64_t world) {
   }
   // learner/policy_publisher.cc EncodeLocked converts a whole version when
   // the wire dtype differs (with student.lora the shared frozen weights
-  // too, again for every version); a delta holds up to a version's bytes
-  // of XOR data, with student.lora the adapters' only (ComputeDelta: a
-  // tensor both versions share is an UNCHANGED range, and equal bytes are
-  // too).
+  // once, FrozenEncoding, and the adapters per version); a delta holds up
+  // to a version's bytes of XOR data, with student.lora the adapters' only
+  // (ComputeDelta: a tensor both versions share is an UNCHANGED range, and
+  // equal bytes are too).
   int64_t encodings = 0;
-  if (in.wire_bytes != sb) encodings += copies * (n + adapters) * in.wire_bytes;
+  if (in.wire_bytes != sb) {
+    encodings += lora ? (n + copies * adapters) * in.wire_bytes : copies * n * in.wire_bytes;
+  }
   if (KeepsDeltaBases(c)) encodings += trained * in.wire_bytes;
   if (lora) {
     terms.Add("wire encodings", "host", encodings, "rollout.weights_dtype",
-              "the versions (N + N_a each: the frozen weights converted again) in the wire dtype "
-              "when it differs, + N_a·wire of XOR data (adapters only, student.lora)");
+              "in the wire dtype when it differs: the frozen N once + N_a per version, + N_a·wire "
+              "of XOR data (adapters only, student.lora)");
   } else {
     terms.Add("wire encodings", "host", encodings,
               c.rollout.weight_delta ? "rollout.weight_delta" : "rollout.weights_dtype",
@@ -364,12 +366,13 @@ ProcessPlan PlanWorker(const PlanInputs& in, int64_t index) {
   // still decodes with the spare's old version when the next one arrives
   // (versions faster than one group); issue 38's 0.5B run never held it in
   // 20 version loads (2.22 GiB peak against 2.05 GiB planned).
-  // With student.lora each copy also holds float32 adapters (model/lora.h).
+  // With student.lora each copy also holds its adapters, in the copy's
+  // dtype (rollout_worker/policy_watcher.cc, model::CastAdapters).
   const int64_t adapters = s.AdapterParameters(c.student.lora);
-  terms.Add("policy copies", dev, 2 * (n * b + adapters * 4), "",
-            adapters > 0 ? absl::StrCat("2·(N·", b,
-                                        " + N_a·4) (current and spare, with float32 adapters: "
-                                        "student.lora; a third while a sampler holds the spare)")
+  terms.Add("policy copies", dev, 2 * (n + adapters) * b, "",
+            adapters > 0 ? absl::StrCat("2·(N + N_a)·", b,
+                                        " (current and spare, with the adapters: student.lora; "
+                                        "a third while a sampler holds the spare)")
                          : absl::StrCat("2·N·", b,
                                         " (current and spare; a third while a sampler holds "
                                         "the spare)"));

@@ -252,10 +252,18 @@ TEST(MemoryPlanLoraTest, TheOptimizerAndTheSnapshotsHoldTheAdaptersOnly) {
   EXPECT_EQ(bytes("policy snapshot of the frozen weights"), n * 2);
   EXPECT_EQ(bytes("policy snapshots"), 3 * adapters * 2);
   EXPECT_EQ(bytes("wire encodings"), adapters * 2);
-  // A worker's two copies carry float32 adapters beside the bf16 weights.
+  // A worker's two copies carry their adapters in bf16 beside the weights.
   for (const PlanTerm& term : plan.processes[1].terms) {
-    if (term.name == "policy copies") EXPECT_EQ(term.bytes, 2 * (n * 2 + adapters * 4));
+    if (term.name == "policy copies") EXPECT_EQ(term.bytes, 2 * (n + adapters) * 2);
   }
+  // A float32 snapshot on a bf16 wire: the frozen weights are converted
+  // once, the adapters of every kept version.
+  PlanInputs mixed = QwenRun(kRank);
+  mixed.snapshot_bytes = 4;
+  const MemoryPlan mixed_plan = PlanMemory(mixed);
+  ASSERT_NE(LearnerTerm(mixed_plan, "wire encodings"), nullptr);
+  EXPECT_EQ(LearnerTerm(mixed_plan, "wire encodings")->bytes,
+            (n + 3 * adapters) * 2 + adapters * 2);
 }
 
 TEST(MemoryPlanLoraTest, AVersionCarriesTheAdaptersOnEachWatchPolicyStream) {
