@@ -1,12 +1,7 @@
 #include "model/checkpoint.h"
 
-#include <fcntl.h>
-#include <stdio.h>  // renameat2, RENAME_EXCHANGE
 #include <torch/torch.h>
-#include <unistd.h>
 
-#include <cerrno>
-#include <cstring>
 #include <filesystem>
 #include <stdexcept>
 #include <vector>
@@ -40,25 +35,24 @@ bool IsIgnorable(const std::string& name, bool tied) {
          name.compare(name.size() - inv_freq.size(), inv_freq.size(), inv_freq) == 0;
 }
 
-// Every parameter present with its shape and nothing unexpected, or a
-// runtime_error listing each problem. `shape_of(name)` is null when absent.
-template <typename ShapeOf, typename Names>
-void CheckWeightNames(Decoder& model, const ShapeOf& shape_of, const Names& names,
-                      const std::string& where) {
-  const bool tied = model->config().tie_word_embeddings;
-  auto params = model->named_parameters();
+// Every tensor of `params` present with its shape and nothing unexpected
+// (`ignorable` names aside), or a runtime_error listing each problem.
+// `shape_of(name)` is null when absent.
+template <typename ShapeOf, typename Names, typename Ignorable>
+void CheckNames(const std::map<std::string, torch::Tensor>& params, const ShapeOf& shape_of,
+                const Names& names, const Ignorable& ignorable, const std::string& where) {
   std::vector<std::string> missing, unexpected, mismatched;
-  for (const auto& p : params) {
-    const std::optional<std::vector<int64_t>> shape = shape_of(p.key());
+  for (const auto& [name, param] : params) {
+    const std::optional<std::vector<int64_t>> shape = shape_of(name);
     if (!shape) {
-      missing.push_back(p.key());
-    } else if (at::IntArrayRef(*shape) != p.value().sizes()) {
-      mismatched.push_back(p.key() + " (expected " + Shape(p.value().sizes()) + ", got " +
-                           Shape(*shape) + ")");
+      missing.push_back(name);
+    } else if (at::IntArrayRef(*shape) != param.sizes()) {
+      mismatched.push_back(name + " (expected " + Shape(param.sizes()) + ", got " + Shape(*shape) +
+                           ")");
     }
   }
   for (const auto& name : names) {
-    if (params.find(name) == nullptr && !IsIgnorable(name, tied)) unexpected.push_back(name);
+    if (params.count(name) == 0 && !ignorable(name)) unexpected.push_back(name);
   }
   if (missing.empty() && unexpected.empty() && mismatched.empty()) return;
   std::string msg = where + ":";
@@ -67,6 +61,18 @@ void CheckWeightNames(Decoder& model, const ShapeOf& shape_of, const Names& name
   if (!mismatched.empty()) msg += " shape mismatch [" + Join(mismatched) + "];";
   msg.pop_back();
   throw std::runtime_error(msg);
+}
+
+// The model's weights against a checkpoint's names and shapes. Adapters are
+// no weights: the model's are not missing, and one in the checkpoint is
+// unexpected.
+template <typename ShapeOf, typename Names>
+void CheckWeightNames(Decoder& model, const ShapeOf& shape_of, const Names& names,
+                      const std::string& where) {
+  const bool tied = model->config().tie_word_embeddings;
+  CheckNames(
+      NamedWeights(model), shape_of, names,
+      [&](const std::string& name) { return IsIgnorable(name, tied); }, where);
 }
 
 // Copies each checkpoint tensor into its parameter, dropping the mapped pages
@@ -83,20 +89,35 @@ void CopyCheckpointWeights(Decoder& model, const CheckpointWeights& weights) {
       },
       names, weights.description());
   torch::NoGradGuard no_grad;
-  for (auto& p : model->named_parameters()) {
-    const CheckpointWeights::Located& source = weights.tensors().at(p.key());
-    p.value().copy_(source.file->View(p.key()));
-    source.file->Release(p.key());
+  for (auto& [name, param] : NamedWeights(model)) {
+    const CheckpointWeights::Located& source = weights.tensors().at(name);
+    param.copy_(source.file->View(name));
+    source.file->Release(name);
   }
 }
 
-std::string StripTrailingSlashes(std::string dir) {
-  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
-  return dir;
+// A map's shape of `name`, null when absent or undefined (for CheckNames).
+std::optional<std::vector<int64_t>> ShapeIn(const std::map<std::string, torch::Tensor>& tensors,
+                                            const std::string& name) {
+  auto it = tensors.find(name);
+  if (it == tensors.end() || !it->second.defined()) return std::nullopt;
+  return it->second.sizes().vec();
 }
 
-[[noreturn]] void FailErrno(const std::string& what) {
-  throw std::runtime_error(what + ": " + std::strerror(errno));
+std::vector<std::string> NamesOf(const std::map<std::string, torch::Tensor>& tensors) {
+  std::vector<std::string> names;
+  for (const auto& entry : tensors) names.push_back(entry.first);
+  return names;
+}
+
+// Copies `source`'s tensors into `params` of the same names (checked before).
+void CopyInto(const std::map<std::string, torch::Tensor>& params,
+              const std::map<std::string, torch::Tensor>& source) {
+  torch::NoGradGuard no_grad;
+  for (const auto& [name, param] : params) {
+    torch::Tensor target = param;
+    target.copy_(source.at(name));
+  }
 }
 
 const char* DtypeName(torch::ScalarType type) {
@@ -119,26 +140,6 @@ void CopyCompanionFiles(const std::string& source_dir, const std::string& tmp) {
   }
 }
 
-// Files go to `tmp`, then the directory is swapped in for `dir`.
-void PublishDirectory(const std::string& tmp, const std::string& dir, const fs::path& parent) {
-  std::error_code ec;
-  if (!fs::exists(dir, ec)) {
-    if (::rename(tmp.c_str(), dir.c_str()) != 0) FailErrno("cannot rename " + tmp + " to " + dir);
-  } else if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, dir.c_str(), RENAME_EXCHANGE) == 0) {
-    // Readers see either the old or the new checkpoint, never neither;
-    // the old one now sits at `tmp`.
-    fs::remove_all(tmp);
-  } else {
-    // Filesystems without RENAME_EXCHANGE: a short window without `dir`.
-    const std::string old = dir + ".old-" + std::to_string(::getpid());
-    fs::remove_all(old);
-    if (::rename(dir.c_str(), old.c_str()) != 0) FailErrno("cannot move aside " + dir);
-    if (::rename(tmp.c_str(), dir.c_str()) != 0) FailErrno("cannot rename " + tmp + " to " + dir);
-    fs::remove_all(old);
-  }
-  internal::SyncDirectory(parent.string());
-}
-
 }  // namespace
 
 const std::vector<std::string>& CompanionFiles() {
@@ -149,25 +150,39 @@ const std::vector<std::string>& CompanionFiles() {
   return files;
 }
 
+bool IsAdapterName(const std::string& name) {
+  return name.find(".lora_A.") != std::string::npos || name.find(".lora_B.") != std::string::npos;
+}
+
 std::map<std::string, torch::Tensor> NamedWeights(Decoder& model) {
   std::map<std::string, torch::Tensor> weights;
-  for (const auto& p : model->named_parameters()) weights.emplace(p.key(), p.value());
+  for (const auto& p : model->named_parameters()) {
+    if (!IsAdapterName(p.key())) weights.emplace(p.key(), p.value());
+  }
   return weights;
 }
 
+std::map<std::string, torch::Tensor> NamedAdapters(Decoder& model) {
+  std::map<std::string, torch::Tensor> adapters;
+  for (const auto& p : model->named_parameters()) {
+    if (IsAdapterName(p.key())) adapters.emplace(p.key(), p.value());
+  }
+  return adapters;
+}
+
 void LoadWeights(Decoder& model, const std::map<std::string, torch::Tensor>& weights) {
-  std::vector<std::string> names;
-  for (const auto& entry : weights) names.push_back(entry.first);
   CheckWeightNames(
-      model,
-      [&](const std::string& name) -> std::optional<std::vector<int64_t>> {
-        auto it = weights.find(name);
-        if (it == weights.end() || !it->second.defined()) return std::nullopt;
-        return it->second.sizes().vec();
-      },
-      names, "LoadWeights");
-  torch::NoGradGuard no_grad;
-  for (auto& p : model->named_parameters()) p.value().copy_(weights.at(p.key()));
+      model, [&](const std::string& name) { return ShapeIn(weights, name); }, NamesOf(weights),
+      "LoadWeights");
+  CopyInto(NamedWeights(model), weights);
+}
+
+void LoadAdapters(Decoder& model, const std::map<std::string, torch::Tensor>& adapters) {
+  if (!model->has_lora()) throw std::logic_error("LoadAdapters: the model has no LoRA adapters");
+  CheckNames(
+      NamedAdapters(model), [&](const std::string& name) { return ShapeIn(adapters, name); },
+      NamesOf(adapters), [](const std::string&) { return false; }, "LoadAdapters");
+  CopyInto(NamedAdapters(model), adapters);
 }
 
 bool CheckpointExists(const std::string& dir) {
@@ -178,13 +193,7 @@ bool CheckpointExists(const std::string& dir) {
           fs::is_regular_file(d / kSafetensorsIndexFile, ec));
 }
 
-void SaveCheckpoint(const std::string& dir_in, Decoder& model, const SaveOptions& options) {
-  const std::string dir = StripTrailingSlashes(dir_in);
-  const fs::path target(dir);
-  fs::path parent = target.parent_path();
-  if (parent.empty()) parent = ".";
-  fs::create_directories(parent);
-
+void SaveCheckpoint(const std::string& dir, Decoder& model, const SaveOptions& options) {
   std::map<std::string, torch::Tensor> weights = NamedWeights(model);
   const torch::ScalarType dtype = options.dtype.value_or(weights.begin()->second.scalar_type());
   ModelConfig config = model->config();
@@ -193,20 +202,11 @@ void SaveCheckpoint(const std::string& dir_in, Decoder& model, const SaveOptions
     for (auto& [name, tensor] : weights) tensor = tensor.detach().to(dtype);
   }
 
-  const std::string tmp = dir + ".tmp-" + std::to_string(::getpid());
-  fs::remove_all(tmp);
-  fs::create_directory(tmp);
-  try {
+  internal::WriteDirectoryAtomically(dir, [&](const std::string& tmp) {
     WriteSafetensorsShards(tmp, weights, options.max_shard_bytes);
     internal::WriteFileDurably((fs::path(tmp) / kConfigFile).string(), config.ToJson());
     if (!config.source_dir.empty()) CopyCompanionFiles(config.source_dir, tmp);
-    internal::SyncDirectory(tmp);
-    PublishDirectory(tmp, dir, parent);
-  } catch (...) {
-    std::error_code ignored;
-    fs::remove_all(tmp, ignored);
-    throw;
-  }
+  });
 }
 
 ModelConfig ReadModelConfig(const std::string& dir) {

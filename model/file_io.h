@@ -1,6 +1,7 @@
 // Durable file helpers for checkpoints (private to model/).
 #pragma once
 
+#include <functional>
 #include <string>
 #include <string_view>
 
@@ -31,5 +32,16 @@ class DurableFileWriter {
 std::string ReadFile(const std::string& path);
 // fsync of a directory, making renames/creations inside it durable.
 void SyncDirectory(const std::string& path);
+
+// `dir` without trailing slashes ("/" stays "/").
+std::string StripTrailingSlashes(std::string dir);
+// Publishes a directory atomically: creates `<dir>.tmp-<pid>` (and `dir`'s
+// parent), lets `write_files(tmp)` fill it (each file written durably),
+// fsyncs it, then swaps it in for `dir` (renameat2 RENAME_EXCHANGE where the
+// filesystem has it, so readers see the old or the new directory, never
+// neither) and fsyncs the parent. On any error the temporary directory is
+// removed, `dir` is left as it was, and the error propagates.
+void WriteDirectoryAtomically(const std::string& dir,
+                              const std::function<void(const std::string& tmp)>& write_files);
 
 }  // namespace kappa::model::internal
