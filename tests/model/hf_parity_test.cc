@@ -6,7 +6,10 @@
 // a head_dim apart from hidden/heads, fp32/bf16/fp16 on disk) must give the
 // reference's fp32 logits within 1e-4: full batches, left-padded batches, and
 // token by token through the KV cache. Then load -> save -> load is
-// bit-identical, and the reference reads what kappa wrote.
+// bit-identical, and the reference reads what kappa wrote. A LoRA adapter
+// kappa saves (model/peft_adapter.h) is read by the reference itself
+// (--adapter: PEFT's file layout, merged as PEFT merges) and gives kappa's
+// unmerged forward, per family, α/r and rsLoRA's α/√r.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 #include <unistd.h>
@@ -20,6 +23,7 @@
 #include <vector>
 
 #include "model/checkpoint.h"
+#include "model/peft_adapter.h"
 
 #ifndef KAPPA_HF_CHECKPOINTS
 #error "KAPPA_HF_CHECKPOINTS (the fixture's output directory) must be defined"
@@ -46,9 +50,9 @@ fs::path ScratchDir(const std::string& name) {
 }
 
 // The reference's logits [B, T, V] for `ids` (rows padded on the left where
-// `mask` is 0).
+// `mask` is 0), with the PEFT adapter `adapter_dir` merged when given.
 torch::Tensor ReferenceLogits(const std::string& model_dir, const torch::Tensor& ids,
-                              const torch::Tensor& mask) {
+                              const torch::Tensor& mask, const std::string& adapter_dir = "") {
   const fs::path scratch = ScratchDir("request");
   Json request;
   request["input_ids"] = Json::array();
@@ -60,9 +64,10 @@ torch::Tensor ReferenceLogits(const std::string& model_dir, const torch::Tensor&
     request["attention_mask"].push_back(m);
   }
   std::ofstream(scratch / "request.json") << request.dump();
-  const std::string command = std::string(KAPPA_REFERENCE_PYTHON) + " " + KAPPA_REFERENCE_DIR +
-                              "/hf_forward.py " + model_dir + " < " + (scratch / "request.json").string() +
-                              " > " + (scratch / "logits.json").string();
+  const std::string command =
+      std::string(KAPPA_REFERENCE_PYTHON) + " " + KAPPA_REFERENCE_DIR + "/hf_forward.py " +
+      model_dir + (adapter_dir.empty() ? "" : " --adapter " + adapter_dir) + " < " +
+      (scratch / "request.json").string() + " > " + (scratch / "logits.json").string();
   EXPECT_EQ(std::system(command.c_str()), 0) << command;
   const Json logits = Json::parse(ReadText(scratch / "logits.json"))["logits"];
   const int64_t B = ids.size(0), T = ids.size(1), V = static_cast<int64_t>(logits[0][0].size());
@@ -189,6 +194,62 @@ INSTANTIATE_TEST_SUITE_P(Variants, HfParityTest,
                                            "llama_linear_rope_bias", "qwen2_bias_sharded",
                                            "qwen2_tied_bf16", "qwen3_qknorm_headdim",
                                            "qwen3_tied_fp32", "qwen3_attn_bias_fp16"));
+
+// One family's fixture with a LoRA adapter on all seven projections.
+struct AdapterCase {
+  std::string variant;
+  bool use_rslora;
+};
+void PrintTo(const AdapterCase& c, std::ostream* os) {
+  *os << c.variant << (c.use_rslora ? " rsLoRA" : "");
+}
+
+class HfAdapterParityTest : public ::testing::TestWithParam<AdapterCase> {
+ protected:
+  std::string Dir() const { return std::string(KAPPA_HF_CHECKPOINTS) + "/" + GetParam().variant; }
+};
+
+// Random nonzero adapters (A and B), saved as PEFT saves them.
+TEST_P(HfAdapterParityTest, UnmergedAdapterEqualsTheReferenceMerge) {
+  torch::NoGradGuard no_grad;
+  Decoder model = LoadCheckpoint(Dir());
+  LoraConfig lora;
+  lora.rank = 4;
+  lora.alpha = 8.0;
+  lora.use_rslora = GetParam().use_rslora;
+  lora.target_modules = LoraTargetNames();
+  model->EnableLora(lora);
+  torch::manual_seed(17);
+  for (auto& [name, tensor] : NamedAdapters(model)) {
+    torch::Tensor t = tensor;
+    t.copy_(torch::randn_like(t) * 0.1);
+  }
+  const fs::path out = ScratchDir("adapter_" + GetParam().variant);
+  const std::string adapter = (out / "adapter").string();
+  SaveAdapter(adapter, model, lora, Dir());
+
+  const Batch batch = LeftPaddedBatch(model->config().vocab_size, 10, 23);
+  const torch::Tensor reference = ReferenceLogits(Dir(), batch.ids, batch.mask, adapter);
+  const torch::Tensor adapted = model->Forward(batch.ids, batch.mask).logits;
+  const double diff = MaxDiffAtRealPositions(adapted, reference, batch.mask);
+  EXPECT_LT(diff, kTolerance) << "unmerged adapter vs the reference's merge";
+  // The adapters matter: the base alone is far from the reference.
+  const torch::Tensor base = ReferenceLogits(Dir(), batch.ids, batch.mask);
+  const double effect = MaxDiffAtRealPositions(base, reference, batch.mask);
+  EXPECT_GT(effect, 100 * kTolerance) << "the adapter hardly changes the logits";
+  std::printf(
+      "%s%s: max |kappa adapter - reference merge| %.2e (the adapter moves logits by %.2e)\n",
+      GetParam().variant.c_str(), GetParam().use_rslora ? " rsLoRA" : "", diff, effect);
+  fs::remove_all(out);
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, HfAdapterParityTest,
+                         ::testing::Values(AdapterCase{"llama_gqa_llama3rope_bf16", false},
+                                           AdapterCase{"qwen2_bias_sharded", false},
+                                           AdapterCase{"qwen3_qknorm_headdim", true}),
+                         [](const ::testing::TestParamInfo<AdapterCase>& info) {
+                           return info.param.variant + (info.param.use_rslora ? "_rslora" : "");
+                         });
 
 }  // namespace
 }  // namespace kappa::model

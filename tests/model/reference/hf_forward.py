@@ -13,13 +13,24 @@ Written from the Hugging Face transformers modeling semantics (never from kappa'
   src/transformers/models/{llama,qwen2,qwen3}/configuration_*.py  (defaults for absent keys)
   src/transformers/generation/utils.py-style left padding: position_ids = cumsum(mask) - 1.
 
+With --adapter DIR, a PEFT LoRA adapter directory is merged into the base weights first, written
+from PEFT (never from kappa's C++):
+  src/peft/tuners/lora/config.py       (LoraConfig fields and defaults: r=8, lora_alpha=8, use_rslora)
+  src/peft/tuners/lora/layer.py        (LoraLayer.update_layer: scaling = lora_alpha / r, or
+                                         lora_alpha / sqrt(r) with use_rslora; Linear.get_delta_weight:
+                                         delta = (B @ A) * scaling, transposed only with fan_in_fan_out;
+                                         Linear.merge: W += delta)
+  src/peft/utils/save_and_load.py      (saved keys: "base_model.model." + module + ".lora_A.weight"/".lora_B.weight",
+                                         no adapter name)
+Merging equals the unmerged forward W x + scaling * B (A x) up to rounding (lora_dropout is off in eval).
+
 Compute is float32 throughout (weights upcast on load), i.e. HF loaded with torch_dtype=torch.float32.
-safetensors is read by hand (no `safetensors` / `transformers` packages).
+safetensors is read by hand (no `safetensors` / `transformers` / `peft` packages).
 
 Usage:
   echo '{"input_ids": [[1,2,3]], "attention_mask": [[1,1,1]]}' | \
-      /usr/bin/python3 tests/model/reference/hf_forward.py MODEL_DIR > logits.json
-stdout: {"logits": [[[V floats] per position] per row]}.  Exit 2 on unsupported configs.
+      /usr/bin/python3 tests/model/reference/hf_forward.py MODEL_DIR [--adapter ADAPTER_DIR] > logits.json
+stdout: {"logits": [[[V floats] per position] per row]}.  Exit 2 on unsupported configs or adapters.
 """
 import json
 import math
@@ -140,6 +151,58 @@ def load_weights(model_dir):
     else:
         _read_safetensors(os.path.join(model_dir, "model.safetensors"), w)
     return w
+
+
+# ---------------------------------------------------------------- PEFT LoRA adapter (merged)
+PEFT_PREFIX = "base_model.model."
+
+
+def adapter_scaling(cfg):
+    """LoraLayer.update_layer: lora_alpha / r, or lora_alpha / sqrt(r) with use_rslora (PEFT defaults 8, 8)."""
+    if cfg.get("peft_type") != "LORA":
+        raise Unsupported(f"adapter peft_type={cfg.get('peft_type')!r}")
+    for key in ("use_dora", "fan_in_fan_out", "lora_bias"):
+        if cfg.get(key):
+            raise Unsupported(f"adapter {key}=true")
+    for key in ("rank_pattern", "alpha_pattern", "modules_to_save", "layers_to_transform"):
+        if cfg.get(key):
+            raise Unsupported(f"adapter {key}={cfg[key]!r}")
+    r, alpha = cfg.get("r", 8), cfg.get("lora_alpha", 8)
+    return alpha / math.sqrt(r) if cfg.get("use_rslora", False) else alpha / r
+
+
+def merge_adapter(w, adapter_dir):
+    """Linear.merge for every adapted module: W += (B @ A) * scaling, in float32."""
+    with open(os.path.join(adapter_dir, "adapter_config.json")) as f:
+        cfg = json.load(f)
+    scaling = adapter_scaling(cfg)
+    targets = cfg["target_modules"]
+    if isinstance(targets, str):
+        raise Unsupported(f"adapter target_modules as a regex {targets!r}")
+    tensors = {}
+    _read_safetensors(os.path.join(adapter_dir, "adapter_model.safetensors"), tensors)
+    merged = 0
+    for key in sorted(tensors):
+        if not (key.startswith(PEFT_PREFIX) and key.endswith(".lora_A.weight")):
+            if not (key.startswith(PEFT_PREFIX) and key.endswith(".lora_B.weight")):
+                raise Unsupported(f"adapter tensor {key!r}")
+            continue
+        module = key[len(PEFT_PREFIX):-len(".lora_A.weight")]
+        if module.rsplit(".", 1)[-1] not in targets:
+            raise Unsupported(f"adapter tensor {key!r} outside target_modules {targets}")
+        a = tensors[key]                                                    # [r, in]
+        b = tensors[PEFT_PREFIX + module + ".lora_B.weight"]                # [out, r]
+        base = w[module + ".weight"]                                        # [out, in]
+        if a.shape[0] != cfg.get("r", 8) or b.shape[1] != a.shape[0] or (b.shape[0], a.shape[1]) != base.shape:
+            raise SystemExit(f"hf_forward: adapter {module}: A {list(a.shape)}, B {list(b.shape)} do not fit "
+                             f"the base {list(base.shape)} with r={cfg.get('r', 8)}")
+        w[module + ".weight"] = base + (b @ a) * scaling
+        merged += 1
+    # PEFT adapts every module whose name ends in a target (check_target_module_exists).
+    targeted = [n for n in w if n.endswith(".weight") and n[:-len(".weight")].rsplit(".", 1)[-1] in targets]
+    if merged != len(targeted):
+        raise SystemExit(f"hf_forward: {adapter_dir} adapts {merged} modules, target_modules name {len(targeted)}")
+    return merged
 
 
 # ---------------------------------------------------------------- RoPE (modeling_rope_utils.py)
@@ -267,9 +330,11 @@ def expected_tensor_names(p):
     return names
 
 
-def run(model_dir, request):
+def run(model_dir, request, adapter_dir=None):
     p = resolve(load_config(model_dir))
     w = load_weights(model_dir)
+    if adapter_dir is not None:
+        merge_adapter(w, adapter_dir)
     need = expected_tensor_names(p)
     missing = [n for n in need if n not in w]
     if missing:
@@ -289,11 +354,14 @@ def run(model_dir, request):
 
 
 def main(argv):
-    if len(argv) != 2:
+    adapter_dir = None
+    if len(argv) == 4 and argv[2] == "--adapter":
+        adapter_dir = argv[3]
+    elif len(argv) != 2:
         print(__doc__, file=sys.stderr)
         return 1
     try:
-        logits = run(argv[1], json.load(sys.stdin))
+        logits = run(argv[1], json.load(sys.stdin), adapter_dir)
     except Unsupported as e:
         print(f"hf_forward: unsupported config: {e}", file=sys.stderr)
         return 2
