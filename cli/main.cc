@@ -6,6 +6,7 @@
 //   kappa report RUN_DIR [--out FILE]
 //   kappa logits MODEL_DIR --ids 1,5,9
 //   kappa generate MODEL_DIR --prompt-ids 1,5,9 [--max-new-tokens N ...]
+//   kappa export --merge ADAPTER_DIR OUT_DIR [--base BASE_DIR]
 //   kappa tokenize MODEL_DIR [--add-special-tokens] < strings.jsonl
 //   kappa detokenize MODEL_DIR [--skip-special-tokens] < ids.jsonl
 //   kappa render-prompt MODEL_DIR [--no-generation-prompt] [--context JSON] < messages.jsonl
@@ -49,6 +50,9 @@ constexpr const char* kUsage =
     "      one forward of a Hugging Face model directory: the logits of each position\n"
     "  kappa generate MODEL_DIR --prompt-ids 1,5,9 [--max-new-tokens N] [--temperature T] ...\n"
     "      a sample from the model, ending at its stop ids or N tokens\n"
+    "  kappa export --merge ADAPTER_DIR OUT_DIR [--base BASE_DIR]\n"
+    "      a PEFT LoRA adapter merged into its base (BASE_DIR, else the adapter's\n"
+    "      base_model_name_or_path), written as a plain Hugging Face model directory\n"
     "  kappa tokenize MODEL_DIR [--add-special-tokens] < strings.jsonl\n"
     "      the model's tokenizer.json: one JSON array of ids per JSON string on stdin\n"
     "  kappa detokenize MODEL_DIR [--skip-special-tokens] < ids.jsonl\n"
@@ -78,6 +82,7 @@ int main(int argc, char** argv) {
   if (command == "report") return kappa::cli::ReportCommand(args);
   if (command == "logits") return kappa::cli::LogitsCommand(args);
   if (command == "generate") return kappa::cli::GenerateCommand(args);
+  if (command == "export") return kappa::cli::ExportCommand(args);
   if (command == "tokenize") return kappa::cli::TokenizeCommand(args, std::cin, std::cout);
   if (command == "detokenize") return kappa::cli::DetokenizeCommand(args, std::cin, std::cout);
   if (command == "render-prompt") return kappa::cli::RenderPromptCommand(args, std::cin, std::cout);

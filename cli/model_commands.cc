@@ -6,6 +6,7 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 #include <stdexcept>
 
 #include "absl/strings/numbers.h"
@@ -16,6 +17,7 @@
 #include "model/checkpoint.h"
 #include "model/generation_config.h"
 #include "model/hf_tokenizer/hf_tokenizer.h"
+#include "model/peft_adapter.h"
 #include "model/sampling.h"
 #include "services/torch_runtime.h"
 
@@ -28,6 +30,8 @@ constexpr const char* kGenerateUsage =
     "usage: kappa generate MODEL_DIR (--prompt-ids 1,5,9 | --prompt TEXT) [--max-new-tokens N] "
     "[--temperature T]\n"
     "       [--top-p P] [--seed S] [--device cpu|cuda[:N]] [--dtype float32|bfloat16|auto]\n";
+constexpr const char* kExportUsage =
+    "usage: kappa export --merge ADAPTER_DIR OUT_DIR [--base BASE_DIR]\n";
 
 // A comma-separated list of token ids, each in [0, vocab).
 absl::StatusOr<std::vector<int64_t>> ParseIds(const std::string& flag, const std::string& text) {
@@ -151,6 +155,16 @@ int RunError(const char* command, const absl::Status& status) {
   return 1;
 }
 
+// True when `args` hold an argument that is neither a flag nor a value of
+// one of `value_flags` (ParseCommandLine would take it for the CONFIG).
+bool HasPositional(const std::vector<std::string>& args, const std::set<std::string>& value_flags) {
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i].rfind("--", 0) != 0) return true;
+    if (value_flags.count(args[i]) > 0) ++i;  // "--flag VALUE"; "--flag=VALUE" is one argument
+  }
+  return false;
+}
+
 }  // namespace
 
 int LogitsCommand(const std::vector<std::string>& args) {
@@ -249,6 +263,34 @@ int GenerateCommand(const std::vector<std::string>& args) {
     std::cout << "}\n";
   });
   if (!generated.ok()) return RunError("generate", generated);
+  return 0;
+}
+
+int ExportCommand(const std::vector<std::string>& args) {
+  const std::set<std::string> value_flags = {"--merge", "--base"};
+  if (!HasPositional(args, value_flags)) {
+    return UsageError("export", absl::InvalidArgumentError("missing OUT_DIR"), kExportUsage);
+  }
+  absl::StatusOr<CommandLine> line = ParseCommandLine(args, value_flags, {});
+  if (!line.ok()) return UsageError("export", line.status(), kExportUsage);
+  if (!line->overrides.empty()) {
+    return UsageError(
+        "export",
+        absl::InvalidArgumentError(absl::StrCat("unexpected argument '", line->overrides[0], "'")),
+        kExportUsage);
+  }
+  if (!line->Has("--merge")) {
+    return UsageError("export",
+                      absl::InvalidArgumentError(
+                          "--merge ADAPTER_DIR is required (merging an adapter is the one export)"),
+                      kExportUsage);
+  }
+  const std::string adapter_dir = line->Get("--merge"), out_dir = line->config_path;
+  absl::StatusOr<std::string> base = base::CaptureExceptions(
+      "", [&] { return model::ExportMergedAdapter(adapter_dir, out_dir, line->Get("--base")); });
+  if (!base.ok()) return RunError("export", base.status());
+  std::cerr << "kappa export: wrote " << out_dir << " (" << adapter_dir << " merged into " << *base
+            << ")\n";
   return 0;
 }
 

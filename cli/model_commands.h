@@ -12,6 +12,12 @@
 //       ("finished": false). --prompt TEXT is encoded with MODEL_DIR's
 //       tokenizer.json as a raw prompt (special tokens added); padded
 //       embedding rows are then never sampled.
+//   kappa export --merge ADAPTER_DIR OUT_DIR [--base BASE_DIR]
+//       a PEFT LoRA adapter directory merged into its base (BASE_DIR, else
+//       the adapter's base_model_name_or_path, a local directory): OUT_DIR
+//       is a plain Hugging Face model directory (W + scaling · B · A per
+//       adapted projection) in the base's dtype, with the base's tokenizer
+//       files; a line on stderr says what was written.
 // MODEL_DIR is a Hugging Face model directory (or a kappa checkpoint).
 // Exit status: 0 done, 1 the model could not be loaded or run (the message
 // names the file and field or tensor), 2 bad arguments (naming the flag).
@@ -24,5 +30,6 @@ namespace kappa::cli {
 
 int LogitsCommand(const std::vector<std::string>& args);
 int GenerateCommand(const std::vector<std::string>& args);
+int ExportCommand(const std::vector<std::string>& args);
 
 }  // namespace kappa::cli

@@ -1,8 +1,8 @@
 // `kappa logits` and `kappa generate` on a Hugging Face checkpoint (the
 // hf_checkpoints fixture of tests/model): the printed logits are the model's
 // own forward, greedy generation continues with the argmax token by token,
-// and bad arguments or a missing directory are refused naming the flag or
-// the path.
+// `kappa export --merge` writes the merged model of a LoRA adapter, and bad
+// arguments or a missing directory are refused naming the flag or the path.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -14,6 +14,7 @@
 
 #include "model/checkpoint.h"
 #include "model/generation_config.h"
+#include "model/peft_adapter.h"
 #include "model/text_tokenizer.h"
 #include "tests/integration/cli_test_util.h"
 
@@ -133,12 +134,62 @@ TEST(CliModelCommands, RefusesBadArgumentsNamingThem) {
       {{"generate", kModel, "--prompt-ids", "1", "--max-new-tokens", "64"},
        2,
        "max_position_embeddings 64"},
+      {{"export", "/tmp/out"}, 2, "--merge ADAPTER_DIR is required"},
+      {{"export", "--merge", kModel}, 2, "missing OUT_DIR"},
+      {{"export", "--merge", kModel, "/tmp/kappa_never_written"},
+       1,
+       kModel + "/adapter_config.json"},
   };
   for (const Case& c : cases) {
     const testing::CommandResult result = RunKappa(c.args);
     EXPECT_EQ(result.exit_code, c.exit_code) << c.args[0] << " " << c.args.back() << ": " << result.output;
     EXPECT_NE(result.output.find(c.fragment), std::string::npos) << result.output;
   }
+}
+
+// An adapter with random nonzero A and B on an fp32 fixture: the exported
+// model is a plain checkpoint that computes what the unmerged adapter does
+// (float32 rounding aside), in the base's dtype and with its companion files.
+const std::string kFp32Model = std::string(KAPPA_HF_CHECKPOINTS) + "/qwen3_tied_fp32";
+
+TEST(CliModelCommands, ExportMergeWritesTheMergedModel) {
+  const std::string dir = testing::MakeTempDir("kappa_cli_export");
+  model::Decoder adapted = model::LoadCheckpoint(kFp32Model);
+  model::LoraConfig lora;
+  lora.rank = 4;
+  lora.alpha = 8;
+  lora.target_modules = {"q_proj", "v_proj", "down_proj"};
+  adapted->EnableLora(lora);
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(9);
+  for (auto& [name, tensor] : model::NamedAdapters(adapted)) {
+    torch::Tensor t = tensor;
+    t.copy_(torch::randn_like(t) * 0.1);
+  }
+  model::SaveAdapter(dir + "/adapter", adapted, lora, "not/a/local/dir");
+
+  const testing::CommandResult result =
+      RunKappa({"export", "--merge", dir + "/adapter", dir + "/merged", "--base", kFp32Model});
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_NE(result.output.find("wrote " + dir + "/merged"), std::string::npos) << result.output;
+  model::Decoder merged = model::LoadCheckpoint(dir + "/merged");
+  EXPECT_FALSE(merged->has_lora());
+  EXPECT_EQ(merged->config().torch_dtype, model::ReadModelConfig(kFp32Model).torch_dtype);
+  EXPECT_TRUE(std::filesystem::exists(dir + "/merged/tokenizer_config.json"));
+  const auto tokens = torch::tensor(std::vector<int64_t>{3, 17, 42, 5, 9}).unsqueeze(0);
+  const auto expected = adapted->Forward(tokens).logits;
+  const auto base = model::LoadCheckpoint(kFp32Model)->Forward(tokens).logits;
+  EXPECT_LT((merged->Forward(tokens).logits - expected).abs().max().item<float>(), 1e-5);
+  EXPECT_GT((base - expected).abs().max().item<float>(), 1e-2);  // the adapter matters
+
+  // Without --base, the adapter's base_model_name_or_path is named.
+  const testing::CommandResult no_base =
+      RunKappa({"export", "--merge", dir + "/adapter", dir + "/other"});
+  EXPECT_EQ(no_base.exit_code, 1) << no_base.output;
+  EXPECT_NE(no_base.output.find("\"base_model_name_or_path\" is \"not/a/local/dir\""),
+            std::string::npos)
+      << no_base.output;
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
