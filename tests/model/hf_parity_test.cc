@@ -213,6 +213,8 @@ class HfAdapterParityTest : public ::testing::TestWithParam<AdapterCase> {
 TEST_P(HfAdapterParityTest, UnmergedAdapterEqualsTheReferenceMerge) {
   torch::NoGradGuard no_grad;
   Decoder model = LoadCheckpoint(Dir());
+  const Batch batch = LeftPaddedBatch(model->config().vocab_size, 10, 23);
+  const torch::Tensor base = model->Forward(batch.ids, batch.mask).logits;
   LoraConfig lora;
   lora.rank = 4;
   lora.alpha = 8.0;
@@ -228,13 +230,11 @@ TEST_P(HfAdapterParityTest, UnmergedAdapterEqualsTheReferenceMerge) {
   const std::string adapter = (out / "adapter").string();
   SaveAdapter(adapter, model, lora, Dir());
 
-  const Batch batch = LeftPaddedBatch(model->config().vocab_size, 10, 23);
   const torch::Tensor reference = ReferenceLogits(Dir(), batch.ids, batch.mask, adapter);
   const torch::Tensor adapted = model->Forward(batch.ids, batch.mask).logits;
   const double diff = MaxDiffAtRealPositions(adapted, reference, batch.mask);
   EXPECT_LT(diff, kTolerance) << "unmerged adapter vs the reference's merge";
   // The adapters matter: the base alone is far from the reference.
-  const torch::Tensor base = ReferenceLogits(Dir(), batch.ids, batch.mask);
   const double effect = MaxDiffAtRealPositions(base, reference, batch.mask);
   EXPECT_GT(effect, 100 * kTolerance) << "the adapter hardly changes the logits";
   std::printf(
