@@ -3,10 +3,12 @@
 #include <torch/torch.h>
 
 #include <cstdio>
+#include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
+#include <sstream>
 #include <stdexcept>
 
 #include "absl/strings/numbers.h"
@@ -25,9 +27,11 @@ namespace kappa::cli {
 namespace {
 
 constexpr const char* kLogitsUsage =
-    "usage: kappa logits MODEL_DIR --ids 1,5,9 [--device cpu|cuda[:N]] [--dtype float32|bfloat16|auto]\n";
+    "usage: kappa logits MODEL_DIR|ADAPTER_DIR --ids 1,5,9 [--device cpu|cuda[:N]] [--dtype "
+    "float32|bfloat16|auto]\n";
 constexpr const char* kGenerateUsage =
-    "usage: kappa generate MODEL_DIR (--prompt-ids 1,5,9 | --prompt TEXT) [--max-new-tokens N] "
+    "usage: kappa generate MODEL_DIR|ADAPTER_DIR (--prompt-ids 1,5,9 | --prompt TEXT) "
+    "[--max-new-tokens N] "
     "[--temperature T]\n"
     "       [--top-p P] [--seed S] [--device cpu|cuda[:N]] [--dtype float32|bfloat16|auto]\n";
 constexpr const char* kExportUsage =
@@ -114,6 +118,18 @@ std::string JsonFloats(const Floats& values, size_t n) {
 // The prompt of `kappa generate`: --prompt-ids as given, or --prompt TEXT
 // encoded with MODEL_DIR's tokenizer.json (with its special tokens, as a raw
 // prompt; render a chat prompt first with `kappa render-prompt`).
+// Where MODEL_DIR's tokenizer is: the directory itself, or, for a LoRA
+// adapter directory (a run's checkpoint with student.lora), its base's.
+// Throws std::runtime_error naming adapter_config.json when it is malformed.
+std::string TokenizerDirOf(const std::string& dir) {
+  if (!model::AdapterExists(dir)) return dir;
+  const std::string file = dir + "/" + model::kAdapterConfigFile;
+  std::ifstream in(file);
+  std::stringstream text;
+  text << in.rdbuf();
+  return model::ParseAdapterConfig(text.str(), file).base_model_name_or_path;
+}
+
 struct GeneratePrompt {
   std::string flag;  // which one was given, for messages
   std::vector<int64_t> ids;
@@ -134,7 +150,7 @@ absl::StatusOr<GeneratePrompt> ReadGeneratePrompt(const CommandLine& line) {
   KAPPA_RETURN_IF_ERROR(base::CaptureExceptions(
       "--prompt",
       [&] {
-        prompt.tokenizer = model::HfTokenizer::Load(line.config_path);
+        prompt.tokenizer = model::HfTokenizer::Load(TokenizerDirOf(line.config_path));
         prompt.ids = prompt.tokenizer->Encode(line.Get("--prompt"), /*add_special_tokens=*/true);
       },
       absl::StatusCode::kInvalidArgument));
@@ -178,7 +194,7 @@ int LogitsCommand(const std::vector<std::string>& args) {
   absl::StatusOr<model::LoadOptions> options = ParseLoadOptions(*line);
   if (!options.ok()) return UsageError("logits", options.status(), kLogitsUsage);
   absl::StatusOr<model::Decoder> decoder = base::CaptureExceptions(
-      "", [&] { return model::LoadCheckpoint(line->config_path, *options); });
+      "", [&] { return model::LoadModelOrAdapter(line->config_path, *options); });
   if (!decoder.ok()) return RunError("logits", decoder.status());
   if (absl::Status fit = CheckIdsFit("--ids", *ids, (*decoder)->config(), 0); !fit.ok()) {
     return UsageError("logits", fit, kLogitsUsage);
@@ -228,7 +244,7 @@ int GenerateCommand(const std::vector<std::string>& args) {
                       kGenerateUsage);
   }
   absl::StatusOr<model::Decoder> decoder = base::CaptureExceptions(
-      "", [&] { return model::LoadCheckpoint(line->config_path, *options); });
+      "", [&] { return model::LoadModelOrAdapter(line->config_path, *options); });
   if (!decoder.ok()) return RunError("generate", decoder.status());
   const model::ModelConfig& config = (*decoder)->config();
   if (absl::Status fit = CheckIdsFit(prompt->flag, prompt->ids, config, *max_new); !fit.ok()) {

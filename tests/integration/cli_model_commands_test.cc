@@ -182,6 +182,27 @@ TEST(CliModelCommands, ExportMergeWritesTheMergedModel) {
   EXPECT_LT((merged->Forward(tokens).logits - expected).abs().max().item<float>(), 1e-5);
   EXPECT_GT((base - expected).abs().max().item<float>(), 1e-2);  // the adapter matters
 
+  // `kappa logits` and `generate` take the adapter directory as a model: the
+  // base from base_model_name_or_path, the adapters on it (and the base's
+  // tokenizer for --prompt).
+  model::SaveAdapter(dir + "/local", adapted, lora, kFp32Model);
+  const testing::CommandResult logits =
+      RunKappa({"logits", dir + "/local", "--ids", "3,17,42,5,9"});
+  ASSERT_EQ(logits.exit_code, 0) << logits.output;
+  const nlohmann::json printed = nlohmann::json::parse(logits.output);
+  const auto last = expected[0][4];
+  for (int64_t v = 0; v < last.size(0); v += 7) {
+    EXPECT_NEAR(printed["logits"][4][v].get<double>(), last[v].item<double>(), 1e-4) << v;
+  }
+  const testing::CommandResult generated = RunKappa(
+      {"generate", dir + "/local", "--prompt-ids", "3,17", "--max-new-tokens", "2", "--seed", "1"});
+  EXPECT_EQ(generated.exit_code, 0) << generated.output;
+  // This base has no tokenizer.json: --prompt looks for the base's, by name.
+  const testing::CommandResult text =
+      RunKappa({"generate", dir + "/local", "--prompt", "hello", "--max-new-tokens", "2"});
+  EXPECT_EQ(text.exit_code, 2) << text.output;
+  EXPECT_NE(text.output.find(kFp32Model + "/tokenizer.json"), std::string::npos) << text.output;
+
   // Without --base, the adapter's base_model_name_or_path is named.
   const testing::CommandResult no_base =
       RunKappa({"export", "--merge", dir + "/adapter", dir + "/other"});
