@@ -154,8 +154,8 @@ void TrainerLoop::PublishPolicy() {
   snapshot->weights.insert(snapshot->weights.end(), trained.begin(), trained.end());
   int64_t bytes = 0;
   for (const auto& [name, copy] : trained) bytes += static_cast<int64_t>(copy.nbytes());
-  spdlog::info("policy version {} snapshot: {} MiB {}{} in {:.2f} s", snapshot->version,
-               bytes >> 20, c10::toString(snapshot->dtype),
+  spdlog::info("policy version {} snapshot: {:.2f} MiB {}{} in {:.2f} s", snapshot->version,
+               static_cast<double>(bytes) / (1 << 20), c10::toString(snapshot->dtype),
                student_->has_lora() ? " of adapters" : "",
                absl::ToDoubleSeconds(absl::Now() - start));
   publisher_->Publish(std::move(snapshot));
