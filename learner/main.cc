@@ -102,9 +102,10 @@ absl::StatusOr<StartPoint> LoadStartPoint(const services::Config& config,
                      "; resume with the student.lora the run was trained with"));
   }
   if (lora.has_value()) {
-    KAPPA_ASSIGN_OR_RETURN(
-        start.student,
-        LoadStudentWithAdapters(base_dir, *lora, resumes_adapter ? checkpoint : std::string()));
+    // A resumed run's adapters, else student.lora.init's, else fresh ones.
+    const std::string adapters = resumes_adapter ? checkpoint : config.student.lora.init;
+    KAPPA_ASSIGN_OR_RETURN(start.student, LoadStudentWithAdapters(base_dir, *lora, adapters));
+    if (!adapters.empty()) spdlog::info("LoRA adapters from {}", adapters);
     return start;
   }
   KAPPA_ASSIGN_OR_RETURN(start.student, base::CaptureExceptions(

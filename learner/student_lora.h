@@ -15,7 +15,9 @@ namespace kappa::learner {
 
 // student.lora as the model's LoraConfig; nullopt when student.lora.rank is
 // 0 (full training). INVALID_ARGUMENT naming the key (student.lora.rank,
-// .alpha, .dropout, .target_modules) for a value out of range or unknown.
+// .alpha, .dropout, .target_modules) for a value out of range or unknown,
+// and student.lora.init when its adapter_config.json cannot be read or
+// describes other adapters (naming the file and field). Reads that file.
 absl::StatusOr<std::optional<model::LoraConfig>> StudentLoraConfig(const services::Config& config);
 
 // Attaches fresh adapters (B = 0: the model computes what it did) and

@@ -267,6 +267,12 @@ constexpr Field kFields[] = {
     KAPPA_CONFIG_FIELD(student.lora.target_modules,
                        "Projections that get adapters, by their Hugging Face names: any of "
                        "`q_proj k_proj v_proj o_proj gate_proj up_proj down_proj`."),
+    KAPPA_CONFIG_FIELD(
+        student.lora.init,
+        "A PEFT adapter directory (`adapter_config.json`, "
+        "`adapter_model.safetensors`) the adapters start from, e.g. one trained "
+        "with PEFT on `student.checkpoint`; its rank, alpha, rsLoRA and targets must "
+        "equal these keys. Empty: fresh adapters (B = 0)."),
 
     KAPPA_CONFIG_FIELD(teacher.checkpoint,
                        "Hugging Face model directory of the teacher; empty: bootstrap one by SFT "

@@ -108,6 +108,9 @@ struct Config {
       bool use_rslora = false;  // scaling alpha/sqrt(rank) instead of alpha/rank
       std::vector<std::string> target_modules = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
                                                  "gate_proj", "up_proj", "down_proj"};
+      // A PEFT adapter directory the adapters start from (trained elsewhere,
+      // or a previous run's checkpoint); empty: fresh adapters.
+      std::string init;
     } lora;
   } student;
   struct Teacher {

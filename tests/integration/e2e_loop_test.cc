@@ -200,6 +200,28 @@ TEST(EndToEndLoopTest, TrainsLoraAdaptersSyncsOnlyThemAndResumes) {
   EXPECT_NE(ReadAll(run_dir / "logs" / "learner.log").find("resuming from"), std::string::npos);
   check_metrics(6);
   EXPECT_TRUE(fs::exists(run_dir / "checkpoints" / "step-6" / "adapter_model.safetensors"));
+
+  // student.lora.init: a new run starts from those adapters (as from one
+  // trained with PEFT); adapters of another rank are refused before any
+  // process starts, naming the key, the file and the field.
+  const std::string init = " student.lora.init=" + checkpoint.string();
+  const std::string other = std::string(KAPPA_CLI) + " run " + config.string() +
+                            " name=lora-init student.lora.alpha=8 trainer.steps=2";
+  const std::string refused_command =
+      other + " student.lora.rank=2" + init + " > " + (root / "refused.out").string() + " 2>&1";
+  EXPECT_NE(std::system(refused_command.c_str()), 0);
+  const std::string refused = ReadAll(root / "refused.out");
+  EXPECT_NE(refused.find("student.lora.init: " + (checkpoint / "adapter_config.json").string() +
+                         ": \"r\" is 4 but student.lora.rank is 2"),
+            std::string::npos)
+      << refused;
+  EXPECT_FALSE(fs::exists(root / "runs" / "lora-init"));
+  const std::string started = other + " student.lora.rank=4" + init + " --no-progress > " +
+                              (root / "init.out").string() + " 2>&1";
+  ASSERT_EQ(std::system(started.c_str()), 0) << ReadAll(root / "init.out");
+  EXPECT_NE(ReadAll(root / "runs" / "lora-init" / "logs" / "learner.log")
+                .find("LoRA adapters from " + checkpoint.string()),
+            std::string::npos);
   fs::remove_all(root);
 }
 
