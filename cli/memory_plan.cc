@@ -260,9 +260,15 @@ ProcessPlan PlanLearner(const PlanInputs& in, int64_t rank, int64_t world) {
   // the [V, d] gradient of the output weight before it is accumulated.
   const int64_t chunk = c.trainer.vocab_chunk_positions;
   const int64_t head_rows = chunk > 0 ? std::min(chunk, micro * t) : micro * positions;
-  terms.Add("vocab head", dev, kHeadTensors * head_rows * v * 4 + 4 * v * d,
-            "trainer.vocab_chunk_positions",
-            chunk > 0 ? "6·min(c, m·T)·V·4 + 4·V·d" : "6·m·S·V·4 + 4·V·d (unchunked)");
+  // With student.lora the output weight is frozen: no [V, d] gradient is
+  // made (learner/algo/vocab_head.cc needs_input_grad; autograd unchunked).
+  const bool head_grad = !lora;
+  terms.Add(
+      "vocab head", dev, kHeadTensors * head_rows * v * 4 + (head_grad ? 4 * v * d : 0),
+      "trainer.vocab_chunk_positions",
+      absl::StrCat(chunk > 0 ? "6·min(c, m·T)·V·4" : "6·m·S·V·4",
+                   head_grad ? " + 4·V·d" : " (frozen head: no weight gradient, student.lora)",
+                   chunk > 0 ? "" : " (unchunked)"));
 
   // Teacher rows: the batch's [B, L, row] (learner/algo/train_batch.h), the
   // decoded groups' [T, row] per sample, and with full rows and the chunked

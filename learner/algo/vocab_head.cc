@@ -170,7 +170,10 @@ class VocabHeadFunction : public torch::autograd::Function<VocabHeadFunction> {
     const model::AutocastScope forward_autocast(saved.hidden.device().type(), saved.autocast);
     const int64_t rows = saved.hidden.size(0);
     torch::Tensor grad_hidden = torch::empty_like(saved.hidden);
-    torch::Tensor grad_weight = torch::zeros_like(saved.weight);
+    // A frozen output weight (student.lora: the head is never a target) gets
+    // no [V, D] gradient at all.
+    const bool weight_trains = ctx->needs_input_grad(1);
+    torch::Tensor grad_weight = weight_trains ? torch::zeros_like(saved.weight) : torch::Tensor();
     const torch::Tensor w = saved.weight.to(saved.hidden.scalar_type());
     for (int64_t start = 0; start < rows; start += saved.chunk) {
       const int64_t n = std::min(saved.chunk, rows - start);
@@ -187,7 +190,7 @@ class VocabHeadFunction : public torch::autograd::Function<VocabHeadFunction> {
       const torch::Tensor dz =
           (saved.temperature == 1.0 ? ds : ds / saved.temperature).to(h.scalar_type());
       grad_hidden.narrow(0, start, n).copy_(torch::matmul(dz, w));
-      grad_weight += torch::matmul(dz.t(), h).to(grad_weight.scalar_type());
+      if (weight_trains) grad_weight += torch::matmul(dz.t(), h).to(grad_weight.scalar_type());
     }
     return input_grads(grad_hidden, grad_weight);
   }

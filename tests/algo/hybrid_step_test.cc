@@ -112,27 +112,39 @@ TEST_F(StepFixture, KappaOfAnAdapterOnlyStepIsTheRatioOfAdapterGradientNorms) {
   ASSERT_GT(reward_norm, 0);
   ASSERT_GT(distill_norm, 0);
 
-  std::vector<torch::Tensor> frozen_before;
-  for (const torch::Tensor& w : frozen) frozen_before.push_back(w.detach().clone());
-  std::vector<torch::Tensor> adapters_before;
-  for (const torch::Tensor& a : adapters) adapters_before.push_back(a.detach().clone());
-  HybridStepConfig config;
-  config.monitor.kappa_every = 1;
-  auto optimizer = std::make_unique<PolicyOptimizer>(model, 1e-2, 0.0, /*max_grad_norm=*/0.0);
-  ASSERT_EQ(optimizer->parameters().size(), adapters.size());
-  HybridStep step(model, std::move(optimizer), config);
-  const HybridStepReport report = step.Run(batch);
-  ASSERT_TRUE(report.stats.kappa().has_value());
-  EXPECT_NEAR(*report.stats.kappa(), reward_norm / distill_norm, 1e-5 * reward_norm / distill_norm);
-  EXPECT_NEAR(report.stats.reward_grad_norm, reward_norm, 1e-5 * reward_norm);
-  EXPECT_NEAR(report.stats.distill_grad_norm, distill_norm, 1e-5 * distill_norm);
-  for (size_t i = 0; i < frozen.size(); ++i) {
-    EXPECT_TRUE(torch::equal(frozen[i], frozen_before[i])) << "frozen parameter " << i;
+  // The whole-vocabulary head, and the chunked one (whose frozen output
+  // weight gets no gradient buffer), each on its own copy of the model.
+  for (const int64_t chunk : {0, 4}) {
+    model::Decoder trained = model::CloneDecoder(model);
+    std::vector<torch::Tensor> trained_frozen, trained_adapters;
+    for (auto& p : trained->named_parameters()) {
+      const bool adapter = p.key().find(".lora_") != std::string::npos;
+      p.value().set_requires_grad(adapter);
+      (adapter ? trained_adapters : trained_frozen).push_back(p.value());
+    }
+    HybridStepConfig config;
+    config.monitor.kappa_every = 1;
+    config.loss.vocab_chunk_positions = chunk;
+    auto optimizer = std::make_unique<PolicyOptimizer>(trained, 1e-2, 0.0, /*max_grad_norm=*/0.0);
+    ASSERT_EQ(optimizer->parameters().size(), adapters.size());
+    HybridStep step(trained, std::move(optimizer), config);
+    const HybridStepReport report = step.Run(batch);
+    ASSERT_TRUE(report.stats.kappa().has_value()) << "chunk " << chunk;
+    EXPECT_NEAR(*report.stats.kappa(), reward_norm / distill_norm,
+                1e-5 * reward_norm / distill_norm)
+        << "chunk " << chunk;
+    EXPECT_NEAR(report.stats.reward_grad_norm, reward_norm, 1e-5 * reward_norm);
+    EXPECT_NEAR(report.stats.distill_grad_norm, distill_norm, 1e-5 * distill_norm);
+    for (size_t i = 0; i < frozen.size(); ++i) {
+      EXPECT_TRUE(torch::equal(trained_frozen[i], frozen[i])) << "frozen parameter " << i;
+      EXPECT_FALSE(trained_frozen[i].grad().defined()) << "frozen parameter " << i;
+    }
+    int64_t moved = 0;
+    for (size_t i = 0; i < adapters.size(); ++i) {
+      moved += !torch::equal(trained_adapters[i], adapters[i]);
+    }
+    EXPECT_EQ(moved, static_cast<int64_t>(adapters.size())) << "chunk " << chunk;
   }
-  int64_t moved = 0;
-  for (size_t i = 0; i < adapters.size(); ++i)
-    moved += !torch::equal(adapters[i], adapters_before[i]);
-  EXPECT_EQ(moved, static_cast<int64_t>(adapters.size()));
 }
 
 TEST_F(StepFixture, EveryBalanceAndGateRunsWithFiniteStatistics) {

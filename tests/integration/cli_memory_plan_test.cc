@@ -318,11 +318,16 @@ TEST(MemoryPlanLoraTest, RankZeroPlansFullTrainingUnchanged) {
   // What training does not change is the same under LoRA.
   const MemoryPlan lora = PlanMemory(QwenRun(kRank));
   for (const char* name :
-       {"bf16 weight casts (autocast)", "activations", "vocab head", "scored groups buffered"}) {
+       {"bf16 weight casts (autocast)", "activations", "scored groups buffered"}) {
     const PlanTerm* term = LearnerTerm(lora, name);
     ASSERT_NE(term, nullptr) << name;
     EXPECT_EQ(term->bytes, bytes(name)) << name;
   }
+  // The chunked head makes no gradient of the frozen [V, d] output weight.
+  const ModelDims qwen = Qwen05(24);
+  ASSERT_NE(LearnerTerm(lora, "vocab head"), nullptr);
+  EXPECT_EQ(LearnerTerm(lora, "vocab head")->bytes,
+            bytes("vocab head") - 4 * qwen.vocab * qwen.hidden);
 }
 
 }  // namespace
