@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "model/file_io.h"
+#include "model/name_text.h"
 
 namespace kappa::model {
 namespace {
@@ -14,18 +15,6 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr char kConfigFile[] = "config.json";
-
-std::string Shape(at::IntArrayRef sizes) {
-  std::string s = "[";
-  for (size_t i = 0; i < sizes.size(); ++i) s += (i ? ", " : "") + std::to_string(sizes[i]);
-  return s + "]";
-}
-
-std::string Join(const std::vector<std::string>& names) {
-  std::string s;
-  for (const auto& n : names) s += (s.empty() ? "" : ", ") + n;
-  return s;
-}
 
 // Names HF checkpoints may carry that hold no parameter of ours.
 bool IsIgnorable(const std::string& name, bool tied) {
@@ -47,8 +36,8 @@ void CheckNames(const std::map<std::string, torch::Tensor>& params, const ShapeO
     if (!shape) {
       missing.push_back(name);
     } else if (at::IntArrayRef(*shape) != param.sizes()) {
-      mismatched.push_back(name + " (expected " + Shape(param.sizes()) + ", got " + Shape(*shape) +
-                           ")");
+      mismatched.push_back(name + " (expected " + internal::ShapeText(param.sizes()) + ", got " +
+                           internal::ShapeText(*shape) + ")");
     }
   }
   for (const auto& name : names) {
@@ -56,9 +45,9 @@ void CheckNames(const std::map<std::string, torch::Tensor>& params, const ShapeO
   }
   if (missing.empty() && unexpected.empty() && mismatched.empty()) return;
   std::string msg = where + ":";
-  if (!missing.empty()) msg += " missing [" + Join(missing) + "];";
-  if (!unexpected.empty()) msg += " unexpected [" + Join(unexpected) + "];";
-  if (!mismatched.empty()) msg += " shape mismatch [" + Join(mismatched) + "];";
+  if (!missing.empty()) msg += " missing [" + internal::JoinNames(missing) + "];";
+  if (!unexpected.empty()) msg += " unexpected [" + internal::JoinNames(unexpected) + "];";
+  if (!mismatched.empty()) msg += " shape mismatch [" + internal::JoinNames(mismatched) + "];";
   msg.pop_back();
   throw std::runtime_error(msg);
 }

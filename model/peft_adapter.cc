@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "model/file_io.h"
+#include "model/name_text.h"
 #include "model/safetensors.h"
 
 namespace kappa::model {
@@ -39,18 +40,6 @@ bool EndsWith(const std::string& s, const std::string& suffix) {
 
 bool Contains(const std::string& s, const std::string& part) {
   return s.find(part) != std::string::npos;
-}
-
-std::string Shape(const std::vector<int64_t>& sizes) {
-  std::string s = "[";
-  for (size_t i = 0; i < sizes.size(); ++i) s += (i ? ", " : "") + std::to_string(sizes[i]);
-  return s + "]";
-}
-
-std::string Join(const std::vector<std::string>& items) {
-  std::string s;
-  for (const auto& item : items) s += (s.empty() ? "" : ", ") + item;
-  return s;
 }
 
 // The refusal of one field of adapter_config.json.
@@ -317,10 +306,10 @@ std::map<std::string, torch::Tensor> CheckedAdapterTensors(Decoder& model, const
     if (it == expected.end()) {
       unexpected.push_back(UnexpectedNote(key, name));
     } else if (entry.shape != it->second.shape) {
-      mismatched.push_back(key + " (expected " + Shape(it->second.shape) + " for r " +
+      mismatched.push_back(key + " (expected " + internal::ShapeText(it->second.shape) + " for r " +
                            std::to_string(lora.rank) + " on the base's " + it->second.base_weight +
-                           " " + Shape(it->second.base_shape) + ", got " + Shape(entry.shape) +
-                           ")");
+                           " " + internal::ShapeText(it->second.base_shape) + ", got " +
+                           internal::ShapeText(entry.shape) + ")");
     }
   }
   std::vector<std::string> missing;
@@ -329,9 +318,9 @@ std::map<std::string, torch::Tensor> CheckedAdapterTensors(Decoder& model, const
   }
   if (!missing.empty() || !unexpected.empty() || !mismatched.empty()) {
     std::string msg = path + ":";
-    if (!missing.empty()) msg += " missing [" + Join(missing) + "];";
-    if (!unexpected.empty()) msg += " unexpected [" + Join(unexpected) + "];";
-    if (!mismatched.empty()) msg += " shape mismatch [" + Join(mismatched) + "];";
+    if (!missing.empty()) msg += " missing [" + internal::JoinNames(missing) + "];";
+    if (!unexpected.empty()) msg += " unexpected [" + internal::JoinNames(unexpected) + "];";
+    if (!mismatched.empty()) msg += " shape mismatch [" + internal::JoinNames(mismatched) + "];";
     msg.pop_back();
     throw std::runtime_error(msg);
   }
