@@ -80,8 +80,8 @@ struct Options {
   int threads = 2;
   int steps = 2;
   int64_t topk = 64;
-  bool kappa = true;  // monitor.kappa_every = 1 (else 0)
-  bool kdr = true;    // monitor.kdr_every = 1 (else 0)
+  bool kappa = true;      // monitor.kappa_every = 1 (else 0)
+  bool kdr = true;        // monitor.kdr_every = 1 (else 0)
   int64_t lora_rank = 0;  // 0: full training; R > 0: LoRA adapters only
 };
 
