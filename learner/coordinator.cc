@@ -109,6 +109,25 @@ SubmitVerdict Coordinator::Submit(const std::string& lease_id, const std::string
   return SubmitVerdict::kAccepted;
 }
 
+std::optional<size_t> Coordinator::LeasedExample(const std::string& lease_id,
+                                                 const std::string& worker_id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = leases_.find(lease_id);
+  if (it == leases_.end() || it->second.worker_id != worker_id) return std::nullopt;
+  return it->second.example_index;
+}
+
+void Coordinator::ReissueRefused(const std::string& lease_id, const std::string& worker_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = leases_.find(lease_id);
+  if (it == leases_.end() || it->second.worker_id != worker_id) return;
+  reissue_.push_back(it->second.example_index);
+  --outstanding_by_worker_[worker_id];
+  ++counters_.leases_reissued;
+  leases_.erase(it);
+  changed_.SignalAll();
+}
+
 Coordinator::Renewal Coordinator::Renew(const std::vector<std::string>& lease_ids,
                                         const std::string& worker_id) {
   absl::MutexLock lock(&mu_);

@@ -108,6 +108,19 @@ class Coordinator {
   SubmitVerdict Submit(const std::string& lease_id, const std::string& worker_id,
                        ScoredGroup group) ABSL_LOCKS_EXCLUDED(mu_);
 
+  // The example of lease `lease_id` while it is open and held by
+  // `worker_id`; nullopt otherwise (Submit then drops the group by its
+  // verdict).
+  std::optional<size_t> LeasedExample(const std::string& lease_id,
+                                      const std::string& worker_id) const ABSL_LOCKS_EXCLUDED(mu_);
+
+  // The group `worker_id` returned for `lease_id` was refused (malformed,
+  // or not what the lease handed out): the lease closes and its prompt is
+  // leased again now rather than at its deadline (counted in
+  // leases_reissued). No-op unless the lease is open and the worker's.
+  void ReissueRefused(const std::string& lease_id, const std::string& worker_id)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
   // The worker still works on these leases: each open one it holds gets the
   // deadline now + lease_timeout (expired ones are re-issued first, as at
   // any wake-up, and are not renewed). Returns the ids renewed and that

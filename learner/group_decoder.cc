@@ -42,6 +42,44 @@ absl::Status CheckResponse(const google::protobuf::RepeatedField<int32_t>& token
   return CheckTokens(tokens, field, expect.vocab_size);
 }
 
+}  // namespace
+
+absl::Status CheckPositions(const kappa::v1::ScoredGroup& message,
+                            const GroupExpectations& expect) {
+  if (expect.max_positions <= 0) return absl::OkStatus();
+  const int64_t prompt = message.prompt_tokens_size();
+  if (prompt >= expect.max_positions) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("prompt_tokens: length ", prompt,
+                     " leaves no position for a response (the student's "
+                     "max_position_embeddings is ",
+                     expect.max_positions, ")"));
+  }
+  const auto fits = [&](int64_t response, const std::string& field) {
+    if (prompt + response <= expect.max_positions) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ": ", prompt, " prompt + ", response,
+        " response tokens exceed the student's max_position_embeddings ", expect.max_positions));
+  };
+  for (int i = 0; i < message.samples_size(); ++i) {
+    const int64_t length = message.samples(i).response_tokens_size();
+    if (absl::Status status = fits(length, absl::StrCat("samples[", i, "].response_tokens"));
+        !status.ok()) {
+      return status;
+    }
+  }
+  for (int i = 0; i < message.demonstrations_size(); ++i) {
+    const int64_t length = message.demonstrations(i).response_tokens_size();
+    if (absl::Status status = fits(length, absl::StrCat("demonstrations[", i, "].response_tokens"));
+        !status.ok()) {
+      return status;
+    }
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
 // Text is only logged and reported, but a report that cannot be written as
 // UTF-8 (JSON) would fail far from its cause. The fields are bytes on the
 // wire (learner.proto), so this is the check.

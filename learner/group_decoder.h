@@ -25,6 +25,9 @@ struct GroupExpectations {
   // K of WorkItem.teacher_demonstrations: a group may carry at most this many
   // demonstrations, and only when all its rewards are 0; 0 = none allowed.
   int64_t teacher_demonstrations = 0;
+  // The student's max_position_embeddings: a prompt and each of its
+  // responses (and demonstrations) fit together; 0 = not checked.
+  int64_t max_positions = 0;
 };
 
 // Teacher log-probs reach the loss as ScoredSample.teacher_logprobs: FULL as
@@ -33,6 +36,12 @@ struct GroupExpectations {
 // required: a TOPK sample without it is INVALID_ARGUMENT naming the field).
 absl::StatusOr<ScoredGroup> DecodeScoredGroup(const kappa::v1::ScoredGroup& message,
                                               const GroupExpectations& expect);
+
+// The prompt and each response or demonstration fit the student's
+// positions together (expect.max_positions; 0: unchecked): a longer row
+// would fail inside the step, far from the group that caused it.
+// INVALID_ARGUMENT naming the field otherwise.
+absl::Status CheckPositions(const kappa::v1::ScoredGroup& message, const GroupExpectations& expect);
 
 // A group's policy_version must name a version this learner has published
 // (0 before the first publication); anything else is a worker bug or a group

@@ -161,6 +161,21 @@ void LearnerMetrics::RecordInvalidGroups(int64_t total) {
       .SetTotal(static_cast<double>(total));
 }
 
+void LearnerMetrics::RecordRefusedGroups(const GroupRefusals& refused) {
+  const char* help =
+      "Groups a worker returned that the learner refused before buffering them, by reason: "
+      "malformed (a field), positions (longer than the student's max_position_embeddings), "
+      "prompt (not the prompt of the example leased), policy_version (never published).";
+  const std::pair<const char*, int64_t> reasons[] = {{"malformed", refused.malformed},
+                                                     {"positions", refused.positions},
+                                                     {"prompt", refused.prompt},
+                                                     {"policy_version", refused.policy_version}};
+  for (const auto& [reason, total] : reasons) {
+    registry_.GetCounter("kappa_learner_groups_refused_total", help, {{"reason", reason}})
+        .SetTotal(static_cast<double>(total));
+  }
+}
+
 void LearnerMetrics::RecordPolicyTraffic(const PolicyTraffic& traffic) {
   Registry& r = registry_;
   const char* sent = "Policy weight bytes sent to rollout workers (chunk data).";

@@ -26,6 +26,16 @@ class LearnerMetrics {
   // Groups the service refused as malformed (LearnerService counters), as
   // kappa_learner_groups_dropped_total{reason="invalid"}.
   void RecordInvalidGroups(int64_t total);
+  // The same groups by reason (LearnerService counters), as
+  // kappa_learner_groups_refused_total{reason}: malformed, positions,
+  // prompt, policy_version.
+  struct GroupRefusals {
+    int64_t malformed = 0;
+    int64_t positions = 0;
+    int64_t prompt = 0;
+    int64_t policy_version = 0;
+  };
+  void RecordRefusedGroups(const GroupRefusals& refused);
   // WatchPolicy traffic totals (LearnerService counters): data bytes sent
   // per encoding and the bytes the delta and bfloat16 encodings saved.
   struct PolicyTraffic {

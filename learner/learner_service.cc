@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <thread>
 
 #include "absl/status/statusor.h"
@@ -94,6 +95,42 @@ kappa::v1::WorkItem LearnerService::MakeWorkItem(const Lease& lease) const {
   return item;
 }
 
+absl::Status LearnerService::CheckLeasedPrompt(const kappa::v1::ScoredGroup& wire,
+                                               const std::string& stream_id) const {
+  const std::optional<size_t> example = coordinator_->LeasedExample(wire.lease_id(), stream_id);
+  if (!example.has_value()) return absl::OkStatus();  // Submit drops it by its lease
+  const std::vector<int32_t> leased = tokenize_(*example);
+  if (std::equal(leased.begin(), leased.end(), wire.prompt_tokens().begin(),
+                 wire.prompt_tokens().end())) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "prompt_tokens: not the prompt of the example lease ", wire.lease_id(), " handed out (",
+      wire.prompt_tokens_size(), " tokens sent, ", leased.size(), " leased)"));
+}
+
+absl::StatusOr<ScoredGroup> LearnerService::CheckedGroup(const kappa::v1::ScoredGroup& wire,
+                                                         const std::string& stream_id) {
+  const auto refuse = [this](std::atomic<int64_t>& reason, absl::Status why) {
+    ++counters_.groups_invalid;
+    ++reason;
+    return why;
+  };
+  absl::StatusOr<ScoredGroup> group = DecodeScoredGroup(wire, expectations_);
+  if (!group.ok()) return refuse(counters_.refused_malformed, group.status());
+  if (absl::Status fits = CheckPositions(wire, expectations_); !fits.ok()) {
+    return refuse(counters_.refused_positions, fits);
+  }
+  if (absl::Status prompt = CheckLeasedPrompt(wire, stream_id); !prompt.ok()) {
+    return refuse(counters_.refused_prompt, prompt);
+  }
+  if (absl::Status version = CheckPolicyVersion(wire.policy_version(), publisher_->version());
+      !version.ok()) {
+    return refuse(counters_.refused_policy_version, version);
+  }
+  return group;
+}
+
 bool LearnerService::AnswerRenewal(
     const kappa::v1::RenewLeases& renew, const std::string& stream_id,
     const std::function<bool(const kappa::v1::LearnerMessage&)>& write) {
@@ -175,17 +212,11 @@ grpc::Status LearnerService::Rollout(
     }
     ++counters_.groups_received;
     const kappa::v1::ScoredGroup& wire = message.group();
-    absl::StatusOr<ScoredGroup> group = DecodeScoredGroup(wire, expectations_);
-    if (group.ok()) {
-      if (absl::Status version = CheckPolicyVersion(wire.policy_version(), publisher_->version());
-          !version.ok()) {
-        group = version;
-      }
-    }
+    absl::StatusOr<ScoredGroup> group = CheckedGroup(wire, stream_id);
     if (!group.ok()) {
-      // The prompt is re-issued when its lease lapses; the stream stays up so
-      // the worker's other groups are not lost.
-      ++counters_.groups_invalid;
+      // The prompt is leased again at once; the stream stays up so the
+      // worker's other groups are not lost.
+      coordinator_->ReissueRefused(wire.lease_id(), stream_id);
       spdlog::warn("worker {}: rejected group for lease {}: {}", stream_id, wire.lease_id(),
                    group.status().ToString());
       continue;

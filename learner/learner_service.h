@@ -20,6 +20,13 @@ namespace kappa::learner {
 struct ServiceCounters {
   std::atomic<int64_t> groups_received{0};
   std::atomic<int64_t> groups_invalid{0};
+  // groups_invalid by reason (kappa_learner_groups_refused_total{reason}):
+  // a field the decoder refused; longer than the student's positions; not
+  // the prompt of the example leased; a policy version never published.
+  std::atomic<int64_t> refused_malformed{0};
+  std::atomic<int64_t> refused_positions{0};
+  std::atomic<int64_t> refused_prompt{0};
+  std::atomic<int64_t> refused_policy_version{0};
   std::atomic<int64_t> streams_opened{0};
   // WatchPolicy traffic: data bytes of full and of delta versions sent, and
   // the bytes the delta and bfloat16 encodings saved (against the version
@@ -71,6 +78,16 @@ class LearnerService final : public kappa::v1::Learner::Service {
 
  private:
   kappa::v1::WorkItem MakeWorkItem(const Lease& lease) const;
+  // `wire` decoded and checked against what this learner handed out: its
+  // fields, its length against the student's positions, its prompt against
+  // the example of its lease (when `stream_id` holds it open; else the
+  // coordinator drops it by lease) and its policy version. A refusal is
+  // INVALID_ARGUMENT naming the field, counted in counters_ by reason.
+  absl::StatusOr<ScoredGroup> CheckedGroup(const kappa::v1::ScoredGroup& wire,
+                                           const std::string& stream_id);
+  // INVALID_ARGUMENT unless `wire`'s prompt is the leased example's.
+  absl::Status CheckLeasedPrompt(const kappa::v1::ScoredGroup& wire,
+                                 const std::string& stream_id) const;
   // Renews the stream's leases named in `renew` (Coordinator::Renew) and
   // writes the LeasesRenewed answer; false when the write failed.
   bool AnswerRenewal(const kappa::v1::RenewLeases& renew, const std::string& stream_id,

@@ -313,14 +313,15 @@ absl::StatusOr<Serving> StartServing(const LearnerInputs& in) {
   publisher_options.keep_delta_bases = config.rollout.weight_delta || config.student.lora.rank > 0;
   serving.publisher = std::make_unique<PolicyPublisher>(publisher_options);
   const WorkTemplate work = WorkFor(in);
+  GroupExpectations expectations = GroupExpectationsFor(work, in.vocab_limit);
+  expectations.max_positions = in.start.student->config().max_position_embeddings;
   serving.service = std::make_unique<LearnerService>(
       *in.train,
       [&in](size_t example_index) {
         const std::vector<int64_t>& ids = in.train_prompts[example_index];
         return std::vector<int32_t>(ids.begin(), ids.end());
       },
-      work, GroupExpectationsFor(work, in.vocab_limit), serving.coordinator.get(),
-      serving.publisher.get());
+      work, expectations, serving.coordinator.get(), serving.publisher.get());
 
   absl::StatusOr<std::optional<WeightBroadcastOptions>> group =
       WeightBroadcastOptionsFromConfig(config, in.start.student->parameters().front().device());
@@ -384,6 +385,8 @@ void CollectServingCounters(const Serving& serving, LearnerMetrics& metrics) {
   metrics.RecordCoordinator(serving.coordinator->counters());
   const ServiceCounters& c = serving.service->counters();
   metrics.RecordInvalidGroups(c.groups_invalid.load());
+  metrics.RecordRefusedGroups({c.refused_malformed.load(), c.refused_positions.load(),
+                               c.refused_prompt.load(), c.refused_policy_version.load()});
   LearnerMetrics::PolicyTraffic traffic{
       c.policy_versions_full.load(),     c.policy_versions_delta.load(),
       c.policy_bytes_full.load(),        c.policy_bytes_delta.load(),

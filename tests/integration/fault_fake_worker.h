@@ -38,6 +38,9 @@ struct FakeWorkerOptions {
   // Sends every group twice (a buggy or replaying client): the learner must
   // drop the copy and count it, or close the stream when credit runs out.
   bool send_twice = false;
+  // Changes the n-th group sent (0-based, over all streams) before it goes
+  // out: a worker that returns what it was not handed. Null: none.
+  std::function<void(int64_t n, kappa::v1::ScoredGroup& group)> tamper;
 };
 
 struct FakeWorkerStats {
@@ -154,6 +157,7 @@ class FakeWorker {
           *reply.mutable_group() = FakeGroup(
               item, options_.vocab_size,
               options_.report_version >= 0 ? options_.report_version : item.policy_version());
+          if (options_.tamper) options_.tamper(tampered_++, *reply.mutable_group());
           open = stream->Write(reply) && (!options_.send_twice || stream->Write(reply));
           if (open) {
             --credits;
@@ -178,6 +182,7 @@ class FakeWorker {
   mutable std::mutex mu_;
   grpc::ClientContext* context_ = nullptr;  // guarded by mu_
   FakeWorkerStats stats_;                   // guarded by mu_
+  int64_t tampered_ = 0;                    // groups offered to options_.tamper (the thread's)
   std::thread thread_;
 };
 

@@ -218,6 +218,55 @@ int Count(const std::string& text, const std::string& needle) {
 // and step 3 is trained on the next batch. Every batch at step 3 bad:
 // trainer.max_nonfinite_steps (3) skips in a row stop the learner with exit
 // 1, naming the step and the term, and `latest` is step-2, finite.
+// Issue 45: the learner trains only on what it handed out. A worker returns
+// a group whose prompt leaves the 12-position student no room (before, it
+// passed decoding and ended the learner inside the step, and --resume
+// repeated it), then one whose prompt is another example's. Both are refused
+// naming the field and counted by reason; the run goes on.
+TEST_F(LearnerResumeTest, AGroupTheLearnerDidNotHandOutIsRefusedAndTheRunGoesOn) {
+  const fs::path run_dir = root_ / "tampered";
+  const std::string address = kappa::testing::FreeLoopbackAddress();
+  const std::string metrics_address = kappa::testing::FreeLoopbackAddress();
+  const pid_t learner =
+      StartLearner(run_dir, address, false, "tampered.log",
+                   {"trainer.steps=100000", "--metrics-address", metrics_address});
+  kappa::testing::FakeWorkerOptions options = WorkerOptions();
+  options.tamper = [](int64_t n, kappa::v1::ScoredGroup& group) {
+    if (n == 0) {
+      while (group.prompt_tokens_size() < 13) group.add_prompt_tokens(5);
+    } else if (n == 1) {
+      group.set_prompt_tokens(0, group.prompt_tokens(0) == 5 ? 6 : 5);
+    }
+  };
+  kappa::testing::FakeWorker worker(kappa::testing::FastReconnectChannel(address), options);
+  worker.Start();
+  const auto deadline = Clock::now() + std::chrono::seconds(60);
+  while (LastStep(run_dir / "metrics.jsonl") < 3 && Clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  const std::string page = kappa::testing::HttpGet(metrics_address, "/metrics").body;
+  const kappa::testing::TimedExit exit =
+      kappa::testing::ExitAfterSigterm(supervisor_, learner, std::chrono::seconds(20));
+  worker.Stop();
+  const std::string log = ReadAll(root_ / "tampered.log");
+  EXPECT_GE(LastStep(run_dir / "metrics.jsonl"), 3) << log;
+  EXPECT_NE(log.find("INVALID_ARGUMENT: prompt_tokens: length 13 leaves no position for a "
+                     "response (the student's max_position_embeddings is 12)"),
+            std::string::npos)
+      << log;
+  EXPECT_NE(log.find("INVALID_ARGUMENT: prompt_tokens: not the prompt of the example lease "),
+            std::string::npos)
+      << log;
+  for (const char* reason : {"positions", "prompt"}) {
+    EXPECT_NE(
+        page.find(std::string("kappa_learner_groups_refused_total{reason=\"") + reason + "\"} 1"),
+        std::string::npos)
+        << reason << "\n"
+        << page;
+  }
+  EXPECT_TRUE(exit.status.success()) << exit.status.ToString() << "\n" << log;
+}
+
 TEST_F(LearnerResumeTest, NonFiniteStepsAreSkippedThenStopTheLearner) {
   const std::string skipped_line = "ALARM nonfinite at step 3: grad_norm is not finite";
   {

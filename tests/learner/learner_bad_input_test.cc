@@ -45,6 +45,9 @@ constexpr int kVocab = 20;
 constexpr int kGroupSize = 2;
 constexpr int kMaxNewTokens = 4;
 constexpr int kResponseLength = 3;
+// The student's max_position_embeddings: the 3-token prompt and a response
+// of up to 3 tokens fit.
+constexpr int kPositions = 6;
 constexpr int64_t kPublishedVersion = 3;
 constexpr int kMaxOutstanding = 32;
 // Deliberately small so an oversized group is cheap to build.
@@ -196,7 +199,7 @@ class LearnerBadInputTest : public ::testing::Test {
         [](size_t) {
           return std::vector<int32_t>{1, 5, 6};
         },
-        work_, GroupExpectationsFor(work_, kVocab), coordinator_.get(), &publisher_);
+        work_, Expectations(), coordinator_.get(), &publisher_);
     services::ServerOptions server_options;
     server_options.max_message_bytes = kMaxMessageBytes;
     auto server = services::GrpcServer::Start("127.0.0.1:0", {service_.get()}, server_options);
@@ -204,6 +207,12 @@ class LearnerBadInputTest : public ::testing::Test {
     server_ = *std::move(server);
     address_ = absl::StrCat("127.0.0.1:", server_->port());
     stub_ = kappa::v1::Learner::NewStub(services::MakeChannel(address_));
+  }
+
+  GroupExpectations Expectations() const {
+    GroupExpectations expect = GroupExpectationsFor(work_, kVocab);
+    expect.max_positions = kPositions;
+    return expect;
   }
 
   // Lets a derived fixture change what the work items ask for.
@@ -357,6 +366,26 @@ TEST_F(LearnerBadInputTest, EachMalformedGroupIsRefusedByNameAndNothingIsLost) {
        "samples: expected 2 samples, got 1"},
       {"reward not binary", [](auto& g) { g.mutable_samples(0)->set_reward(0.5f); },
        "INVALID_ARGUMENT", "samples[0].reward: 0.5 is not 0 or 1"},
+      // What the learner handed out: the leased prompt, within the student's positions.
+      {"prompt not the leased example's", [](auto& g) { g.set_prompt_tokens(1, 9); },
+       "INVALID_ARGUMENT", "prompt_tokens: not the prompt of the example lease "},
+      {"prompt and response beyond the positions",
+       [](auto& g) {
+         kappa::v1::ScoredSample* sample = g.mutable_samples(0);
+         sample->add_response_tokens(2);  // 4 <= max_new_tokens, but 3 + 4 > 6
+         SetFloats(sample->mutable_behavior_logprobs(), {4}, -0.5f);
+         SetFloats(sample->mutable_teacher_logprobs(), {4, kVocab}, -3.0f);
+       },
+       "INVALID_ARGUMENT",
+       "samples[0].response_tokens: 3 prompt + 4 response tokens exceed the student's "
+       "max_position_embeddings 6"},
+      {"prompt leaving no position",
+       [](auto& g) {
+         for (int token : {7, 8, 9}) g.add_prompt_tokens(token);
+       },
+       "INVALID_ARGUMENT",
+       "prompt_tokens: length 6 leaves no position for a response (the student's "
+       "max_position_embeddings is 6)"},
       {"policy version never published", [](auto& g) { g.set_policy_version(9); },
        "INVALID_ARGUMENT", "policy_version: 9 was never published (latest is 3)"},
       {"negative policy version", [](auto& g) { g.set_policy_version(-1); }, "INVALID_ARGUMENT",
@@ -390,6 +419,10 @@ TEST_F(LearnerBadInputTest, EachMalformedGroupIsRefusedByNameAndNothingIsLost) {
   EXPECT_EQ(counters.dropped_duplicate, 1);
   EXPECT_EQ(counters.dropped_unknown_lease, 1);  // the never-issued lease
   EXPECT_EQ(service_->counters().groups_invalid, static_cast<int64_t>(table.size()) - 2);
+  EXPECT_EQ(service_->counters().refused_prompt, 1);
+  EXPECT_EQ(service_->counters().refused_positions, 2);
+  EXPECT_EQ(service_->counters().refused_policy_version, 2);
+  EXPECT_EQ(service_->counters().refused_malformed, static_cast<int64_t>(table.size()) - 2 - 5);
   // Both good groups, each once, in arrival order, nothing from a bad row.
   const std::vector<BufferedGroup> batch =
       coordinator_->TakeBatch(2, kPublishedVersion, absl::Now() + absl::Seconds(1));
