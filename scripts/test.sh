@@ -8,7 +8,8 @@
 # kernels' compile check (scripts/cuda_compile_check.sh, build-cuda-check: no
 # GPU needed).
 # After the build it prints scripts/build_profile.sh's slowest steps, and at
-# the end, passed or failed, the seconds each stage took.
+# the end, passed or failed, the googletest cases that were skipped, with
+# their reasons (scripts/skipped_tests.sh), and the seconds each stage took.
 # Arguments go to the main ctest and select a subset: then the format,
 # sanitizer and fuzz stages are skipped. KAPPA_SANITIZER_CHECKS=0 skips the
 # sanitizer and fuzz stages, KAPPA_FORMAT_CHECK=0 the format check.
@@ -23,6 +24,7 @@ now_us() {
   if [[ -n $t ]]; then echo "${t//[!0-9]/}"; else echo $((SECONDS * 1000000)); fi
 }
 SCRIPT_START=$(now_us)
+CTEST_RAN=0
 STAGE="" STAGE_START=0
 STAGE_NAMES=() STAGE_US=() STAGE_RESULTS=()
 end_stage() { # RESULT: closes the running stage, if any
@@ -52,6 +54,11 @@ print_stage_table() {
   trap - EXIT
   if ((rc == 0)); then end_stage ok; else end_stage "FAILED (exit $rc)"; fi
   echo
+  # A skipped test case is not a pass: name each one and its reason.
+  if ((CTEST_RAN)); then
+    bash scripts/skipped_tests.sh "$BUILD_DIR/Testing/Temporary/LastTest.log" || true
+    echo
+  fi
   echo "test: time per stage"
   printf '  %-20s %9s  %s\n' stage seconds result
   local i
@@ -95,6 +102,7 @@ if [[ -f scripts/build_profile.sh ]]; then
 fi
 
 begin_stage ctest
+CTEST_RAN=1
 (cd "$BUILD_DIR" && ctest --output-on-failure --timeout 600 -j "${KAPPA_TEST_JOBS:-2}" "$@")
 
 if (($# > 0)); then
