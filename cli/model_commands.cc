@@ -3,12 +3,10 @@
 #include <torch/torch.h>
 
 #include <cstdio>
-#include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
-#include <sstream>
 #include <stdexcept>
 
 #include "absl/strings/numbers.h"
@@ -115,21 +113,16 @@ std::string JsonFloats(const Floats& values, size_t n) {
   return s + "]";
 }
 
-// The prompt of `kappa generate`: --prompt-ids as given, or --prompt TEXT
-// encoded with MODEL_DIR's tokenizer.json (with its special tokens, as a raw
-// prompt; render a chat prompt first with `kappa render-prompt`).
 // Where MODEL_DIR's tokenizer is: the directory itself, or, for a LoRA
 // adapter directory (a run's checkpoint with student.lora), its base's.
 // Throws std::runtime_error naming adapter_config.json when it is malformed.
 std::string TokenizerDirOf(const std::string& dir) {
-  if (!model::AdapterExists(dir)) return dir;
-  const std::string file = dir + "/" + model::kAdapterConfigFile;
-  std::ifstream in(file);
-  std::stringstream text;
-  text << in.rdbuf();
-  return model::ParseAdapterConfig(text.str(), file).base_model_name_or_path;
+  return model::AdapterExists(dir) ? model::ReadAdapterConfig(dir).base_model_name_or_path : dir;
 }
 
+// The prompt of `kappa generate`: --prompt-ids as given, or --prompt TEXT
+// encoded with MODEL_DIR's tokenizer.json (with its special tokens, as a raw
+// prompt; render a chat prompt first with `kappa render-prompt`).
 struct GeneratePrompt {
   std::string flag;  // which one was given, for messages
   std::vector<int64_t> ids;

@@ -2,16 +2,12 @@
 
 #include <torch/torch.h>
 
-#include <algorithm>
-#include <fstream>
-#include <sstream>
+#include <optional>
 #include <stdexcept>
 #include <string>
-#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "model/checkpoint.h"
 #include "model/peft_adapter.h"
 
@@ -19,51 +15,30 @@ namespace kappa::learner {
 
 namespace {
 
-std::string TargetList(std::vector<std::string> targets) {
-  std::sort(targets.begin(), targets.end());
-  return absl::StrJoin(targets, ",");
+// student.lora's key for a field of adapter_config.json.
+const char* LoraKeyOf(const std::string& peft_field) {
+  if (peft_field == "r") return "student.lora.rank";
+  if (peft_field == "lora_alpha") return "student.lora.alpha";
+  if (peft_field == "use_rslora") return "student.lora.use_rslora";
+  return "student.lora.target_modules";
 }
 
 // student.lora.init's adapter_config.json describes the adapters `lora`
 // builds: rank, alpha, rsLoRA and targets (the tensors are checked when the
 // learner loads them). INVALID_ARGUMENT naming the key, the file and field.
 absl::Status CheckInitAgrees(const std::string& dir, const model::LoraConfig& lora) {
-  const std::string file = dir + "/" + model::kAdapterConfigFile;
-  std::ifstream in(file);
-  if (!in) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "student.lora.init: ", file, " cannot be read (not a PEFT adapter directory)"));
-  }
-  std::stringstream text;
-  text << in.rdbuf();
   model::AdapterConfig adapter;
   try {
-    adapter = model::ParseAdapterConfig(text.str(), file);
+    adapter = model::ReadAdapterConfig(dir);
   } catch (const std::exception& e) {
     return absl::InvalidArgumentError(absl::StrCat("student.lora.init: ", e.what()));
   }
-  const auto differs = [&](const char* field, const std::string& theirs, const char* key,
-                           const std::string& ours) {
-    return absl::InvalidArgumentError(absl::StrCat("student.lora.init: ", file, ": \"", field,
-                                                   "\" is ", theirs, " but ", key, " is ", ours));
-  };
-  const model::LoraConfig& init = adapter.lora;
-  if (init.rank != lora.rank) {
-    return differs("r", std::to_string(init.rank), "student.lora.rank", std::to_string(lora.rank));
-  }
-  if (init.alpha != lora.alpha) {
-    return differs("lora_alpha", absl::StrCat(init.alpha), "student.lora.alpha",
-                   absl::StrCat(lora.alpha));
-  }
-  if (init.use_rslora != lora.use_rslora) {
-    return differs("use_rslora", init.use_rslora ? "true" : "false", "student.lora.use_rslora",
-                   lora.use_rslora ? "true" : "false");
-  }
-  if (TargetList(init.target_modules) != TargetList(lora.target_modules)) {
-    return differs("target_modules", TargetList(init.target_modules), "student.lora.target_modules",
-                   TargetList(lora.target_modules));
-  }
-  return absl::OkStatus();
+  const std::optional<model::AdapterConfigDifference> d =
+      model::FirstDifference(adapter.lora, lora);
+  if (!d.has_value()) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("student.lora.init: ", dir, "/", model::kAdapterConfigFile, ": \"", d->field,
+                   "\" is ", d->ours, " but ", LoraKeyOf(d->field), " is ", d->theirs));
 }
 
 }  // namespace

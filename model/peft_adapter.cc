@@ -333,23 +333,9 @@ std::map<std::string, torch::Tensor> CheckedAdapterTensors(Decoder& model, const
 // `loaded` (from `file`) does: rank, alpha, rsLoRA and targets agree.
 void CheckConfigsAgree(const LoraConfig& model_lora, const LoraConfig& loaded,
                        const std::string& file) {
-  const auto differs = [&](const std::string& field, const std::string& ours,
-                           const std::string& theirs) {
-    FailField(file, field, "is " + theirs + " but the model's adapters have " + ours);
-  };
-  if (model_lora.rank != loaded.rank)
-    differs("r", std::to_string(model_lora.rank), std::to_string(loaded.rank));
-  if (model_lora.alpha != loaded.alpha) {
-    differs("lora_alpha", AlphaJson(model_lora.alpha).dump(), AlphaJson(loaded.alpha).dump());
+  if (const std::optional<AdapterConfigDifference> d = FirstDifference(model_lora, loaded)) {
+    FailField(file, d->field, "is " + d->theirs + " but the model's adapters have " + d->ours);
   }
-  if (model_lora.use_rslora != loaded.use_rslora) {
-    differs("use_rslora", model_lora.use_rslora ? "true" : "false",
-            loaded.use_rslora ? "true" : "false");
-  }
-  std::vector<std::string> ours = model_lora.target_modules, theirs = loaded.target_modules;
-  std::sort(ours.begin(), ours.end());
-  std::sort(theirs.begin(), theirs.end());
-  if (ours != theirs) differs("target_modules", Json(ours).dump(), Json(theirs).dump());
 }
 
 torch::ScalarType DtypeNamed(const std::string& torch_dtype) {
@@ -437,9 +423,39 @@ void SaveAdapter(const std::string& dir, Decoder& model, const LoraConfig& confi
   });
 }
 
+std::optional<AdapterConfigDifference> FirstDifference(const LoraConfig& ours,
+                                                       const LoraConfig& theirs) {
+  if (ours.rank != theirs.rank) {
+    return AdapterConfigDifference{"r", std::to_string(ours.rank), std::to_string(theirs.rank)};
+  }
+  if (ours.alpha != theirs.alpha) {
+    return AdapterConfigDifference{"lora_alpha", AlphaJson(ours.alpha).dump(),
+                                   AlphaJson(theirs.alpha).dump()};
+  }
+  const auto boolean = [](bool b) { return std::string(b ? "true" : "false"); };
+  if (ours.use_rslora != theirs.use_rslora) {
+    return AdapterConfigDifference{"use_rslora", boolean(ours.use_rslora),
+                                   boolean(theirs.use_rslora)};
+  }
+  std::vector<std::string> our_targets = ours.target_modules;
+  std::vector<std::string> their_targets = theirs.target_modules;
+  std::sort(our_targets.begin(), our_targets.end());
+  std::sort(their_targets.begin(), their_targets.end());
+  if (our_targets != their_targets) {
+    return AdapterConfigDifference{"target_modules", Json(our_targets).dump(),
+                                   Json(their_targets).dump()};
+  }
+  return std::nullopt;
+}
+
+AdapterConfig ReadAdapterConfig(const std::string& dir) {
+  const std::string config_path = (fs::path(dir) / kAdapterConfigFile).string();
+  return ParseAdapterConfig(internal::ReadFile(config_path), config_path);
+}
+
 AdapterConfig LoadAdapter(const std::string& dir, Decoder& model) {
   const std::string config_path = (fs::path(dir) / kAdapterConfigFile).string();
-  const AdapterConfig config = ParseAdapterConfig(internal::ReadFile(config_path), config_path);
+  const AdapterConfig config = ReadAdapterConfig(dir);
   if (model->has_lora()) CheckConfigsAgree(model->lora_config(), config.lora, config_path);
   const fs::path weights_path = fs::path(dir) / kAdapterWeightsFile;
   std::error_code ec;
@@ -464,7 +480,7 @@ Decoder LoadModelOrAdapter(const std::string& dir, const LoadOptions& options,
   const std::string config_path = (fs::path(dir) / kAdapterConfigFile).string();
   std::string base = base_dir;
   if (base.empty()) {
-    base = ParseAdapterConfig(internal::ReadFile(config_path), config_path).base_model_name_or_path;
+    base = ReadAdapterConfig(dir).base_model_name_or_path;
     if (!CheckpointExists(base)) {
       FailField(
           config_path, "base_model_name_or_path",

@@ -17,6 +17,7 @@
 #include <torch/types.h>
 
 #include <map>
+#include <optional>
 #include <string>
 
 #include "model/checkpoint.h"
@@ -41,6 +42,21 @@ AdapterConfig ParseAdapterConfig(const std::string& json_text, const std::string
 
 // True when `dir` holds adapter_config.json.
 bool AdapterExists(const std::string& dir);
+
+// `dir`'s adapter_config.json, read and parsed: std::runtime_error naming
+// the file when it cannot be read, else as ParseAdapterConfig.
+AdapterConfig ReadAdapterConfig(const std::string& dir);
+
+// The first of r, lora_alpha, use_rslora and target_modules (PEFT's names)
+// on which two adapter configs compute differently, with each side's value
+// as adapter_config.json writes it; nullopt when they agree.
+struct AdapterConfigDifference {
+  std::string field;
+  std::string ours;
+  std::string theirs;
+};
+std::optional<AdapterConfigDifference> FirstDifference(const LoraConfig& ours,
+                                                       const LoraConfig& theirs);
 
 // Writes `model`'s adapters (REQUIRES: model->has_lora(), enabled with
 // `config`) as a PEFT adapter directory, atomically as SaveCheckpoint does,
