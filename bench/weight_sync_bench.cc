@@ -93,7 +93,6 @@
 #include "absl/time/clock.h"
 #include "bench/qwen_shapes.h"
 #include "bench/threads.h"
-#include "cli/free_port.h"
 #include "learner/coordinator.h"
 #include "learner/learner_service.h"
 #include "learner/policy_publisher.h"
@@ -279,19 +278,17 @@ Result Run(const Case& c, const kappa::model::ModelConfig& config,
       kappa::learner::GroupExpectationsFor(work, 151936), &coordinator, &publisher);
   std::unique_ptr<kappa::learner::WeightBroadcaster> broadcaster;
   if (c.c10d) {
-    absl::StatusOr<int> port = kappa::cli::PickFreePort("127.0.0.1");
-    if (!port.ok()) {
-      std::fprintf(stderr, "%s\n", port.status().ToString().c_str());
-      std::exit(1);
-    }
     kappa::learner::WeightBroadcastOptions group;
     group.workers = 1;
-    group.store = absl::StrCat("tcp://127.0.0.1:", *port);
+    group.store = "tcp://127.0.0.1:0";
     group.dtype = c.wire;
     group.timeout = std::chrono::minutes(5);
     broadcaster = std::make_unique<kappa::learner::WeightBroadcaster>(&publisher, group);
     service.set_weight_broadcaster(broadcaster.get());
-    broadcaster->Start();
+    if (absl::Status started = broadcaster->Start(); !started.ok()) {
+      std::fprintf(stderr, "%s\n", started.ToString().c_str());
+      std::exit(1);
+    }
   }
   auto server = kappa::services::GrpcServer::Start("127.0.0.1:0", {&service});
   if (!server.ok()) {

@@ -96,11 +96,11 @@ absl::Status ResolveWeightGroup(services::Config& config) {
   if (config.learner.weight_group_workers == 0) {
     config.learner.weight_group_workers = config.workers;
   }
+  // Port 0: the learner binds the store itself and tells each worker the
+  // port in its JoinWeightGroup answer.
   if (config.learner.weight_group_store.empty()) {
-    absl::StatusOr<int> port = PickFreePort(config.host);
-    if (!port.ok()) return port.status();
     config.learner.weight_group_store =
-        absl::StrCat("tcp://", ConnectAddress(absl::StrCat(config.host, ":", *port)));
+        absl::StrCat("tcp://", ConnectAddress(absl::StrCat(config.host, ":0")));
   }
   return absl::OkStatus();
 }

@@ -37,9 +37,9 @@ void ResolveListenAddresses(services::Config& config);
 
 // rollout.weight_transport: c10d: the learner's weight group takes every
 // worker kappa run starts (learner.weight_group_workers 0 becomes
-// `workers`) and meets on a loopback port picked here when
-// learner.weight_group_store is empty (PickFreePort's race). Anything else
-// is left as written.
+// `workers`) and, when learner.weight_group_store is empty, meets at
+// tcp://HOST:0: the learner binds a port itself and hands it out in
+// JoinWeightGroup. Anything else is left as written.
 absl::Status ResolveWeightGroup(services::Config& config);
 
 // One process of a local run. Its command line asks it to bind its gRPC

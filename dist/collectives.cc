@@ -77,40 +77,80 @@ std::unique_ptr<Collectives> OverStore(const c10::intrusive_ptr<::c10d::Store>& 
 
 }  // namespace
 
-c10::intrusive_ptr<::c10d::Store> ConnectStore(const CollectivesOptions& options) {
+namespace {
+
+void CheckRank(const CollectivesOptions& options) {
   if (options.world_size < 1 || options.rank < 0 || options.rank >= options.world_size) {
     throw std::invalid_argument("collectives: rank " + std::to_string(options.rank) +
                                 " outside world size " + std::to_string(options.world_size));
   }
-  c10::intrusive_ptr<::c10d::Store> store;
-  const std::string& url = options.store;
-  if (url.rfind("tcp://", 0) == 0) {
-    const std::string address = url.substr(6);
-    const size_t colon = address.rfind(':');
-    int port = 0;
-    try {
-      port = colon == std::string::npos ? 0 : std::stoi(address.substr(colon + 1));
-    } catch (const std::exception&) {
-      port = 0;
-    }
-    if (colon == std::string::npos || port <= 0 || port > 65535) {
-      throw std::invalid_argument("collectives: store '" + url + "' is not tcp://HOST:PORT");
-    }
-    ::c10d::TCPStoreOptions tcp;
-    tcp.port = static_cast<uint16_t>(port);
-    tcp.isServer = options.rank == 0;
-    tcp.numWorkers = options.world_size;
-    tcp.waitWorkers = true;
-    tcp.timeout = options.timeout;
-    store = c10::make_intrusive<::c10d::TCPStore>(address.substr(0, colon), tcp);
-  } else if (url.rfind("file://", 0) == 0) {
-    store = c10::make_intrusive<::c10d::FileStore>(url.substr(7), options.world_size);
-  } else {
-    throw std::invalid_argument("collectives: store '" + url +
-                                "' must be tcp://HOST:PORT or file:///PATH");
+}
+
+struct TcpAddress {
+  std::string host;
+  int port = 0;  // 0: any (only where rank 0 binds)
+};
+
+// HOST and PORT of "tcp://HOST:PORT"; throws std::invalid_argument naming
+// the url when it is not one (PORT 0 only where `any_port`).
+TcpAddress ParseTcpStore(const std::string& url, bool any_port) {
+  const std::string address = url.rfind("tcp://", 0) == 0 ? url.substr(6) : "";
+  const size_t colon = address.rfind(':');
+  int port = -1;
+  try {
+    port = colon == std::string::npos ? -1 : std::stoi(address.substr(colon + 1));
+  } catch (const std::exception&) {
+    port = -1;
   }
+  if (colon == std::string::npos || port < (any_port ? 0 : 1) || port > 65535) {
+    throw std::invalid_argument("collectives: store '" + url + "' is not tcp://HOST:PORT");
+  }
+  return {address.substr(0, colon), port};
+}
+
+c10::intrusive_ptr<::c10d::TCPStore> MakeTcpStore(const TcpAddress& address,
+                                                  const CollectivesOptions& options,
+                                                  bool wait_workers) {
+  ::c10d::TCPStoreOptions tcp;
+  tcp.port = static_cast<uint16_t>(address.port);
+  tcp.isServer = options.rank == 0;
+  tcp.numWorkers = options.world_size;
+  tcp.waitWorkers = wait_workers;
+  tcp.timeout = options.timeout;
+  auto store = c10::make_intrusive<::c10d::TCPStore>(address.host, tcp);
   store->setTimeout(options.timeout);
   return store;
+}
+
+}  // namespace
+
+c10::intrusive_ptr<::c10d::Store> ConnectStore(const CollectivesOptions& options) {
+  CheckRank(options);
+  const std::string& url = options.store;
+  if (url.rfind("tcp://", 0) == 0) {
+    return MakeTcpStore(ParseTcpStore(url, false), options, true);
+  }
+  if (url.rfind("file://", 0) == 0) {
+    c10::intrusive_ptr<::c10d::Store> store =
+        c10::make_intrusive<::c10d::FileStore>(url.substr(7), options.world_size);
+    store->setTimeout(options.timeout);
+    return store;
+  }
+  throw std::invalid_argument("collectives: store '" + url +
+                              "' must be tcp://HOST:PORT or file:///PATH");
+}
+
+c10::intrusive_ptr<::c10d::Store> ServeTcpStore(const CollectivesOptions& options) {
+  CheckRank(options);
+  if (options.rank != 0) throw std::invalid_argument("collectives: only rank 0 serves the store");
+  return MakeTcpStore(ParseTcpStore(options.store, true), options, false);
+}
+
+std::string BoundStoreUrl(const CollectivesOptions& options,
+                          const c10::intrusive_ptr<::c10d::Store>& store) {
+  const auto* tcp = dynamic_cast<const ::c10d::TCPStore*>(store.get());
+  if (tcp == nullptr) throw std::invalid_argument("collectives: not a TCP store");
+  return "tcp://" + ParseTcpStore(options.store, true).host + ":" + std::to_string(tcp->getPort());
 }
 
 std::unique_ptr<Collectives> CollectivesOverStore(const c10::intrusive_ptr<::c10d::Store>& store,

@@ -53,6 +53,18 @@ std::unique_ptr<Collectives> ConnectCollectives(const CollectivesOptions& option
 // as ConnectCollectives does.
 c10::intrusive_ptr<::c10d::Store> ConnectStore(const CollectivesOptions& options);
 
+// Rank 0's end of a tcp://HOST:PORT store, listening when this returns and
+// not waiting for anyone: PORT 0 lets the kernel choose, and BoundStoreUrl
+// says which, so the others can be told the address before they connect
+// (nothing picks a port that another process might take first). The group
+// meets later in CollectivesOverStore. Throws as ConnectStore does
+// (std::runtime_error when HOST:PORT cannot be bound).
+c10::intrusive_ptr<::c10d::Store> ServeTcpStore(const CollectivesOptions& options);
+
+// tcp://HOST:PORT of a store ServeTcpStore returned, PORT the bound one.
+std::string BoundStoreUrl(const CollectivesOptions& options,
+                          const c10::intrusive_ptr<::c10d::Store>& store);
+
 // A process group of options.rank / world_size / device over `store`
 // (options.store is not read). Blocks until every rank has joined.
 std::unique_ptr<Collectives> CollectivesOverStore(const c10::intrusive_ptr<::c10d::Store>& store,

@@ -50,7 +50,11 @@ std::unique_ptr<WeightGroup> WeightGroup::Connect(const WeightGroupOptions& opti
     throw std::invalid_argument("weight group: store '" + options.store +
                                 "' must be tcp://HOST:PORT");
   }
-  c10::intrusive_ptr<::c10d::Store> store = ConnectStore(options);
+  return Form(ConnectStore(options), options);
+}
+
+std::unique_ptr<WeightGroup> WeightGroup::Form(c10::intrusive_ptr<::c10d::Store> store,
+                                               const WeightGroupOptions& options) {
   std::unique_ptr<Collectives> collectives = CollectivesOverStore(store, options);
   return std::unique_ptr<WeightGroup>(new WeightGroup(
       std::move(store), std::move(collectives), options.rank, options.world_size, options.device));

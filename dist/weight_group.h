@@ -47,6 +47,13 @@ class WeightGroup {
   // rendezvous fails.
   static std::unique_ptr<WeightGroup> Connect(const WeightGroupOptions& options);
 
+  // Rank 0 meeting the others at a store it already serves
+  // (ServeTcpStore, so that options.store may name port 0 and the others
+  // are told BoundStoreUrl). Blocks and throws as Connect does.
+  // REQUIRES: options.rank == 0.
+  static std::unique_ptr<WeightGroup> Form(c10::intrusive_ptr<::c10d::Store> store,
+                                           const WeightGroupOptions& options);
+
   int rank() const { return rank_; }
   int world_size() const { return world_size_; }
   torch::Device device() const { return device_; }

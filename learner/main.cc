@@ -329,7 +329,7 @@ absl::StatusOr<Serving> StartServing(const LearnerInputs& in) {
   if (group->has_value() && in.rank.primary()) {
     serving.broadcaster = std::make_unique<WeightBroadcaster>(serving.publisher.get(), **group);
     serving.service->set_weight_broadcaster(serving.broadcaster.get());
-    serving.broadcaster->Start();
+    if (absl::Status started = serving.broadcaster->Start(); !started.ok()) return started;
   }
   absl::StatusOr<services::ServerOptions> server_options =
       services::ServerOptionsFromConfig(config);

@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "dist/weight_group.h"
@@ -102,8 +103,11 @@ absl::StatusOr<kappa::v1::JoinWeightGroupResponse> WeightBroadcaster::Join(
     spdlog::info("weight group: worker '{}' is rank {} of {} (on {})", worker_id, rank,
                  options_.workers + 1, worker_device.str());
   }
+  if (store_url_.empty() && absl::EndsWith(options_.store, ":0")) {
+    return absl::UnavailableError("the weight group's store has no port yet (before Start)");
+  }
   kappa::v1::JoinWeightGroupResponse response;
-  response.set_store(options_.store);
+  response.set_store(store_url_.empty() ? options_.store : store_url_);
   response.set_rank(found->second);
   response.set_world_size(options_.workers + 1);
   response.set_joined(static_cast<int32_t>(ranks_.size()));
@@ -112,8 +116,22 @@ absl::StatusOr<kappa::v1::JoinWeightGroupResponse> WeightBroadcaster::Join(
   return response;
 }
 
-void WeightBroadcaster::Start() {
-  if (!thread_.joinable()) thread_ = std::thread([this] { Loop(); });
+absl::Status WeightBroadcaster::Start() {
+  if (thread_.joinable()) return absl::OkStatus();
+  const dist::WeightGroupOptions group{options_.store, 0, options_.workers + 1, torch::kCPU,
+                                       options_.timeout};
+  try {
+    c10::intrusive_ptr<::c10d::Store> store = dist::ServeTcpStore(group);
+    const std::string url = dist::BoundStoreUrl(group, store);
+    absl::MutexLock lock(&mu_);
+    store_ = std::move(store);
+    store_url_ = url;
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(absl::StrCat("learner.weight_group_store: cannot listen on ",
+                                               options_.store, ": ", e.what()));
+  }
+  thread_ = std::thread([this] { Loop(); });
+  return absl::OkStatus();
 }
 
 void WeightBroadcaster::Stop() {
@@ -148,15 +166,22 @@ void WeightBroadcaster::Loop() {
     counters_.closed = true;
     return;
   }
+  c10::intrusive_ptr<::c10d::Store> store;
+  std::string url;
+  {
+    absl::MutexLock lock(&mu_);
+    store = store_;
+    url = store_url_;
+  }
   std::unique_ptr<dist::WeightGroup> group;
   try {
     const bool use_nccl = nccl();
-    group = dist::WeightGroup::Connect({options_.store, 0, options_.workers + 1,
-                                        use_nccl ? options_.device : torch::Device(torch::kCPU),
-                                        options_.timeout});
+    group = dist::WeightGroup::Form(
+        store, {url, 0, options_.workers + 1,
+                use_nccl ? options_.device : torch::Device(torch::kCPU), options_.timeout});
     counters_.formed = true;
-    spdlog::info("weight group formed at {}: {} workers, {} on {} tensors", options_.store,
-                 options_.workers, nccl() ? "NCCL" : "Gloo", c10::toString(options_.dtype));
+    spdlog::info("weight group formed at {}: {} workers, {} on {} tensors", url, options_.workers,
+                 nccl() ? "NCCL" : "Gloo", c10::toString(options_.dtype));
     BroadcastVersions(*group);
   } catch (const std::exception& e) {
     spdlog::error("weight group: {}; versions go over WatchPolicy from now on", e.what());

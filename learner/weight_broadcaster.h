@@ -41,12 +41,16 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "kappa/v1/learner.pb.h"
 #include "learner/policy_publisher.h"
 #include "services/config.h"
 
+namespace c10d {
+class Store;
+}
 namespace kappa::dist {
 class WeightGroup;
 }
@@ -55,7 +59,9 @@ namespace kappa::learner {
 
 struct WeightBroadcastOptions {
   int workers = 0;    // learner.weight_group_workers: the members, ranks 1..workers
-  std::string store;  // learner.weight_group_store: tcp://HOST:PORT, served by the learner
+  // learner.weight_group_store: tcp://HOST:PORT, served by the learner;
+  // PORT 0: any free one (what `kappa run` asks for).
+  std::string store;
   // learner.device: where the learner's tensors live (NCCL needs CUDA).
   torch::Device device = torch::kCPU;
   // The one dtype every version is broadcast in (rollout.weights_dtype
@@ -91,7 +97,9 @@ class WeightBroadcaster {
 
   // JoinWeightGroup: the rank of `worker_id` (assigned on its first ask),
   // how many ranks are assigned so far, where the group meets and, once all
-  // have joined, its backend. `worker_device`: where the worker's policy
+  // have joined, its backend. The store is the address Start() bound
+  // (options.store as written before then; UNAVAILABLE before then when its
+  // port is 0). `worker_device`: where the worker's policy
   // runs. INVALID_ARGUMENT for an empty worker_id; FAILED_PRECONDITION when
   // the worker's dtype differs from the group's or the group is closed or
   // formed without it; RESOURCE_EXHAUSTED when all ranks are taken.
@@ -100,8 +108,10 @@ class WeightBroadcaster {
                                                           torch::ScalarType worker_dtype)
       ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Starts the broadcast thread (once).
-  void Start() ABSL_LOCKS_EXCLUDED(mu_);
+  // Listens on options.store (port 0: one the kernel chooses; Join hands
+  // out the bound address) and starts the broadcast thread. Once; UNAVAILABLE
+  // naming learner.weight_group_store when the address cannot be bound.
+  absl::Status Start() ABSL_LOCKS_EXCLUDED(mu_);
   // Ends the thread: at once while members are missing, after the version
   // in flight otherwise (at most options.timeout); closes the group.
   // REQUIRES: before the publisher's Shutdown() (its waits end the loop).
@@ -132,6 +142,9 @@ class WeightBroadcaster {
   std::vector<torch::Device> member_devices_ ABSL_GUARDED_BY(mu_);  // rank - 1 -> device
   bool nccl_ ABSL_GUARDED_BY(mu_) = false;  // fixed when the last member joins
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  // Rank 0's store, listening from Start(), and its bound tcp://HOST:PORT.
+  c10::intrusive_ptr<::c10d::Store> store_ ABSL_GUARDED_BY(mu_);
+  std::string store_url_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;  // the owner's (Start/Stop)
 };
 

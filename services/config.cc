@@ -345,8 +345,9 @@ constexpr Field kFields[] = {
         "`rollout.weight_transport: c10d`. 0: none. Under `kappa run`, 0 with "
         "`rollout.weight_transport: c10d` means `workers`."),
     KAPPA_CONFIG_FIELD(learner.weight_group_store,
-                       "`tcp://HOST:PORT` where the weight group meets (the learner listens); "
-                       "empty under `kappa run`: a loopback port it picks."),
+                       "`tcp://HOST:PORT` where the weight group meets (the learner listens; "
+                       "port 0: one it binds itself and tells each worker); empty under "
+                       "`kappa run`: `tcp://HOST:0`."),
 
     KAPPA_CONFIG_FIELD(security.tls, "TLS on every server and channel."),
     KAPPA_CONFIG_FIELD(security.cert_file,

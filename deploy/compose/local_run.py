@@ -23,10 +23,12 @@ Substitutions (the only differences from a container run):
     volume's target to <work>/volumes/<name>; rewritten in arguments and
     environment values wherever a value (or the value of a key=value
     argument) is or starts with a target path;
-  * every (service, replica, container port) named in a listen flag
-    (HOST:PORT with HOST 0.0.0.0) gets a free loopback port: `0.0.0.0:P`,
+  * a listen flag (--address or --metrics-address 0.0.0.0:P) becomes
+    127.0.0.1:0 plus --ready-file: the process binds a port itself and
+    reports it, and the next service starts only once it has; then
     `127.0.0.1:P` (in the service's own healthcheck) and `SERVICE:P` /
-    `dns:///SERVICE:P` (peers) are rewritten to 127.0.0.1:<that port>;
+    `dns:///SERVICE:P` (peers, which must come later in depends_on order)
+    are rewritten to 127.0.0.1:<that port>;
   * --tiny (default on): KAPPA_CFG_* environment overrides for a few-thousand-
     parameter model on one-digit sums and a short run (trainer.steps=--steps),
     appended to every kappa service's environment, so bootstrap takes seconds.
@@ -48,7 +50,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -99,12 +100,6 @@ class Failure(Exception):
 
 def log(msg):
     print(f"[local_run {time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-def free_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def render_compose(docker_compose, files):
@@ -235,14 +230,13 @@ class LocalRun:
         # Longest target first, so /data/x maps through /data/x before /data.
         return sorted(out, key=lambda m: -len(m[0]))
 
-    def listen_ports(self, argv):
-        return [int(m.group(1)) for a in argv for m in [re.fullmatch(r"0\.0\.0\.0:(\d+)", a)] if m]
-
     def port(self, service, replica, container_port):
         key = (service, replica, container_port)
         if key not in self.ports:
+            started = any(p.service == service for p in self.procs)
             raise Failure(f"{service}: nothing listens on container port {container_port} "
-                          f"(no 0.0.0.0:{container_port} flag)")
+                          + (f"(no 0.0.0.0:{container_port} flag)" if started else
+                             "yet (it starts later: add it to depends_on)"))
         return self.ports[key]
 
     def rewrite(self, value, service, replica, mounts):
@@ -279,16 +273,57 @@ class LocalRun:
 
     # ---- processes
     def start(self, service):
+        """Starts every replica of `service` and waits until each has bound its
+        listeners: a container port P (flag 0.0.0.0:P) becomes port 0 on
+        loopback, and the process says which port it bound in its
+        --ready-file (services/ready_file.h). No port is picked here for a
+        process to bind later, so a parallel test cannot take it in between."""
         svc = self.services[service]
         mounts = self.mounts(svc)
+        command = as_list(svc.get("command"))
+        # argv index -> (container port, the ready file's key for it)
+        listen = {}
+        for i, a in enumerate(command):
+            m = re.fullmatch(r"0\.0\.0\.0:(\d+)", a)
+            if m:
+                flag = command[i - 1] if i > 0 else ""
+                key = {"--address": "address", "--metrics-address": "metrics_address"}.get(flag)
+                if key is None:
+                    raise Failure(f"{service}: {a} follows {flag or 'nothing'}, not "
+                                  f"--address or --metrics-address")
+                listen[i] = (int(m.group(1)), key)
         for replica in range(self.scale[service]):
-            argv = [ENTRYPOINT] + [self.rewrite(a, service, replica, mounts)
-                                   for a in as_list(svc.get("command"))]
+            argv = [ENTRYPOINT] + ["127.0.0.1:0" if i in listen else
+                                   self.rewrite(a, service, replica, mounts)
+                                   for i, a in enumerate(command)]
+            ready_file = os.path.join(self.work, "ready", f"{service}-{replica + 1}.json")
+            if listen:
+                argv += ["--ready-file", ready_file]
             env = self.environment(svc, service, replica, mounts)
             path = os.path.join(self.work, "logs", f"{service}-{replica + 1}.log")
             proc = Proc(service, replica, argv, env, path)
             self.procs.append(proc)
             log(f"started {proc.name} (pid {proc.popen.pid}): {' '.join(argv[1:])}")
+            if listen:
+                ready = self.wait_ready(proc, ready_file)
+                for container_port, key in listen.values():
+                    bound = ready.get(key, "")
+                    if not re.fullmatch(r"127\.0\.0\.1:\d+", bound):
+                        raise Failure(f"{ready_file}: {key} is {bound!r}, not 127.0.0.1:PORT", proc)
+                    self.ports[(service, replica, container_port)] = int(bound.rsplit(":", 1)[1])
+
+    def wait_ready(self, proc, ready_file):
+        """The JSON object `proc` writes to `ready_file` once it listens."""
+        deadline = time.time() + self.args.timeout
+        while not os.path.exists(ready_file):
+            if proc.poll() is not None:
+                raise Failure(f"{proc.name} exited with status {proc.poll()} before it "
+                              f"listened", proc)
+            if time.time() > deadline:
+                raise Failure(f"{proc.name} wrote no {ready_file} in time", proc)
+            time.sleep(0.05)
+        with open(ready_file) as f:
+            return json.load(f)
 
     def replicas(self, service):
         return [p for p in self.procs if p.service == service]
@@ -387,10 +422,7 @@ class LocalRun:
             os.symlink(path, os.path.join(self.bin_dir, name))
         log(f"kappa services: {', '.join(sorted(self.services))}; not started "
             f"(third-party images): {', '.join(self.skipped) or '-'}; work dir {self.work}")
-        for service, svc in self.services.items():
-            for replica in range(self.scale[service]):
-                for p in self.listen_ports(as_list(svc.get("command"))):
-                    self.ports[(service, replica, p)] = free_port()
+        os.makedirs(os.path.join(self.work, "ready"), exist_ok=True)
         order = topo_order(self.services)
         deadline = time.time() + args.timeout
         for service in order:

@@ -39,6 +39,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
+using kappa::testing::kAnyLoopbackPort;
 using kappa::testing::ReadAll;
 
 constexpr int kSteps = 16;
@@ -89,20 +90,30 @@ class LearnerResumeTest : public ::testing::Test {
     if (!HasFailure()) fs::remove_all(root_);
   }
 
-  // Starts a learner for `run_dir` on `address`, SERVING; `extra`: more
-  // flags and overrides.
-  pid_t StartLearner(const fs::path& run_dir, const std::string& address, bool resume,
-                     const std::string& log_name, const std::vector<std::string>& extra = {}) {
-    std::vector<std::string> args = {"learner.max_staleness=1000", "learner.threads=1",
-                                     "--address", address, "--run-dir", run_dir.string()};
+  // Starts a learner for `run_dir` and returns once it is SERVING, with the
+  // addresses it bound. An empty `*address` becomes the port the learner
+  // binds itself; a restart passes the same `*address` again, so a worker
+  // finds the new learner where the old one was. `extra`: more flags and
+  // overrides (`--metrics-address`, kAnyLoopbackPort for /metrics).
+  kappa::testing::ReadyService StartLearner(const fs::path& run_dir, std::string* address,
+                                            bool resume, const std::string& log_name,
+                                            const std::vector<std::string>& extra = {}) {
+    std::vector<std::string> args = {"learner.max_staleness=1000",
+                                     "learner.threads=1",
+                                     "--address",
+                                     address->empty() ? kAnyLoopbackPort : *address,
+                                     "--run-dir",
+                                     run_dir.string()};
     if (resume) args.push_back("--resume");
     args.insert(args.end(), extra.begin(), extra.end());
     const fs::path log = root_ / log_name;
-    absl::StatusOr<pid_t> pid = supervisor_.Spawn(
-        kappa::testing::ServiceSpec("learner", KAPPA_LEARNER, config_, args, log));
-    EXPECT_TRUE(pid.ok()) << pid.status();
-    EXPECT_TRUE(kappa::testing::AwaitServing(address, std::chrono::seconds(60))) << ReadAll(log);
-    return pid.ok() ? *pid : 0;
+    absl::StatusOr<kappa::testing::ReadyService> started = kappa::testing::SpawnReady(
+        supervisor_, kappa::testing::ServiceSpec("learner", KAPPA_LEARNER, config_, args, log),
+        root_ / (log_name + ".ready.json"));
+    EXPECT_TRUE(started.ok()) << started.status() << "\n" << ReadAll(log);
+    if (!started.ok()) return {};
+    *address = started->ready.address;
+    return *started;
   }
 
   void ExpectFinished(pid_t learner, const std::string& log_name) {
@@ -129,8 +140,8 @@ TEST_F(LearnerResumeTest, KilledAndResumedLearnerEndsBitIdenticalToAnUninterrupt
   const auto test_start = Clock::now();
   // The uninterrupted reference.
   {
-    const std::string address = kappa::testing::FreeLoopbackAddress();
-    const pid_t learner = StartLearner(root_ / "reference", address, false, "reference.log");
+    std::string address;
+    const pid_t learner = StartLearner(root_ / "reference", &address, false, "reference.log").pid;
     kappa::testing::FakeWorker worker(kappa::testing::FastReconnectChannel(address),
                                       WorkerOptions());
     worker.Start();
@@ -142,10 +153,9 @@ TEST_F(LearnerResumeTest, KilledAndResumedLearnerEndsBitIdenticalToAnUninterrupt
   // The interrupted run: same seeds, same address for all its learners, so
   // the worker finds each restarted one by itself.
   const fs::path run_dir = root_ / "interrupted";
-  const std::string address = kappa::testing::FreeLoopbackAddress();
-  kappa::testing::FakeWorker worker(kappa::testing::FastReconnectChannel(address),
-                                    WorkerOptions());
-  pid_t learner = StartLearner(run_dir, address, false, "run-1.log");
+  std::string address;
+  pid_t learner = StartLearner(run_dir, &address, false, "run-1.log").pid;
+  kappa::testing::FakeWorker worker(kappa::testing::FastReconnectChannel(address), WorkerOptions());
   worker.Start();
 
   // Kill 1: at a random step.
@@ -163,7 +173,7 @@ TEST_F(LearnerResumeTest, KilledAndResumedLearnerEndsBitIdenticalToAnUninterrupt
 
   // Kill 2: while a checkpoint is being written (polled; if the 1 ms polls
   // never catch one within a few steps, at whatever point that is).
-  learner = StartLearner(run_dir, address, true, "run-2.log");
+  learner = StartLearner(run_dir, &address, true, "run-2.log").pid;
   const int resumed_at = LastStep(run_dir / "metrics.jsonl");
   bool caught_mid_write = false;
   deadline = Clock::now() + std::chrono::seconds(60);
@@ -187,7 +197,7 @@ TEST_F(LearnerResumeTest, KilledAndResumedLearnerEndsBitIdenticalToAnUninterrupt
                            "trainer_state.json"}) {
     EXPECT_TRUE(fs::exists(latest_dir / file)) << latest_dir / file;
   }
-  learner = StartLearner(run_dir, address, true, "run-3.log");
+  learner = StartLearner(run_dir, &address, true, "run-3.log").pid;
   ExpectFinished(learner, "run-3.log");
   worker.Stop();
 
@@ -225,11 +235,12 @@ int Count(const std::string& text, const std::string& needle) {
 // naming the field and counted by reason; the run goes on.
 TEST_F(LearnerResumeTest, AGroupTheLearnerDidNotHandOutIsRefusedAndTheRunGoesOn) {
   const fs::path run_dir = root_ / "tampered";
-  const std::string address = kappa::testing::FreeLoopbackAddress();
-  const std::string metrics_address = kappa::testing::FreeLoopbackAddress();
-  const pid_t learner =
-      StartLearner(run_dir, address, false, "tampered.log",
-                   {"trainer.steps=100000", "--metrics-address", metrics_address});
+  std::string address;
+  const kappa::testing::ReadyService started =
+      StartLearner(run_dir, &address, false, "tampered.log",
+                   {"trainer.steps=100000", "--metrics-address", kAnyLoopbackPort});
+  const pid_t learner = started.pid;
+  const std::string& metrics_address = started.ready.metrics_address;
   kappa::testing::FakeWorkerOptions options = WorkerOptions();
   options.tamper = [](int64_t n, kappa::v1::ScoredGroup& group) {
     if (n == 0) {
@@ -271,11 +282,12 @@ TEST_F(LearnerResumeTest, NonFiniteStepsAreSkippedThenStopTheLearner) {
   const std::string skipped_line = "ALARM nonfinite at step 3: grad_norm is not finite";
   {
     const fs::path run_dir = root_ / "one-bad-batch";
-    const std::string address = kappa::testing::FreeLoopbackAddress();
-    const std::string metrics_address = kappa::testing::FreeLoopbackAddress();
-    const pid_t learner = StartLearner(
-        run_dir, address, false, "one-bad-batch.log",
-        {"trainer.steps=100000", "--metrics-address", metrics_address, "--debug-nan-grad", "3:1"});
+    std::string address;
+    const kappa::testing::ReadyService started = StartLearner(
+        run_dir, &address, false, "one-bad-batch.log",
+        {"trainer.steps=100000", "--metrics-address", kAnyLoopbackPort, "--debug-nan-grad", "3:1"});
+    const pid_t learner = started.pid;
+    const std::string& metrics_address = started.ready.metrics_address;
     kappa::testing::FakeWorker worker(kappa::testing::FastReconnectChannel(address),
                                       WorkerOptions());
     worker.Start();
@@ -303,9 +315,10 @@ TEST_F(LearnerResumeTest, NonFiniteStepsAreSkippedThenStopTheLearner) {
   }
   {
     const fs::path run_dir = root_ / "bad-from-step-3";
-    const std::string address = kappa::testing::FreeLoopbackAddress();
+    std::string address;
     const pid_t learner =
-        StartLearner(run_dir, address, false, "bad-from-step-3.log", {"--debug-nan-grad", "3"});
+        StartLearner(run_dir, &address, false, "bad-from-step-3.log", {"--debug-nan-grad", "3"})
+            .pid;
     kappa::testing::FakeWorker worker(kappa::testing::FastReconnectChannel(address),
                                       WorkerOptions());
     worker.Start();

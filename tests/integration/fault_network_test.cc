@@ -59,6 +59,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
+using kappa::testing::kAnyLoopbackPort;
 using kappa::testing::ReadAll;
 using kappa::testing::TcpFaultProxy;
 using kappa::testing::TcpFaultProxyCounters;
@@ -248,28 +249,37 @@ class Cluster {
   // Starts everything; false (with a message on stderr) when something did
   // not come up.
   bool Start() {
-    learner_pid_ = Spawn("learner", KAPPA_LEARNER,
-                         {"--address", learner, "--metrics-address", learner_metrics, "--run-dir",
-                          run_dir().string()});
-    Spawn("teacher", KAPPA_TEACHER, {"--address", teacher});
-    Spawn("verifier", KAPPA_VERIFIER, {"--address", verifier});
-    for (const std::string& address : {teacher, verifier, learner}) {
-      if (!kappa::testing::AwaitServing(address, std::chrono::seconds(60))) {
-        std::cerr << address << " never SERVING\n" << Tail(ReadAll(log("learner")));
-        return false;
-      }
+    // Each binds port 0 and reports what it bound (SpawnReady).
+    const std::optional<kappa::services::ReadyInfo> learner_ready =
+        SpawnReady("learner", KAPPA_LEARNER,
+                   {"--address", kAnyLoopbackPort, "--metrics-address", kAnyLoopbackPort,
+                    "--run-dir", run_dir().string()},
+                   &learner_pid_);
+    const std::optional<kappa::services::ReadyInfo> teacher_ready =
+        SpawnReady("teacher", KAPPA_TEACHER, {"--address", kAnyLoopbackPort});
+    const std::optional<kappa::services::ReadyInfo> verifier_ready =
+        SpawnReady("verifier", KAPPA_VERIFIER, {"--address", kAnyLoopbackPort});
+    if (!learner_ready || !teacher_ready || !verifier_ready) {
+      std::cerr << Tail(ReadAll(log("learner")));
+      return false;
     }
+    learner = learner_ready->address;
+    learner_metrics = learner_ready->metrics_address;
+    teacher = teacher_ready->address;
+    verifier = verifier_ready->address;
     teacher_link = std::make_unique<TcpFaultProxy>(teacher);
     verifier_link = std::make_unique<TcpFaultProxy>(verifier);
     learner_link = std::make_unique<TcpFaultProxy>(learner);
     for (int i = 0; i < kWorkers; ++i) {
       const bool proxied = i == 0;
-      worker_metrics.push_back(kappa::testing::FreeLoopbackAddress());
-      Spawn(worker(i), KAPPA_ROLLOUT_WORKER,
-            {"--worker-id", worker(i), "--metrics-address", worker_metrics[i], "--learner",
-             proxied ? learner_link->address() : learner, "--teacher",
-             proxied ? teacher_link->address() : teacher, "--verifier",
-             proxied ? verifier_link->address() : verifier});
+      const std::optional<kappa::services::ReadyInfo> ready =
+          SpawnReady(worker(i), KAPPA_ROLLOUT_WORKER,
+                     {"--worker-id", worker(i), "--metrics-address", kAnyLoopbackPort, "--learner",
+                      proxied ? learner_link->address() : learner, "--teacher",
+                      proxied ? teacher_link->address() : teacher, "--verifier",
+                      proxied ? verifier_link->address() : verifier});
+      if (!ready) return false;
+      worker_metrics.push_back(ready->metrics_address);
     }
     // Both workers deliver, and training is under way.
     return WaitUntil(std::chrono::seconds(90), [&] {
@@ -320,22 +330,30 @@ class Cluster {
   fs::path metrics_jsonl() const { return run_dir() / "metrics.jsonl"; }
   void Keep() { keep_ = true; }  // leave the files for a failed test
 
-  const std::string teacher = kappa::testing::FreeLoopbackAddress();
-  const std::string verifier = kappa::testing::FreeLoopbackAddress();
-  const std::string learner = kappa::testing::FreeLoopbackAddress();
-  const std::string learner_metrics = kappa::testing::FreeLoopbackAddress();
+  // Where each process listens, as it reported once bound (Start()).
+  std::string teacher, verifier, learner, learner_metrics;
   std::vector<std::string> worker_metrics;
   // rollout-0's links.
   std::unique_ptr<TcpFaultProxy> teacher_link, verifier_link, learner_link;
   double max_rss_mib = 0;
 
  private:
-  pid_t Spawn(const std::string& name, const std::string& binary, std::vector<std::string> args) {
+  // `binary` with the overrides, once it has written its ready file: the
+  // addresses it bound (`*pid` set), or nullopt with a message on stderr.
+  std::optional<kappa::services::ReadyInfo> SpawnReady(const std::string& name,
+                                                       const std::string& binary,
+                                                       std::vector<std::string> args,
+                                                       pid_t* pid = nullptr) {
     args.insert(args.end(), overrides_.begin(), overrides_.end());
-    absl::StatusOr<pid_t> pid = supervisor_.Spawn(
-        kappa::testing::ServiceSpec(name, binary, config_, std::move(args), log(name)));
-    EXPECT_TRUE(pid.ok()) << pid.status();
-    return pid.ok() ? *pid : 0;
+    absl::StatusOr<kappa::testing::ReadyService> started = kappa::testing::SpawnReady(
+        supervisor_, kappa::testing::ServiceSpec(name, binary, config_, std::move(args), log(name)),
+        root_ / (name + ".ready.json"));
+    if (!started.ok()) {
+      std::cerr << started.status() << "\n";
+      return std::nullopt;
+    }
+    if (pid != nullptr) *pid = started->pid;
+    return started->ready;
   }
 
   const fs::path root_;

@@ -2,18 +2,17 @@
 // fault tests that need to stop, kill or starve one of them on purpose: a
 // tiny run configuration, random-initialised teacher and student checkpoints
 // in its data_dir (no SFT: these tests never look at accuracy), and a child
-// process that is SERVING on a free loopback port.
+// process that is SERVING on a loopback port it bound itself (SpawnReady).
 #pragma once
 
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <torch/utils.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -60,21 +59,11 @@ inline std::filesystem::path WriteStandaloneRun(const std::filesystem::path& roo
   return config;
 }
 
-// A loopback port the kernel just handed out (bind to port 0, then close).
-inline std::string FreeLoopbackAddress() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t length = sizeof(addr);
-  int port = 0;
-  if (fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &length) == 0) {
-    port = ntohs(addr.sin_port);
-  }
-  if (fd >= 0) ::close(fd);
-  return "127.0.0.1:" + std::to_string(port);
-}
+// Port 0 on loopback: the kernel chooses when the process binds, and the
+// process says which in its --ready-file (SpawnReady). Tests never pick a
+// port for another process to bind later: a parallel test could take it
+// in between.
+inline constexpr char kAnyLoopbackPort[] = "127.0.0.1:0";
 
 // Polls `path` (a service's --ready-file) until the service has written it
 // or `timeout`: the addresses it bound, or why not.
@@ -87,6 +76,44 @@ inline absl::StatusOr<services::ReadyInfo> AwaitReadyFile(const std::filesystem:
     info = services::ReadReadyFile(path.string());
   }
   return info;
+}
+
+// A service a test started, and the addresses it bound.
+struct ReadyService {
+  pid_t pid = 0;
+  services::ReadyInfo ready;
+};
+
+// Spawns `spec` with `--ready-file ready_file` appended (its --address and
+// --metrics-address, where given, are usually kAnyLoopbackPort) and waits
+// until the child has written the file, i.e. every listener it has is
+// bound and serving. UNAVAILABLE naming the child and its log when it exits
+// first, DEADLINE_EXCEEDED after `timeout`.
+inline absl::StatusOr<ReadyService> SpawnReady(
+    cli::ProcessSupervisor& supervisor, cli::ProcessSpec spec,
+    const std::filesystem::path& ready_file,
+    std::chrono::seconds timeout = std::chrono::seconds(60)) {
+  std::filesystem::remove(ready_file);
+  spec.argv.push_back("--ready-file");
+  spec.argv.push_back(ready_file.string());
+  absl::StatusOr<pid_t> pid = supervisor.Spawn(spec);
+  if (!pid.ok()) return pid.status();
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (true) {
+    absl::StatusOr<services::ReadyInfo> info = services::ReadReadyFile(ready_file.string());
+    if (info.ok()) return ReadyService{*pid, *std::move(info)};
+    if (!absl::IsNotFound(info.status())) return info.status();
+    if (std::optional<cli::ExitStatus> exit =
+            supervisor.WaitFor(*pid, std::chrono::milliseconds(20))) {
+      return absl::UnavailableError(spec.name + " " + exit->ToString() +
+                                    " before it was ready; its log: " + spec.log_file);
+    }
+    if (std::chrono::steady_clock::now() >= deadline) {
+      return absl::DeadlineExceededError(spec.name + " wrote no " + ready_file.string() + " in " +
+                                         std::to_string(timeout.count()) +
+                                         " s; its log: " + spec.log_file);
+    }
+  }
 }
 
 // Polls the gRPC health service until SERVING or `timeout`.

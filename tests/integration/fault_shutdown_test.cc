@@ -45,12 +45,9 @@ TEST(FaultTest, EveryServiceExitsPromptlyOnSigtermWhilePeersStallOrHoldStreams) 
   const fs::path root = fs::temp_directory_path() / ("kappa-fault-shutdown-" + std::to_string(getpid()));
   fs::remove_all(root);
   const fs::path config = kappa::testing::WriteStandaloneRun(
-      root, "{steps: 100000, groups_per_step: 2, group_size: 4, eval_every: 0, eval_examples: 4,"
-            " checkpoint_every: 0}");
-  const std::string teacher_address = kappa::testing::FreeLoopbackAddress();
-  const std::string verifier_address = kappa::testing::FreeLoopbackAddress();
-  const std::string learner_address = kappa::testing::FreeLoopbackAddress();
-
+      root,
+      "{steps: 100000, groups_per_step: 2, group_size: 4, eval_every: 0, eval_examples: 4,"
+      " checkpoint_every: 0}");
   kappa::cli::ProcessSupervisor supervisor;
   auto spawn = [&](const std::string& name, const std::string& binary,
                    std::vector<std::string> args) {
@@ -59,13 +56,28 @@ TEST(FaultTest, EveryServiceExitsPromptlyOnSigtermWhilePeersStallOrHoldStreams) 
     EXPECT_TRUE(pid.ok()) << pid.status();
     return pid.ok() ? *pid : 0;
   };
-  const pid_t teacher = spawn("teacher", KAPPA_TEACHER, {"--address", teacher_address});
-  const pid_t verifier = spawn("verifier", KAPPA_VERIFIER, {"--address", verifier_address});
-  const pid_t learner = spawn("learner", KAPPA_LEARNER,
-                              {"--address", learner_address, "--run-dir", (root / "run").string()});
-  for (const std::string& address : {teacher_address, verifier_address, learner_address}) {
-    ASSERT_TRUE(kappa::testing::AwaitServing(address, std::chrono::seconds(60))) << address;
-  }
+  // A server binds port 0 and says which port in its ready file.
+  auto serve = [&](const std::string& name, const std::string& binary,
+                   std::vector<std::string> args) {
+    args.push_back("--address");
+    args.push_back(kappa::testing::kAnyLoopbackPort);
+    absl::StatusOr<kappa::testing::ReadyService> started = kappa::testing::SpawnReady(
+        supervisor, ServiceSpec(name, binary, config, std::move(args), root / (name + ".log")),
+        root / (name + ".ready.json"));
+    EXPECT_TRUE(started.ok()) << started.status();
+    return started.ok() ? *started : kappa::testing::ReadyService{};
+  };
+  const kappa::testing::ReadyService teacher_service = serve("teacher", KAPPA_TEACHER, {});
+  const kappa::testing::ReadyService verifier_service = serve("verifier", KAPPA_VERIFIER, {});
+  const kappa::testing::ReadyService learner_service =
+      serve("learner", KAPPA_LEARNER, {"--run-dir", (root / "run").string()});
+  ASSERT_FALSE(HasFailure());
+  const pid_t teacher = teacher_service.pid;
+  const pid_t verifier = verifier_service.pid;
+  const pid_t learner = learner_service.pid;
+  const std::string& teacher_address = teacher_service.ready.address;
+  const std::string& verifier_address = verifier_service.ready.address;
+  const std::string& learner_address = learner_service.ready.address;
   std::vector<pid_t> workers;
   for (const char* id : {"worker-0", "worker-1"}) {
     workers.push_back(spawn(id, KAPPA_ROLLOUT_WORKER,

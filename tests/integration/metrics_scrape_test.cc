@@ -19,6 +19,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <regex>
 #include <set>
 #include <sstream>
@@ -26,9 +27,6 @@
 #include <thread>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
-#include "cli/free_port.h"
 #include "cli/process_supervisor.h"
 #include "tests/integration/run_files.h"
 #include "tests/integration/tiny_run_config.h"
@@ -205,6 +203,21 @@ TEST_F(MetricsScrapeTest, EveryMetricTheRulesAndDashboardQueryExists) {
   EXPECT_GE(checked, 20) << "metric_names.py printed:\n" << used;
 }
 
+// Where Prometheus listens once it does: HOST:PORT from its log line
+// `msg="Listening on" address=HOST:PORT` (the port it bound for port 0);
+// "" if no such line appears within `timeout`.
+std::string AwaitListeningAddress(const fs::path& log, std::chrono::seconds timeout) {
+  const std::regex listening("msg=\"Listening on\" address=([0-9.]+:[0-9]+)");
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    std::smatch match;
+    const std::string text = ReadAll(log);
+    if (std::regex_search(text, match, listening)) return match[1];
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return "";
+}
+
 TEST_F(MetricsScrapeTest, PrometheusScrapesTheRunAndAnswersKappa) {
   // The run's own scrape config, faster, plus our alerting rules.
   const fs::path prometheus_dir = root_ / "prometheus";
@@ -216,17 +229,19 @@ TEST_F(MetricsScrapeTest, PrometheusScrapesTheRunAndAnswersKappa) {
   config += "rule_files:\n  - " + (fs::path(KAPPA_SOURCE_DIR) / "deploy/prometheus/rules.yml").string() +
             "\n";
   std::ofstream(prometheus_dir / "prometheus.yml") << config;
-  const auto port = kappa::cli::PickFreePort("127.0.0.1");
-  ASSERT_TRUE(port.ok()) << port.status();
-  const std::string address = "127.0.0.1:" + std::to_string(*port);
+  // Port 0, and the port it bound from its log (no port picked here for
+  // Prometheus to bind later).
   ProcessSpec prometheus;
   prometheus.name = "prometheus";
   prometheus.argv = {"/usr/bin/prometheus",
                      "--config.file=" + (prometheus_dir / "prometheus.yml").string(),
                      "--storage.tsdb.path=" + (prometheus_dir / "data").string(),
-                     "--web.listen-address=" + address};
+                     "--web.listen-address=127.0.0.1:0"};
   prometheus.log_file = (prometheus_dir / "prometheus.log").string();
   ASSERT_TRUE(supervisor_->Spawn(prometheus).ok());
+  const std::string address =
+      AwaitListeningAddress(prometheus_dir / "prometheus.log", std::chrono::seconds(30));
+  ASSERT_FALSE(address.empty()) << ReadAll(prometheus_dir / "prometheus.log");
 
   auto query = [&](const std::string& promql) {
     const auto response =

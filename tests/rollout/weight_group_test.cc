@@ -16,7 +16,6 @@
 #include <thread>
 #include <vector>
 
-#include "cli/free_port.h"
 #include "kappa/v1/learner.grpc.pb.h"
 #include "learner/coordinator.h"
 #include "learner/learner_service.h"
@@ -49,14 +48,17 @@ using testing::Snapshot;
 using testing::TinyConfig;
 using testing::Weights;
 
-// A loopback store address nobody listens on right now.
-std::string FreeStore() {
-  absl::StatusOr<int> port = cli::PickFreePort("127.0.0.1");
-  return "tcp://127.0.0.1:" + std::to_string(port.ok() ? *port : 1);
-}
+// A loopback store on a port the kernel chooses when rank 0 binds it.
+constexpr char kAnyPortStore[] = "tcp://127.0.0.1:0";
 
 TEST(WeightGroupTest, VersionsGoOutInOrderAndLeaveAndCloseAreSeen) {
-  const std::string store = FreeStore();
+  // Rank 0 listens first and tells the others its port (no port is picked
+  // by one party and bound by another).
+  const dist::WeightGroupOptions root_options{kAnyPortStore, 0, 3, torch::kCPU,
+                                              std::chrono::seconds(30)};
+  c10::intrusive_ptr<::c10d::Store> root_store = dist::ServeTcpStore(root_options);
+  const std::string store = dist::BoundStoreUrl(root_options, root_store);
+  EXPECT_NE(store, kAnyPortStore);
   torch::manual_seed(1);
   const std::vector<torch::Tensor> first = {torch::randn({3, 5}), torch::randn({7})};
   const std::vector<torch::Tensor> second = {torch::randn({3, 5}), torch::randn({7})};
@@ -66,7 +68,7 @@ TEST(WeightGroupTest, VersionsGoOutInOrderAndLeaveAndCloseAreSeen) {
   bool left_seen = false;
 
   std::thread root([&] {
-    auto group = dist::WeightGroup::Connect({store, 0, 3, torch::kCPU, std::chrono::seconds(30)});
+    auto group = dist::WeightGroup::Form(root_store, root_options);
     group->Send(1, "first", first);
     group->Send(2, "second", second);
     // Rank 2 leaves after the second version; rank 0 learns it from the store.
@@ -144,12 +146,12 @@ class WeightGroupSyncTest : public ::testing::Test {
     if (workers > 0) {
       WeightBroadcastOptions options;
       options.workers = workers;
-      options.store = FreeStore();
+      options.store = kAnyPortStore;
       options.dtype = dtype;
       options.timeout = timeout;
       broadcaster_ = std::make_unique<WeightBroadcaster>(publisher_.get(), options);
       service_->set_weight_broadcaster(broadcaster_.get());
-      broadcaster_->Start();
+      ASSERT_TRUE(broadcaster_->Start().ok());
     }
     auto server = services::GrpcServer::Start("127.0.0.1:0", {service_.get()});
     ASSERT_TRUE(server.ok()) << server.status();
@@ -349,6 +351,33 @@ TEST(WeightGroupBackendTest, NcclOnlyWhenEveryRankHasItsOwnGpu) {
   EXPECT_FALSE(last_answer(gpu0, {gpu1, torch::kCPU}));            // a CPU member
   EXPECT_FALSE(last_answer(torch::kCPU, {gpu1, gpu2}));            // a CPU learner
   EXPECT_FALSE(last_answer(torch::Device(torch::kCUDA), {gpu0}));  // no index: device 0
+}
+
+// Start() binds the store before any worker asks: a port-0 store is
+// answered with the port bound, and an address already in use is refused
+// naming the key.
+TEST(WeightGroupBackendTest, StartBindsTheStoreAndJoinHandsOutItsPort) {
+  PolicyPublisher publisher;
+  WeightBroadcastOptions options;
+  options.workers = 2;
+  options.store = kAnyPortStore;
+  WeightBroadcaster first(&publisher, options);
+  EXPECT_TRUE(absl::IsUnavailable(first.Join("w0", torch::kCPU, torch::kFloat32).status()));
+  ASSERT_TRUE(first.Start().ok());
+  absl::StatusOr<kappa::v1::JoinWeightGroupResponse> joined =
+      first.Join("w0", torch::kCPU, torch::kFloat32);
+  ASSERT_TRUE(joined.ok()) << joined.status();
+  EXPECT_NE(joined->store(), kAnyPortStore);
+  EXPECT_EQ(joined->store().rfind("tcp://127.0.0.1:", 0), 0u) << joined->store();
+
+  options.store = joined->store();
+  WeightBroadcaster second(&publisher, options);
+  const absl::Status busy = second.Start();
+  EXPECT_TRUE(absl::IsUnavailable(busy)) << busy;
+  EXPECT_NE(busy.message().find("learner.weight_group_store: cannot listen on " + joined->store()),
+            std::string::npos)
+      << busy;
+  publisher.Shutdown();
 }
 
 TEST(WeightGroupConfigTest, OptionsComeFromTheKeysAndABadStoreIsNamed) {
