@@ -17,6 +17,12 @@
   * the /metrics ports are the ones deploy/prometheus/prometheus.yml
     scrapes; rollout's peers are dns:///SERVICE:PORT of a service listening
     there; prometheus and grafana mount deploy/prometheus and deploy/grafana;
+  * secure by default: every kappa service has the security settings in
+    its environment (TLS, mutual TLS, certificate files, its worker token,
+    the tokens directory, all under /etc/kappa/secrets) and mounts
+    deploy/compose/secrets read-only at /etc/kappa/secrets; every published
+    port (Prometheus, Grafana) binds 127.0.0.1; Grafana has no anonymous
+    access and reads its admin password from a mounted secrets file;
   * with a GPU file: learner and teacher reserve exactly one nvidia device
     entry each; with the 2-rank file, KAPPA_WORLD_SIZE matches the learner
     ranks and their KAPPA_RANKs are 0..R-1.
@@ -38,6 +44,14 @@ COMBOS = [
 ]
 KAPPA = ["bootstrap", "learner", "teacher", "verifier", "rollout"]
 BINARY = {"learner": "kappa-learner", "teacher": "kappa-teacher", "verifier": "kappa-verifier"}
+SECRETS = "/etc/kappa/secrets"
+SECURITY_ENV = {"KAPPA_CFG_SECURITY__TLS": "true", "KAPPA_CFG_SECURITY__MUTUAL_TLS": "true",
+                "KAPPA_CFG_SECURITY__CERT_FILE": f"{SECRETS}/tls.crt",
+                "KAPPA_CFG_SECURITY__KEY_FILE": f"{SECRETS}/tls.key",
+                "KAPPA_CFG_SECURITY__CA_FILE": f"{SECRETS}/ca.crt",
+                "KAPPA_CFG_SECURITY__TOKEN_FILE": f"{SECRETS}/worker.token",
+                "KAPPA_CFG_SECURITY__TOKENS_DIR": SECRETS}
+GRAFANA_PASSWORD = "/run/secrets/grafana_admin_password"
 errors = []
 
 
@@ -81,6 +95,23 @@ def prometheus_targets(path):
             for n in sd["names"]:
                 targets[n] = int(sd["port"])
     return targets
+
+
+def published(port):
+    """(host ip, host port, container port) of a rendered `ports:` entry."""
+    if isinstance(port, dict):
+        return (str(port.get("host_ip") or ""), str(port.get("published") or ""),
+                str(port.get("target")))
+    parts = str(port).split("/")[0].split(":")
+    if len(parts) == 3:
+        return tuple(parts)
+    if len(parts) == 2:
+        return ("", parts[0], parts[1])
+    return ("", "", parts[0])
+
+
+def truthy(value):
+    return str(value).strip().lower() in ("true", "1", "yes", "on")
 
 
 def listen_port(cmd, flag_name):
@@ -133,6 +164,18 @@ def check(combo, cfg, repo):
         env = svc.get("environment") or {}
         if env.get("KAPPA_CFG_DATA_DIR") != "/data":
             fail(combo, f"{name}: KAPPA_CFG_DATA_DIR is not /data")
+        for key, value in SECURITY_ENV.items():
+            if str(env.get(key)) != value:
+                fail(combo, f"{name}: {key} is {env.get(key)!r}, not {value!r}")
+        secrets = [v for v in vols if v[1] == SECRETS]
+        if not secrets:
+            fail(combo, f"{name}: does not mount the secrets at {SECRETS}")
+        else:
+            src, _, read_only = secrets[0]
+            if os.path.realpath(src or "") != os.path.realpath(os.path.join(compose_dir, "secrets")):
+                fail(combo, f"{name}: {SECRETS} is mounted from {src}, not deploy/compose/secrets")
+            if not read_only:
+                fail(combo, f"{name}: {SECRETS} mounted read-write")
         for fl in ("--address", "--metrics-address"):
             lp = listen_port(cmd, fl)
             if lp and lp[0] != "0.0.0.0":
@@ -203,9 +246,25 @@ def check(combo, cfg, repo):
                         ("/var/lib/grafana/dashboards", "deploy/grafana/dashboards")):
         if os.path.realpath(gvols.get(target, "")) != os.path.realpath(os.path.join(repo, src)):
             fail(combo, f"grafana: {src} is not mounted at {target}")
-    if not any(str(p.get("published") if isinstance(p, dict) else p).split(":")[0] == "3000"
-               for p in services["grafana"].get("ports") or []):
+    if not any(published(p)[1] == "3000" for p in services["grafana"].get("ports") or []):
         fail(combo, "grafana: host port 3000 not published")
+    for name, svc in services.items():
+        for p in svc.get("ports") or []:
+            if published(p)[0] != "127.0.0.1":
+                fail(combo, f"{name}: publishes {p} on {published(p)[0] or 'every address'}, "
+                            f"not 127.0.0.1")
+    genv = services["grafana"].get("environment") or {}
+    if truthy(genv.get("GF_AUTH_ANONYMOUS_ENABLED", "false")):
+        fail(combo, "grafana: anonymous access is on (GF_AUTH_ANONYMOUS_ENABLED)")
+    if "GF_SECURITY_ADMIN_PASSWORD" in genv:
+        fail(combo, "grafana: GF_SECURITY_ADMIN_PASSWORD in the environment; use the __FILE form")
+    if genv.get("GF_SECURITY_ADMIN_PASSWORD__FILE") != GRAFANA_PASSWORD:
+        fail(combo, f"grafana: GF_SECURITY_ADMIN_PASSWORD__FILE is not {GRAFANA_PASSWORD}")
+    gsrc = [v for v in volumes(services["grafana"]) if v[1] == GRAFANA_PASSWORD]
+    want = os.path.join(compose_dir, "secrets", "grafana_admin_password")
+    if not gsrc or os.path.realpath(gsrc[0][0] or "") != os.path.realpath(want) or not gsrc[0][2]:
+        fail(combo, f"grafana: {GRAFANA_PASSWORD} is not deploy/compose/secrets/"
+                    f"grafana_admin_password mounted read-only")
 
     gpu = any("gpu" in f for f in combo)
     learners = [n for n in services if n == "learner" or n.startswith("learner-")]
