@@ -7,6 +7,7 @@
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -24,6 +25,7 @@
 #include "learner/data_parallel_setup.h"
 #include "learner/step_config.h"
 #include "services/config.h"
+#include "services/server.h"
 #include "services/torch_runtime.h"
 
 namespace kappa::cli {
@@ -127,9 +129,33 @@ absl::Status MakePathsAbsolute(services::Config& config) {
   }
   config.data_dir = fs::absolute(config.data_dir).string();
   config.runs_dir = fs::absolute(config.runs_dir).string();
-  for (std::string* path : {&config.security.cert_file, &config.security.key_file,
-                            &config.security.ca_file, &config.security.token_file}) {
+  for (std::string* path :
+       {&config.security.cert_file, &config.security.key_file, &config.security.ca_file,
+        &config.security.token_file, &config.security.tokens_dir}) {
     if (!path->empty()) *path = fs::absolute(*path).string();
+  }
+  return absl::OkStatus();
+}
+
+// What each server would refuse at start-up (GrpcServer::Start), said once
+// before any process starts: a listen address off loopback without client
+// authentication, unless security.allow_insecure.
+absl::Status CheckListenSecurity(const services::Config& config) {
+  KAPPA_ASSIGN_OR_RETURN(const services::TransportSecurity security,
+                         services::LoadTransportSecurity(config.security));
+  if (security.AuthenticatesClients() || config.security.allow_insecure) return absl::OkStatus();
+  services::Config resolved = config;
+  ResolveListenAddresses(resolved);
+  for (const auto& [key, address] : {std::pair{"teacher.address", resolved.teacher.address},
+                                     std::pair{"verifier.address", resolved.verifier.address},
+                                     std::pair{"learner.address", resolved.learner.address}}) {
+    if (!services::IsLoopbackAddress(address)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          key, ": ", address,
+          " is not a loopback address and no client authentication is set: set security.tls "
+          "with security.mutual_tls or tokens (security.tokens_dir, security.token_file), or "
+          "security.allow_insecure: true (docs/security.md)"));
+    }
   }
   return absl::OkStatus();
 }
@@ -153,6 +179,7 @@ absl::StatusOr<PreparedRun> PrepareRun(const CommandLine& line,
   KAPPA_ASSIGN_OR_RETURN(run.config, services::LoadConfig(line.config_path, overrides));
   services::Config& config = run.config;
   KAPPA_RETURN_IF_ERROR(Preflight(config, !line.Has("--ignore-plan")));
+  KAPPA_RETURN_IF_ERROR(CheckListenSecurity(config));
   const bool resume = line.Has("--resume");
   KAPPA_ASSIGN_OR_RETURN(run.run_dir, PrepareRunDir(config, resume, std::cout));
   std::cout << "kappa run: '" << config.name << "' in " << run.run_dir << "\n" << std::flush;

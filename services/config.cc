@@ -360,10 +360,20 @@ constexpr Field kFields[] = {
     KAPPA_CONFIG_FIELD(
         security.server_name,
         "TLS name to verify instead of the address's host (e.g. when dialing an IP)."),
-    KAPPA_CONFIG_FIELD(security.token_file,
-                       "File holding the bearer token every call carries and every server checks "
-                       "(else `$KAPPA_AUTH_TOKEN`); a missing or wrong token is refused with "
-                       "UNAUTHENTICATED. A path only, never the token itself."),
+    KAPPA_CONFIG_FIELD(
+        security.token_file,
+        "File holding the bearer token this process's calls carry (else "
+        "`$KAPPA_AUTH_TOKEN`); without `tokens_dir`, servers accept it as a worker's. "
+        "A missing or wrong token is refused with UNAUTHENTICATED. A path only, "
+        "never the token itself."),
+    KAPPA_CONFIG_FIELD(security.tokens_dir,
+                       "Server side: directory of `<role>.token` files (`worker`, `observer`); a "
+                       "caller presenting one gets that role ([security.md](security.md), Roles). "
+                       "Empty: servers accept `token_file`'s token as a worker's, or none."),
+    KAPPA_CONFIG_FIELD(security.allow_insecure,
+                       "Let a server listen on a non-loopback address without client "
+                       "authentication (neither `mutual_tls` nor a token); it then logs a warning "
+                       "every minute. Off: such a server refuses to start."),
     KAPPA_CONFIG_FIELD(security.max_message_bytes,
                        "gRPC send and receive limit of every server and channel, in bytes."),
     KAPPA_CONFIG_FIELD(security.keepalive_time_ms,

@@ -165,6 +165,15 @@ struct Config {
     // path here (or the KAPPA_AUTH_TOKEN environment variable), never the
     // token itself: config files get copied, logged and committed.
     std::string token_file;
+    // Server side: a directory of <role>.token files (worker, observer); a
+    // caller presenting one gets that role (services/rpc_roles.h). Other
+    // files are ignored. Empty: servers accept token_file's token as a
+    // worker's, or check none.
+    std::string tokens_dir;
+    // A server bound to a non-loopback address without client
+    // authentication (mutual_tls or a token) refuses to start unless this
+    // is true; then it logs a warning every minute.
+    bool allow_insecure = false;
     int64_t max_message_bytes = 64 << 20;  // gRPC send/receive limit of every server and channel
     // Dead-peer detection on every channel and server: an HTTP/2 ping after
     // this long without traffic, the connection declared dead when the ack

@@ -1,8 +1,11 @@
 #include "services/server.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <spdlog/spdlog.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -12,6 +15,7 @@
 #include <mutex>
 #include <tuple>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "services/grpc_util.h"
@@ -41,6 +45,7 @@ absl::StatusOr<ServerOptions> ServerOptionsFromConfig(const Config& config) {
     *out = static_cast<int>(value);
   }
   options.security = *std::move(security);
+  options.allow_insecure = config.security.allow_insecure;
   return options;
 }
 
@@ -52,6 +57,15 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(
     return absl::InvalidArgumentError("GrpcServer::Start: no services to serve");
   }
   // Process-wide switch read by ServerBuilder's constructor.
+  const bool insecure = !IsLoopbackAddress(address) && !options.security.AuthenticatesClients();
+  if (insecure && !options.allow_insecure) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "refusing to listen on ", address,
+        " without client authentication: anyone who reaches it could lease prompts, read the "
+        "policy and steer training. Set security.tls with security.mutual_tls or tokens "
+        "(security.tokens_dir, security.token_file; scripts/deploy_secrets.sh makes them), bind "
+        "a loopback address, or set security.allow_insecure: true to accept the risk"));
+  }
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   int port = 0;
@@ -81,12 +95,49 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(
   if (grpc::HealthCheckServiceInterface* health = server->server_->GetHealthCheckService()) {
     health->SetServingStatus(true);
   }
+  if (insecure) {
+    GrpcServer* raw = server.get();
+    server->insecure_warning_ = std::thread([raw, address, every = options.insecure_warning_every] {
+      raw->WarnWhileInsecure(address, every);
+    });
+  }
   return server;
+}
+
+bool IsLoopbackAddress(const std::string& address) {
+  if (absl::StartsWith(address, "unix:") || absl::StartsWith(address, "unix-abstract:")) {
+    return true;
+  }
+  std::string host = address.substr(0, address.rfind(':'));
+  if (absl::StartsWith(host, "ipv4:") || absl::StartsWith(host, "ipv6:")) host = host.substr(5);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  in_addr v4{};
+  if (inet_pton(AF_INET, host.c_str(), &v4) == 1) return (ntohl(v4.s_addr) >> 24) == 127;
+  in6_addr v6{};
+  if (inet_pton(AF_INET6, host.c_str(), &v6) == 1) return IN6_IS_ADDR_LOOPBACK(&v6);
+  return host == "localhost";
+}
+
+void GrpcServer::WarnWhileInsecure(const std::string& address, absl::Duration every) {
+  absl::MutexLock lock(&warning_mu_);
+  do {
+    spdlog::warn(
+        "serving on {} WITHOUT client authentication (security.allow_insecure): anyone who "
+        "reaches this address can call every RPC",
+        address);
+  } while (!warning_mu_.AwaitWithTimeout(absl::Condition(&shutting_down_), every));
 }
 
 GrpcServer::~GrpcServer() { Shutdown(absl::ZeroDuration()); }
 
 void GrpcServer::Shutdown(absl::Duration grace) {
+  {
+    absl::MutexLock lock(&warning_mu_);
+    shutting_down_ = true;
+  }
+  if (insecure_warning_.joinable()) insecure_warning_.join();
   if (server_ == nullptr) return;
   // Health first, so load balancers stop routing here while in-flight calls
   // drain; Shutdown() of the health service also freezes it at NOT_SERVING.

@@ -7,10 +7,13 @@
 
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "services/grpc_util.h"
 #include "services/transport_security.h"
@@ -24,7 +27,16 @@ struct ServerOptions {
   // is noticed and its stream ended), and accepts client pings up to twice
   // as often as keepalive.time_ms.
   Keepalive keepalive;
+  // security.allow_insecure: a server on a non-loopback address without
+  // client authentication (TransportSecurity::AuthenticatesClients) starts
+  // anyway and logs a warning at start and every `insecure_warning_every`.
+  bool allow_insecure = false;
+  absl::Duration insecure_warning_every = absl::Minutes(1);
 };
+
+// Whether `address` ("host:port", "[v6]:port", "unix:...") can only be
+// reached from this machine: 127.0.0.0/8, ::1, localhost, a Unix socket.
+bool IsLoopbackAddress(const std::string& address);
 
 // The configuration's message size limit, keepalive and transport security
 // (reads the certificate and token files; errors as LoadTransportSecurity,
@@ -36,7 +48,10 @@ class GrpcServer {
   // `address` "host:port"; port 0 picks a free port (see port()). `services`
   // (at least one, synchronous) must outlive the server. Errors: UNAVAILABLE
   // when the address cannot be bound (also when the port is in use: no
-  // SO_REUSEPORT), INVALID_ARGUMENT for an empty service list.
+  // SO_REUSEPORT), INVALID_ARGUMENT for an empty service list,
+  // FAILED_PRECONDITION naming security.allow_insecure for a non-loopback
+  // address without client authentication (anyone who reaches the port
+  // could lease prompts, read the policy and steer training).
   static absl::StatusOr<std::unique_ptr<GrpcServer>> Start(
       const std::string& address, const std::vector<grpc::Service*>& services,
       const ServerOptions& options = {});
@@ -50,8 +65,14 @@ class GrpcServer {
 
  private:
   GrpcServer() = default;
+  // Logs the insecure-listener warning every `every` until Shutdown().
+  void WarnWhileInsecure(const std::string& address, absl::Duration every);
+
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
+  absl::Mutex warning_mu_;
+  bool shutting_down_ ABSL_GUARDED_BY(warning_mu_) = false;
+  std::thread insecure_warning_;
 };
 
 // Installs the SIGINT/SIGTERM handlers (idempotent). Call early in main() so

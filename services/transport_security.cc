@@ -1,13 +1,18 @@
 #include "services/transport_security.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
+#include <string_view>
 #include <tuple>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 extern char** environ;
 
@@ -49,9 +54,17 @@ constexpr char kAuthorizationKey[] = "authorization";
 
 std::string BearerValue(const std::string& token) { return absl::StrCat("Bearer ", token); }
 
-class BearerTokenChecker final : public grpc::AuthMetadataProcessor {
+// Authentication and authorization of every call on a server that checks
+// tokens: the caller's token must be one `accepted` names, and its role must
+// admit the method (:path). Each comparison runs in constant time and all
+// of them run, so timing says nothing about which token came close.
+class RoleTokenChecker final : public grpc::AuthMetadataProcessor {
  public:
-  explicit BearerTokenChecker(const std::string& token) : expected_(BearerValue(token)) {}
+  explicit RoleTokenChecker(const std::vector<AcceptedToken>& accepted) {
+    for (const AcceptedToken& token : accepted) {
+      accepted_.push_back({token.role, BearerValue(token.token)});
+    }
+  }
 
   bool IsBlocking() const override { return false; }
 
@@ -63,17 +76,32 @@ class BearerTokenChecker final : public grpc::AuthMetadataProcessor {
       return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
                           "missing bearer token (metadata 'authorization: Bearer ...')");
     }
-    if (!ConstantTimeEquals(std::string_view(it->second.data(), it->second.size()),
-                            expected_)) {
+    const std::string_view presented(it->second.data(), it->second.size());
+    std::optional<Role> role;
+    for (const AcceptedToken& token : accepted_) {
+      if (ConstantTimeEquals(presented, token.token)) role = token.role;
+    }
+    if (!role.has_value()) {
       return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "wrong bearer token");
     }
+    const auto path = auth_metadata.find(":path");
+    const std::string_view method =
+        path == auth_metadata.end() ? ""
+                                    : std::string_view(path->second.data(), path->second.size());
+    if (!RoleMayCall(*role, method)) {
+      return grpc::Status(
+          grpc::StatusCode::PERMISSION_DENIED,
+          absl::StrCat("the ", std::string(RoleName(*role)), " credential may not call ",
+                       method.empty() ? "this method" : std::string(method),
+                       " (it needs a worker token)"));
+    }
     // Consumed: the handlers never see the token.
-    consumed_auth_metadata->insert({kAuthorizationKey, expected_});
+    consumed_auth_metadata->insert({kAuthorizationKey, std::string(presented)});
     return grpc::Status::OK;
   }
 
  private:
-  const std::string expected_;
+  std::vector<AcceptedToken> accepted_;  // tokens as "Bearer <token>"
 };
 
 class BearerTokenPlugin final : public grpc::MetadataCredentialsPlugin {
@@ -92,6 +120,53 @@ class BearerTokenPlugin final : public grpc::MetadataCredentialsPlugin {
  private:
   const std::string value_;
 };
+
+// The <role>.token files of security.tokens_dir, by role; other files are
+// not read.
+absl::StatusOr<std::vector<AcceptedToken>> ReadTokensDir(const std::string& dir) {
+  std::error_code error;
+  std::filesystem::directory_iterator it(dir, error);
+  if (error) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("security.tokens_dir: cannot list '", dir, "': ", error.message()));
+  }
+  std::vector<std::filesystem::path> files;
+  for (; it != std::filesystem::directory_iterator(); it.increment(error)) {
+    if (it->path().extension() == ".token") files.push_back(it->path());
+  }
+  std::sort(files.begin(), files.end());
+  std::vector<AcceptedToken> accepted;
+  for (const std::filesystem::path& file : files) {
+    const std::string stem = file.stem().string();
+    const std::optional<Role> role = RoleFromName(stem);
+    if (!role.has_value()) {
+      return absl::InvalidArgumentError(absl::StrCat("security.tokens_dir: '", file.string(),
+                                                     "': unknown role '", stem,
+                                                     "' (the roles are worker and observer)"));
+    }
+    absl::StatusOr<std::string> contents = ReadSecurityFile("security.tokens_dir", file.string());
+    if (!contents.ok()) return contents.status();
+    const std::string token(absl::StripTrailingAsciiWhitespace(*contents));
+    if (token.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("security.tokens_dir: '", file.string(), "' holds only whitespace"));
+    }
+    for (const AcceptedToken& earlier : accepted) {
+      if (earlier.token == token) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("security.tokens_dir: '", file.string(), "' holds the same token as ",
+                         std::string(RoleName(earlier.role)), ".token; each role needs its own"));
+      }
+    }
+    accepted.push_back({*role, token});
+  }
+  if (accepted.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("security.tokens_dir: '", dir,
+                     "' holds no <role>.token file (worker.token, observer.token)"));
+  }
+  return accepted;
+}
 
 }  // namespace
 
@@ -124,11 +199,19 @@ absl::StatusOr<TransportSecurity> LoadTransportSecurity(const Config::Security& 
     }
   }
 
+  if (!config.tokens_dir.empty()) {
+    absl::StatusOr<std::vector<AcceptedToken>> accepted = ReadTokensDir(config.tokens_dir);
+    if (!accepted.ok()) return accepted.status();
+    security.accepted_tokens = *std::move(accepted);
+  } else if (!security.bearer_token.empty()) {
+    security.accepted_tokens.push_back({Role::kWorker, security.bearer_token});
+  }
+
   if (!security.tls) {
     if (security.mutual_tls) {
       return absl::InvalidArgumentError("security.mutual_tls needs security.tls=true");
     }
-    if (!security.bearer_token.empty()) {
+    if (!security.bearer_token.empty() || !security.accepted_tokens.empty()) {
       return absl::InvalidArgumentError(
           "a bearer token needs security.tls=true: in plain text it can be read by anyone "
           "on the network path");
@@ -154,8 +237,19 @@ absl::StatusOr<TransportSecurity> LoadTransportSecurity(const Config::Security& 
 }
 
 std::string DescribeTransport(const TransportSecurity& security) {
-  return absl::StrCat(!security.tls ? "plain text" : security.mutual_tls ? "mutual TLS" : "TLS",
-                      security.bearer_token.empty() ? "" : " + bearer token");
+  std::vector<std::string> roles;
+  for (const AcceptedToken& token : security.accepted_tokens) {
+    roles.emplace_back(RoleName(token.role));
+  }
+  const bool roles_of_their_own = !(security.accepted_tokens.size() == 1 &&
+                                    security.accepted_tokens[0].token == security.bearer_token);
+  return absl::StrCat(!security.tls         ? "plain text"
+                      : security.mutual_tls ? "mutual TLS"
+                                            : "TLS",
+                      roles.empty() ? ""
+                      : roles_of_their_own
+                          ? absl::StrCat(" + tokens for ", absl::StrJoin(roles, ", "))
+                          : " + bearer token");
 }
 
 std::shared_ptr<grpc::ServerCredentials> MakeServerCredentials(const TransportSecurity& security) {
@@ -170,9 +264,9 @@ std::shared_ptr<grpc::ServerCredentials> MakeServerCredentials(const TransportSe
   // server's interceptors cannot fail a call before its handler runs, and the
   // processor is gRPC's hook for exactly this check. It needs secure
   // credentials, which a token requires anyway (LoadTransportSecurity).
-  if (!security.bearer_token.empty()) {
+  if (!security.accepted_tokens.empty()) {
     credentials->SetAuthMetadataProcessor(
-        std::make_shared<BearerTokenChecker>(security.bearer_token));
+        std::make_shared<RoleTokenChecker>(security.accepted_tokens));
   }
   return credentials;
 }

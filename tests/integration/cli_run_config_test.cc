@@ -117,6 +117,20 @@ TEST_F(RunConfigTest, BadLoraKeysAreRejected) {
   }
 }
 
+// Issue 45: every server would refuse an address other machines reach
+// without client authentication; kappa run says so before starting any.
+TEST_F(RunConfigTest, AnOpenHostWithoutClientAuthenticationIsRefused) {
+  const std::string path = Config("ok.yaml", "name: t\n");
+  auto result = RunKappa({"run", path, "host=0.0.0.0", "runs_dir=" + dir_ + "/runs"});
+  EXPECT_EQ(result.exit_code, 1) << result.output;
+  EXPECT_NE(result.output.find("teacher.address: 0.0.0.0:0 is not a loopback address and no "
+                               "client authentication is set"),
+            std::string::npos)
+      << result.output;
+  EXPECT_NE(result.output.find("security.allow_insecure: true"), std::string::npos);
+  EXPECT_FALSE(std::filesystem::exists(dir_ + "/runs"));
+}
+
 TEST_F(RunConfigTest, UsageErrorsExitWithTwo) {
   auto no_config = RunKappa({"run"});
   EXPECT_EQ(no_config.exit_code, 2);

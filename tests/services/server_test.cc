@@ -1,8 +1,13 @@
 #include "services/server.h"
 
 #include <gtest/gtest.h>
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
 
+#include <chrono>
 #include <csignal>
+#include <memory>
+#include <sstream>
 #include <string>
 #include <thread>
 
@@ -44,6 +49,65 @@ TEST(GrpcServerTest, BadAddressIsAnError) {
   EXPECT_FALSE(GrpcServer::Start("not an address", kServices).ok());
   EXPECT_EQ(GrpcServer::Start("127.0.0.1:0", {}).status().code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+TEST(GrpcServerTest, LoopbackIsWhatOnlyThisMachineReaches) {
+  for (const char* address : {"127.0.0.1:50051", "127.8.9.1:0", "localhost:1", "[::1]:50051",
+                              "ipv4:127.0.0.1:5", "unix:/tmp/kappa.sock"}) {
+    EXPECT_TRUE(IsLoopbackAddress(address)) << address;
+  }
+  for (const char* address :
+       {"0.0.0.0:50051", "[::]:50051", "10.0.0.7:1", "learner:50051", "128.0.0.1:1", "[::2]:1"}) {
+    EXPECT_FALSE(IsLoopbackAddress(address)) << address;
+  }
+}
+
+// Issue 45: a server anyone on the network can reach, and no client
+// authentication, does not start unless security.allow_insecure says so;
+// then it warns at start and every insecure_warning_every until shut down.
+TEST(GrpcServerTest, AnOpenNonLoopbackServerIsRefusedUnlessAllowedAndThenWarns) {
+  const absl::StatusOr<std::unique_ptr<GrpcServer>> refused =
+      GrpcServer::Start("0.0.0.0:0", kServices);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
+  EXPECT_NE(refused.status().message().find(
+                "refusing to listen on 0.0.0.0:0 without client authentication"),
+            std::string::npos)
+      << refused.status();
+  EXPECT_NE(refused.status().message().find("security.allow_insecure: true"), std::string::npos);
+
+  auto output = std::make_shared<std::ostringstream>();
+  const std::shared_ptr<spdlog::logger> previous = spdlog::default_logger();
+  spdlog::set_default_logger(std::make_shared<spdlog::logger>(
+      "capture", std::make_shared<spdlog::sinks::ostream_sink_mt>(*output)));
+  const std::string warning = "WITHOUT client authentication (security.allow_insecure)";
+  {
+    // Loopback: nobody else can reach it, so no warning.
+    absl::StatusOr<std::unique_ptr<GrpcServer>> local = GrpcServer::Start("127.0.0.1:0", kServices);
+    ASSERT_TRUE(local.ok()) << local.status();
+    (*local)->Shutdown(absl::ZeroDuration());
+  }
+  ServerOptions options;
+  options.allow_insecure = true;
+  options.insecure_warning_every = absl::Milliseconds(50);
+  absl::StatusOr<std::unique_ptr<GrpcServer>> allowed =
+      GrpcServer::Start("0.0.0.0:0", {&service_b}, options);
+  ASSERT_TRUE(allowed.ok()) << allowed.status();
+  EXPECT_TRUE(CheckHealth(absl::StrCat("127.0.0.1:", (*allowed)->port()), absl::Seconds(5)).ok());
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  (*allowed)->Shutdown(absl::ZeroDuration());
+  spdlog::set_default_logger(previous);
+  const std::string logged = output->str();
+  int warnings = 0;
+  for (size_t at = logged.find(warning); at != std::string::npos;
+       at = logged.find(warning, at + 1)) {
+    ++warnings;
+  }
+  EXPECT_GE(warnings, 3) << logged;
+  EXPECT_NE(logged.find("serving on 0.0.0.0:0 WITHOUT client authentication"), std::string::npos)
+      << logged;
+  const size_t after_shutdown = logged.size();
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_EQ(output->str().size(), after_shutdown) << "the warning outlived Shutdown()";
 }
 
 TEST(CheckHealthTest, NothingListeningIsUnavailable) {

@@ -11,6 +11,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "kappa/v1/learner.grpc.pb.h"
+#include "kappa/v1/teacher.grpc.pb.h"
 #include "kappa/v1/verifier.grpc.pb.h"
 #include "services/grpc_util.h"
 #include "services/server.h"
@@ -154,6 +156,108 @@ TEST_F(TransportSecurityTest, BearerTokenMissingOrWrongIsUnauthenticated) {
   EXPECT_FALSE(CheckHealth(Address(), absl::Seconds(5), Load(Settings("client"), wrong)).ok());
 }
 
+// Issue 45: roles. A worker token reaches every RPC; an observer token only
+// health (and Teacher.Info): WatchPolicy (the full weights) and Rollout (the
+// gold answers) refuse it with PERMISSION_DENIED naming the method, before
+// any handler runs; no token or a foreign one is UNAUTHENTICATED.
+TEST_F(TransportSecurityTest, EachTokenGrantsItsRoleAndTheRoleDecidesTheMethods) {
+  const std::string dir = pki_->Path("tokens");
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/worker.token") << "worker-secret\n";
+  std::ofstream(dir + "/observer.token") << "observer-secret";
+  std::ofstream(dir + "/ca.crt") << "not a token: ignored";
+  Config::Security server = Settings("server");
+  server.tokens_dir = dir;
+  server.mutual_tls = true;
+  kappa::v1::Learner::Service learner;
+  {
+    ServerOptions options;
+    options.security = Load(server);
+    ASSERT_EQ(options.security.accepted_tokens.size(), 2u);
+    EXPECT_EQ(DescribeTransport(options.security), "mutual TLS + tokens for observer, worker");
+    absl::StatusOr<std::unique_ptr<GrpcServer>> started =
+        GrpcServer::Start("127.0.0.1:0", {&service_, &learner}, options);
+    ASSERT_TRUE(started.ok()) << started.status();
+    server_ = *std::move(started);
+  }
+  auto client = [&](const std::string& token) {
+    Config::Security settings = Settings("client");
+    settings.mutual_tls = true;
+    const std::string variable = "KAPPA_AUTH_TOKEN=" + token;
+    const char* const environment[] = {variable.c_str(), nullptr};
+    return Load(settings, token.empty() ? kNoEnvironment : environment);
+  };
+  auto watch = [&](const TransportSecurity& security) {
+    auto stub = kappa::v1::Learner::NewStub(MakeChannel(Address(), security));
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    kappa::v1::WatchPolicyRequest request;
+    auto reader = stub->WatchPolicy(&context, request);
+    kappa::v1::PolicyChunk chunk;
+    while (reader->Read(&chunk)) {
+    }
+    return reader->Finish();
+  };
+  auto rollout = [&](const TransportSecurity& security) {
+    auto stub = kappa::v1::Learner::NewStub(MakeChannel(Address(), security));
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    auto stream = stub->Rollout(&context);
+    stream->WritesDone();
+    kappa::v1::LearnerMessage message;
+    while (stream->Read(&message)) {
+    }
+    return stream->Finish();
+  };
+
+  const TransportSecurity worker = client("worker-secret");
+  EXPECT_EQ(Call(worker).error_code(), kReachedTheHandler);
+  EXPECT_EQ(watch(worker).error_code(), kReachedTheHandler);
+  EXPECT_EQ(rollout(worker).error_code(), kReachedTheHandler);
+  EXPECT_TRUE(CheckHealth(Address(), absl::Seconds(5), worker).ok());
+
+  const TransportSecurity observer = client("observer-secret");
+  EXPECT_TRUE(CheckHealth(Address(), absl::Seconds(5), observer).ok());
+  for (const auto& [method, status] : {std::pair{"/kappa.v1.Learner/WatchPolicy", watch(observer)},
+                                       std::pair{"/kappa.v1.Learner/Rollout", rollout(observer)},
+                                       std::pair{"/kappa.v1.Verifier/Verify", Call(observer)}}) {
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::PERMISSION_DENIED) << method;
+    EXPECT_EQ(status.error_message(), absl::StrCat("the observer credential may not call ", method,
+                                                   " (it needs a worker token)"));
+  }
+
+  for (const TransportSecurity& stranger : {client(""), client("worker-secreT")}) {
+    EXPECT_EQ(watch(stranger).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+    EXPECT_EQ(Call(stranger).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+    EXPECT_FALSE(CheckHealth(Address(), absl::Seconds(5), stranger).ok());
+  }
+}
+
+// Every RPC kappa serves admits a worker; of them an observer may call only
+// Teacher.Info (a new RPC is worker-only until the table says otherwise).
+TEST(RpcRolesTest, EveryKappaRpcAdmitsWorkersAndObserversOnlyInfoAndHealth) {
+  const google::protobuf::DescriptorPool* pool = google::protobuf::DescriptorPool::generated_pool();
+  kappa::v1::Learner::Service learner;  // links the descriptors in
+  kappa::v1::Teacher::Service teacher;
+  kappa::v1::Verifier::Service verifier;
+  int methods = 0;
+  for (const char* name : {"kappa.v1.Learner", "kappa.v1.Teacher", "kappa.v1.Verifier"}) {
+    const google::protobuf::ServiceDescriptor* service = pool->FindServiceByName(name);
+    ASSERT_NE(service, nullptr) << name;
+    for (int i = 0; i < service->method_count(); ++i) {
+      const std::string path = absl::StrCat("/", name, "/", service->method(i)->name());
+      ++methods;
+      EXPECT_TRUE(RoleMayCall(Role::kWorker, path)) << path;
+      EXPECT_EQ(RoleMayCall(Role::kObserver, path), path == "/kappa.v1.Teacher/Info") << path;
+    }
+  }
+  EXPECT_GE(methods, 7);
+  EXPECT_TRUE(RoleMayCall(Role::kObserver, "/grpc.health.v1.Health/Check"));
+  EXPECT_FALSE(RoleMayCall(Role::kObserver, ""));
+  EXPECT_EQ(RoleFromName("observer"), Role::kObserver);
+  EXPECT_EQ(RoleFromName("admin"), std::nullopt);
+}
+
 TEST(LoadTransportSecurityTest, PlainTextByDefault) {
   absl::StatusOr<TransportSecurity> security =
       LoadTransportSecurity(Config::Security{}, kNoEnvironment);
@@ -199,6 +303,50 @@ TEST(LoadTransportSecurityTest, BadSettingsNameTheKey) {
     EXPECT_NE(security.status().message().find(c.message), std::string::npos)
         << c.name << ": " << security.status();
   }
+}
+
+TEST(LoadTransportSecurityTest, BadTokensDirNamesTheFile) {
+  char root[] = "/tmp/kappa_tokens_XXXXXX";
+  ASSERT_NE(mkdtemp(root), nullptr);
+  auto dir_with = [&](const std::string& name,
+                      const std::vector<std::pair<std::string, std::string>>& files) {
+    const std::string dir = std::string(root) + "/" + name;
+    std::filesystem::create_directories(dir);
+    for (const auto& [file, contents] : files) std::ofstream(dir + "/" + file) << contents;
+    return dir;
+  };
+  struct Case {
+    std::string dir;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {dir_with("unknown", {{"worker.token", "a"}, {"admin.token", "b"}}),
+       "security.tokens_dir: '" + std::string(root) +
+           "/unknown/admin.token': unknown role 'admin' (the roles are worker and observer)"},
+      {dir_with("none", {{"ca.crt", "x"}}), "/none' holds no <role>.token file"},
+      {dir_with("blank", {{"observer.token", " \n"}}),
+       "/blank/observer.token' holds only whitespace"},
+      {dir_with("shared", {{"observer.token", "same"}, {"worker.token", "same\n"}}),
+       "/shared/worker.token' holds the same token as observer.token; each role needs its own"},
+      {std::string(root) + "/missing", "security.tokens_dir: cannot list '"},
+  };
+  for (const Case& c : cases) {
+    Config::Security settings;
+    settings.tokens_dir = c.dir;
+    absl::StatusOr<TransportSecurity> security = LoadTransportSecurity(settings, kNoEnvironment);
+    EXPECT_EQ(security.status().code(), absl::StatusCode::kInvalidArgument) << c.dir;
+    EXPECT_NE(security.status().message().find(c.message), std::string::npos)
+        << c.dir << ": " << security.status();
+  }
+  // Good tokens, but in plain text.
+  Config::Security plain;
+  plain.tokens_dir = dir_with("good", {{"worker.token", "w"}});
+  EXPECT_NE(LoadTransportSecurity(plain, kNoEnvironment)
+                .status()
+                .message()
+                .find("a bearer token needs security.tls=true"),
+            std::string::npos);
+  std::filesystem::remove_all(root);
 }
 
 TEST(ServerOptionsFromConfigTest, MessageLimitMustFitGrpc) {

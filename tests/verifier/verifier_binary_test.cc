@@ -80,6 +80,38 @@ TEST(VerifierBinaryTest, ReportsTheAddressesItBoundInItsReadyFile) {
   EXPECT_EQ(ExitCode(pid), 0);
 }
 
+// Issue 45: on an address other machines reach, with neither mutual TLS
+// nor a token, the verifier does not start, naming the way out; with
+// security.allow_insecure it starts and says it is open.
+TEST(VerifierBinaryTest, AnOpenAddressWithoutClientAuthenticationNeedsAllowInsecure) {
+  const std::string log = ::testing::TempDir() + "/verifier_binary_test.open.log";
+  std::remove(log.c_str());
+  const int refused =
+      ExitCode(Spawn({KAPPA_VERIFIER_BINARY, "--address", "0.0.0.0:0", "--log-file", log}));
+  EXPECT_NE(refused, 0);
+  EXPECT_NE(ReadFile(log).find("refusing to listen on 0.0.0.0:0 without client authentication"),
+            std::string::npos)
+      << ReadFile(log);
+  EXPECT_NE(ReadFile(log).find("security.allow_insecure: true"), std::string::npos);
+
+  const std::string ready = ::testing::TempDir() + "/verifier_binary_test.open.json";
+  std::remove(ready.c_str());
+  std::remove(log.c_str());
+  const pid_t pid = Spawn({KAPPA_VERIFIER_BINARY, "security.allow_insecure=true", "--address",
+                           "0.0.0.0:0", "--ready-file", ready, "--log-file", log});
+  absl::StatusOr<kappa::services::ReadyInfo> info = absl::NotFoundError("");
+  for (int i = 0; i < 200 && absl::IsNotFound(info.status()); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    info = kappa::services::ReadReadyFile(ready);
+  }
+  ASSERT_TRUE(info.ok()) << info.status() << "\n" << ReadFile(log);
+  EXPECT_NE(ReadFile(log).find("WITHOUT client authentication (security.allow_insecure)"),
+            std::string::npos)
+      << ReadFile(log);
+  ASSERT_EQ(kill(pid, SIGTERM), 0);
+  EXPECT_EQ(ExitCode(pid), 0);
+}
+
 TEST(VerifierBinaryTest, BadArgumentsExitWithUsageError) {
   EXPECT_EQ(ExitCode(Spawn({KAPPA_VERIFIER_BINARY, "--bogus"})), 2);
   EXPECT_EQ(ExitCode(Spawn({KAPPA_VERIFIER_BINARY, "trainer.stepz=1"})), 2);
