@@ -1,12 +1,28 @@
 #!/usr/bin/env python3
 """Structure of the rendered Kubernetes manifests (`kubectl kustomize`) of
-deploy/k8s/base and every overlay:
+deploy/k8s/base and every overlay, rendered from a temporary copy of
+deploy/k8s with secrets made by scripts/deploy_secrets.sh (k8s_render.py):
 
-  * every container has liveness and readiness probes (gRPC probes on the
-    gRPC port for learner/teacher/verifier), and every container and init
-    container has resource requests and limits, an image with an explicit
-    tag (not latest) and the kappa-config ConfigMap mounted at /etc/kappa;
-    pods run as non-root;
+  * every container has liveness and readiness probes, and every container
+    and init container has resource requests and limits, an image with an
+    explicit tag (not latest) and the kappa-config ConfigMap mounted at
+    /etc/kappa; pods run as non-root;
+  * secure by default: every kappa container (learner, teacher, verifier,
+    rollout) has the security settings in its environment (TLS, mutual TLS,
+    certificate files, its worker token, the tokens directory under
+    /etc/kappa/secrets), and /etc/kappa is one read-only projected volume of
+    the ConfigMap and the generated Secret kappa-secrets (exactly ca.crt,
+    tls.crt, tls.key, worker.token, observer.token, under secrets/; not
+    world-readable, the pod's fsGroup set); init containers get the
+    ConfigMap alone; no probe is a grpc: probe (they speak neither TLS nor
+    tokens): learner/teacher/verifier run `kappa-<service> --config
+    /etc/kappa/kappa.yaml --health-check 127.0.0.1:PORT` with a timeout;
+  * NetworkPolicies: a default deny of ingress and egress for every pod,
+    and the allowed flows are exactly: rollout -> learner/teacher/verifier
+    gRPC ports, learner <-> learner on the dist port and 1024-65535 (c10d
+    store, Gloo/NCCL), Prometheus (namespace monitoring, pods
+    app.kubernetes.io/name=prometheus) -> each /metrics port, and DNS (53
+    UDP/TCP) out of rollout and learner;
   * every Service selects the labels of some pod template and its
     targetPorts name ports of that template; the StatefulSet's serviceName
     is a headless Service;
@@ -17,29 +33,34 @@ deploy/k8s/base and every overlay:
     deploy/compose/kappa.yaml byte for byte;
   * the PrometheusRule holds exactly the groups of deploy/prometheus/rules.yml;
   * gpu overlay: learner and teacher containers limit nvidia.com/gpu, and
-    learner replicas equal KAPPA_WORLD_SIZE;
-  * *-tls overlays (components/tls): every kappa container has the
-    security settings in its environment, the token from Secret kappa-token
-    and Secret kappa-tls at /etc/kappa/tls; gRPC services are probed by
-    `kappa-<service> --health-check` naming the certificate's server name.
+    learner replicas equal KAPPA_WORLD_SIZE.
 
 usage: check_k8s.py REPO_ROOT [--kubectl PATH]
 """
 import argparse
 import os
 import re
-import subprocess
 import sys
 
 import yaml
 
-TARGETS = ["base", "overlays/cpu-demo", "overlays/gpu", "overlays/cpu-demo-tls"]
+from k8s_render import render_all
+
+TARGETS = ["base", "overlays/cpu-demo", "overlays/gpu"]
+SECRETS = "/etc/kappa/secrets"
 SECURITY_ENV = {"KAPPA_CFG_SECURITY__TLS": "true", "KAPPA_CFG_SECURITY__MUTUAL_TLS": "true",
-                "KAPPA_CFG_SECURITY__CERT_FILE": "/etc/kappa/tls/tls.crt",
-                "KAPPA_CFG_SECURITY__KEY_FILE": "/etc/kappa/tls/tls.key",
-                "KAPPA_CFG_SECURITY__CA_FILE": "/etc/kappa/tls/ca.crt"}
+                "KAPPA_CFG_SECURITY__CERT_FILE": f"{SECRETS}/tls.crt",
+                "KAPPA_CFG_SECURITY__KEY_FILE": f"{SECRETS}/tls.key",
+                "KAPPA_CFG_SECURITY__CA_FILE": f"{SECRETS}/ca.crt",
+                "KAPPA_CFG_SECURITY__TOKEN_FILE": f"{SECRETS}/worker.token",
+                "KAPPA_CFG_SECURITY__TOKENS_DIR": SECRETS}
+SECRET_KEYS = {"ca.crt", "tls.crt", "tls.key", "worker.token", "observer.token"}
+KAPPA_CONTAINERS = {"learner", "teacher", "verifier", "rollout"}
 JOBS = {"kappa-learner", "kappa-teacher", "kappa-verifier", "kappa-rollout"}
 GRPC_PORT = {"learner": 50051, "teacher": 50052, "verifier": 50053}
+PROMETHEUS_NS = {"kubernetes.io/metadata.name": "monitoring"}
+PROMETHEUS_POD = {"app.kubernetes.io/name": "prometheus"}
+COLLECTIVES = (1024, 65535)  # Gloo/NCCL pair sockets: ephemeral ports
 errors = []
 
 
@@ -47,11 +68,138 @@ def fail(target, msg):
     errors.append(f"[{target}] {msg}")
 
 
-def render(kubectl, path):
-    r = subprocess.run([kubectl, "kustomize", path], capture_output=True, text=True)
-    if r.returncode != 0:
-        raise SystemExit(f"kubectl kustomize {path}: {r.stderr}")
-    return [d for d in yaml.safe_load_all(r.stdout) if d]
+def component(selector):
+    """The kappa component a podSelector selects, "*" for every pod, else None."""
+    if selector == {} or selector == {"matchLabels": {}}:
+        return "*"
+    labels = (selector or {}).get("matchLabels") or {}
+    if set(selector or {}) == {"matchLabels"} and set(labels) == {
+            "app.kubernetes.io/name", "app.kubernetes.io/component"} and \
+            labels["app.kubernetes.io/name"] == "kappa":
+        return labels["app.kubernetes.io/component"]
+    return None
+
+
+def peer_name(peer):
+    if "ipBlock" in peer:
+        return f"ipBlock {peer['ipBlock']}"
+    ns, pod = peer.get("namespaceSelector"), peer.get("podSelector")
+    if ns is not None:
+        if ns == {"matchLabels": PROMETHEUS_NS} and pod == {"matchLabels": PROMETHEUS_POD}:
+            return "prometheus"
+        return f"namespaceSelector {ns} podSelector {pod}"
+    return component(pod) or f"podSelector {pod}"
+
+
+def network_flows(target, policies):
+    """(direction, pod, peer, protocol, port, end port) of every allowed flow,
+    and the directions denied by default for every pod."""
+    flows, default_deny = set(), set()
+    for np in policies:
+        name = np["metadata"]["name"]
+        spec = np["spec"]
+        pod = component(spec.get("podSelector"))
+        if pod is None:
+            fail(target, f"NetworkPolicy/{name}: podSelector {spec.get('podSelector')} is not "
+                         f"{{}} or one kappa component")
+            continue
+        types = spec.get("policyTypes") or (["Ingress"] + (["Egress"] if spec.get("egress") else []))
+        for direction in types:
+            rules = spec.get(direction.lower()) or []
+            if not rules and pod == "*":
+                default_deny.add(direction)
+            for rule in rules:
+                peers = rule.get("from" if direction == "Ingress" else "to") or [None]
+                ports = rule.get("ports") or [None]
+                for peer in peers:
+                    who = "anywhere" if peer is None else peer_name(peer)
+                    for port in ports:
+                        if port is None:
+                            flows.add((direction, pod, who, "any", "any", "any"))
+                        else:
+                            flows.add((direction, pod, who, port.get("protocol", "TCP"),
+                                       port.get("port", "any"),
+                                       port.get("endPort", port.get("port", "any"))))
+    return flows, default_deny
+
+
+def expected_flows(target, templates):
+    ports = {}  # component -> {port name: number}
+    for _, t in templates:
+        comp = (t["metadata"].get("labels") or {}).get("app.kubernetes.io/component")
+        for c in t["spec"]["containers"]:
+            for p in c.get("ports") or []:
+                ports.setdefault(comp, {})[p.get("name")] = p["containerPort"]
+    want = set()
+    for comp in ("learner", "teacher", "verifier"):
+        grpc = ports.get(comp, {}).get("grpc")
+        want.add(("Ingress", comp, "rollout", "TCP", grpc, grpc))
+        want.add(("Egress", "rollout", comp, "TCP", grpc, grpc))
+    for comp in KAPPA_CONTAINERS:
+        metrics = ports.get(comp, {}).get("metrics")
+        want.add(("Ingress", comp, "prometheus", "TCP", metrics, metrics))
+    dist = ports.get("learner", {}).get("dist")
+    for direction in ("Ingress", "Egress"):
+        want.add((direction, "learner", "learner", "TCP", dist, dist))
+        want.add((direction, "learner", "learner", "TCP") + COLLECTIVES)
+    for comp in ("rollout", "learner"):
+        for proto in ("UDP", "TCP"):
+            want.add(("Egress", comp, "anywhere", proto, 53, 53))
+    if None in {p for f in want for p in f[4:]}:
+        fail(target, f"pod templates lack a named port (grpc/metrics/dist): {ports}")
+    return want
+
+
+def check_network_policies(target, by_kind, templates):
+    flows, default_deny = network_flows(target, by_kind.get("NetworkPolicy", []))
+    for direction in ("Ingress", "Egress"):
+        if direction not in default_deny:
+            fail(target, f"no default-deny NetworkPolicy for {direction} (podSelector {{}}, no rules)")
+    want = expected_flows(target, templates)
+
+    def show(f):
+        return f"{f[0]} {f[1]} {'<-' if f[0] == 'Ingress' else '->'} {f[2]} {f[3]} " + \
+            (f"{f[4]}" if f[4] == f[5] else f"{f[4]}-{f[5]}")
+    for f in sorted(flows - want, key=str):
+        fail(target, f"NetworkPolicy allows a flow not in the list: {show(f)}")
+    for f in sorted(want - flows, key=str):
+        fail(target, f"NetworkPolicy misses the flow: {show(f)}")
+
+
+def check_secured_container(target, cname, c, spec, secrets):
+    """TLS/mTLS/token environment and the projected config + secrets volume."""
+    env = {e["name"]: e for e in c.get("env") or []}
+    for name, value in SECURITY_ENV.items():
+        if "valueFrom" in (env.get(name) or {}) or str((env.get(name) or {}).get("value")) != value:
+            fail(target, f"{cname}: {name} is not {value}")
+    mounts = [m for m in c.get("volumeMounts") or [] if m.get("mountPath") in ("/etc/kappa", SECRETS)]
+    vols = {v["name"]: v for v in spec.get("volumes") or []}
+    if len(mounts) != 1 or mounts[0]["mountPath"] != "/etc/kappa":
+        fail(target, f"{cname}: want one volume at /etc/kappa holding kappa.yaml and secrets/, "
+                     f"got {mounts}")
+        return
+    if not mounts[0].get("readOnly"):
+        fail(target, f"{cname}: /etc/kappa is not mounted readOnly")
+    projected = (vols.get(mounts[0]["name"]) or {}).get("projected") or {}
+    sources = projected.get("sources") or []
+    secret = [s["secret"] for s in sources if "secret" in s]
+    if len(secret) != 1:
+        fail(target, f"{cname}: /etc/kappa is not a projected volume with one Secret")
+        return
+    secret = secret[0]
+    data = secrets.get(secret.get("name"))
+    if data is None:
+        fail(target, f"{cname}: Secret {secret.get('name')} is not in the manifests "
+                     f"(the secretGenerator kappa-secrets)")
+    items = {i["key"]: i["path"] for i in secret.get("items") or []}
+    if items != {k: f"secrets/{k}" for k in SECRET_KEYS}:
+        fail(target, f"{cname}: Secret items {items} are not each key at secrets/<key>")
+    mode = projected.get("defaultMode", 0o644)
+    modes = [mode] + [i["mode"] for i in secret.get("items") or [] if "mode" in i]
+    if any(m & 0o007 for m in modes):
+        fail(target, f"{cname}: secrets are readable by others (mode {oct(max(modes))})")
+    if any(m & 0o070 for m in modes) and not (spec.get("securityContext") or {}).get("fsGroup"):
+        fail(target, f"{cname}: files are group-readable but the pod sets no fsGroup")
 
 
 def selects(selector, labels):
@@ -59,13 +207,13 @@ def selects(selector, labels):
 
 
 def check(target, docs, repo):
-    tls = target.endswith("-tls")
     by_kind = {}
     for d in docs:
         by_kind.setdefault(d["kind"], []).append(d)
     workloads = [d for d in docs if d["kind"] in ("Deployment", "StatefulSet", "DaemonSet", "Job")]
     templates = [(w, w["spec"]["template"]) for w in workloads]
     configmaps = {d["metadata"]["name"]: d for d in by_kind.get("ConfigMap", [])}
+    secrets = {d["metadata"]["name"]: d.get("data") or {} for d in by_kind.get("Secret", [])}
 
     for w, t in templates:
         wname = f"{w['kind']}/{w['metadata']['name']}"
@@ -90,42 +238,43 @@ def check(target, docs, repo):
                     fail(target, f"{cname}: config not mounted at /etc/kappa")
                 else:
                     vol = vols.get(mounts[0]["name"], {})
-                    cm = (vol.get("configMap") or {}).get("name")
-                    if cm not in configmaps or "kappa.yaml" not in configmaps[cm].get("data", {}):
+                    sources = [vol] + ((vol.get("projected") or {}).get("sources") or [])
+                    cms = [(s.get("configMap") or {}).get("name") for s in sources if "configMap" in s]
+                    if len(cms) != 1 or cms[0] not in configmaps or \
+                            "kappa.yaml" not in configmaps[cms[0]].get("data", {}):
                         fail(target, f"{cname}: /etc/kappa is not a ConfigMap holding kappa.yaml")
+                    if kind == "initContainers" and "configMap" not in vol:
+                        fail(target, f"{cname}: an init container gets the ConfigMap alone at "
+                                     f"/etc/kappa, not the secrets")
                 args = [str(a) for a in c.get("args") or []]
                 if "--config" in args and args[args.index("--config") + 1] != "/etc/kappa/kappa.yaml":
                     fail(target, f"{cname}: --config is not /etc/kappa/kappa.yaml")
+                for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+                    if (c.get(probe) or {}).get("grpc") is not None:
+                        fail(target, f"{cname}: {probe} is a grpc: probe (no TLS, no token)")
                 if kind != "containers":
                     continue
-                if tls:
-                    env = {e["name"]: e for e in c.get("env") or []}
-                    for name, value in SECURITY_ENV.items():
-                        if (env.get(name) or {}).get("value") != value:
-                            fail(target, f"{cname}: {name} is not {value}")
-                    ref = ((env.get("KAPPA_AUTH_TOKEN") or {}).get("valueFrom") or {}).get("secretKeyRef")
-                    if ref != {"name": "kappa-token", "key": "token"}:
-                        fail(target, f"{cname}: KAPPA_AUTH_TOKEN is not from Secret kappa-token")
-                    mounts = {m["mountPath"]: m["name"] for m in c.get("volumeMounts") or []}
-                    volumes = {v["name"]: v for v in t["spec"].get("volumes") or []}
-                    secret = (volumes.get(mounts.get("/etc/kappa/tls")) or {}).get("secret") or {}
-                    if secret.get("secretName") != "kappa-tls":
-                        fail(target, f"{cname}: Secret kappa-tls is not mounted at /etc/kappa/tls")
-                for probe in ("livenessProbe", "readinessProbe"):
+                if c["name"] in KAPPA_CONTAINERS:
+                    check_secured_container(target, cname, c, spec, secrets)
+                else:
+                    fail(target, f"{cname}: not a kappa container ({sorted(KAPPA_CONTAINERS)})")
+                for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
                     p = c.get(probe)
                     if not p:
-                        fail(target, f"{cname}: no {probe}")
+                        if probe != "startupProbe":
+                            fail(target, f"{cname}: no {probe}")
                         continue
                     want = GRPC_PORT.get(c["name"])
-                    if want and tls:
+                    if want:
                         command = [str(a) for a in (p.get("exec") or {}).get("command") or []]
-                        if p.get("grpc") or command[:1] != [f"kappa-{c['name']}"] or \
-                                command[-2:] != ["--health-check", f"127.0.0.1:{want}"] or \
-                                f"security.server_name={c['name']}" not in command:
-                            fail(target, f"{cname}: {probe} is not `kappa-{c['name']} "
-                                         f"--health-check 127.0.0.1:{want}` naming the server")
-                    elif want and (p.get("grpc") or {}).get("port") != want:
-                        fail(target, f"{cname}: {probe} is not a gRPC probe on {want}")
+                        expect = [f"kappa-{c['name']}", "--config", "/etc/kappa/kappa.yaml",
+                                  "--health-check", f"127.0.0.1:{want}"]
+                        if command != expect:
+                            fail(target, f"{cname}: {probe} is not exec {expect}: {p}")
+                        if p.get("timeoutSeconds", 1) < 3:
+                            fail(target, f"{cname}: {probe} timeoutSeconds "
+                                         f"{p.get('timeoutSeconds', 1)} < 3 (an exec probe "
+                                         f"starts a binary)")
                     if want and f"0.0.0.0:{want}" not in args:
                         fail(target, f"{cname}: does not listen on 0.0.0.0:{want}")
 
@@ -177,6 +326,14 @@ def check(target, docs, repo):
             jobs.add(job)
     if jobs != JOBS:
         fail(target, f"PodMonitors cover jobs {sorted(j for j in jobs if j)}, want {sorted(JOBS)}")
+    check_network_policies(target, by_kind, templates)
+    generated = [n for n in secrets if n.startswith("kappa-secrets-")]
+    if len(generated) != 1:
+        fail(target, f"want one generated Secret kappa-secrets-<hash>, got {sorted(secrets)}")
+    for name in generated:
+        if set(secrets[name]) != SECRET_KEYS:
+            fail(target, f"Secret {name}: keys {sorted(secrets[name])}, want {sorted(SECRET_KEYS)} "
+                         f"(never the CA key, never Compose's grafana_admin_password)")
 
     deployments = {d["metadata"]["name"] for d in by_kind.get("Deployment", [])}
     for h in by_kind.get("HorizontalPodAutoscaler", []):
@@ -221,8 +378,9 @@ def main():
     ap.add_argument("repo")
     ap.add_argument("--kubectl", default="kubectl")
     args = ap.parse_args()
+    rendered = render_all(args.repo, TARGETS, args.kubectl)
     for target in TARGETS:
-        check(target, render(args.kubectl, os.path.join(args.repo, "deploy", "k8s", target)), args.repo)
+        check(target, [d for d in yaml.safe_load_all(rendered[target]) if d], args.repo)
     for e in errors:
         print("FAIL:", e)
     if errors:
