@@ -161,11 +161,20 @@ void LearnerMetrics::RecordInvalidGroups(int64_t total) {
       .SetTotal(static_cast<double>(total));
 }
 
+constexpr char kGroupsRefusedHelp[] =
+    "Groups a worker returned that the learner refused, by reason: malformed (a field), "
+    "positions (longer than the student's max_position_embeddings), prompt (not the prompt of "
+    "the example leased), policy_version (never published), batch (buffered, but the step "
+    "could not build a batch from it).";
+
+void LearnerMetrics::RecordUnbatchableGroup() {
+  registry_
+      .GetCounter("kappa_learner_groups_refused_total", kGroupsRefusedHelp, {{"reason", "batch"}})
+      .Increment();
+}
+
 void LearnerMetrics::RecordRefusedGroups(const GroupRefusals& refused) {
-  const char* help =
-      "Groups a worker returned that the learner refused before buffering them, by reason: "
-      "malformed (a field), positions (longer than the student's max_position_embeddings), "
-      "prompt (not the prompt of the example leased), policy_version (never published).";
+  const char* help = kGroupsRefusedHelp;
   const std::pair<const char*, int64_t> reasons[] = {{"malformed", refused.malformed},
                                                      {"positions", refused.positions},
                                                      {"prompt", refused.prompt},

@@ -36,6 +36,9 @@ class LearnerMetrics {
     int64_t policy_version = 0;
   };
   void RecordRefusedGroups(const GroupRefusals& refused);
+  // One buffered group the step could not build a batch from
+  // (kappa_learner_groups_refused_total{reason="batch"}).
+  void RecordUnbatchableGroup();
   // WatchPolicy traffic totals (LearnerService counters): data bytes sent
   // per encoding and the bytes the delta and bfloat16 encodings saved.
   struct PolicyTraffic {

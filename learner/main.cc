@@ -3,7 +3,7 @@
 //   kappa-learner --config FILE [key=value ...] [--run-dir DIR] [--resume]
 //                 [--log-file FILE] [--address HOST:PORT] [--metrics-address HOST:PORT]
 //                 [--world-size R --rank N|auto --dist-store URL]
-//                 [--debug-nan-grad STEP[:TRIES]]
+//                 [--debug-nan-grad STEP[:TRIES]] [--debug-bad-group STEP]
 //   kappa-learner --health-check HOST:PORT
 #include <spdlog/spdlog.h>
 #include <torch/torch.h>
@@ -123,7 +123,9 @@ constexpr const char* kExtraUsage =
     "  --dist-store URL       tcp://HOST:PORT of rank 0 or file:///PATH (learner.dist_store)\n"
     "  --debug-nan-grad STEP[:TRIES]\n"
     "                         fault injection for tests: the first TRIES batches (default\n"
-    "                         all) trained at STEP get a NaN gradient\n";
+    "                         all) trained at STEP get a NaN gradient\n"
+    "  --debug-bad-group STEP fault injection for tests: the first group taken for STEP\n"
+    "                         gets a NaN reward after the wire checks (it is dropped)\n";
 
 std::string HostName() {
   char host[256] = {0};
@@ -255,6 +257,21 @@ absl::Status ApplyNanGradientFault(const services::CommonFlags& flags, TrainerLo
   return absl::OkStatus();
 }
 
+// --debug-bad-group STEP (docs/reliability.md): TrainerLoop::InjectBadGroup.
+absl::Status ApplyBadGroupFault(const services::CommonFlags& flags, TrainerLoop& trainer) {
+  const auto flag = flags.extra.find("debug-bad-group");
+  if (flag == flags.extra.end()) return absl::OkStatus();
+  int64_t step = 0;
+  if (!absl::SimpleAtoi(flag->second, &step) || step < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--debug-bad-group: '", flag->second, "' is not a STEP >= 1"));
+  }
+  spdlog::warn("fault injection: a group that cannot be batched at step {} (--debug-bad-group)",
+               step);
+  trainer.InjectBadGroup(step);
+  return absl::OkStatus();
+}
+
 // What serves the workers while the trainer runs, in the order it starts;
 // Stop() ends it in the order that drains it.
 struct Serving {
@@ -359,6 +376,7 @@ absl::StatusOr<std::unique_ptr<TrainerLoop>> MakeTrainer(
                           in.start.state, serving.coordinator.get(), serving.publisher.get(),
                           *in.heldout, *in.prompts, in.vocab_limit, in.rank));
   KAPPA_RETURN_IF_ERROR(ApplyNanGradientFault(flags, *trainer));
+  KAPPA_RETURN_IF_ERROR(ApplyBadGroupFault(flags, *trainer));
   KAPPA_ASSIGN_OR_RETURN(std::optional<tasks::AnswerCorruption> corruption,
                          StudiedCorruption(config));
   const CorruptedSubset* subset = nullptr;  // owned by `trainer`
@@ -470,7 +488,7 @@ int main(int argc, char** argv) {
       static_cast<int>(args.size()), args.data(),
       {"kappa-learner",
        kappa::learner::kExtraUsage,
-       {"run-dir", "rank", "world-size", "dist-store", "debug-nan-grad"},
+       {"run-dir", "rank", "world-size", "dist-store", "debug-nan-grad", "debug-bad-group"},
        [resume](const kappa::services::CommonFlags& flags) {
          return kappa::learner::Serve(flags, resume);
        }});

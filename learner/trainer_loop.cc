@@ -41,10 +41,12 @@ std::string StudentBaseName(const services::Config& config) {
   return std::filesystem::absolute(services::StudentModelDir(config)).lexically_normal().string();
 }
 
-std::vector<ScoredGroup> TakeGroups(std::vector<BufferedGroup>& buffered) {
+// The groups of `buffered`, copied (their tensors are shared, not copied),
+// so a group BuildTrainBatch refuses can be left out and the rest rebuilt.
+std::vector<ScoredGroup> GroupsOf(const std::vector<BufferedGroup>& buffered) {
   std::vector<ScoredGroup> groups;
   groups.reserve(buffered.size());
-  for (BufferedGroup& entry : buffered) groups.push_back(std::move(entry.group));
+  for (const BufferedGroup& entry : buffered) groups.push_back(entry.group);
   return groups;
 }
 
@@ -237,8 +239,44 @@ absl::Status TrainerLoop::CheckpointOrCarryOn(int64_t step) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<StepRecord> TrainerLoop::TrainOn(std::vector<BufferedGroup> buffered,
-                                                absl::Time run_start) {
+absl::StatusOr<std::optional<TrainerLoop::TrainableBatch>> TrainerLoop::TakeTrainableBatch(
+    size_t count, const std::function<bool()>& stop_requested) {
+  std::vector<BufferedGroup> buffered;
+  while (true) {
+    if (stop_requested()) return std::optional<TrainableBatch>();
+    std::vector<BufferedGroup> more = coordinator_->TakeBatch(
+        count - buffered.size(), state_.policy_version, absl::Now() + absl::Seconds(1));
+    std::move(more.begin(), more.end(), std::back_inserter(buffered));
+    if (buffered.size() < count) continue;
+    if (bad_group_step_ == state_.step + 1 && !buffered.front().group.samples.empty()) {
+      buffered.front().group.samples.front().reward = std::numeric_limits<float>::quiet_NaN();
+      bad_group_step_ = 0;
+    }
+    std::optional<TrainBatch> batch;
+    std::optional<BadGroupError> refused;
+    // Padding positions are masked out of every term; id 0 exists in every
+    // vocabulary. c10::Error included: anything else stops at this edge.
+    KAPPA_RETURN_IF_ERROR(base::CaptureExceptions("building the batch", [&] {
+      try {
+        batch = BuildTrainBatch(GroupsOf(buffered), config_.trainer.norm_std, /*pad_id=*/0,
+                                step_->config().truncated, step_->config().advantage_std);
+      } catch (const BadGroupError& error) {
+        refused = error;
+      }
+    }));
+    if (batch.has_value()) return std::optional<TrainableBatch>({std::move(buffered), *batch});
+    const BufferedGroup& dropped = buffered[refused->group()];
+    spdlog::error("group of lease {} (example {}) dropped: {}; its prompt is leased again",
+                  dropped.lease_id, dropped.example_index, refused->what());
+    if (metrics_exporter_ != nullptr) metrics_exporter_->RecordUnbatchableGroup();
+    coordinator_->Requeue({dropped.example_index});
+    buffered.erase(buffered.begin() + static_cast<std::ptrdiff_t>(refused->group()));
+  }
+}
+
+absl::StatusOr<StepRecord> TrainerLoop::TrainOn(const TrainableBatch& taken, absl::Time run_start) {
+  const std::vector<BufferedGroup>& buffered = taken.buffered;
+  const TrainBatch& batch = taken.batch;
   const absl::Time step_start = absl::Now();
   StepRecord record;
   for (const BufferedGroup& entry : buffered) {
@@ -249,12 +287,6 @@ absl::StatusOr<StepRecord> TrainerLoop::TrainOn(std::vector<BufferedGroup> buffe
       record.tokens += static_cast<int64_t>(sample.response_tokens.size());
     }
   }
-  // Padding positions are masked out of every term; id 0 exists in every
-  // vocabulary.
-  const TrainBatch batch =
-      BuildTrainBatch(TakeGroups(buffered), config_.trainer.norm_std, /*pad_id=*/0,
-                      step_->config().truncated, step_->config().advantage_std);
-  // (TakeGroups moved the groups out; lease ids and example indices stay.)
   // The training–inference mismatch is measured on the groups sampled with
   // the weights this step starts from (this rank's share, data parallel).
   const torch::Tensor on_policy =
@@ -382,10 +414,10 @@ absl::Status TrainerLoop::Run(const std::function<bool()>& stop_requested) {
     // Data parallel: this rank's share; the step sums over the ranks.
     const int64_t local_groups = rank_.local_groups_per_step > 0 ? rank_.local_groups_per_step
                                                                  : config_.trainer.groups_per_step;
-    std::vector<BufferedGroup> buffered = coordinator_->TakeBatch(
-        static_cast<size_t>(local_groups), state_.policy_version, absl::Now() + absl::Seconds(1));
-    if (buffered.empty()) continue;
-    KAPPA_ASSIGN_OR_RETURN(StepRecord record, TrainOn(std::move(buffered), run_start));
+    KAPPA_ASSIGN_OR_RETURN(std::optional<TrainableBatch> taken,
+                           TakeTrainableBatch(static_cast<size_t>(local_groups), stop_requested));
+    if (!taken.has_value()) return absl::CancelledError("stop requested");
+    KAPPA_ASSIGN_OR_RETURN(StepRecord record, TrainOn(*taken, run_start));
     if (record.report.stats.skipped()) {
       KAPPA_RETURN_IF_ERROR(OnSkippedStep(record));
       continue;

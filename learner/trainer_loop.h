@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -87,6 +88,11 @@ class TrainerLoop {
   // parameter's gradient (an autograd hook), so the non-finite guard skips
   // them. Call before Run.
   void InjectNanGradient(int64_t step, int64_t tries);
+  // Fault injection for tests (kappa-learner --debug-bad-group): the first
+  // group taken for `step` gets a non-finite reward after the wire checks,
+  // so BuildTrainBatch refuses it (TakeTrainableBatch drops it). Call
+  // before Run.
+  void InjectBadGroup(int64_t step) { bad_group_step_ = step; }
 
   struct HeldOutResult {
     double accuracy = 0.0;
@@ -105,12 +111,25 @@ class TrainerLoop {
 
   void PublishPolicy();
   absl::Status SaveCheckpoint(int64_t step);
-  // One optimizer step on `buffered`, and the new policy published: the
+  // `count` buffered groups and their batch, waiting for them (nullopt when
+  // `stop_requested` meanwhile). A group the batch cannot be built from
+  // (BadGroupError: a sample that passed the wire checks but not
+  // BuildTrainBatch's) is dropped, never the process: logged, counted
+  // (kappa_learner_groups_refused_total{reason="batch"}), its prompt leased
+  // again; the next buffered group takes its place, so every step (every
+  // data-parallel rank) trains on `count` groups.
+  struct TrainableBatch {
+    std::vector<BufferedGroup> buffered;  // in batch order
+    TrainBatch batch;
+  };
+  absl::StatusOr<std::optional<TrainableBatch>> TakeTrainableBatch(
+      size_t count, const std::function<bool()>& stop_requested);
+  // One optimizer step on `taken`, and the new policy published: the
   // record of the batch, the step and its timing (alarms and evaluation not
   // yet). Mutates state_ (step, policy version) and last_step_end_. A step
   // the optimizer skipped as non-finite changes and publishes nothing: its
   // record has the step it tried and report.stats.skipped().
-  absl::StatusOr<StepRecord> TrainOn(std::vector<BufferedGroup> buffered, absl::Time run_start);
+  absl::StatusOr<StepRecord> TrainOn(const TrainableBatch& taken, absl::Time run_start);
   // K_DR of the step's rows by subset, into `record` (with a subset and a
   // K_DR measurement only). `buffered`: the step's groups, in batch order.
   void ReportKdrBySubset(const std::vector<BufferedGroup>& buffered, int64_t group_size,
@@ -165,6 +184,7 @@ class TrainerLoop {
     int64_t tries = 0;   // batches at `step` still to poison
     bool armed = false;  // the batch being trained gets a NaN gradient
   } nan_fault_;          // InjectNanGradient
+  int64_t bad_group_step_ = 0;  // InjectBadGroup; 0: none (or done)
 };
 
 }  // namespace kappa::learner

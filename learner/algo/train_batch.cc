@@ -15,8 +15,8 @@ namespace {
 enum class TeacherForm { kNone, kSampled, kFull, kTopk };
 
 [[noreturn]] void Fail(size_t group, size_t sample, const std::string& what) {
-  throw std::invalid_argument("BuildTrainBatch: group " + std::to_string(group) + " sample " +
-                              std::to_string(sample) + ": " + what);
+  throw BadGroupError(group, "BuildTrainBatch: group " + std::to_string(group) + " sample " +
+                                 std::to_string(sample) + ": " + what);
 }
 
 TeacherForm FormOf(const ScoredSample& s) {

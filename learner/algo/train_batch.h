@@ -5,6 +5,7 @@
 #include <torch/types.h>
 
 #include <cstdint>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -115,8 +116,22 @@ enum class TruncatedResponses {
 // "keep" | "mask" | "zero_reward"; throws std::invalid_argument listing them.
 TruncatedResponses ParseTruncatedResponses(const std::string& name);
 
-// Throws std::invalid_argument naming the group and sample on inconsistent
-// input: no groups, unequal group sizes, empty prompts or responses,
+// What BuildTrainBatch throws for one group it cannot use: group() is the
+// group's index in its argument, so a caller can leave that group out and
+// build from the others.
+class BadGroupError : public std::invalid_argument {
+ public:
+  BadGroupError(size_t group, const std::string& what)
+      : std::invalid_argument(what), group_(group) {}
+  size_t group() const { return group_; }
+
+ private:
+  size_t group_;
+};
+
+// Throws BadGroupError naming the group and sample on inconsistent input
+// (std::invalid_argument for no groups at all): unequal group sizes (the
+// group unlike the first is named), empty prompts or responses,
 // behavior log-prob count != response length, negative token ids, teacher
 // log-probs of the wrong shape, teacher log-probs present on some samples
 // but not others or in different forms (top-k rows of different k, top-k

@@ -278,6 +278,47 @@ TEST_F(LearnerResumeTest, AGroupTheLearnerDidNotHandOutIsRefusedAndTheRunGoesOn)
   EXPECT_TRUE(exit.status.success()) << exit.status.ToString() << "\n" << log;
 }
 
+// Issue 45: a group that passed the wire checks but that the step cannot
+// build a batch from (here a NaN reward put in after the checks, by
+// --debug-bad-group) is dropped, counted and its prompt leased again; the
+// step trains on a full batch and the run goes on (it used to end the
+// learner from inside the step).
+TEST_F(LearnerResumeTest, AGroupTheStepCannotBatchIsDroppedAndTheRunGoesOn) {
+  const fs::path run_dir = root_ / "unbatchable";
+  std::string address;
+  const kappa::testing::ReadyService started = StartLearner(
+      run_dir, &address, false, "unbatchable.log",
+      {"trainer.steps=100000", "--metrics-address", kAnyLoopbackPort, "--debug-bad-group", "2"});
+  kappa::testing::FakeWorker worker(kappa::testing::FastReconnectChannel(address), WorkerOptions());
+  worker.Start();
+  const auto deadline = Clock::now() + std::chrono::seconds(60);
+  while (LastStep(run_dir / "metrics.jsonl") < 4 && Clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  const std::string page = kappa::testing::HttpGet(started.ready.metrics_address, "/metrics").body;
+  const kappa::testing::TimedExit exit =
+      kappa::testing::ExitAfterSigterm(supervisor_, started.pid, std::chrono::seconds(20));
+  worker.Stop();
+  const std::string log = ReadAll(root_ / "unbatchable.log");
+  ASSERT_GE(LastStep(run_dir / "metrics.jsonl"), 4) << log;
+  EXPECT_EQ(Count(log,
+                  "dropped: BuildTrainBatch: group 0 sample 0: non-finite reward; its "
+                  "prompt is leased again"),
+            1)
+      << log;
+  EXPECT_NE(page.find("kappa_learner_groups_refused_total{reason=\"batch\"} 1"), std::string::npos)
+      << page;
+  // Every step, step 2 included, trained on groups_per_step (3) groups.
+  int steps = 0;
+  for (const nlohmann::json& record : kappa::testing::StepRecords(run_dir / "metrics.jsonl")) {
+    if (!record.contains("lease_ids")) continue;
+    ++steps;
+    EXPECT_EQ(record["step"], steps);
+    EXPECT_EQ(record["lease_ids"].size(), 3u) << record.dump();
+  }
+  EXPECT_TRUE(exit.status.success()) << exit.status.ToString() << "\n" << log;
+}
+
 TEST_F(LearnerResumeTest, NonFiniteStepsAreSkippedThenStopTheLearner) {
   const std::string skipped_line = "ALARM nonfinite at step 3: grad_norm is not finite";
   {
