@@ -23,6 +23,11 @@ Substitutions (the only differences from a container run):
     volume's target to <work>/volumes/<name>; rewritten in arguments and
     environment values wherever a value (or the value of a key=value
     argument) is or starts with a target path;
+  * the secrets: a bind mount from deploy/compose/secrets (what
+    scripts/deploy_secrets.sh fills before `docker-compose up`) maps to
+    <work>/secrets, which this run fills with that script (--private), or to
+    --secrets-dir; so the services run with the Compose file's TLS, mutual
+    TLS and tokens for real;
   * a listen flag (--address or --metrics-address 0.0.0.0:P) becomes
     127.0.0.1:0 plus --ready-file: the process binds a port itself and
     reports it, and the next service starts only once it has; then
@@ -36,7 +41,10 @@ Substitutions (the only differences from a container run):
 Prometheus and Grafana (third-party images) are not started; every kappa
 /metrics endpoint is scraped directly instead.
 
-Checks: bootstrap exits 0; every healthcheck passes; the learner exits 0
+Checks: bootstrap exits 0; every healthcheck passes; on every gRPC server,
+the security is real (unless --no-security-checks): its healthcheck fails
+in plain text and with a wrong token, and passes with the observer token
+(security.tokens_dir grants that role health); the learner exits 0
 within --timeout; metrics.jsonl holds steps 1..steps; every long-running
 process served /metrics; every rollout worker connected to the learner
 (kappa_worker_learner_connections_total >= 1); at least --min-active-workers workers (default 1) report
@@ -61,6 +69,8 @@ import yaml
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
 ENTRYPOINT = os.path.join(REPO, "deploy", "docker", "entrypoint.sh")
+SECRETS_SCRIPT = os.path.join(REPO, "scripts", "deploy_secrets.sh")
+SECRETS = "secrets"  # the bind mounts' source: secrets/ beside the Compose file
 KAPPA_DOCKERFILES = ("deploy/docker/Dockerfile", "deploy/docker/Dockerfile.cuda")
 BINARIES = {  # name -> path relative to a CMake build directory
     "kappa-learner": "learner/kappa-learner",
@@ -196,8 +206,11 @@ class Proc:
 
 
 class LocalRun:
-    def __init__(self, args, config, work):
+    def __init__(self, args, config, work, compose_dirs):
         self.args, self.work = args, work
+        # secrets/ beside each Compose file (deploy/compose/secrets) -> self.secrets
+        self.compose_secrets = sorted({os.path.realpath(os.path.join(d, SECRETS))
+                                       for d in compose_dirs})
         all_services = config.get("services") or {}
         self.services = {n: s for n, s in all_services.items() if is_kappa_service(s)}
         self.skipped = sorted(set(all_services) - set(self.services))
@@ -211,6 +224,8 @@ class LocalRun:
         self.ports = {}  # (service, replica, container port) -> loopback port
         self.procs = []
         self.bin_dir = os.path.join(work, "bin")
+        self.secrets = os.path.abspath(args.secrets_dir or os.path.join(work, "secrets"))
+        self.secured = []  # gRPC servers whose security was probed
         self.tiny = tiny_overrides(args.steps) if args.tiny else {}
         self.metrics_seen = {}  # proc name -> last scraped text
 
@@ -221,6 +236,10 @@ class LocalRun:
             source, target, kind = parse_volume(vol)
             if kind == "bind":
                 host = os.path.abspath(source)
+                real = os.path.realpath(host)
+                for top in self.compose_secrets:
+                    if real == top or real.startswith(top + os.sep):
+                        host = self.secrets + real[len(top):]
             else:
                 if source not in self.named_volumes and source is not None:
                     raise Failure(f"volume {source} is not declared")
@@ -373,6 +392,35 @@ class LocalRun:
                     raise Failure(f"{p.name} not healthy in time: {r.stdout}{r.stderr}", p)
                 time.sleep(0.3)
             log(f"{p.name} healthy ({' '.join(argv)})")
+            if self.args.security_checks:
+                self.check_security(p, [exe] + argv[1:], env)
+
+    def check_security(self, p, probe, env):
+        """The healthcheck `probe` passed with the service's own settings; it
+        must fail in plain text and with a wrong token, and pass with the
+        observer token: TLS, client authentication and roles are on."""
+        if env.get("KAPPA_CFG_SECURITY__TLS") != "true" or \
+                env.get("KAPPA_CFG_SECURITY__MUTUAL_TLS") != "true" or \
+                not env.get("KAPPA_CFG_SECURITY__TOKENS_DIR"):
+            raise Failure(f"{p.name}: the Compose environment does not turn on TLS, mutual TLS "
+                          f"and security.tokens_dir (--no-security-checks to skip)", p)
+        plain = {k: v for k, v in env.items() if not k.startswith("KAPPA_CFG_SECURITY__")}
+        wrong = os.path.join(self.work, "wrong.token")
+        with open(wrong, "w") as f:
+            f.write("0" * 64)
+        observer = os.path.join(env["KAPPA_CFG_SECURITY__TOKENS_DIR"], "observer.token")
+        for label, penv, want_ok in (
+                ("plain text", plain, False),
+                ("a wrong token", dict(env, KAPPA_CFG_SECURITY__TOKEN_FILE=wrong), False),
+                ("the observer token", dict(env, KAPPA_CFG_SECURITY__TOKEN_FILE=observer), True)):
+            r = subprocess.run(probe, env=penv, capture_output=True, text=True, timeout=30)
+            if (r.returncode == 0) != want_ok:
+                raise Failure(f"{p.name}: health check with {label} "
+                              f"{'failed' if want_ok else 'passed'} (exit {r.returncode}): "
+                              f"{r.stdout}{r.stderr}", p)
+        self.secured.append(p.name)
+        log(f"{p.name}: health refused in plain text and with a wrong token, "
+            f"served to the observer token")
 
     def scrape_all(self):
         for p in self.procs:
@@ -423,6 +471,12 @@ class LocalRun:
         log(f"kappa services: {', '.join(sorted(self.services))}; not started "
             f"(third-party images): {', '.join(self.skipped) or '-'}; work dir {self.work}")
         os.makedirs(os.path.join(self.work, "ready"), exist_ok=True)
+        if not args.secrets_dir:
+            r = subprocess.run(["bash", SECRETS_SCRIPT, "--private", self.secrets],
+                               capture_output=True, text=True)
+            if r.returncode != 0:
+                raise Failure(f"{SECRETS_SCRIPT} {self.secrets} failed: {r.stderr}")
+            log(f"secrets for /etc/kappa/secrets made in {self.secrets}")
         order = topo_order(self.services)
         deadline = time.time() + args.timeout
         for service in order:
@@ -453,6 +507,10 @@ class LocalRun:
         log(f"learner exited 0")
         self.scrape_all()
         self.check_results(learner)
+        if args.security_checks:
+            if not self.secured:
+                raise Failure("no gRPC server's security was probed (no healthcheck waited for)")
+            log(f"TLS, mutual TLS and tokens verified on {', '.join(self.secured)}")
 
     def binaries(self):
         found = {}
@@ -531,6 +589,10 @@ def main():
                     help="keep the Compose config's model shapes and steps")
     ap.add_argument("--timeout", type=float, default=180, help="seconds for the whole run")
     ap.add_argument("--min-active-workers", type=int, default=1)
+    ap.add_argument("--secrets-dir", help="use these secrets (scripts/deploy_secrets.sh output) "
+                    "for deploy/compose/secrets instead of making new ones in the work dir")
+    ap.add_argument("--no-security-checks", dest="security_checks", action="store_false",
+                    help="do not probe the servers in plain text and with wrong/observer tokens")
     ap.add_argument("--work-dir", help="keep volumes and logs here (default: a temp dir)")
     ap.add_argument("--keep", action="store_true", help="keep the temp work dir")
     args = ap.parse_args()
@@ -551,7 +613,7 @@ def main():
     run = None
     try:
         config = render_compose(args.docker_compose, files)
-        run = LocalRun(args, config, work)
+        run = LocalRun(args, config, work, [os.path.dirname(os.path.abspath(f)) for f in files])
         run.run()
         log(f"PASS in {time.time() - started:.1f} s")
         return 0
