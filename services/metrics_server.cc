@@ -4,14 +4,15 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <spdlog/spdlog.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <string>
-
-#include <spdlog/spdlog.h>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -25,11 +26,26 @@ constexpr char kContentType[] = "text/plain; version=0.0.4; charset=utf-8";
 constexpr size_t kMaxRequestBytes = 16 * 1024;
 constexpr int kPollMillis = 200;  // how soon Stop() is noticed
 
-void WriteAll(int fd, const std::string& data) {
+// Milliseconds left until `deadline`, at least 0.
+int MillisUntil(std::chrono::steady_clock::time_point deadline) {
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+      deadline - std::chrono::steady_clock::now());
+  return static_cast<int>(std::max<int64_t>(0, left.count()));
+}
+
+// Sends `data` unless the client stops reading: gives up at `deadline`
+// (the socket is non-blocking, so a full send buffer waits in poll()).
+void WriteAll(int fd, const std::string& data, std::chrono::steady_clock::time_point deadline) {
   size_t done = 0;
   while (done < data.size()) {
-    const ssize_t n = ::send(fd, data.data() + done, data.size() - done, MSG_NOSIGNAL);
+    const ssize_t n =
+        ::send(fd, data.data() + done, data.size() - done, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      pollfd ready = {fd, POLLOUT, 0};
+      if (::poll(&ready, 1, MillisUntil(deadline)) <= 0) return;
+      continue;
+    }
     if (n <= 0) return;
     done += static_cast<size_t>(n);
   }
@@ -100,13 +116,16 @@ void MetricsServer::Serve() {
 }
 
 void MetricsServer::HandleConnection(int client) const {
-  // Read the request head (bounded, with a timeout so one stuck client
-  // cannot hold the exporter).
+  // One deadline for the whole exchange, reading the request head (bounded)
+  // and sending the answer: a client that dribbles its request or stops
+  // reading cannot hold the exporter, and the next scrape waits at most
+  // kConnectionDeadline.
+  const auto deadline = std::chrono::steady_clock::now() + kConnectionDeadline;
   std::string request;
   char buffer[2048];
   while (request.find("\r\n\r\n") == std::string::npos && request.size() < kMaxRequestBytes) {
     pollfd ready = {client, POLLIN, 0};
-    if (::poll(&ready, 1, 2000) <= 0) return;
+    if (::poll(&ready, 1, MillisUntil(deadline)) <= 0) return;
     const ssize_t n = ::recv(client, buffer, sizeof(buffer), 0);
     if (n <= 0) return;
     request.append(buffer, static_cast<size_t>(n));
@@ -114,13 +133,15 @@ void MetricsServer::HandleConnection(int client) const {
   const bool scrape = request.rfind("GET /metrics ", 0) == 0 ||
                       request.rfind("GET /metrics?", 0) == 0;
   if (!scrape) {
-    WriteAll(client, "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+    WriteAll(client, "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+             deadline);
     return;
   }
   const std::string body = registry_->Serialize();
-  WriteAll(client, absl::StrCat("HTTP/1.1 200 OK\r\nContent-Type: ", kContentType,
-                                "\r\nContent-Length: ", body.size(),
-                                "\r\nConnection: close\r\n\r\n", body));
+  WriteAll(client,
+           absl::StrCat("HTTP/1.1 200 OK\r\nContent-Type: ", kContentType,
+                        "\r\nContent-Length: ", body.size(), "\r\nConnection: close\r\n\r\n", body),
+           deadline);
 }
 
 absl::StatusOr<std::unique_ptr<MetricsServer>> ServeMetricsIfRequested(const std::string& address,

@@ -6,10 +6,13 @@
 // that links libtorch carries more static TLS than that (OpenBLAS alone has
 // 60 KiB, glog 30 KiB), so pthread_create fails ("Cannot create threads")
 // in every libtorch process. A scrape endpoint is one accept loop; this is it,
-// on one std::thread with the default stack, one connection at a time.
+// on one std::thread with the default stack, one connection at a time, each
+// given at most kConnectionDeadline to send its request and read the answer
+// (a slow or stalled client is dropped; the next scrape is served).
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <memory>
 #include <string>
 #include <thread>
@@ -18,6 +21,9 @@
 #include "services/metrics.h"
 
 namespace kappa::services::metrics {
+
+// How long one connection may take, request and answer together.
+inline constexpr std::chrono::seconds kConnectionDeadline{5};
 
 class MetricsServer {
  public:

@@ -9,16 +9,19 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <limits>
 #include <string>
-
-#include "tests/services/http_get.h"
-#include "tests/services/promtool.h"
+#include <thread>
 
 #include "services/metrics_server.h"
+#include "tests/services/http_get.h"
+#include "tests/services/promtool.h"
 
 namespace kappa::services::metrics {
 namespace {
@@ -131,6 +134,75 @@ TEST(MetricsServer, ServesTheRegistryAtSlashMetrics) {
                 .body.find("kappa_test_events_total{kind=\"plain\"} 2.5"),
             std::string::npos);
   EXPECT_EQ(kappa::testing::HttpGet(address, "/other").status, 404);
+}
+
+// A connected loopback client socket to `port`; -1 on failure.
+int Connect(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (fd < 0 || ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) return -1;
+  return fd;
+}
+
+// Issue 45: one slow client cannot block scrapes. A client that dribbles its
+// request a byte at a time, and one that asks for a large page and never
+// reads it, each hold the (one-connection) exporter at most
+// kConnectionDeadline; a scrape behind them is answered.
+TEST(MetricsServer, SlowClientsCannotBlockTheNextScrape) {
+  Registry r;
+  Fill(r);
+  for (int i = 0; i < 300000; ++i) {  // ~10 MB: more than both socket buffers hold
+    r.GetGauge("kappa_test_wide", "Many series.", {{"i", std::to_string(i)}}).Set(i);
+  }
+  auto server = MetricsServer::Start("127.0.0.1:0", &r);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int port = (*server)->port();
+  const std::string address = "127.0.0.1:" + std::to_string(port);
+
+  // Dribbles "GET /metrics" a byte every 300 ms for 30 s, never finishing.
+  const int dribbler = Connect(port);
+  ASSERT_GE(dribbler, 0);
+  std::atomic<bool> stop{false};
+  std::thread dribble([&] {
+    const std::string slow = "GET /metrics HTTP/1.1\r\nX-Slow: ";
+    for (int i = 0; i < 100 && !stop.load(); ++i) {
+      const char byte = slow[std::min<size_t>(i, slow.size() - 1)];
+      if (::send(dribbler, &byte, 1, MSG_NOSIGNAL) != 1) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // accepted first
+  auto start = std::chrono::steady_clock::now();
+  EXPECT_EQ(kappa::testing::HttpGet(address, "/metrics").status, 200);
+  double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_LT(waited, kConnectionDeadline.count() + 3.0) << "the dribbling client held the exporter";
+  stop = true;
+  dribble.join();
+  ::close(dribbler);
+
+  // Asks for the page with a 4 KiB receive buffer and never reads.
+  const int stalled = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  const int small = 4096;
+  ASSERT_EQ(::setsockopt(stalled, SOL_SOCKET, SO_RCVBUF, &small, sizeof(small)), 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::connect(stalled, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  const std::string request = "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n";
+  ASSERT_EQ(::send(stalled, request.data(), request.size(), MSG_NOSIGNAL),
+            static_cast<ssize_t>(request.size()));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  start = std::chrono::steady_clock::now();
+  const kappa::testing::HttpResponse response = kappa::testing::HttpGet(address, "/metrics");
+  waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_EQ(response.status, 200);
+  EXPECT_EQ(response.body.size(), r.Serialize().size());
+  EXPECT_LT(waited, kConnectionDeadline.count() + 3.0) << "the stalled reader held the exporter";
+  ::close(stalled);
 }
 
 }  // namespace
