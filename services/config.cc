@@ -376,6 +376,13 @@ constexpr Field kFields[] = {
                        "every minute. Off: such a server refuses to start."),
     KAPPA_CONFIG_FIELD(security.max_message_bytes,
                        "gRPC send and receive limit of every server and channel, in bytes."),
+    KAPPA_CONFIG_FIELD(security.server_max_threads,
+                       "Threads each gRPC server may use for calls (a gRPC ResourceQuota); a call "
+                       "beyond them gets RESOURCE_EXHAUSTED. Each rollout worker holds two streams "
+                       "on the learner (Rollout, WatchPolicy) for its lifetime."),
+    KAPPA_CONFIG_FIELD(security.max_concurrent_streams,
+                       "Concurrent calls one client connection may have open on a server "
+                       "(HTTP/2 MAX_CONCURRENT_STREAMS); more wait for a free stream."),
     KAPPA_CONFIG_FIELD(security.keepalive_time_ms,
                        "Every channel and server pings its peer after this long without traffic "
                        "(1000 to 3600000 ms); servers accept client pings up to twice as often."),

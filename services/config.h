@@ -175,6 +175,11 @@ struct Config {
     // is true; then it logs a warning every minute.
     bool allow_insecure = false;
     int64_t max_message_bytes = 64 << 20;  // gRPC send/receive limit of every server and channel
+    // Every server's bound on the threads serving calls (a gRPC
+    // ResourceQuota: beyond it a call gets RESOURCE_EXHAUSTED) and on the
+    // concurrent streams (calls) of one client connection.
+    int64_t server_max_threads = 512;
+    int64_t max_concurrent_streams = 100;
     // Dead-peer detection on every channel and server: an HTTP/2 ping after
     // this long without traffic, the connection declared dead when the ack
     // takes longer than the timeout (docs/reliability.md).

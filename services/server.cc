@@ -46,6 +46,17 @@ absl::StatusOr<ServerOptions> ServerOptionsFromConfig(const Config& config) {
   }
   options.security = *std::move(security);
   options.allow_insecure = config.security.allow_insecure;
+  for (auto [key, value, low, out] :
+       {std::tuple{"security.server_max_threads", config.security.server_max_threads, 4,
+                   &options.max_threads},
+        std::tuple{"security.max_concurrent_streams", config.security.max_concurrent_streams, 1,
+                   &options.max_concurrent_streams}}) {
+    if (value < low || value > 1000000) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(key, ": expected ", low, "..1000000, got ", value));
+    }
+    *out = static_cast<int>(value);
+  }
   return options;
 }
 
@@ -85,6 +96,12 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   // Two servers on one port would split traffic silently; make it an error.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  // Bounded under load: a flood of calls or streams gets RESOURCE_EXHAUSTED
+  // (or waits for a stream) instead of a thread each.
+  grpc::ResourceQuota quota("kappa-server");
+  quota.SetMaxThreads(options.max_threads);
+  builder.SetResourceQuota(quota);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, options.max_concurrent_streams);
 
   std::unique_ptr<GrpcServer> server(new GrpcServer());
   server->server_ = builder.BuildAndStart();

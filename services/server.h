@@ -31,6 +31,11 @@ struct ServerOptions {
   // client authentication (TransportSecurity::AuthenticatesClients) starts
   // anyway and logs a warning at start and every `insecure_warning_every`.
   bool allow_insecure = false;
+  // Bounds under load: threads serving calls (a ResourceQuota; a call
+  // beyond them is RESOURCE_EXHAUSTED) and concurrent streams per client
+  // connection (HTTP/2 MAX_CONCURRENT_STREAMS).
+  int max_threads = 512;
+  int max_concurrent_streams = 100;
   absl::Duration insecure_warning_every = absl::Minutes(1);
 };
 

@@ -4,14 +4,17 @@
 #include <spdlog/sinks/ostream_sink.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <memory>
 #include <sstream>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "kappa/v1/learner.grpc.pb.h"
 #include "kappa/v1/verifier.grpc.pb.h"
 
 namespace kappa::services {
@@ -108,6 +111,57 @@ TEST(GrpcServerTest, AnOpenNonLoopbackServerIsRefusedUnlessAllowedAndThenWarns) 
   const size_t after_shutdown = logged.size();
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
   EXPECT_EQ(output->str().size(), after_shutdown) << "the warning outlived Shutdown()";
+}
+
+// A learner whose WatchPolicy holds its stream (and its thread) until the
+// client goes away.
+class HoldingLearner final : public kappa::v1::Learner::Service {
+ public:
+  grpc::Status WatchPolicy(grpc::ServerContext* context, const kappa::v1::WatchPolicyRequest*,
+                           grpc::ServerWriter<kappa::v1::PolicyChunk>*) override {
+    while (!context->IsCancelled()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    return grpc::Status::CANCELLED;
+  }
+};
+
+// Issue 45: a flood of held streams is bounded by the server's threads
+// (ServerOptions.max_threads, a ResourceQuota): the calls beyond it get
+// RESOURCE_EXHAUSTED instead of a thread each, and once the flood is gone
+// the server serves again.
+TEST(GrpcServerTest, HeldStreamsBeyondTheThreadBoundAreRefused) {
+  HoldingLearner learner;
+  ServerOptions options;
+  options.max_threads = 6;
+  absl::StatusOr<std::unique_ptr<GrpcServer>> server =
+      GrpcServer::Start("127.0.0.1:0", {&learner}, options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::string address = absl::StrCat("127.0.0.1:", (*server)->port());
+  constexpr int kStreams = 16;
+  std::vector<grpc::StatusCode> codes(kStreams);
+  std::vector<std::thread> clients;
+  for (int i = 0; i < kStreams; ++i) {
+    clients.emplace_back([&, i] {
+      auto stub = kappa::v1::Learner::NewStub(MakeChannel(address));
+      grpc::ClientContext context;
+      context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(3));
+      kappa::v1::WatchPolicyRequest request;
+      auto reader = stub->WatchPolicy(&context, request);
+      kappa::v1::PolicyChunk chunk;
+      while (reader->Read(&chunk)) {
+      }
+      codes[i] = reader->Finish().error_code();
+    });
+  }
+  for (std::thread& client : clients) client.join();
+  const int held =
+      static_cast<int>(std::count(codes.begin(), codes.end(), grpc::StatusCode::DEADLINE_EXCEEDED));
+  const int refused = static_cast<int>(
+      std::count(codes.begin(), codes.end(), grpc::StatusCode::RESOURCE_EXHAUSTED));
+  EXPECT_EQ(held + refused, kStreams);
+  EXPECT_GE(held, 1);
+  EXPECT_LT(held, options.max_threads) << "more streams held than the server has threads";
+  EXPECT_GE(refused, kStreams - options.max_threads);
+  EXPECT_TRUE(CheckHealth(address, absl::Seconds(5)).ok()) << "the server serves again";
 }
 
 TEST(CheckHealthTest, NothingListeningIsUnavailable) {
