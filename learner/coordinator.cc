@@ -35,6 +35,7 @@ void Coordinator::ExpireLeasesLocked(absl::Time now) {
   for (auto it = leases_.begin(); it != leases_.end();) {
     if (it->second.deadline <= now) {
       reissue_.push_back(it->second.example_index);
+      if (silent_.insert(it->second.worker_id).second) ++counters_.streams_silenced;
       --outstanding_by_worker_[it->second.worker_id];
       ++counters_.leases_reissued;
       it = leases_.erase(it);
@@ -51,7 +52,7 @@ std::optional<Lease> Coordinator::LeaseNext(const std::string& worker_id, int ma
     if (shutdown_) return std::nullopt;
     const absl::Time now = absl::Now();
     ExpireLeasesLocked(now);
-    if (outstanding_by_worker_[worker_id] < max_outstanding &&
+    if (silent_.count(worker_id) == 0 && outstanding_by_worker_[worker_id] < max_outstanding &&
         UsedSlotsLocked() < options_.buffer_groups) {
       break;
     }
@@ -87,6 +88,7 @@ void Coordinator::RememberClosedLocked(const std::string& lease_id) {
 SubmitVerdict Coordinator::Submit(const std::string& lease_id, const std::string& worker_id,
                                   ScoredGroup group) {
   absl::MutexLock lock(&mu_);
+  HeardFromLocked(worker_id);
   auto it = leases_.find(lease_id);
   if (it == leases_.end() && closed_.count(lease_id) > 0) {
     ++counters_.dropped_duplicate;
@@ -119,6 +121,7 @@ std::optional<size_t> Coordinator::LeasedExample(const std::string& lease_id,
 
 void Coordinator::ReissueRefused(const std::string& lease_id, const std::string& worker_id) {
   absl::MutexLock lock(&mu_);
+  HeardFromLocked(worker_id);
   auto it = leases_.find(lease_id);
   if (it == leases_.end() || it->second.worker_id != worker_id) return;
   reissue_.push_back(it->second.example_index);
@@ -133,6 +136,7 @@ Coordinator::Renewal Coordinator::Renew(const std::vector<std::string>& lease_id
   absl::MutexLock lock(&mu_);
   const absl::Time now = absl::Now();
   ExpireLeasesLocked(now);
+  HeardFromLocked(worker_id);
   Renewal renewal;
   renewal.deadline = now + options_.lease_timeout;
   for (const std::string& id : lease_ids) {
@@ -159,7 +163,12 @@ void Coordinator::ReleaseWorker(const std::string& worker_id) {
     }
   }
   outstanding_by_worker_.erase(worker_id);
+  silent_.erase(worker_id);
   changed_.SignalAll();
+}
+
+void Coordinator::HeardFromLocked(const std::string& worker_id) {
+  if (silent_.erase(worker_id) > 0) changed_.SignalAll();
 }
 
 std::vector<BufferedGroup> Coordinator::TakeBatch(size_t count, int64_t current_version,

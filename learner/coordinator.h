@@ -89,6 +89,9 @@ struct CoordinatorCounters {
   int64_t dropped_unknown_lease = 0;  // expired, never issued or another worker's
   int64_t buffered = 0;
   int64_t outstanding = 0;
+  // Times a worker stream was silenced: a lease it held expired while it
+  // sent nothing (see LeaseNext).
+  int64_t streams_silenced = 0;
 };
 
 class Coordinator {
@@ -98,7 +101,12 @@ class Coordinator {
 
   // Blocks until `worker_id` holds fewer than `max_outstanding` leases and a
   // slot is free, then leases the next prompt. nullopt on deadline or
-  // shutdown.
+  // shutdown. A silent worker gets nothing: once a lease it held expires
+  // with no group or renewal from it, its slots go back to the others and it
+  // is leased nothing more until it sends a group (Submit, ReissueRefused)
+  // or a renewal (Renew). So idle streams cannot keep the buffer's slots by
+  // taking each expired lease again.
+
   std::optional<Lease> LeaseNext(const std::string& worker_id, int max_outstanding,
                                  absl::Time deadline) ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -157,6 +165,8 @@ class Coordinator {
 
  private:
   void ExpireLeasesLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `worker_id` sent something: it may be leased prompts again.
+  void HeardFromLocked(const std::string& worker_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int64_t UsedSlotsLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Records `lease_id` as closed, forgetting the oldest beyond kClosedLeaseMemory.
   void RememberClosedLocked(const std::string& lease_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -168,6 +178,9 @@ class Coordinator {
   absl::CondVar changed_;  // signalled when slots, leases or the buffer change
   PromptSource prompts_ ABSL_GUARDED_BY(mu_);
   std::deque<size_t> reissue_ ABSL_GUARDED_BY(mu_);
+  // Workers a lease of which expired unanswered (LeaseNext); cleared by any
+  // group or renewal from them, or when they leave.
+  std::set<std::string> silent_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, Lease> leases_ ABSL_GUARDED_BY(mu_);
   // Leases closed by an accepted group, the newest kClosedLeaseMemory: the
   // set for lookup, the queue for the order they leave it in.

@@ -230,6 +230,10 @@ void LearnerMetrics::RecordCoordinator(const CoordinatorCounters& counters) {
   r.GetCounter("kappa_learner_leases_renewed_total",
                "Work lease deadlines moved because their worker still works on them.")
       .SetTotal(static_cast<double>(counters.leases_renewed));
+  r.GetCounter("kappa_learner_streams_silenced_total",
+               "Times a worker stream let a lease expire without a group or renewal and was "
+               "leased nothing more until it sent one.")
+      .SetTotal(static_cast<double>(counters.streams_silenced));
   r.GetGauge("kappa_learner_buffer_groups", "Scored groups waiting in the buffer.")
       .Set(static_cast<double>(counters.buffered));
   r.GetGauge("kappa_learner_outstanding_leases", "Work leases handed out and not yet returned.")

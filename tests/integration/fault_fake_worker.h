@@ -41,6 +41,8 @@ struct FakeWorkerOptions {
   // Changes the n-th group sent (0-based, over all streams) before it goes
   // out: a worker that returns what it was not handed. Null: none.
   std::function<void(int64_t n, kappa::v1::ScoredGroup& group)> tamper;
+  // Takes work and never answers (an idle or hostile stream holding slots).
+  bool silent = false;
 };
 
 struct FakeWorkerStats {
@@ -150,7 +152,7 @@ class FakeWorker {
         } else if (message.has_credit()) {
           credits += message.credit().groups();
         }
-        while (open && credits > 0 && !items.empty()) {
+        while (open && !options_.silent && credits > 0 && !items.empty()) {
           const kappa::v1::WorkItem& item = items.front();
           if (options_.sample_time.count() > 0) std::this_thread::sleep_for(options_.sample_time);
           kappa::v1::WorkerMessage reply;

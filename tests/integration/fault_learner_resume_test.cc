@@ -319,6 +319,54 @@ TEST_F(LearnerResumeTest, AGroupTheStepCannotBatchIsDroppedAndTheRunGoesOn) {
   EXPECT_TRUE(exit.status.success()) << exit.status.ToString() << "\n" << log;
 }
 
+// Issue 45: four streams that take all 8 buffer slots and never answer do
+// not stall training. Once their leases expire they are leased nothing
+// more, and a real worker that joins after them gets the slots and trains.
+TEST_F(LearnerResumeTest, IdleStreamsHoldingEverySlotDoNotStallTraining) {
+  const fs::path run_dir = root_ / "idle";
+  std::string address;
+  const kappa::testing::ReadyService started =
+      StartLearner(run_dir, &address, false, "idle.log",
+                   {"trainer.steps=100000", "learner.lease_timeout_ms=1000", "--metrics-address",
+                    kAnyLoopbackPort});
+  std::vector<std::unique_ptr<kappa::testing::FakeWorker>> idle;
+  for (int i = 0; i < 4; ++i) {
+    kappa::testing::FakeWorkerOptions options = WorkerOptions();
+    options.worker_id = "idle-" + std::to_string(i);
+    options.max_outstanding = 2;
+    options.silent = true;
+    idle.push_back(std::make_unique<kappa::testing::FakeWorker>(
+        kappa::testing::FastReconnectChannel(address), options));
+    idle.back()->Start();
+  }
+  auto idle_items = [&] {
+    int64_t items = 0;
+    for (const auto& worker : idle) items += worker->stats().items;
+    return items;
+  };
+  auto deadline = Clock::now() + std::chrono::seconds(20);
+  while (idle_items() < 8 && Clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(idle_items(), 8) << "the idle streams did not take every slot";
+  kappa::testing::FakeWorker worker(kappa::testing::FastReconnectChannel(address), WorkerOptions());
+  worker.Start();
+  deadline = Clock::now() + std::chrono::seconds(30);
+  while (LastStep(run_dir / "metrics.jsonl") < 3 && Clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  const std::string page = kappa::testing::HttpGet(started.ready.metrics_address, "/metrics").body;
+  const kappa::testing::TimedExit exit =
+      kappa::testing::ExitAfterSigterm(supervisor_, started.pid, std::chrono::seconds(20));
+  worker.Stop();
+  for (auto& stream : idle) stream->Stop();
+  const std::string log = ReadAll(root_ / "idle.log");
+  EXPECT_GE(LastStep(run_dir / "metrics.jsonl"), 3) << log;
+  EXPECT_EQ(idle_items(), 8) << "an idle stream was leased more after it went silent";
+  EXPECT_NE(page.find("kappa_learner_streams_silenced_total 4"), std::string::npos) << page;
+  EXPECT_TRUE(exit.status.success()) << exit.status.ToString() << "\n" << log;
+}
+
 TEST_F(LearnerResumeTest, NonFiniteStepsAreSkippedThenStopTheLearner) {
   const std::string skipped_line = "ALARM nonfinite at step 3: grad_norm is not finite";
   {

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <map>
 #include <set>
 #include <string>
 #include <thread>
@@ -109,6 +110,56 @@ TEST(CoordinatorTest, ExpiredLeaseIsReissuedAndItsLateGroupDropped) {
   EXPECT_EQ(coordinator.Submit(first->lease_id, "a", GroupAtVersion(0)),
             SubmitVerdict::kUnknownLease);
   EXPECT_EQ(coordinator.counters().leases_reissued, 1);
+}
+
+// Issue 45: four idle streams take every slot and answer nothing. Once
+// their leases expire they are leased nothing more (before, each took an
+// expired lease back at its next ask and training stalled): a working
+// stream gets the slots and the prompts, and an idle stream that speaks
+// again (a group, even a late one, or a renewal) is leased again.
+TEST(CoordinatorTest, IdleStreamsLoseTheirSlotsToWorkingOnes) {
+  Coordinator coordinator(100, 1, 0, Options(8, 2, absl::Milliseconds(50)));
+  std::map<std::string, std::vector<Lease>> held;
+  for (int i = 0; i < 4; ++i) {
+    const std::string idle = "idle-" + std::to_string(i);
+    for (int k = 0; k < 2; ++k) {
+      auto lease = coordinator.LeaseNext(idle, 2, absl::Now() + absl::Milliseconds(10));
+      ASSERT_TRUE(lease) << idle;
+      held[idle].push_back(*lease);
+    }
+  }
+  EXPECT_FALSE(coordinator.LeaseNext("worker", 8, absl::Now() + absl::Milliseconds(10)))
+      << "all 8 slots are held";
+  std::this_thread::sleep_for(std::chrono::milliseconds(80));
+  // The idle streams ask first, as they would in a tight loop.
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_FALSE(
+        coordinator.LeaseNext("idle-" + std::to_string(i), 2, absl::Now() + absl::Milliseconds(5)))
+        << "a silent stream took a slot back";
+  }
+  EXPECT_EQ(coordinator.counters().streams_silenced, 4);
+  std::set<size_t> expired;
+  for (const auto& [idle, leases] : held) {
+    for (const Lease& lease : leases) expired.insert(lease.example_index);
+  }
+  std::set<size_t> taken;
+  for (int k = 0; k < 8; ++k) {
+    auto lease = coordinator.LeaseNext("worker", 8, absl::Now() + absl::Milliseconds(10));
+    ASSERT_TRUE(lease) << k;
+    taken.insert(lease->example_index);
+    ASSERT_EQ(coordinator.Submit(lease->lease_id, "worker", GroupAtVersion(0)),
+              SubmitVerdict::kAccepted);
+  }
+  EXPECT_EQ(taken, expired) << "the working stream got the expired prompts";
+  EXPECT_EQ(coordinator.TakeBatch(8, 0, absl::Now() + absl::Seconds(1)).size(), 8u);
+  // A late group from idle-0 is dropped, but idle-0 is heard: it is leased
+  // again; idle-1 renews and is leased again too.
+  EXPECT_EQ(coordinator.Submit(held["idle-0"][0].lease_id, "idle-0", GroupAtVersion(0)),
+            SubmitVerdict::kUnknownLease);
+  EXPECT_TRUE(coordinator.LeaseNext("idle-0", 2, absl::Now() + absl::Milliseconds(10)));
+  coordinator.Renew({}, "idle-1");
+  EXPECT_TRUE(coordinator.LeaseNext("idle-1", 2, absl::Now() + absl::Milliseconds(10)));
+  EXPECT_FALSE(coordinator.LeaseNext("idle-2", 2, absl::Now() + absl::Milliseconds(5)));
 }
 
 // A lease its worker keeps renewing outlives its timeout many times over
