@@ -402,6 +402,9 @@ absl::Status GroupSampler::Verify(const kappa::v1::WorkItem& item, kappa::v1::Sc
     kappa::v1::VerifyItem* verify_item = request.add_items();
     verify_item->set_task(item.task());
     verify_item->set_reference_answer(item.reference_answer());
+    // The verifier runs a code task's tests from its own --code-tasks file
+    // by this id (verifier.proto).
+    verify_item->set_example_id(item.prompt_id());
     verify_item->set_response_text(sample.response_text());
   }
   kappa::v1::VerifyResponse response;

@@ -85,6 +85,9 @@ absl::StatusOr<std::vector<kappa::v1::TeacherDemonstration>> FetchDemonstrations
     kappa::v1::VerifyItem* verify_item = verify.add_items();
     verify_item->set_task(item.task());
     verify_item->set_reference_answer(item.reference_answer());
+    // The verifier runs a code task's tests from its own --code-tasks file
+    // by this id (verifier.proto).
+    verify_item->set_example_id(item.prompt_id());
     verify_item->set_response_text(candidate.response_text());
   }
   kappa::v1::VerifyResponse verified;

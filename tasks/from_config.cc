@@ -32,13 +32,7 @@ absl::StatusOr<std::unique_ptr<Dataset>> LoadJsonl(const services::Config::Task&
         absl::StrCat("task.", split == Split::kTrain ? "train_path" : "heldout_path",
                      ": required when task.kind is jsonl"));
   }
-  JsonlOptions options;
-  options.prompt_key = task.prompt_key;
-  options.messages_key = task.messages_key;
-  options.answer_key = task.answer_key;
-  options.format = task.format;
-  options.family = task.family;
-  options.skip_bad_lines = task.skip_bad_lines;
+  const JsonlOptions options = JsonlOptionsFromConfig(task);
   if (absl::Status status = ValidateJsonlOptions(options); !status.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("task.", status.message()));
   }
@@ -53,6 +47,17 @@ absl::StatusOr<std::unique_ptr<Dataset>> LoadJsonl(const services::Config::Task&
 }
 
 }  // namespace
+
+JsonlOptions JsonlOptionsFromConfig(const services::Config::Task& task) {
+  JsonlOptions options;
+  options.prompt_key = task.prompt_key;
+  options.messages_key = task.messages_key;
+  options.answer_key = task.answer_key;
+  options.format = task.format;
+  options.family = task.family;
+  options.skip_bad_lines = task.skip_bad_lines;
+  return options;
+}
 
 absl::StatusOr<std::unique_ptr<Dataset>> MakeDataset(const services::Config& config, Split split) {
   switch (config.task.kind) {

@@ -54,18 +54,27 @@ CodeRewarder::CodeRewarder(CodeOptions options, VerifierMetrics* metrics)
   slots_ = std::make_unique<SandboxSlots>(capacity_);
   isolation_ = ProbeSandboxIsolation();
   if (isolation_.full()) {
-    spdlog::info("code sandbox: full isolation ({}); uid {}, {} at once, limits: {} s CPU, {} s "
-                 "wall, {} MiB address space",
-                 isolation_.ToString(), options_.sandbox.uid, capacity_,
-                 options_.sandbox.cpu_seconds,
-                 absl::ToDoubleSeconds(options_.sandbox.wall_timeout),
-                 options_.sandbox.address_space_bytes >> 20);
+    spdlog::info(
+        "code sandbox: full isolation ({}); uid {}, {} at once, limits: {} s CPU, {} s "
+        "wall, {} MiB address space per process, {} MiB per run",
+        isolation_.ToString(), ForSlot(0).uid, capacity_, options_.sandbox.cpu_seconds,
+        absl::ToDoubleSeconds(options_.sandbox.wall_timeout),
+        options_.sandbox.address_space_bytes >> 20, options_.sandbox.run_memory_bytes >> 20);
+  } else if (!options_.allow_weak_sandbox) {
+    available_ = absl::FailedPreconditionError(absl::StrCat(
+        "the code sandbox lacks full isolation (", isolation_.ToString(), ")",
+        geteuid() != 0 ? " because the verifier is not running as root" : "",
+        "; run the verifier as root with cgroups it can write (docs/security.md), or pass "
+        "--allow-weak-sandbox to score code in the weaker sandbox"));
+    spdlog::error("{}", std::string(available_.message()));
+    return;
   } else {
-    spdlog::warn("code sandbox is WEAKER than intended ({}){}: rlimits, the wall-clock timeout, "
-                 "the empty work dir, the closed fds and the clean environment still apply; "
-                 "see docs/security.md",
-                 isolation_.ToString(),
-                 geteuid() != 0 ? " because the verifier is not running as root" : "");
+    spdlog::warn(
+        "code sandbox is WEAKER than intended ({}){}: rlimits, the wall-clock timeout, "
+        "the empty work dir, the closed fds and the clean environment still apply "
+        "(--allow-weak-sandbox); see docs/security.md",
+        isolation_.ToString(),
+        geteuid() != 0 ? " because the verifier is not running as root" : "");
   }
   // One known-good run: a missing interpreter or an unusable work root shows
   // now, in the log and as FAILED_PRECONDITION, not as silent zero rewards.

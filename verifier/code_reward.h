@@ -23,7 +23,14 @@
 namespace kappa::verifier {
 
 struct CodeOptions {
-  bool enabled = true;  // false: code items are refused (FAILED_PRECONDITION)
+  // kappa-verifier --enable-code; false: code items are refused
+  // (FAILED_PRECONDITION naming --enable-code).
+  bool enabled = false;
+  // --allow-weak-sandbox: without it, a sandbox without full isolation
+  // (SandboxIsolation::full(): not root, no namespaces, no seccomp, no run
+  // cgroup) is not available() and kappa-verifier refuses to start; with it,
+  // it runs with a warning naming what is missing.
+  bool allow_weak_sandbox = false;
   int max_concurrent = 0;  // sandboxes at once, all calls together; 0: hardware threads
   size_t max_solution_bytes = 64 * 1024;  // response_text
   size_t max_tests_bytes = 256 * 1024;    // reference_answer
@@ -38,9 +45,10 @@ struct CodeOptions {
 class CodeRewarder {
  public:
   // Probes the isolation this process can have and runs one known-good
-  // program, logging what it found (a weaker sandbox is a warning; a sandbox
-  // that cannot run at all makes available() fail). `metrics` (not owned) may
-  // be null.
+  // program, logging what it found. available() fails when the sandbox
+  // cannot run at all, or lacks full isolation without
+  // options.allow_weak_sandbox (with it: a warning). `metrics` (not owned)
+  // may be null.
   CodeRewarder(CodeOptions options, VerifierMetrics* metrics);
   CodeRewarder(const CodeRewarder&) = delete;
   CodeRewarder& operator=(const CodeRewarder&) = delete;

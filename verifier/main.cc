@@ -2,7 +2,8 @@
 //
 //   kappa-verifier [--config FILE] [key=value ...] [--address HOST:PORT]
 //                  [--metrics-address HOST:PORT] [--log-file FILE]
-//                  [--health-check ADDR] [--code-* VALUE ...]
+//                  [--health-check ADDR] [--enable-code [--allow-weak-sandbox]
+//                  [--code-tasks FILE[,FILE...]] [--code-* VALUE ...]]
 //
 // Exit codes (services/service_main.h): 2 for a bad flag, key or TLS
 // setting; 1 when a port cannot be served or the ready file written.
@@ -28,6 +29,9 @@
 #include "services/ready_file.h"
 #include "services/server.h"
 #include "services/service_main.h"
+#include "tasks/answer.h"
+#include "tasks/from_config.h"
+#include "verifier/code_tasks.h"
 #include "verifier/verifier_service.h"
 
 namespace kappa::verifier {
@@ -39,16 +43,26 @@ using services::ConfigurationError;
 // The code sandbox's settings are flags rather than config keys (the config
 // schema is shared by every process); defaults suit the demo machine.
 constexpr char kExtraUsage[] =
-    "  --code-enabled true|false   score \"code\" items in the sandbox (default true)\n"
+    "  --enable-code               score \"code\" items: run model-written Python in the\n"
+    "                              sandbox (default off; needs root, see docs/security.md)\n"
+    "  --allow-weak-sandbox        with --enable-code: start even when the sandbox lacks\n"
+    "                              full isolation (not root, no namespaces, no cgroups)\n"
+    "  --code-tasks FILE[,FILE]    JSONL task files (the learner's, read with the task.*\n"
+    "                              keys): code items run these tests, by example_id\n"
     "  --code-max-concurrent N     sandboxes at once (default: hardware threads)\n"
     "  --code-cpu-seconds N        RLIMIT_CPU per run (default 5)\n"
     "  --code-wall-seconds N       wall-clock timeout per run (default 10)\n"
-    "  --code-memory-mb N          RLIMIT_AS per run (default 1024)\n"
+    "  --code-memory-mb N          RLIMIT_AS per process (default 1024)\n"
+    "  --code-run-memory-mb N      cgroup memory.max per run, all processes (default 1024)\n"
     "  --code-python PATH          interpreter (default /usr/bin/python3)\n"
     "  --code-work-root DIR        where run dirs are made (default $TMPDIR or /tmp)\n";
 const std::vector<std::string> kExtraFlags = {
-    "code-enabled",   "code-max-concurrent", "code-cpu-seconds", "code-wall-seconds",
-    "code-memory-mb", "code-python",         "code-work-root"};
+    "enable-code",         "allow-weak-sandbox", "code-tasks",        "code-enabled",
+    "code-max-concurrent", "code-cpu-seconds",   "code-wall-seconds", "code-memory-mb",
+    "code-run-memory-mb",  "code-python",        "code-work-root"};
+// Flags without a value; main() turns "--flag" into "--flag=true" for the
+// shared parser, which knows only value flags.
+const std::vector<std::string> kSwitches = {"enable-code", "allow-weak-sandbox"};
 
 absl::Status ApplyCodeFlags(const std::map<std::string, std::string>& extra, CodeOptions* code) {
   for (const auto& [name, value] : extra) {
@@ -60,10 +74,17 @@ absl::Status ApplyCodeFlags(const std::map<std::string, std::string>& extra, Cod
           absl::StrCat("--", name, ": expected a positive integer, got '", value, "'"));
     };
     if (name == "code-enabled") {
-      if (!absl::SimpleAtob(value, &code->enabled)) {
+      // Code scoring used to be on by default; now it is opted into by name.
+      return absl::InvalidArgumentError(
+          "--code-enabled: removed; code scoring is off unless --enable-code is given");
+    } else if (name == "enable-code" || name == "allow-weak-sandbox") {
+      bool* flag = name == "enable-code" ? &code->enabled : &code->allow_weak_sandbox;
+      if (!absl::SimpleAtob(value, flag)) {
         return absl::InvalidArgumentError(
-            absl::StrCat("--code-enabled: expected true or false, got '", value, "'"));
+            absl::StrCat("--", name, ": takes no value (or true/false), got '", value, "'"));
       }
+    } else if (name == "code-tasks") {
+      continue;  // read by LoadCodeTasks
     } else if (name == "code-python") {
       code->sandbox.python = value;
     } else if (name == "code-work-root") {
@@ -78,9 +99,33 @@ absl::Status ApplyCodeFlags(const std::map<std::string, std::string>& extra, Cod
       code->sandbox.wall_timeout = absl::Seconds(number);
     } else if (name == "code-memory-mb") {
       code->sandbox.address_space_bytes = number << 20;
+    } else if (name == "code-run-memory-mb") {
+      code->sandbox.run_memory_bytes = number << 20;
     }
   }
+  if (code->allow_weak_sandbox && !code->enabled) {
+    return absl::InvalidArgumentError("--allow-weak-sandbox: only with --enable-code");
+  }
   return absl::OkStatus();
+}
+
+// --code-tasks, read as the learner reads its task files (the config's
+// task.* keys); null without the flag.
+absl::StatusOr<std::shared_ptr<const CodeTasks>> LoadCodeTasks(
+    const services::Config& config, const std::map<std::string, std::string>& extra,
+    const VerifierOptions& service) {
+  const auto flag = extra.find("code-tasks");
+  if (flag == extra.end()) return nullptr;
+  if (!service.code.enabled) {
+    return absl::InvalidArgumentError("--code-tasks: only with --enable-code");
+  }
+  const bool all_are_code =
+      service.reward_family.has_value() && tasks::IsCodeTask(*service.reward_family);
+  KAPPA_ASSIGN_OR_RETURN(
+      CodeTasks loaded,
+      CodeTasks::Load(flag->second, tasks::JsonlOptionsFromConfig(config.task), all_are_code));
+  spdlog::info("code tasks: {} from {}", loaded.size(), flag->second);
+  return std::make_shared<const CodeTasks>(std::move(loaded));
 }
 
 // Everything the binary serves with, read from the configuration and flags.
@@ -101,9 +146,15 @@ absl::StatusOr<VerifierServerOptions> VerifierServerOptionsFromConfig(
   // The code options first: ApplyVerifierConfig checks verifier.reward against them.
   KAPPA_RETURN_IF_ERROR(ConfigurationError(ApplyCodeFlags(flags.extra, &options.service.code)));
   KAPPA_RETURN_IF_ERROR(ConfigurationError(ApplyVerifierConfig(config, &options.service)));
+  absl::StatusOr<std::shared_ptr<const CodeTasks>> code_tasks =
+      LoadCodeTasks(config, flags.extra, options.service);
+  if (!code_tasks.ok()) return ConfigurationError(code_tasks.status());
+  options.service.code_tasks = *std::move(code_tasks);
   absl::StatusOr<services::ServerOptions> server = services::ServerOptionsFromConfig(config);
   if (!server.ok()) return ConfigurationError(server.status());
   options.server = *std::move(server);
+  // Tests sent by a caller run only when the server knows who calls.
+  options.service.callers_authenticated = options.server.security.AuthenticatesClients();
   return options;
 }
 
@@ -132,6 +183,12 @@ absl::Status Serve(const CommonFlags& flags) {
   services::metrics::Registry registry;
   VerifierMetrics metrics(registry);
   VerifierService service(options.service, &metrics);
+  // --enable-code asked for the sandbox: one that cannot run, or that is
+  // weaker than intended without --allow-weak-sandbox, stops the start.
+  if (absl::Status code = service.CodeStatus(); !code.ok()) {
+    return ConfigurationError(
+        absl::FailedPreconditionError(absl::StrCat("--enable-code: ", code.message())));
+  }
   KAPPA_ASSIGN_OR_RETURN(
       std::unique_ptr<services::metrics::MetricsServer> metrics_server,
       services::metrics::ServeMetricsIfRequested(flags.metrics_address, &registry));
@@ -152,7 +209,16 @@ absl::Status Serve(const CommonFlags& flags) {
 }  // namespace kappa::verifier
 
 int main(int argc, char** argv) {
-  return kappa::services::ServiceMain(argc, argv,
+  std::vector<std::string> args(argv, argv + argc);
+  for (std::string& arg : args) {
+    for (const std::string& name : kappa::verifier::kSwitches) {
+      if (arg == "--" + name) arg += "=true";
+    }
+  }
+  std::vector<char*> pointers;
+  for (std::string& arg : args) pointers.push_back(arg.data());
+  pointers.push_back(nullptr);
+  return kappa::services::ServiceMain(argc, pointers.data(),
                                       {"kappa-verifier", kappa::verifier::kExtraUsage,
                                        kappa::verifier::kExtraFlags, kappa::verifier::Serve});
 }

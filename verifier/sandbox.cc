@@ -6,7 +6,9 @@
 #include <sched.h>
 #include <signal.h>
 #include <sys/mount.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -19,6 +21,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "verifier/sandbox_cgroup.h"
 #include "verifier/sandbox_child.h"
 
 // The parent side: what the verifier's own process does for a run. The
@@ -30,6 +33,7 @@ namespace {
 using sandbox_internal::ChildFile;
 using sandbox_internal::ChildPlan;
 using sandbox_internal::Record;
+using sandbox_internal::RunCgroup;
 
 class UniqueFd {
  public:
@@ -423,14 +427,26 @@ SandboxResult Finished(absl::Time start, SandboxResult result) {
 
 std::string SandboxIsolation::ToString() const {
   auto yes_no = [](bool value) { return value ? "yes" : "NO"; };
-  return absl::StrCat("network namespace: ", yes_no(network_namespace),
-                      ", read-only mounts: ", yes_no(mount_namespace),
-                      ", pid namespace: ", yes_no(pid_namespace),
-                      ", unprivileged uid: ", yes_no(drop_privileges));
+  return absl::StrCat(
+      "network namespace: ", yes_no(network_namespace),
+      ", read-only mounts: ", yes_no(mount_namespace), ", pid namespace: ", yes_no(pid_namespace),
+      ", unprivileged uid: ", yes_no(drop_privileges),
+      ", no Unix sockets (seccomp): ", yes_no(unix_socket_filter), ", run cgroup: ",
+      cgroups.version == 0
+          ? absl::StrCat("NO (", cgroups.missing, ")")
+          : absl::StrCat("v", cgroups.version, cgroups.pids.empty() ? ", memory only" : ""));
 }
 
 SandboxIsolation ProbeSandboxIsolation() {
   SandboxIsolation isolation;
+  // The filter needs no privilege (PR_SET_NO_NEW_PRIVS suffices).
+  isolation.unix_socket_filter = ChildSucceeds([] {
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0 || !sandbox_internal::DenyUnixSockets()) {
+      return false;
+    }
+    return socket(AF_UNIX, SOCK_STREAM, 0) < 0 && errno == EPERM;
+  });
+  isolation.cgroups = sandbox_internal::ProbeRunCgroups();
   if (geteuid() != 0) return isolation;
   isolation.network_namespace = ChildSucceeds([] { return unshare(CLONE_NEWNET) == 0; });
   isolation.mount_namespace = ChildSucceeds([] {
@@ -476,6 +492,7 @@ std::string SandboxResult::Summary() const {
   if (!error.empty()) absl::StrAppend(&line, ": ", error);
   if (timed_out) absl::StrAppend(&line, " (wall-clock timeout)");
   if (signal != 0) absl::StrAppend(&line, " (signal ", signal, ", ", strsignal(signal), ")");
+  if (oom_killed) absl::StrAppend(&line, " (the run's memory limit killed a process)");
   if (exit_code >= 0)
     absl::StrAppend(&line, " (exit ", exit_code, completed ? "" : ", tests did not finish", ")");
   return line;
@@ -488,6 +505,7 @@ absl::StatusOr<SandboxResult> RunSandboxed(
   const absl::Time start = absl::Now();
   SandboxResult result;
   WorkDir work_dir;  // removed on return, with whatever the run wrote
+  RunCgroup cgroup;  // emptied and removed on return, after the supervisor is reaped
   const ProgramInputs inputs(files, entry, options, isolation);
   RunPipes pipes;
   pid_t supervisor = -1;
@@ -495,11 +513,16 @@ absl::StatusOr<SandboxResult> RunSandboxed(
   // add the isolation (SupervisorMain in sandbox_child.cc): namespaces,
   // mounts, fds, limits, identity, exec.
   absl::Status setup = work_dir.Create(options, isolation);
+  if (setup.ok() && isolation.cgroups.version != 0) {
+    setup = cgroup.Create(isolation.cgroups, options.run_memory_bytes, options.max_processes);
+  }
   if (setup.ok() && !isolation.mount_namespace) setup = WriteTheProgram(work_dir.path(), inputs);
   if (setup.ok()) setup = pipes.Open();
   if (setup.ok()) {
-    setup = ForkTheSupervisor(MakeChildPlan(pipes, work_dir.path(), inputs, options, isolation),
-                              &supervisor);
+    ChildPlan plan = MakeChildPlan(pipes, work_dir.path(), inputs, options, isolation);
+    plan.cgroup_procs[0] = cgroup.memory_procs();
+    plan.cgroup_procs[1] = cgroup.pids_procs();
+    setup = ForkTheSupervisor(plan, &supervisor);
   }
   if (!setup.ok()) {
     result.error = std::string(setup.message());
@@ -512,6 +535,7 @@ absl::StatusOr<SandboxResult> RunSandboxed(
   const int wait_status = ReadSupervisorRecords(reports.control, &result);
   KillWhatIsLeftAndReap(supervisor, &pipes.kill_w);
   RecordHowTheProgramEnded(wait_status, reports, options.output_limit_bytes, &result);
+  result.oom_killed = cgroup.OomKilled();
   return Finished(start, std::move(result));
 }
 

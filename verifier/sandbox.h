@@ -43,22 +43,40 @@ struct SandboxOptions {
   // namespace the work dir is a tmpfs of 4x this size.
   int64_t file_size_bytes = int64_t{16} << 20;
   int max_processes = 32;   // RLIMIT_NPROC: counts every process of `uid` (see security.md)
+  // With run cgroups (SandboxIsolation::cgroups): memory.max of the whole
+  // run, all its processes together (no swap), and pids.max = max_processes.
+  int64_t run_memory_bytes = int64_t{1} << 30;
   int max_open_files = 64;  // RLIMIT_NOFILE
   size_t output_limit_bytes = 64 * 1024;  // tail of stdout and of stderr kept for logs
   uid_t uid = 65534;                      // the unprivileged identity (nobody/nogroup)
   gid_t gid = 65534;
 };
 
-// What the kernel lets this process do for a run. Every flag needs root
-// (CAP_SYS_ADMIN, CAP_SETUID/SETGID); ProbeSandboxIsolation() decides once.
+// Where per-run cgroups are made (verifier/sandbox_cgroup.h); version 0:
+// nowhere, and `missing` says why.
+struct SandboxCgroups {
+  int version = 0;      // 1 or 2
+  std::string memory;   // the parent directory of run cgroups, memory controller
+  std::string pids;     // pids controller (v2: == memory); empty: no pids limit
+  std::string missing;  // when version is 0
+};
+
+// What the kernel lets this process do for a run. Every flag but
+// unix_socket_filter needs root (CAP_SYS_ADMIN, CAP_SETUID/SETGID);
+// ProbeSandboxIsolation() decides.
 struct SandboxIsolation {
   bool network_namespace = false;  // empty net namespace: no interface but a down loopback
   bool mount_namespace = false;    // every mount read-only (and nosuid) except the work dir
   bool pid_namespace = false;      // the run's processes die together; fresh /proc
   bool drop_privileges = false;    // setgroups({}), setgid, setuid to options.uid/gid
+  // seccomp: socket(AF_UNIX) and io_uring_setup fail, so no socket bound to
+  // a path (which no network namespace hides) is reachable.
+  bool unix_socket_filter = false;
+  SandboxCgroups cgroups;  // per-run memory.max and pids.max
 
   bool full() const {
-    return network_namespace && mount_namespace && pid_namespace && drop_privileges;
+    return network_namespace && mount_namespace && pid_namespace && drop_privileges &&
+           unix_socket_filter && cgroups.version != 0;
   }
   std::string ToString() const;
 };
@@ -81,6 +99,7 @@ struct SandboxResult {
   int signal = 0;      // when a signal killed it
   bool timed_out = false;
   bool completed = false;  // wrote to the completion fd
+  bool oom_killed = false;  // the run's cgroup memory limit killed a process of it
   double seconds = 0.0;    // wall time of the run
   std::string stdout_tail;
   std::string stderr_tail;

@@ -6,12 +6,17 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/audit.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
+#include <stddef.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -55,11 +60,61 @@ void SetMountAttributes(const char* path, unsigned int flags, uint64_t set, uint
 }
 
 // ---------------------------------------------------------------------------
+// The seccomp filter of DenyUnixSockets, classic BPF over seccomp_data.
+
+#if defined(__x86_64__)
+constexpr uint32_t kAuditArch = AUDIT_ARCH_X86_64;
+constexpr uint32_t kForeignAbiBit = 0x40000000;  // __X32_SYSCALL_BIT: x32 syscalls
+#elif defined(__aarch64__)
+constexpr uint32_t kAuditArch = AUDIT_ARCH_AARCH64;
+constexpr uint32_t kForeignAbiBit = 0;
+#endif
+
+#if defined(__x86_64__) || defined(__aarch64__)
+constexpr uint32_t kDenied = SECCOMP_RET_ERRNO | (EPERM & SECCOMP_RET_DATA);
+// Offsets into struct seccomp_data; args[0]'s low 32 bits (little-endian)
+// hold socket()'s int domain.
+constexpr uint32_t kArchOffset = offsetof(seccomp_data, arch);
+constexpr uint32_t kNrOffset = offsetof(seccomp_data, nr);
+constexpr uint32_t kArg0Offset = offsetof(seccomp_data, args[0]);
+
+// 0  ld arch;  1  jeq native ? 2 : kill
+// 2  ld nr;    3  jge foreign-ABI bit ? kill : 4  (x32 on x86-64; never on aarch64)
+// 4  jeq io_uring_setup ? deny : 5
+// 5  jeq socket ? 6 : allow
+// 6  ld args[0]; 7  jeq AF_UNIX ? deny : allow
+// 8  allow;  9  deny;  10 kill
+constexpr sock_filter kUnixSocketFilter[] = {
+    BPF_STMT(BPF_LD | BPF_W | BPF_ABS, kArchOffset),
+    BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, kAuditArch, 0, 8),
+    BPF_STMT(BPF_LD | BPF_W | BPF_ABS, kNrOffset),
+    BPF_JUMP(BPF_JMP | BPF_JGE | BPF_K, kForeignAbiBit == 0 ? 0xffffffffu : kForeignAbiBit, 6, 0),
+    BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_io_uring_setup, 4, 0),
+    BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_socket, 0, 2),
+    BPF_STMT(BPF_LD | BPF_W | BPF_ABS, kArg0Offset),
+    BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AF_UNIX, 1, 0),
+    BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    BPF_STMT(BPF_RET | BPF_K, kDenied),
+    BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_KILL_PROCESS),
+};
+#endif
+
+// ---------------------------------------------------------------------------
 // The supervisor's steps.
 
 // A process group of its own: the parent's timeout kills the whole group.
 void BecomeAProcessGroupOfItsOwn(const ChildPlan& plan) {
   if (setsid() < 0) Fail(plan.control_w, kStageSetsid);
+}
+
+// The run's cgroups (memory.max, pids.max): the supervisor joins them before
+// it forks the program, so the program and every descendant count against
+// one per-run budget, whatever their uid.
+void JoinTheRunsCgroups(const ChildPlan& plan) {
+  for (const int procs : plan.cgroup_procs) {
+    // "0": the writing process (cgroup v1 and v2).
+    if (procs >= 0 && write(procs, "0", 1) != 1) Fail(plan.control_w, kStageCgroup);
+  }
 }
 
 // Puts devnull/stdout/stderr/completion on 0..3, the control pipe on 4 and
@@ -209,6 +264,12 @@ void NeverRegainPrivileges() {
   if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) Fail(kControlFd, kStageNoNewPrivs);
 }
 
+// No Unix socket: the network namespace does not cover sockets bound to a
+// path (a world-writable one under /tmp or /run would be reachable).
+void NeverOpenAUnixSocket() {
+  if (!DenyUnixSockets()) Fail(kControlFd, kStageSeccomp);
+}
+
 // The interpreter, with the argv and the clean environment the parent
 // prepared: nothing of the verifier's (tokens, keys) is inherited.
 [[noreturn]] void ExecWithACleanEnvironment(const ChildPlan& plan) {
@@ -223,6 +284,7 @@ void NeverRegainPrivileges() {
   BoundEveryResource(plan);
   if (isolation.drop_privileges) BecomeTheUnprivilegedUser(plan);
   NeverRegainPrivileges();
+  if (isolation.unix_socket_filter) NeverOpenAUnixSocket();
   ExecWithACleanEnvironment(plan);
 }
 
@@ -264,6 +326,10 @@ const char* StageName(int32_t stage) {
       return "prctl(PR_SET_NO_NEW_PRIVS)";
     case kStageExec:
       return "execve";
+    case kStageCgroup:
+      return "joining the run's cgroup";
+    case kStageSeccomp:
+      return "installing the seccomp filter";
     default:
       return "unknown step";
   }
@@ -283,8 +349,20 @@ bool WriteFiles(const char* dir, const ChildFile* files, size_t count) {
   return ok;
 }
 
+bool DenyUnixSockets() {
+#if defined(__x86_64__) || defined(__aarch64__)
+  const sock_fprog program = {sizeof(kUnixSocketFilter) / sizeof(kUnixSocketFilter[0]),
+                              const_cast<sock_filter*>(kUnixSocketFilter)};
+  return syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &program) == 0;
+#else
+  errno = ENOSYS;
+  return false;
+#endif
+}
+
 [[noreturn]] void SupervisorMain(const ChildPlan& plan) {
   BecomeAProcessGroupOfItsOwn(plan);
+  JoinTheRunsCgroups(plan);
   KeepOnlyTheRunsFds(plan);
   const SandboxIsolation& isolation = plan.isolation;
   if (isolation.network_namespace) CutOffTheNetwork();

@@ -44,6 +44,8 @@ enum Stage : int32_t {
   kStageDropPrivileges,
   kStageNoNewPrivs,
   kStageExec,
+  kStageCgroup,
+  kStageSeccomp,
 };
 const char* StageName(int32_t stage);  // "setsid", "execve", ...
 
@@ -79,7 +81,18 @@ struct ChildPlan {
   uid_t uid = 0;
   gid_t gid = 0;
   SandboxIsolation isolation;
+  // The run's cgroup.procs files (memory, pids), open for writing; -1: none.
+  // The supervisor joins them first, so every process of the run is in them.
+  int cgroup_procs[2] = {-1, -1};
 };
+
+// Installs, in the calling thread, a seccomp filter that makes
+// socket(AF_UNIX, ...) and io_uring_setup fail with EPERM and kills the
+// process on a system call of another ABI (x32, 32-bit compat). Needs
+// PR_SET_NO_NEW_PRIVS (or CAP_SYS_ADMIN). Async-signal-safe. False, with
+// errno, when the kernel refuses it; false with errno ENOSYS on an
+// architecture the filter is not written for (only x86-64 and aarch64).
+bool DenyUnixSockets();
 
 // Writes `files` into the existing directory `dir` (each created, never
 // overwritten or followed through a link). Async-signal-safe: used by the

@@ -35,20 +35,55 @@ std::string FamilySource(int index, const VerifierOptions& options) {
                                            : absl::StrCat("items[", index, "].task");
 }
 
+// The tests a code item runs: the loaded file's for its example_id, else its
+// own reference_answer, from an authenticated caller only.
+absl::StatusOr<std::string_view> TestsOf(const kappa::v1::VerifyItem& item, int index,
+                                         const VerifierOptions& options) {
+  const std::string& id = item.example_id();
+  const std::string* loaded =
+      options.code_tasks != nullptr && !id.empty() ? options.code_tasks->TestsOf(id) : nullptr;
+  if (loaded != nullptr) {
+    if (!item.reference_answer().empty() && item.reference_answer() != *loaded) {
+      return FieldError(index, "reference_answer",
+                        absl::StrCat("differs from the tests of example '", id,
+                                     "' in --code-tasks: send them unchanged or leave it empty"));
+    }
+    return std::string_view(*loaded);
+  }
+  if (options.callers_authenticated) return std::string_view(item.reference_answer());
+  const std::string why = id.empty() ? std::string("the item has no example_id")
+                          : options.code_tasks == nullptr
+                              ? "this verifier has no --code-tasks file"
+                              : absl::StrCat("example '", id, "' is not in --code-tasks");
+  return absl::PermissionDeniedError(absl::StrCat(
+      "items[", index,
+      "].reference_answer: this verifier runs only the tests of its "
+      "--code-tasks file for callers it does not authenticate (",
+      why,
+      "); send the example_id of a loaded code task, or serve with security.mutual_tls or "
+      "tokens so callers may send their own tests"));
+}
+
 absl::Status ValidateCodeItem(const kappa::v1::VerifyItem& item, int index,
                               const VerifierOptions& options, const CodeRewarder* code) {
   if (code == nullptr) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(FamilySource(index, options), ": code tasks are disabled on this verifier"));
+    return absl::FailedPreconditionError(absl::StrCat(
+        FamilySource(index, options),
+        ": code tasks are disabled on this verifier (start kappa-verifier with --enable-code)"));
   }
   if (!code->available().ok()) {
     return absl::FailedPreconditionError(
         absl::StrCat(FamilySource(index, options), ": ", code->available().message()));
   }
+  if (!base::IsValidUtf8(item.example_id())) {
+    return FieldError(index, "example_id", "not valid UTF-8");
+  }
   if (!base::IsValidUtf8(item.reference_answer())) {
     return FieldError(index, "reference_answer", "not valid UTF-8");
   }
-  if (absl::Status status = code->ValidateTests(item.reference_answer()); !status.ok()) {
+  absl::StatusOr<std::string_view> tests = TestsOf(item, index, options);
+  if (!tests.ok()) return tests.status();
+  if (absl::Status status = code->ValidateTests(*tests); !status.ok()) {
     return FieldError(index, "reference_answer", status.message());
   }
   if (!base::IsValidUtf8(item.response_text())) {
@@ -88,13 +123,17 @@ absl::Status ValidateItem(const kappa::v1::VerifyItem& item, int index,
 
 // Runs the request's code items (indices `code_items`), up to
 // code.capacity() at once; the slots bound the sandboxes across all calls.
+// The items were validated, so TestsOf succeeds for each.
 void ScoreCodeItems(const kappa::v1::VerifyRequest& request, const std::vector<int>& code_items,
-                    CodeRewarder& code, std::vector<float>* rewards) {
+                    const VerifierOptions& options, CodeRewarder& code,
+                    std::vector<float>* rewards) {
   std::atomic<size_t> next{0};
   auto work = [&] {
     for (size_t k = next++; k < code_items.size(); k = next++) {
-      const kappa::v1::VerifyItem& item = request.items(code_items[k]);
-      (*rewards)[code_items[k]] = code.Run(item.reference_answer(), item.response_text()).reward();
+      const int index = code_items[k];
+      const kappa::v1::VerifyItem& item = request.items(index);
+      const absl::StatusOr<std::string_view> tests = TestsOf(item, index, options);
+      (*rewards)[index] = tests.ok() ? code.Run(*tests, item.response_text()).reward() : 0.0f;
     }
   };
   const size_t threads = std::min(code_items.size(), static_cast<size_t>(code.capacity()));
@@ -115,7 +154,8 @@ absl::Status ApplyVerifierConfig(const services::Config& config, VerifierOptions
   }
   if (family->has_value() && tasks::IsCodeTask(**family) && !options->code.enabled) {
     return absl::InvalidArgumentError(
-        "verifier.reward: 'code' needs the code sandbox, but --code-enabled is false");
+        "verifier.reward: 'code' runs model-written code in the sandbox, which is off; pass "
+        "--enable-code to kappa-verifier (see docs/security.md)");
   }
   options->reward_family =
       family->has_value() ? std::optional<std::string>(**family) : std::nullopt;
@@ -125,6 +165,10 @@ absl::Status ApplyVerifierConfig(const services::Config& config, VerifierOptions
 VerifierService::VerifierService(VerifierOptions options, VerifierMetrics* metrics)
     : options_(options), metrics_(metrics) {
   if (options_.code.enabled) code_ = std::make_unique<CodeRewarder>(options_.code, metrics_);
+}
+
+absl::Status VerifierService::CodeStatus() const {
+  return code_ == nullptr ? absl::OkStatus() : code_->available();
 }
 
 absl::StatusOr<std::vector<float>> ScoreRequest(const kappa::v1::VerifyRequest& request,
@@ -156,7 +200,7 @@ absl::StatusOr<std::vector<float>> ScoreRequest(const kappa::v1::VerifyRequest& 
     if (!reward.ok()) return FieldError(i, "reference_answer", reward.status().message());
     rewards[i] = *reward;
   }
-  if (!code_items.empty()) ScoreCodeItems(request, code_items, *code, &rewards);
+  if (!code_items.empty()) ScoreCodeItems(request, code_items, options, *code, &rewards);
   return rewards;
 }
 

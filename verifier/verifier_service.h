@@ -15,6 +15,7 @@
 #include "kappa/v1/verifier.grpc.pb.h"
 #include "services/config.h"
 #include "verifier/code_reward.h"
+#include "verifier/code_tasks.h"
 #include "verifier/verifier_metrics.h"
 
 namespace kappa::verifier {
@@ -25,14 +26,22 @@ struct VerifierOptions {
   // (config verifier.reward, through tasks::RewardFamily: "exact" is
   // "arithmetic"); nullopt: each item's own family.
   std::optional<std::string> reward_family;
-  CodeOptions code;  // "code" items (flags --code-* of kappa-verifier)
+  CodeOptions code;  // "code" items (flags --enable-code, --code-* of kappa-verifier)
+  // The code tasks' tests loaded at start-up (--code-tasks); null: none. A
+  // code item whose example_id is here runs these tests.
+  std::shared_ptr<const CodeTasks> code_tasks;
+  // Whether the server authenticates its callers
+  // (services::TransportSecurity::AuthenticatesClients(): mutual TLS or
+  // tokens, checked before any handler runs). Only then may a code item
+  // bring its own tests in reference_answer.
+  bool callers_authenticated = false;
 };
 
 // Sets max_items and reward_family from the configuration's verifier.* keys.
 // INVALID_ARGUMENT naming the key: "verifier.reward: unknown reward 'x'
-// (known: ...)", or "verifier.reward: 'code' needs the code sandbox, but
-// --code-enabled is false" when options->code.enabled is (so apply the code
-// options first).
+// (known: ...)", or "verifier.reward: 'code' runs code in the sandbox, which
+// is off; pass --enable-code ..." when options->code.enabled is false (so
+// apply the code options first).
 absl::Status ApplyVerifierConfig(const services::Config& config, VerifierOptions* options);
 
 // Rewards for every item, in order; or INVALID_ARGUMENT naming the first bad
@@ -40,8 +49,12 @@ absl::Status ApplyVerifierConfig(const services::Config& config, VerifierOptions
 // An item's family is options.reward_family when set (its task field is then
 // ignored, unchecked), else its task field. Code items need `code`
 // (FAILED_PRECONDITION naming items[i].task, or verifier.reward when that
-// chose code, when it is null or unavailable); they run concurrently, up to
-// code->capacity() at once.
+// chose code, and --enable-code when it is null, or why it is unavailable);
+// they run concurrently, up to code->capacity() at once. A code item runs the
+// tests of its example_id in options.code_tasks (its reference_answer must
+// be empty or the same, else INVALID_ARGUMENT); an item without such an id
+// runs its own reference_answer only when options.callers_authenticated,
+// else PERMISSION_DENIED naming items[i].reference_answer.
 absl::StatusOr<std::vector<float>> ScoreRequest(const kappa::v1::VerifyRequest& request,
                                                 const VerifierOptions& options,
                                                 CodeRewarder* code = nullptr);
@@ -55,6 +68,11 @@ class VerifierService final : public kappa::v1::Verifier::Service {
 
   grpc::Status Verify(grpc::ServerContext* context, const kappa::v1::VerifyRequest* request,
                       kappa::v1::VerifyResponse* response) override;
+
+  // OK when code items are disabled or can be scored; else why not (the
+  // sandbox failed its self-check, or lacks full isolation without
+  // --allow-weak-sandbox): kappa-verifier then refuses to start.
+  absl::Status CodeStatus() const;
 
  private:
   const VerifierOptions options_;

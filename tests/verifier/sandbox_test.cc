@@ -6,11 +6,12 @@
 
 #include <arpa/inet.h>
 #include <dirent.h>
+#include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
-
-#include <gtest/gtest.h>
 
 #include <chrono>
 #include <cstdlib>
@@ -31,6 +32,8 @@ using Outcome = SandboxResult::Outcome;
 
 CodeOptions SmallLimits() {
   CodeOptions options;
+  options.enabled = true;
+  options.allow_weak_sandbox = true;  // not root: the rest still runs, isolation cases skip
   options.max_concurrent = 2;
   options.sandbox.cpu_seconds = 2;
   options.sandbox.wall_timeout = absl::Seconds(5);
@@ -284,6 +287,91 @@ TEST_F(SandboxTest, NoNetworkEvenToLoopback) {
   close(listener);
 }
 
+// Issue 45: a socket bound to a path is outside every namespace the sandbox
+// has; a world-writable one (a docker.sock, an agent's socket under /run)
+// would let the code talk to whatever listens there.
+TEST_F(SandboxTest, NoUnixSocketEvenAWorldWritableOne) {
+  if (!rewarder_->isolation().unix_socket_filter) {
+    GTEST_SKIP() << "needs seccomp (x86-64 or aarch64, PR_SET_NO_NEW_PRIVS): "
+                 << rewarder_->isolation().ToString();
+  }
+  for (const std::string dir : {"/tmp", "/run"}) {
+    const std::string path = absl::StrCat(dir, "/kappa_unix_", getpid(), ".sock");
+    std::remove(path.c_str());
+    const int listener = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0);
+    ASSERT_GE(listener, 0);
+    sockaddr_un address{};
+    address.sun_family = AF_UNIX;
+    std::snprintf(address.sun_path, sizeof(address.sun_path), "%s", path.c_str());
+    if (bind(listener, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) {
+      close(listener);
+      continue;  // no such directory here
+    }
+    ASSERT_EQ(chmod(path.c_str(), 0777), 0);
+    ASSERT_EQ(listen(listener, 4), 0);
+    const std::string solution = absl::StrCat(
+        "import socket\n"
+        "try:\n"
+        "    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)\n"
+        "    s.settimeout(2)\n"
+        "    s.connect('",
+        path,
+        "')\n"
+        "    CONNECTED = True\n"
+        "except OSError as e:\n"
+        "    print('connect failed:', e)\n"
+        "    CONNECTED = False\n");
+    const SandboxResult result = Run("assert not CONNECTED\n", solution);
+    EXPECT_EQ(result.outcome, Outcome::kPass) << path << result.stdout_tail << result.stderr_tail;
+    EXPECT_NE(result.stdout_tail.find("connect failed"), std::string::npos) << result.stdout_tail;
+    EXPECT_LT(accept(listener, nullptr, nullptr), 0) << "something connected to " << path;
+    close(listener);
+    std::remove(path.c_str());
+  }
+}
+
+// Issue 45: RLIMIT_AS bounds one process; N processes each under it must
+// still not get N times the memory. The run's cgroup bounds them together.
+TEST_F(SandboxTest, ForkAndAllocateIsBoundedPerRun) {
+  if (rewarder_->isolation().cgroups.version == 0) {
+    GTEST_SKIP() << "needs a writable cgroup (v2, or v1 memory) for per-run memory: "
+                 << rewarder_->isolation().cgroups.missing;
+  }
+  CodeOptions options = SmallLimits();
+  options.sandbox.run_memory_bytes = int64_t{256} << 20;  // the run: 256 MiB in all
+  CodeRewarder bounded(options, nullptr);
+  ASSERT_TRUE(bounded.available().ok()) << bounded.available();
+  // Each child takes 120 MiB (touched: b'x' * n writes every page), under
+  // its own 256 MiB RLIMIT_AS, and holds it while its siblings do the same;
+  // the tests pass only if every child exited 0.
+  auto solution = [](int children) {
+    return absl::StrCat(
+        "import os, time\n"
+        "pids = []\n"
+        "for _ in range(",
+        children,
+        "):\n"
+        "    pid = os.fork()\n"
+        "    if pid == 0:\n"
+        "        block = b'x' * (120 * 1024 * 1024)\n"
+        "        time.sleep(1.0)\n"
+        "        os._exit(0)\n"
+        "    pids.append(pid)\n"
+        "CODES = [os.waitpid(pid, 0)[1] for pid in pids]\n");
+  };
+  const char kTests[] = "assert CODES and all(code == 0 for code in CODES), CODES\n";
+  // One child fits: the limit is per run, not too small for one.
+  const SandboxResult one = bounded.Run(kTests, solution(1));
+  EXPECT_EQ(one.outcome, Outcome::kPass) << one.Summary() << one.stderr_tail;
+  // Four (480 MiB together) do not: the run fails or is killed.
+  const SandboxResult four = bounded.Run(kTests, solution(4));
+  std::cerr << "  " << four.Summary() << "\n";
+  EXPECT_EQ(four.reward(), 0.0f) << four.Summary();
+  EXPECT_NE(four.outcome, Outcome::kPass);
+  EXPECT_NE(four.outcome, Outcome::kError) << four.Summary();
+  EXPECT_TRUE(four.oom_killed) << four.Summary() << four.stderr_tail;
+}
+
 TEST_F(SandboxTest, EnvironmentIsCleanAndTheVerifiersIsUnreadable) {
   ASSERT_STREQ(std::getenv("KAPPA_SECRET"), "hunter2-kappa");
   // The solution collects everything it can see; the tests assert the secret
@@ -374,6 +462,19 @@ TEST(SandboxRunTest, RejectsBadFileNamesAndReportsSetupErrors) {
   code.sandbox.python = "/nonexistent/python3";
   CodeRewarder broken(code, nullptr);
   EXPECT_EQ(broken.available().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(SandboxRunTest, AWeakSandboxIsUnavailableUnlessAllowed) {
+  CodeOptions code = SmallLimits();
+  code.allow_weak_sandbox = false;
+  CodeRewarder rewarder(code, nullptr);
+  if (rewarder.isolation().full()) {  // root with cgroups: nothing weak to refuse
+    EXPECT_TRUE(rewarder.available().ok()) << rewarder.available();
+    return;
+  }
+  EXPECT_EQ(rewarder.available().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(rewarder.available().message().find("--allow-weak-sandbox"), std::string::npos)
+      << rewarder.available();
 }
 
 TEST(ExtractPythonCodeTest, FencesAndFallbacks) {

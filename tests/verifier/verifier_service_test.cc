@@ -222,6 +222,7 @@ TEST(VerifierRewardConfigTest, NamesMapToFamilies) {
     config.verifier.reward = reward;
     config.verifier.max_items = 5;
     VerifierOptions options;
+    options.code.enabled = true;  // --enable-code: "code" is accepted
     ASSERT_TRUE(ApplyVerifierConfig(config, &options).ok()) << reward;
     EXPECT_EQ(options.reward_family, family) << reward;
     EXPECT_EQ(options.max_items, 5);
@@ -231,12 +232,12 @@ TEST(VerifierRewardConfigTest, NamesMapToFamilies) {
 TEST(VerifierRewardConfigTest, CodeNeedsTheSandbox) {
   services::Config config;
   config.verifier.reward = "code";
-  VerifierOptions options;
-  options.code.enabled = false;
+  VerifierOptions options;  // code scoring is off by default
   const absl::Status status = ApplyVerifierConfig(config, &options);
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(status.message(),
-            "verifier.reward: 'code' needs the code sandbox, but --code-enabled is false");
+            "verifier.reward: 'code' runs model-written code in the sandbox, which is off; pass "
+            "--enable-code to kappa-verifier (see docs/security.md)");
   // ScoreRequest without a sandbox names the key, not the item's task.
   options.reward_family = "code";
   kappa::v1::VerifyRequest request;
@@ -247,7 +248,8 @@ TEST(VerifierRewardConfigTest, CodeNeedsTheSandbox) {
   const absl::StatusOr<std::vector<float>> rewards = ScoreRequest(request, options);
   EXPECT_EQ(rewards.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(rewards.status().message(),
-            "verifier.reward: code tasks are disabled on this verifier");
+            "verifier.reward: code tasks are disabled on this verifier (start kappa-verifier "
+            "with --enable-code)");
 }
 
 TEST_F(VerifierServiceTest, ShutdownStopsServing) {
