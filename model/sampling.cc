@@ -143,6 +143,7 @@ std::vector<SampledSequence> Sample(Decoder& model,
     b = end;
   }
   while (!engine.Idle()) {
+    if (params.should_stop && params.should_stop()) break;
     for (DecodeResult& result : engine.Step()) {
       for (size_t g = 0; g < result.samples.size(); ++g) {
         results[result.id + g] = std::move(result.samples[g]);

@@ -5,6 +5,7 @@
 #include <c10/core/Device.h>
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <vector>
 
@@ -33,6 +34,10 @@ struct SamplingParams : TokenSampling {
   // In [0, vocab_size). Checked only: rows are decoded in slots of their
   // own, never padded.
   int64_t pad_id = 0;
+  // Asked before each decode step; when it returns true, Sample returns at
+  // once and rows not finished yet are left empty (a server whose caller
+  // went away or whose deadline passed). Empty: never.
+  std::function<bool()> should_stop;
 
   // The per-row settings: the one conversion to what the decode engine and
   // SampleTokens take.

@@ -290,6 +290,11 @@ constexpr Field kFields[] = {
     KAPPA_CONFIG_FIELD(
         teacher.max_wait_ms,
         "Dynamic batching: longest a request waits for others to fill its batch, in ms."),
+    KAPPA_CONFIG_FIELD(teacher.max_request_positions,
+                       "Per-request cost budget in token positions: a Score request's prompt + "
+                       "response tokens summed over its sequences, a Generate request's "
+                       "num_samples × (prompt + max_new_tokens). Over it: RESOURCE_EXHAUSTED "
+                       "naming this key."),
     KAPPA_CONFIG_FIELD(teacher.threads,
                        "libtorch intra-op threads of the teacher; 0: `threads_per_process` under "
                        "`kappa run`, else libtorch's default."),

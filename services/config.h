@@ -121,6 +121,10 @@ struct Config {
     std::string address = "127.0.0.1:50052";
     int64_t max_batch_sequences = 64;
     int64_t max_wait_ms = 5;
+    // Per-request cost budget, in token positions: Score's prompt + response
+    // tokens over its sequences, Generate's num_samples × (prompt +
+    // max_new_tokens). A request over it is RESOURCE_EXHAUSTED.
+    int64_t max_request_positions = 1 << 20;
     int64_t threads = 1;
     std::string device = "cpu";        // cpu | cuda | cuda:N
   } teacher;

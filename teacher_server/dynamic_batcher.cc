@@ -8,6 +8,12 @@
 #include "base/status.h"
 
 namespace kappa::teacher {
+namespace {
+
+// How often a waiting Submit asks whether its caller is still there.
+constexpr absl::Duration kCancelPoll = absl::Milliseconds(20);
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<DynamicBatcher>> DynamicBatcher::Create(
     const DynamicBatcherOptions& options, BatchFn batch_fn) {
@@ -34,7 +40,8 @@ DynamicBatcher::DynamicBatcher(const DynamicBatcherOptions& options, BatchFn bat
 
 DynamicBatcher::~DynamicBatcher() { Shutdown(); }
 
-absl::Status DynamicBatcher::Submit(std::shared_ptr<BatchUnit> unit, absl::Time deadline) {
+absl::Status DynamicBatcher::Submit(std::shared_ptr<BatchUnit> unit, absl::Time deadline,
+                                    const std::function<bool()>& cancelled) {
   if (unit == nullptr) return absl::InvalidArgumentError("unit: null");
   const int64_t n = unit->num_sequences();
   if (n <= 0) return absl::InvalidArgumentError("unit: no sequences");
@@ -61,9 +68,18 @@ absl::Status DynamicBatcher::Submit(std::shared_ptr<BatchUnit> unit, absl::Time 
   work_cv_.Signal();
 
   while (!pending->done) {
+    if (cancelled && cancelled()) {
+      ++stats_.cancelled;
+      const bool was_queued = Withdraw(pending.get());
+      return absl::CancelledError(was_queued
+                                      ? "the caller cancelled while queued for a teacher batch"
+                                      : "the caller cancelled while the teacher batch was running");
+    }
     // WaitWithDeadline returns true on timeout; re-check `done` since the
     // batch may have completed at the same moment.
-    if (pending->done_cv.WaitWithDeadline(&mu_, deadline) && !pending->done) {
+    const absl::Time wake = cancelled ? std::min(deadline, absl::Now() + kCancelPoll) : deadline;
+    if (pending->done_cv.WaitWithDeadline(&mu_, wake) && !pending->done &&
+        absl::Now() >= deadline) {
       ++stats_.deadline_exceeded;
       const bool was_queued = Withdraw(pending.get());
       return absl::DeadlineExceededError(

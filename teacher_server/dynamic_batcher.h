@@ -51,6 +51,7 @@ struct DynamicBatcherStats {
   int64_t largest_batch = 0;        // most sequences in one batch
   int64_t rejected_full = 0;        // RESOURCE_EXHAUSTED refusals
   int64_t deadline_exceeded = 0;    // callers that gave up waiting
+  int64_t cancelled = 0;            // callers that went away while waiting
   int64_t queued_sequences = 0;     // waiting now (a gauge, not a counter)
 };
 
@@ -83,9 +84,12 @@ class DynamicBatcher {
   //                       withdrawn; one already running finishes in the
   //                       background (hence the shared_ptr) and its result is
   //                       dropped.
+  //   CANCELLED           `cancelled` (polled every 20 ms while waiting; may
+  //                       be empty) returned true first: the caller went
+  //                       away. Withdrawn as for a deadline.
   // Only on OK may the caller read the unit's result.
-  absl::Status Submit(std::shared_ptr<BatchUnit> unit, absl::Time deadline)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status Submit(std::shared_ptr<BatchUnit> unit, absl::Time deadline,
+                      const std::function<bool()>& cancelled = nullptr) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Refuses new units and fails every queued unit with UNAVAILABLE; a batch
   // already running completes normally. Idempotent; returns once the batching

@@ -69,6 +69,7 @@ absl::StatusOr<TeacherServerOptions> TeacherServerOptionsFromConfig(const servic
   options.service.batching.max_batch_sequences = config.teacher.max_batch_sequences;
   options.service.batching.max_wait = absl::Milliseconds(config.teacher.max_wait_ms);
   options.service.batching.max_queued_sequences = 64 * config.teacher.max_batch_sequences;
+  options.service.max_request_positions = config.teacher.max_request_positions;
 
   absl::StatusOr<services::ServerOptions> server = services::ServerOptionsFromConfig(config);
   if (!server.ok()) return ConfigurationError(server.status());

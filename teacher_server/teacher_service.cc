@@ -106,6 +106,9 @@ absl::StatusOr<std::unique_ptr<TeacherService>> TeacherService::Create(
     return absl::InvalidArgumentError("max_generate_samples: must be > 0");
   }
   if (options.max_new_tokens < 0) return absl::InvalidArgumentError("max_new_tokens: must be >= 0");
+  if (options.max_request_positions <= 0) {
+    return absl::InvalidArgumentError("teacher.max_request_positions: must be > 0");
+  }
   if (options.default_deadline <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("default_deadline: must be > 0");
   }
@@ -188,6 +191,7 @@ absl::Status TeacherService::ValidateScoreRequest(const kappa::v1::ScoreRequest&
                                                    " exceed the limit of ",
                                                    options_.max_request_sequences, " per request"));
   }
+  int64_t positions = 0;
   for (int i = 0; i < request.sequences_size(); ++i) {
     const kappa::v1::ScoreSequence& s = request.sequences(i);
     const std::string field = absl::StrCat("sequences[", i, "]");
@@ -208,8 +212,16 @@ absl::Status TeacherService::ValidateScoreRequest(const kappa::v1::ScoreRequest&
           field, ": ", total, " tokens (prompt ", s.prompt_tokens_size(), " + response ",
           s.response_tokens_size(), ") exceed max_position_embeddings ", max_positions_));
     }
+    positions += total;
   }
-  return absl::OkStatus();
+  return WithinBudget("sequences", positions);
+}
+
+absl::Status TeacherService::WithinBudget(const char* field, int64_t positions) const {
+  if (positions <= options_.max_request_positions) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      field, ": ", positions, " token positions exceed the per-request budget of ",
+      options_.max_request_positions, " (teacher.max_request_positions); split the request"));
 }
 
 grpc::Status TeacherService::Score(grpc::ServerContext* context,
@@ -217,7 +229,7 @@ grpc::Status TeacherService::Score(grpc::ServerContext* context,
                                    kappa::v1::ScoreResponse* response) {
   const absl::Time start = absl::Now();
   const grpc::Status status =
-      Guarded("Score", [&] { return ScoreImpl(*request, DeadlineOf(context), response); });
+      Guarded("Score", [&] { return ScoreImpl(*request, *context, response); });
   int64_t positions = 0;
   for (const kappa::v1::ScoreSequence& s : request->sequences()) positions += s.response_tokens_size();
   Record("score", start, status, positions);
@@ -231,9 +243,12 @@ void TeacherService::Record(const char* method, absl::Time start, const grpc::St
                           positions);
 }
 
-absl::Status TeacherService::ScoreImpl(const kappa::v1::ScoreRequest& request, absl::Time deadline,
+absl::Status TeacherService::ScoreImpl(const kappa::v1::ScoreRequest& request,
+                                       const grpc::ServerContext& context,
                                        kappa::v1::ScoreResponse* response) {
   if (absl::Status st = ValidateScoreRequest(request); !st.ok()) return st;
+  const absl::Time deadline = DeadlineOf(&context);
+  const std::function<bool()> cancelled = [&context] { return context.IsCancelled(); };
   const ScoreForm form = *ToScoreForm(request.form());
   const DType wire_dtype = ValueDType(request.value_dtype());
   const int64_t unit_size = batcher_->options().max_batch_sequences;
@@ -249,7 +264,7 @@ absl::Status TeacherService::ScoreImpl(const kappa::v1::ScoreRequest& request, a
           TokenSequence{{s.prompt_tokens().begin(), s.prompt_tokens().end()},
                         {s.response_tokens().begin(), s.response_tokens().end()}});
     }
-    if (absl::Status st = batcher_->Submit(unit, deadline); !st.ok()) return st;
+    if (absl::Status st = batcher_->Submit(unit, deadline, cancelled); !st.ok()) return st;
 
     // Reducing to the requested form and encoding happen here, on the handler
     // thread, so the batching thread only runs forwards.
@@ -324,6 +339,10 @@ absl::Status TeacherService::ValidateGenerateRequest(
         "max_new_tokens: prompt of ", request.prompt_tokens_size(), " tokens + ",
         request.max_new_tokens(), " new tokens exceed max_position_embeddings ", max_positions_));
   }
+  if (absl::Status budget = WithinBudget("num_samples", request.num_samples() * total);
+      !budget.ok()) {
+    return budget;
+  }
   if (!std::isfinite(request.temperature()) || request.temperature() < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("temperature: must be > 0 (0 means 1.0), got ", request.temperature()));
@@ -335,18 +354,30 @@ absl::Status TeacherService::ValidateGenerateRequest(
   return absl::OkStatus();
 }
 
-grpc::Status TeacherService::Generate(grpc::ServerContext* /*context*/,
+grpc::Status TeacherService::Generate(grpc::ServerContext* context,
                                       const kappa::v1::GenerateRequest* request,
                                       kappa::v1::GenerateResponse* response) {
   const absl::Time start = absl::Now();
-  const grpc::Status status = Guarded("Generate", [&] { return GenerateImpl(*request, response); });
+  const grpc::Status status =
+      Guarded("Generate", [&] { return GenerateImpl(*request, *context, response); });
   Record("generate", start, status, 0);
   return status;
 }
 
 absl::Status TeacherService::GenerateImpl(const kappa::v1::GenerateRequest& request,
+                                          const grpc::ServerContext& context,
                                           kappa::v1::GenerateResponse* response) {
   if (absl::Status st = ValidateGenerateRequest(request); !st.ok()) return st;
+  // Checked before each decode step: the model is not held for a caller
+  // that went away or whose deadline passed (also while waiting for it).
+  const absl::Time deadline = DeadlineOf(&context);
+  const auto stopped = [&]() -> absl::Status {
+    if (context.IsCancelled()) return absl::CancelledError("the caller cancelled Generate");
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError("deadline passed before Generate finished");
+    }
+    return absl::OkStatus();
+  };
 
   const std::vector<int64_t> prompt(request.prompt_tokens().begin(), request.prompt_tokens().end());
   const std::vector<std::vector<int64_t>> prompts(request.num_samples(), prompt);
@@ -356,6 +387,7 @@ absl::Status TeacherService::GenerateImpl(const kappa::v1::GenerateRequest& requ
   params.top_p = request.top_p() == 0 ? 1.0 : request.top_p();
   params.stop_token_ids = stop_token_ids_;
   params.sampleable_vocab_size = vocab_limit_;
+  params.should_stop = [&] { return !stopped().ok(); };
 
   uint64_t seed = request.seed();
   if (seed == 0) seed = (static_cast<uint64_t>(std::random_device{}()) << 32) | std::random_device{}();
@@ -372,8 +404,10 @@ absl::Status TeacherService::GenerateImpl(const kappa::v1::GenerateRequest& requ
     } else {
       torch::manual_seed(seed);
     }
+    if (absl::Status st = stopped(); !st.ok()) return st;  // waited for the model too long
     samples = model::Sample(model_, prompts, params, generator);
   }
+  if (absl::Status st = stopped(); !st.ok()) return st;
 
   for (const model::SampledSequence& sample : samples) {
     kappa::v1::GeneratedSample* out = response->add_samples();

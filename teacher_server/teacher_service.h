@@ -36,6 +36,10 @@ struct TeacherOptions {
   // Generate limits. max_new_tokens 0: up to max_position_embeddings.
   int64_t max_generate_samples = 64;
   int64_t max_new_tokens = 0;
+  // Per-request cost budget in token positions (teacher.max_request_positions):
+  // Score's prompt + response tokens over its sequences, Generate's
+  // num_samples × (prompt + max_new_tokens). Over it: RESOURCE_EXHAUSTED.
+  int64_t max_request_positions = 1 << 20;
   // Used when a client sets no deadline, so no handler waits forever.
   absl::Duration default_deadline = absl::Seconds(60);
   // The ids Score's distributions are over and Generate samples from:
@@ -68,7 +72,8 @@ class TeacherService final : public kappa::v1::Teacher::Service {
   // server has drained (or is shutting down). Idempotent.
   void Shutdown();
 
-  // Request checks, public for tests. OK or INVALID_ARGUMENT naming the field.
+  // Request checks, public for tests. OK or INVALID_ARGUMENT naming the
+  // field; RESOURCE_EXHAUSTED for a request over the cost budget.
   absl::Status ValidateScoreRequest(const kappa::v1::ScoreRequest& request) const;
   absl::Status ValidateGenerateRequest(const kappa::v1::GenerateRequest& request) const;
 
@@ -80,10 +85,16 @@ class TeacherService final : public kappa::v1::Teacher::Service {
   void Record(const char* method, absl::Time start, const grpc::Status& status,
               int64_t positions) const;
 
-  absl::Status ScoreImpl(const kappa::v1::ScoreRequest& request, absl::Time deadline,
+  // Both honour the call's deadline (or options.default_deadline) and its
+  // cancellation: DEADLINE_EXCEEDED / CANCELLED, the model released.
+  absl::Status ScoreImpl(const kappa::v1::ScoreRequest& request, const grpc::ServerContext& context,
                          kappa::v1::ScoreResponse* response);
   absl::Status GenerateImpl(const kappa::v1::GenerateRequest& request,
+                            const grpc::ServerContext& context,
                             kappa::v1::GenerateResponse* response);
+  // RESOURCE_EXHAUSTED naming `field` and teacher.max_request_positions
+  // when `positions` exceed the per-request budget.
+  absl::Status WithinBudget(const char* field, int64_t positions) const;
   // The batch function: one padded forward over every unit's sequences.
   absl::Status RunScoreBatch(const std::vector<BatchUnit*>& units) ABSL_LOCKS_EXCLUDED(model_mu_);
   absl::Time DeadlineOf(const grpc::ServerContext* context) const;

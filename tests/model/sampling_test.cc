@@ -69,6 +69,21 @@ TEST(SampleTest, GreedyBatchedEqualsOneByOne) {
   }
 }
 
+// A server stops sampling for a caller that went away: should_stop is
+// asked before every decode step, and once it says so Sample returns with
+// the unfinished rows empty.
+TEST(SampleTest, ShouldStopEndsSamplingBeforeTheNextStep) {
+  Decoder model = TinyDecoder(2);
+  SamplingParams params = Greedy(10);
+  int asked = 0;
+  params.should_stop = [&] { return ++asked > 3; };
+  const auto stopped = Sample(model, Prompts(), params);
+  EXPECT_EQ(asked, 4) << "asked once per step until it said stop";
+  for (const auto& row : stopped) EXPECT_TRUE(row.tokens.empty());
+  params.should_stop = [] { return false; };
+  for (const auto& row : Sample(model, Prompts(), params)) EXPECT_EQ(row.tokens.size(), 10u);
+}
+
 TEST(SampleTest, LogprobsMatchFullForward) {
   Decoder model = TinyDecoder(2);
   const auto prompts = Prompts();

@@ -477,6 +477,81 @@ TEST_F(TeacherServiceTest, MalformedGenerateRequestsAreInvalidArgument) {
   }
 }
 
+// Issue 45: per-request cost budgets and cancellation. A Score or Generate
+// over teacher.max_request_positions is RESOURCE_EXHAUSTED naming the
+// budget; a Score whose caller cancels while it waits for a batch is
+// withdrawn (the batcher counts it) instead of waiting out its deadline.
+TEST(TeacherLimits, BudgetsAndCancellation) {
+  torch::manual_seed(3);
+  TeacherOptions options;
+  options.batching.max_batch_sequences = 64;
+  options.batching.max_wait = absl::Seconds(30);  // a lone sequence waits for company
+  options.max_new_tokens = 16;
+  options.max_request_positions = 40;
+  auto created = TeacherService::Create(model::Decoder(SmallConfig()), options);
+  ASSERT_TRUE(created.ok()) << created.status();
+  std::unique_ptr<TeacherService> service = *std::move(created);
+  auto server = services::GrpcServer::Start("127.0.0.1:0", {service.get()});
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto stub = kappa::v1::Teacher::NewStub(grpc::CreateChannel(
+      "127.0.0.1:" + std::to_string((*server)->port()), grpc::InsecureChannelCredentials()));
+
+  kappa::v1::ScoreRequest over;
+  over.set_vocab_size(kVocab);
+  for (int i = 0; i < 3; ++i) {  // 3 × (5 + 10) = 45 positions
+    auto* sequence = over.add_sequences();
+    for (int t = 0; t < 5; ++t) sequence->add_prompt_tokens(1 + t);
+    for (int t = 0; t < 10; ++t) sequence->add_response_tokens(2 + t);
+  }
+  {
+    grpc::ClientContext context;
+    kappa::v1::ScoreResponse response;
+    const grpc::Status status = stub->Score(&context, over, &response);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+    EXPECT_EQ(status.error_message(),
+              "sequences: 45 token positions exceed the per-request budget of 40 "
+              "(teacher.max_request_positions); split the request");
+  }
+  {
+    kappa::v1::GenerateRequest request;
+    for (int32_t t : {1, 4, 5}) request.add_prompt_tokens(t);
+    request.set_num_samples(4);
+    request.set_max_new_tokens(8);  // 4 × (3 + 8) = 44
+    grpc::ClientContext context;
+    kappa::v1::GenerateResponse response;
+    const grpc::Status status = stub->Generate(&context, request, &response);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+    EXPECT_NE(status.error_message().find("num_samples: 44 token positions exceed"),
+              std::string::npos)
+        << status.error_message();
+  }
+
+  // One sequence, well within budget, waits for a batch that will not fill.
+  kappa::v1::ScoreRequest lone;
+  lone.set_vocab_size(kVocab);
+  auto* sequence = lone.add_sequences();
+  for (int32_t t : {1, 4, 5}) sequence->add_prompt_tokens(t);
+  sequence->add_response_tokens(6);
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  grpc::Status lone_status;
+  std::thread caller([&] {
+    kappa::v1::ScoreResponse response;
+    lone_status = stub->Score(&context, lone, &response);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  context.TryCancel();
+  caller.join();
+  EXPECT_EQ(lone_status.error_code(), grpc::StatusCode::CANCELLED);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (service->batcher_stats().cancelled == 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(service->batcher_stats().cancelled, 1) << "the handler kept waiting for its batch";
+  EXPECT_EQ(service->batcher_stats().deadline_exceeded, 0);
+  (*server)->Shutdown(absl::Seconds(1));
+}
+
 // A Qwen-style teacher: more embedding rows (40) than tokenizer ids (32),
 // and a generation_config.json with two stop ids. Driven without a server.
 TEST(TeacherVocabLimit, StaysBelowTheLimitAndStopsAtTheGenerationConfigIds) {
