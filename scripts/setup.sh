@@ -44,7 +44,10 @@ PACKAGES=(
 # reference forward (tests/model/reference, run with /usr/bin/python3),
 # jinja2 for the chat-template reference, Node.js/npm for transformers.js,
 # the tokenizer reference (tests/model/tokenizer_reference), nftables for
-# the packet-loss rules of tests/integration/fault_network_test.
+# the packet-loss rules of tests/integration/fault_network_test. Not here:
+# kubectl >= 1.27 (Debian's kubernetes-client is 1.20, too old for the
+# overlays' kustomize); without one the deploy_k8s_* rendering checks are
+# reported as skipped, naming it (tests/deploy/k8s_render.py).
 TEST_PACKAGES=(
   prometheus
   curl openssl nftables

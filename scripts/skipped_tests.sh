@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Lists the googletest cases that did not run (GTEST_SKIP: "<file>:<line>:
-# Skipped", its reason, "[  SKIPPED ] Suite.Case"), read from ctest's log
-# (default build/Testing/Temporary/LastTest.log), each with the ctest test it
-# belongs to and the reason it gave. (ctest lists the tests it did not run
-# itself, under "The following tests did not run".) A skip is not a pass: scripts/test.sh
-# prints this at the end of every run.
+# Lists what did not run, read from ctest's log (default
+# build/Testing/Temporary/LastTest.log): the googletest cases that skipped
+# (GTEST_SKIP: "<file>:<line>: Skipped", its reason, "[  SKIPPED ]
+# Suite.Case"), each with the ctest test it belongs to and its reason, and
+# the script tests that skipped whole (they print "SKIPPED: <reason>" and
+# exit with their SKIP_RETURN_CODE, which ctest shows as ***Skipped). A skip
+# is not a pass: scripts/test.sh prints this at the end of every run.
 # Usage: bash scripts/skipped_tests.sh [LOG]   (exit 0; 2 when LOG is absent)
 set -euo pipefail
 log=${1:-build/Testing/Temporary/LastTest.log}
@@ -16,6 +17,11 @@ awk '
   /^[0-9]+\/[0-9]+ Test: / { test = $3; next }
   /: Skipped$/ { want_reason = 1; reason = ""; next }
   want_reason { reason = $0; want_reason = 0; next }
+  /^SKIPPED: / {
+    count++
+    lines[count] = sprintf("  %s: (the whole test): %s", test, substr($0, 10))
+    next
+  }
   /^\[  SKIPPED \] [^ ]+ \([0-9]+ ms\)$/ {
     count++
     lines[count] = sprintf("  %s: %s: %s", test, $4, reason == "" ? "(no reason given)" : reason)

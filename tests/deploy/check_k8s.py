@@ -44,7 +44,7 @@ import sys
 
 import yaml
 
-from k8s_render import render_all
+from k8s_render import render_all, require_kubectl
 
 TARGETS = ["base", "overlays/cpu-demo", "overlays/gpu"]
 SECRETS = "/etc/kappa/secrets"
@@ -378,6 +378,7 @@ def main():
     ap.add_argument("repo")
     ap.add_argument("--kubectl", default="kubectl")
     args = ap.parse_args()
+    require_kubectl(args.kubectl)
     rendered = render_all(args.repo, TARGETS, args.kubectl)
     for target in TARGETS:
         check(target, [d for d in yaml.safe_load_all(rendered[target]) if d], args.repo)
