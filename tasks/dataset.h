@@ -81,6 +81,11 @@ struct JsonlOptions {
   // false: a malformed line is an error naming file:line; true: it is
   // skipped and counted (Dataset::skipped_lines()).
   bool skip_bad_lines = false;
+  // true: a line whose task is "code" is kept, its answer being the Python
+  // tests (non-empty); false: such a line is an error, as for every other
+  // unknown task. Only the verifier's --code-tasks sets it (it alone runs
+  // code, in its sandbox).
+  bool code_tasks = false;
 };
 
 // OK, or INVALID_ARGUMENT naming the member ("format: unknown format 'x' ...").

@@ -44,6 +44,7 @@ struct Layout {
   std::string answer_key;
   std::string family;
   bool boxed_reference = false;  // The reference is the answer's last \boxed{} content.
+  bool code_tasks = false;       // JsonlOptions::code_tasks
 };
 
 Layout LayoutOf(const JsonlOptions& options) {
@@ -53,6 +54,7 @@ Layout LayoutOf(const JsonlOptions& options) {
   layout.messages_key = options.messages_key;
   layout.answer_key = options.answer_key;
   layout.family = options.family;
+  layout.code_tasks = options.code_tasks;
   auto preset = [&](const char* prompt_key, const char* answer_key) {
     if (layout.prompt_key == defaults.prompt_key) layout.prompt_key = prompt_key;
     if (layout.answer_key == defaults.answer_key) layout.answer_key = answer_key;
@@ -130,6 +132,13 @@ absl::Status ParseExample(const std::string& line, const Layout& layout, size_t 
   }
   if (object.find("task") == object.end()) example->task = layout.family;
   if (example->task.empty()) example->task = "arithmetic";
+  if (layout.code_tasks && IsCodeTask(example->task)) {
+    if (example->answer.find_first_not_of(" \t\r\n") == std::string::npos) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("\"", layout.answer_key, "\": code tests are empty"));
+    }
+    return absl::OkStatus();
+  }
   if (absl::Status status = ValidateReference(example->task, example->answer); !status.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("\"", layout.answer_key, "\": ", status.message()));

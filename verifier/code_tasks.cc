@@ -13,10 +13,12 @@ namespace kappa::verifier {
 absl::StatusOr<CodeTasks> CodeTasks::Load(const std::string& paths,
                                           const tasks::JsonlOptions& options, bool all_are_code) {
   CodeTasks loaded;
+  tasks::JsonlOptions code_options = options;
+  code_options.code_tasks = true;
   for (absl::string_view piece : absl::StrSplit(paths, ',', absl::SkipEmpty())) {
     const std::string path(piece);
     absl::StatusOr<std::unique_ptr<tasks::Dataset>> dataset =
-        tasks::LoadJsonlDataset(path, options);
+        tasks::LoadJsonlDataset(path, code_options);
     if (!dataset.ok()) {
       return absl::InvalidArgumentError(
           absl::StrCat("--code-tasks ", path, ": ", dataset.status().message()));
