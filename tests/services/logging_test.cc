@@ -26,10 +26,19 @@ TEST(LoggingTest, WritesThePatternToTheLogFile) {
       << text.str();
 }
 
+// The process keeps logging, to stderr, and says why the file is missing.
 TEST(LoggingTest, UnwritableFileFallsBackToStderr) {
-  InitLogging("x", "/nonexistent-dir/x.log");
+  ::testing::internal::CaptureStderr();
+  InitLogging("x", "/dev/null/x.log");  // under a file: no one can create it
   spdlog::info("still logging");
-  SUCCEED();
+  spdlog::default_logger()->flush();
+  const std::string stderr_text = ::testing::internal::GetCapturedStderr();
+  EXPECT_TRUE(std::regex_search(
+      stderr_text, std::regex(R"(\[x\] \[warning\] cannot open log file '/dev/null/x\.log': .+; )"
+                              R"(logging to stderr only\n)")))
+      << stderr_text;
+  EXPECT_TRUE(std::regex_search(stderr_text, std::regex(R"(\[x\] \[info\] still logging\n)")))
+      << stderr_text;
 }
 
 }  // namespace
