@@ -39,6 +39,10 @@ struct CodeOptions {
   // needed), so each run has its own RLIMIT_NPROC budget. 0: every run uses
   // sandbox.uid/gid.
   uid_t slot_uid_base = 61000;
+  // Per-request cost budget (--code-request-seconds): a request's code items
+  // × the wall timeout of one run, in sandbox-seconds. Over it:
+  // RESOURCE_EXHAUSTED naming the flag.
+  int64_t max_request_sandbox_seconds = 1200;
   SandboxOptions sandbox;
 };
 

@@ -54,12 +54,14 @@ constexpr char kExtraUsage[] =
     "  --code-wall-seconds N       wall-clock timeout per run (default 10)\n"
     "  --code-memory-mb N          RLIMIT_AS per process (default 1024)\n"
     "  --code-run-memory-mb N      cgroup memory.max per run, all processes (default 1024)\n"
+    "  --code-request-seconds N    per-request budget: code items x wall timeout\n"
+    "                              (default 1200; over it RESOURCE_EXHAUSTED)\n"
     "  --code-python PATH          interpreter (default /usr/bin/python3)\n"
     "  --code-work-root DIR        where run dirs are made (default $TMPDIR or /tmp)\n";
 const std::vector<std::string> kExtraFlags = {
     "enable-code",         "allow-weak-sandbox", "code-tasks",        "code-enabled",
     "code-max-concurrent", "code-cpu-seconds",   "code-wall-seconds", "code-memory-mb",
-    "code-run-memory-mb",  "code-python",        "code-work-root"};
+    "code-run-memory-mb",  "code-python",        "code-work-root",    "code-request-seconds"};
 // Flags without a value; main() turns "--flag" into "--flag=true" for the
 // shared parser, which knows only value flags.
 const std::vector<std::string> kSwitches = {"enable-code", "allow-weak-sandbox"};
@@ -101,6 +103,8 @@ absl::Status ApplyCodeFlags(const std::map<std::string, std::string>& extra, Cod
       code->sandbox.address_space_bytes = number << 20;
     } else if (name == "code-run-memory-mb") {
       code->sandbox.run_memory_bytes = number << 20;
+    } else if (name == "code-request-seconds") {
+      code->max_request_sandbox_seconds = number;
     }
   }
   if (code->allow_weak_sandbox && !code->enabled) {

@@ -4,13 +4,17 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "base/status.h"
 #include "base/utf8.h"
 #include "services/grpc_util.h"
@@ -124,12 +128,23 @@ absl::Status ValidateItem(const kappa::v1::VerifyItem& item, int index,
 // Runs the request's code items (indices `code_items`), up to
 // code.capacity() at once; the slots bound the sandboxes across all calls.
 // The items were validated, so TestsOf succeeds for each.
-void ScoreCodeItems(const kappa::v1::VerifyRequest& request, const std::vector<int>& code_items,
-                    const VerifierOptions& options, CodeRewarder& code,
-                    std::vector<float>* rewards) {
+absl::Status ScoreCodeItems(const kappa::v1::VerifyRequest& request,
+                            const std::vector<int>& code_items, const VerifierOptions& options,
+                            CodeRewarder& code, const std::function<absl::Status()>& stop,
+                            std::vector<float>* rewards) {
   std::atomic<size_t> next{0};
+  absl::Mutex stopped_mu;
+  absl::Status stopped;
   auto work = [&] {
     for (size_t k = next++; k < code_items.size(); k = next++) {
+      if (stop) {
+        if (absl::Status why = stop(); !why.ok()) {
+          absl::MutexLock lock(&stopped_mu);
+          if (stopped.ok()) stopped = why;
+          next = code_items.size();  // no further item starts
+          return;
+        }
+      }
       const int index = code_items[k];
       const kappa::v1::VerifyItem& item = request.items(index);
       const absl::StatusOr<std::string_view> tests = TestsOf(item, index, options);
@@ -141,6 +156,20 @@ void ScoreCodeItems(const kappa::v1::VerifyRequest& request, const std::vector<i
   for (size_t t = 1; t < threads; ++t) helpers.emplace_back(work);
   work();
   for (std::thread& helper : helpers) helper.join();
+  absl::MutexLock lock(&stopped_mu);
+  return stopped;
+}
+
+// RESOURCE_EXHAUSTED when `code_items` runs could take longer, together,
+// than the per-request budget allows.
+absl::Status WithinSandboxBudget(size_t code_items, const CodeOptions& code) {
+  const double wall = absl::ToDoubleSeconds(code.sandbox.wall_timeout);
+  const double cost = static_cast<double>(code_items) * wall;
+  if (cost <= static_cast<double>(code.max_request_sandbox_seconds)) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "items: ", code_items, " code items x ", wall, " s wall timeout = ", cost,
+      " sandbox-seconds exceed the per-request budget of ", code.max_request_sandbox_seconds,
+      " (--code-request-seconds); split the request"));
 }
 
 }  // namespace
@@ -172,8 +201,8 @@ absl::Status VerifierService::CodeStatus() const {
 }
 
 absl::StatusOr<std::vector<float>> ScoreRequest(const kappa::v1::VerifyRequest& request,
-                                                const VerifierOptions& options,
-                                                CodeRewarder* code) {
+                                                const VerifierOptions& options, CodeRewarder* code,
+                                                const std::function<absl::Status()>& stop) {
   if (request.items_size() == 0) return absl::InvalidArgumentError("items: empty request");
   if (request.items_size() > options.max_items) {
     return absl::InvalidArgumentError(absl::StrCat("items: ", request.items_size(),
@@ -200,15 +229,31 @@ absl::StatusOr<std::vector<float>> ScoreRequest(const kappa::v1::VerifyRequest& 
     if (!reward.ok()) return FieldError(i, "reference_answer", reward.status().message());
     rewards[i] = *reward;
   }
-  if (!code_items.empty()) ScoreCodeItems(request, code_items, options, *code, &rewards);
+  if (!code_items.empty()) {
+    KAPPA_RETURN_IF_ERROR(WithinSandboxBudget(code_items.size(), options.code));
+    KAPPA_RETURN_IF_ERROR(ScoreCodeItems(request, code_items, options, *code, stop, &rewards));
+  }
   return rewards;
 }
 
-grpc::Status VerifierService::Verify(grpc::ServerContext*, const kappa::v1::VerifyRequest* request,
+grpc::Status VerifierService::Verify(grpc::ServerContext* context,
+                                     const kappa::v1::VerifyRequest* request,
                                      kappa::v1::VerifyResponse* response) {
+  // No sandbox starts for a caller that went away or whose deadline passed.
+  const absl::Time deadline = context->deadline() == std::chrono::system_clock::time_point::max()
+                                  ? absl::InfiniteFuture()
+                                  : absl::FromChrono(context->deadline());
+  const std::function<absl::Status()> stop = [context, deadline] {
+    if (context->IsCancelled()) return absl::CancelledError("the caller cancelled Verify");
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError("deadline passed before every code item ran");
+    }
+    return absl::OkStatus();
+  };
   absl::StatusOr<grpc::Status> handled = base::CaptureExceptions("", [&] {
     const absl::Time start = absl::Now();
-    absl::StatusOr<std::vector<float>> rewards = ScoreRequest(*request, options_, code_.get());
+    absl::StatusOr<std::vector<float>> rewards =
+        ScoreRequest(*request, options_, code_.get(), stop);
     if (metrics_ != nullptr) {
       metrics_->RecordRequest(absl::ToDoubleSeconds(absl::Now() - start), rewards);
     }

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -55,9 +56,15 @@ absl::Status ApplyVerifierConfig(const services::Config& config, VerifierOptions
 // be empty or the same, else INVALID_ARGUMENT); an item without such an id
 // runs its own reference_answer only when options.callers_authenticated,
 // else PERMISSION_DENIED naming items[i].reference_answer.
-absl::StatusOr<std::vector<float>> ScoreRequest(const kappa::v1::VerifyRequest& request,
-                                                const VerifierOptions& options,
-                                                CodeRewarder* code = nullptr);
+// The request's code items × options.code.sandbox.wall_timeout over
+// options.code.max_request_sandbox_seconds: RESOURCE_EXHAUSTED naming
+// --code-request-seconds. `stop` (may be empty) is asked before each code
+// item starts: a status other than OK (the call's deadline passed, its
+// caller went away) ends the request with it; runs already started finish
+// (each within its wall timeout) and their results are dropped.
+absl::StatusOr<std::vector<float>> ScoreRequest(
+    const kappa::v1::VerifyRequest& request, const VerifierOptions& options,
+    CodeRewarder* code = nullptr, const std::function<absl::Status()>& stop = nullptr);
 
 class VerifierService final : public kappa::v1::Verifier::Service {
  public:

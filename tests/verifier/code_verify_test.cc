@@ -7,6 +7,7 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -231,6 +232,39 @@ TEST_F(CodeVerifyTest, RewardCodeRunsEveryItemInTheSandbox) {
   absl::StatusOr<std::vector<float>> rewards = ScoreRequest(request, options, &code);
   ASSERT_TRUE(rewards.ok()) << rewards.status();
   EXPECT_EQ(*rewards, (std::vector<float>{1, 0, 1}));
+}
+
+// Issue 45: a request's code items × the wall timeout must fit the budget
+// (RESOURCE_EXHAUSTED naming --code-request-seconds, nothing run), and no
+// code item starts once `stop` says the call is over; after the first item,
+// the rest are not run and the request ends with that status.
+TEST_F(CodeVerifyTest, BudgetAndStopBoundWhatARequestRuns) {
+  VerifierOptions options = CodeOn();
+  options.code.max_concurrent = 1;  // items run one after another
+  options.code.max_request_sandbox_seconds = 12;
+  CodeRewarder code(options.code, nullptr);
+  ASSERT_TRUE(code.available().ok()) << code.available();
+  kappa::v1::VerifyRequest three;
+  for (int i = 0; i < 3; ++i) AddCode(&three, kGood);  // 3 × 5 s = 15 > 12
+  absl::StatusOr<std::vector<float>> over = ScoreRequest(three, options, &code);
+  EXPECT_EQ(over.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(over.status().message(),
+            "items: 3 code items x 5 s wall timeout = 15 sandbox-seconds exceed the per-request "
+            "budget of 12 (--code-request-seconds); split the request");
+
+  kappa::v1::VerifyRequest two;
+  for (int i = 0; i < 2; ++i) AddCode(&two, kGood);
+  int asked = 0;
+  const std::function<absl::Status()> stop_after_one = [&asked] {
+    return ++asked > 1 ? absl::DeadlineExceededError("deadline passed before every code item ran")
+                       : absl::OkStatus();
+  };
+  absl::StatusOr<std::vector<float>> stopped = ScoreRequest(two, options, &code, stop_after_one);
+  EXPECT_EQ(stopped.status().code(), absl::StatusCode::kDeadlineExceeded) << stopped.status();
+  EXPECT_EQ(asked, 2) << "asked before each item; the second did not start";
+  absl::StatusOr<std::vector<float>> whole = ScoreRequest(two, options, &code);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  EXPECT_EQ(*whole, (std::vector<float>{1, 1}));
 }
 
 TEST(CodeVerifyDisabledTest, CodeItemsAreRefusedUnlessEnabled) {
