@@ -10,9 +10,11 @@
 #include <cmath>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 
+#include "absl/synchronization/mutex.h"
 #include "learner/coordinator.h"
 #include "learner/learner_service.h"
 #include "learner/policy_publisher.h"
@@ -57,18 +59,32 @@ class SlowVerifier final : public kappa::v1::Verifier::Service {
     int seen = max_in_flight_.load();
     while (now > seen && !max_in_flight_.compare_exchange_weak(seen, now)) {
     }
+    {
+      absl::MutexLock lock(&mu_);
+      for (const kappa::v1::VerifyItem& item : request->items()) {
+        example_ids_.insert(item.example_id());
+      }
+    }
     absl::SleepFor(delay_);
     --in_flight_;
     return inner_->Verify(context, request, response);
   }
 
   int max_in_flight() const { return max_in_flight_.load(); }
+  // VerifyItem.example_id of every item seen (the verifier's key into its
+  // loaded code tasks).
+  std::set<std::string> example_ids() const {
+    absl::MutexLock lock(&mu_);
+    return example_ids_;
+  }
 
  private:
   verifier::VerifierService* const inner_;
   const absl::Duration delay_;
   std::atomic<int> in_flight_{0};
   std::atomic<int> max_in_flight_{0};
+  mutable absl::Mutex mu_;
+  std::set<std::string> example_ids_ ABSL_GUARDED_BY(mu_);
 };
 
 std::vector<int64_t> Tokens(const google::protobuf::RepeatedField<int32_t>& ids) {
@@ -399,6 +415,9 @@ TEST_F(WorkerTest, CompletesTheGroupsItHoldsConcurrently) {
   }
   EXPECT_EQ(worker_->stats().decode_batches, 3);
   EXPECT_EQ(slow.max_in_flight(), 3);
+  // Each item named its example (the work item's prompt id) for the
+  // verifier's loaded code tasks (issue 45).
+  EXPECT_EQ(slow.example_ids(), (std::set<std::string>{"p-slow-0", "p-slow-1", "p-slow-2"}));
   worker_->Stop();
   worker_thread_.join();
   (*slow_server)->Shutdown(absl::Milliseconds(100));
