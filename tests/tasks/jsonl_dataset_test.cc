@@ -47,6 +47,34 @@ TEST_F(JsonlDatasetTest, LoadsExamplesAndSkipsBlankLines) {
   EXPECT_EQ((*dataset)->at(2).id, "jsonl-2");
 }
 
+// Code lines (the answer is Python tests) load only for the verifier
+// (JsonlOptions::code_tasks); the learner's loader refuses them as any
+// unknown task, naming the line, and empty tests are refused either way.
+TEST_F(JsonlDatasetTest, CodeLinesLoadOnlyWhenAskedFor) {
+  const std::string path = Write(
+      "{\"prompt\": \"1+2=\", \"answer\": \"3\"}\n"
+      "{\"prompt\": \"write add\", \"answer\": \"assert add(1, 2) == 3\", \"id\": \"add\","
+      " \"task\": \"code\"}\n");
+  const absl::Status refused = LoadJsonlDataset(path).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.message().find(":2:"), std::string::npos) << refused;
+  EXPECT_NE(refused.message().find("code"), std::string::npos) << refused;
+  JsonlOptions options;
+  options.code_tasks = true;
+  auto dataset = LoadJsonlDataset(path, options);
+  ASSERT_TRUE(dataset.ok()) << dataset.status();
+  ASSERT_EQ((*dataset)->size(), 2u);
+  EXPECT_EQ((*dataset)->at(1).id, "add");
+  EXPECT_EQ((*dataset)->at(1).task, "code");
+  EXPECT_EQ((*dataset)->at(1).answer, "assert add(1, 2) == 3");
+  EXPECT_EQ((*dataset)->at(0).task, "arithmetic");
+  const absl::Status empty =
+      LoadJsonlDataset(Write("{\"prompt\": \"p\", \"answer\": \"  \", \"task\": \"code\"}\n"),
+                       options)
+          .status();
+  EXPECT_NE(empty.message().find("code tests are empty"), std::string::npos) << empty;
+}
+
 TEST_F(JsonlDatasetTest, ErrorsNameFileAndLine) {
   struct Case {
     std::string contents;
