@@ -180,10 +180,10 @@ class TrainerLoop {
   absl::Time last_step_end_;                 // of the previous step (or the loop's start)
   int64_t skipped_in_a_row_ = 0;             // steps skipped as non-finite since the last applied
   struct NanFault {
-    int64_t step = 0;    // 0: no fault
-    int64_t tries = 0;   // batches at `step` still to poison
-    bool armed = false;  // the batch being trained gets a NaN gradient
-  } nan_fault_;          // InjectNanGradient
+    int64_t step = 0;           // 0: no fault
+    int64_t tries = 0;          // batches at `step` still to poison
+    bool armed = false;         // the batch being trained gets a NaN gradient
+  } nan_fault_;                 // InjectNanGradient
   int64_t bad_group_step_ = 0;  // InjectBadGroup; 0: none (or done)
 };
 

@@ -58,7 +58,7 @@ class WeightGroup;
 namespace kappa::learner {
 
 struct WeightBroadcastOptions {
-  int workers = 0;    // learner.weight_group_workers: the members, ranks 1..workers
+  int workers = 0;  // learner.weight_group_workers: the members, ranks 1..workers
   // learner.weight_group_store: tcp://HOST:PORT, served by the learner;
   // PORT 0: any free one (what `kappa run` asks for).
   std::string store;
