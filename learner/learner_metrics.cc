@@ -23,7 +23,7 @@ constexpr char kWriteFailuresHelp[] =
     "Writes to the run directory that failed (disk full, I/O error), by what was written.";
 constexpr char kStepsSkippedHelp[] =
     "Training steps skipped, nothing applied or published (nonfinite: a loss term or the "
-    "gradient norm was NaN or inf).";
+    "gradient norm was NaN or inf; exception: the step threw, its batch was dropped).";
 
 void SetIfFinite(services::metrics::Gauge& gauge, double value) {
   if (std::isfinite(value)) gauge.Set(value);

@@ -4,6 +4,7 @@
 //                 [--log-file FILE] [--address HOST:PORT] [--metrics-address HOST:PORT]
 //                 [--world-size R --rank N|auto --dist-store URL]
 //                 [--debug-nan-grad STEP[:TRIES]] [--debug-bad-group STEP]
+//                 [--debug-step-throw STEP[:TRIES]]
 //   kappa-learner --health-check HOST:PORT
 #include <spdlog/spdlog.h>
 #include <torch/torch.h>
@@ -125,7 +126,10 @@ constexpr const char* kExtraUsage =
     "                         fault injection for tests: the first TRIES batches (default\n"
     "                         all) trained at STEP get a NaN gradient\n"
     "  --debug-bad-group STEP fault injection for tests: the first group taken for STEP\n"
-    "                         gets a NaN reward after the wire checks (it is dropped)\n";
+    "                         gets a NaN reward after the wire checks (it is dropped)\n"
+    "  --debug-step-throw STEP[:TRIES]\n"
+    "                         fault injection for tests: the first TRIES steps tried at\n"
+    "                         STEP (default all) throw inside the step\n";
 
 std::string HostName() {
   char host[256] = {0};
@@ -257,6 +261,23 @@ absl::Status ApplyNanGradientFault(const services::CommonFlags& flags, TrainerLo
   return absl::OkStatus();
 }
 
+// --debug-step-throw STEP[:TRIES] (docs/reliability.md): TrainerLoop::InjectStepThrow.
+absl::Status ApplyStepThrowFault(const services::CommonFlags& flags, TrainerLoop& trainer) {
+  const auto flag = flags.extra.find("debug-step-throw");
+  if (flag == flags.extra.end()) return absl::OkStatus();
+  const std::vector<std::string> parts = absl::StrSplit(flag->second, ':');
+  int64_t step = 0, tries = std::numeric_limits<int64_t>::max();
+  if (parts.size() > 2 || !absl::SimpleAtoi(parts[0], &step) || step < 1 ||
+      (parts.size() == 2 && (!absl::SimpleAtoi(parts[1], &tries) || tries < 1))) {
+    return absl::InvalidArgumentError(absl::StrCat("--debug-step-throw: '", flag->second,
+                                                   "' is not STEP[:TRIES] with STEP, TRIES >= 1"));
+  }
+  spdlog::warn("fault injection: the step throws at step {} (--debug-step-throw {})", step,
+               flag->second);
+  trainer.InjectStepThrow(step, tries);
+  return absl::OkStatus();
+}
+
 // --debug-bad-group STEP (docs/reliability.md): TrainerLoop::InjectBadGroup.
 absl::Status ApplyBadGroupFault(const services::CommonFlags& flags, TrainerLoop& trainer) {
   const auto flag = flags.extra.find("debug-bad-group");
@@ -377,6 +398,7 @@ absl::StatusOr<std::unique_ptr<TrainerLoop>> MakeTrainer(
                           *in.heldout, *in.prompts, in.vocab_limit, in.rank));
   KAPPA_RETURN_IF_ERROR(ApplyNanGradientFault(flags, *trainer));
   KAPPA_RETURN_IF_ERROR(ApplyBadGroupFault(flags, *trainer));
+  KAPPA_RETURN_IF_ERROR(ApplyStepThrowFault(flags, *trainer));
   KAPPA_ASSIGN_OR_RETURN(std::optional<tasks::AnswerCorruption> corruption,
                          StudiedCorruption(config));
   const CorruptedSubset* subset = nullptr;  // owned by `trainer`
@@ -484,12 +506,12 @@ std::vector<char*> WithoutResumeFlag(int argc, char** argv, bool* resume) {
 int main(int argc, char** argv) {
   bool resume = false;
   std::vector<char*> args = kappa::learner::WithoutResumeFlag(argc, argv, &resume);
-  return kappa::services::ServiceMain(
-      static_cast<int>(args.size()), args.data(),
-      {"kappa-learner",
-       kappa::learner::kExtraUsage,
-       {"run-dir", "rank", "world-size", "dist-store", "debug-nan-grad", "debug-bad-group"},
-       [resume](const kappa::services::CommonFlags& flags) {
-         return kappa::learner::Serve(flags, resume);
-       }});
+  return kappa::services::ServiceMain(static_cast<int>(args.size()), args.data(),
+                                      {"kappa-learner",
+                                       kappa::learner::kExtraUsage,
+                                       {"run-dir", "rank", "world-size", "dist-store",
+                                        "debug-nan-grad", "debug-bad-group", "debug-step-throw"},
+                                       [resume](const kappa::services::CommonFlags& flags) {
+                                         return kappa::learner::Serve(flags, resume);
+                                       }});
 }

@@ -8,6 +8,7 @@
 #include <limits>
 #include <map>
 #include <optional>
+#include <stdexcept>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -294,9 +295,13 @@ absl::StatusOr<StepRecord> TrainerLoop::TrainOn(const TrainableBatch& taken, abs
   nan_fault_.armed = nan_fault_.step == state_.step + 1 && nan_fault_.tries > 0;
   if (nan_fault_.armed) --nan_fault_.tries;
   // c10::Error included: the step stops at this edge, with a status.
-  KAPPA_ASSIGN_OR_RETURN(record.report,
-                         base::CaptureExceptions(absl::StrCat("training step ", state_.step + 1),
-                                                 [&] { return step_->Run(batch, on_policy); }));
+  const bool throw_now = throw_at_step_ == state_.step + 1 && throws_left_ > 0;
+  if (throw_now) --throws_left_;
+  KAPPA_ASSIGN_OR_RETURN(
+      record.report, base::CaptureExceptions(absl::StrCat("training step ", state_.step + 1), [&] {
+        if (throw_now) throw std::runtime_error("injected by --debug-step-throw");
+        return step_->Run(batch, on_policy);
+      }));
   if (record.report.stats.skipped()) {
     record.step = state_.step + 1;  // tried, not taken: nothing to publish
     return record;
@@ -339,6 +344,28 @@ absl::Status TrainerLoop::OnSkippedStep(const StepRecord& record) {
       "step ", record.step, ": ", s.nonfinite_term, " was not finite on ", skipped_in_a_row_,
       " batches in a row (trainer.max_nonfinite_steps), none of them applied; ",
       DescribeLatest(run_dir_)));
+}
+
+absl::Status TrainerLoop::OnFailedStep(const TrainableBatch& taken, const absl::Status& failure) {
+  if (rank_.world_size > 1) return failure;
+  const int64_t limit = config_.trainer.max_nonfinite_steps;
+  ++failed_in_a_row_;
+  if (failed_in_a_row_ >= limit) {
+    return absl::Status(failure.code(),
+                        absl::StrCat(failure.message(), " (", failed_in_a_row_,
+                                     " batches in a row, trainer.max_nonfinite_steps); ",
+                                     DescribeLatest(run_dir_)));
+  }
+  std::vector<size_t> examples;
+  for (const BufferedGroup& entry : taken.buffered) examples.push_back(entry.example_index);
+  coordinator_->Requeue(examples);
+  if (metrics_exporter_ != nullptr) metrics_exporter_->RecordSkippedStep("exception");
+  spdlog::error(
+      "ALARM step_failed at step {}: {}; the batch of {} groups was dropped, nothing applied, its "
+      "prompts leased again ({} of {} in a row, trainer.max_nonfinite_steps)",
+      state_.step + 1, std::string(failure.message()), taken.buffered.size(), failed_in_a_row_,
+      limit);
+  return absl::OkStatus();
 }
 
 void TrainerLoop::RecordConflicts(const std::vector<BufferedGroup>& buffered,
@@ -417,7 +444,13 @@ absl::Status TrainerLoop::Run(const std::function<bool()>& stop_requested) {
     KAPPA_ASSIGN_OR_RETURN(std::optional<TrainableBatch> taken,
                            TakeTrainableBatch(static_cast<size_t>(local_groups), stop_requested));
     if (!taken.has_value()) return absl::CancelledError("stop requested");
-    KAPPA_ASSIGN_OR_RETURN(StepRecord record, TrainOn(*taken, run_start));
+    absl::StatusOr<StepRecord> trained = TrainOn(*taken, run_start);
+    if (!trained.ok()) {
+      KAPPA_RETURN_IF_ERROR(OnFailedStep(*taken, trained.status()));
+      continue;
+    }
+    StepRecord& record = *trained;
+    failed_in_a_row_ = 0;
     if (record.report.stats.skipped()) {
       KAPPA_RETURN_IF_ERROR(OnSkippedStep(record));
       continue;

@@ -93,6 +93,12 @@ class TrainerLoop {
   // so BuildTrainBatch refuses it (TakeTrainableBatch drops it). Call
   // before Run.
   void InjectBadGroup(int64_t step) { bad_group_step_ = step; }
+  // Fault injection for tests (kappa-learner --debug-step-throw): the first
+  // `tries` steps tried at `step` throw inside the step (OnFailedStep).
+  void InjectStepThrow(int64_t step, int64_t tries) {
+    throw_at_step_ = step;
+    throws_left_ = tries;
+  }
 
   struct HeldOutResult {
     double accuracy = 0.0;
@@ -154,6 +160,14 @@ class TrainerLoop {
   // kappa_learner_steps_skipped_total; once trainer.max_nonfinite_steps
   // steps in a row were skipped, an error naming the step and the term.
   absl::Status OnSkippedStep(const StepRecord& record);
+  // After a step that threw (`failure`; not one skipped as non-finite): on a
+  // single rank, the batch is dropped, its prompts leased again, the
+  // `ALARM step_failed` line logged and kappa_learner_steps_skipped_total
+  // {reason="exception"} counted; the next batch is trained. An error
+  // instead once trainer.max_nonfinite_steps steps in a row failed, or with
+  // data-parallel ranks (the others wait for this one in the step's
+  // collectives).
+  absl::Status OnFailedStep(const TrainableBatch& taken, const absl::Status& failure);
 
   const services::Config config_;
   const std::string run_dir_;
@@ -178,6 +192,7 @@ class TrainerLoop {
   std::unique_ptr<CorruptedSubset> subset_;  // may stay null
   std::unique_ptr<ConflictAtlas> atlas_;     // may stay null
   absl::Time last_step_end_;                 // of the previous step (or the loop's start)
+  int64_t failed_in_a_row_ = 0;              // steps that threw since the last one applied
   int64_t skipped_in_a_row_ = 0;             // steps skipped as non-finite since the last applied
   struct NanFault {
     int64_t step = 0;           // 0: no fault
@@ -185,6 +200,8 @@ class TrainerLoop {
     bool armed = false;         // the batch being trained gets a NaN gradient
   } nan_fault_;                 // InjectNanGradient
   int64_t bad_group_step_ = 0;  // InjectBadGroup; 0: none (or done)
+  int64_t throw_at_step_ = 0;   // InjectStepThrow; 0: none
+  int64_t throws_left_ = 0;
 };
 
 }  // namespace kappa::learner

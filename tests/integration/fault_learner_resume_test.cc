@@ -367,6 +367,64 @@ TEST_F(LearnerResumeTest, IdleStreamsHoldingEverySlotDoNotStallTraining) {
   EXPECT_TRUE(exit.status.success()) << exit.status.ToString() << "\n" << log;
 }
 
+// Issue 45: a step that throws (--debug-step-throw; a failure nothing
+// checked before it caught) drops its batch and the run goes on: step 3 is
+// trained on the next batch. Every try at step 3 throwing ends the learner
+// after trainer.max_nonfinite_steps (3) in a row, naming the step.
+TEST_F(LearnerResumeTest, AStepThatThrowsDropsItsBatchThenStopsTheLearner) {
+  const std::string failed_line =
+      "ALARM step_failed at step 3: training step 3: injected by "
+      "--debug-step-throw; the batch of 3 groups was dropped";
+  {
+    const fs::path run_dir = root_ / "one-throw";
+    std::string address;
+    const kappa::testing::ReadyService started =
+        StartLearner(run_dir, &address, false, "one-throw.log",
+                     {"trainer.steps=100000", "--metrics-address", kAnyLoopbackPort,
+                      "--debug-step-throw", "3:1"});
+    kappa::testing::FakeWorker worker(kappa::testing::FastReconnectChannel(address),
+                                      WorkerOptions());
+    worker.Start();
+    const auto deadline = Clock::now() + std::chrono::seconds(60);
+    while (LastStep(run_dir / "metrics.jsonl") < 5 && Clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    const std::string page =
+        kappa::testing::HttpGet(started.ready.metrics_address, "/metrics").body;
+    const kappa::testing::TimedExit exit =
+        kappa::testing::ExitAfterSigterm(supervisor_, started.pid, std::chrono::seconds(20));
+    worker.Stop();
+    const std::string log = ReadAll(root_ / "one-throw.log");
+    ASSERT_GE(LastStep(run_dir / "metrics.jsonl"), 5) << log;
+    EXPECT_EQ(Count(log, failed_line), 1) << log;
+    EXPECT_NE(page.find("kappa_learner_steps_skipped_total{reason=\"exception\"} 1"),
+              std::string::npos)
+        << page;
+    EXPECT_TRUE(exit.status.success()) << exit.status.ToString() << "\n" << log;
+  }
+  {
+    const fs::path run_dir = root_ / "always-throws";
+    std::string address;
+    const pid_t learner =
+        StartLearner(run_dir, &address, false, "always-throws.log", {"--debug-step-throw", "3"})
+            .pid;
+    kappa::testing::FakeWorker worker(kappa::testing::FastReconnectChannel(address),
+                                      WorkerOptions());
+    worker.Start();
+    const std::optional<kappa::cli::ExitStatus> exit = supervisor_.WaitFor(learner, kRunLimit);
+    worker.Stop();
+    const std::string log = ReadAll(root_ / "always-throws.log");
+    ASSERT_TRUE(exit.has_value()) << "the learner did not stop\n" << log;
+    EXPECT_EQ(exit->exit_code, 1) << exit->ToString() << "\n" << log;
+    EXPECT_EQ(Count(log, failed_line), 2) << log;
+    EXPECT_NE(log.find("injected by --debug-step-throw (3 batches in a row, "
+                       "trainer.max_nonfinite_steps); checkpoints/latest still names step-2"),
+              std::string::npos)
+        << log;
+    EXPECT_EQ(LastStep(run_dir / "metrics.jsonl"), 2);
+  }
+}
+
 TEST_F(LearnerResumeTest, NonFiniteStepsAreSkippedThenStopTheLearner) {
   const std::string skipped_line = "ALARM nonfinite at step 3: grad_norm is not finite";
   {
