@@ -539,7 +539,13 @@ TEST(TeacherLimits, BudgetsAndCancellation) {
     kappa::v1::ScoreResponse response;
     lone_status = stub->Score(&context, lone, &response);
   });
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  // Cancelled once the server holds it queued (not before it arrived).
+  const auto queued_by = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (service->batcher_stats().queued_sequences == 0 &&
+         std::chrono::steady_clock::now() < queued_by) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_EQ(service->batcher_stats().queued_sequences, 1);
   context.TryCancel();
   caller.join();
   EXPECT_EQ(lone_status.error_code(), grpc::StatusCode::CANCELLED);
