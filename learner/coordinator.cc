@@ -35,7 +35,7 @@ void Coordinator::ExpireLeasesLocked(absl::Time now) {
   for (auto it = leases_.begin(); it != leases_.end();) {
     if (it->second.deadline <= now) {
       reissue_.push_back(it->second.example_index);
-      if (silent_.insert(it->second.worker_id).second) ++counters_.streams_silenced;
+      SilenceLocked(it->second.worker_id, now);
       --outstanding_by_worker_[it->second.worker_id];
       ++counters_.leases_reissued;
       it = leases_.erase(it);
@@ -52,7 +52,8 @@ std::optional<Lease> Coordinator::LeaseNext(const std::string& worker_id, int ma
     if (shutdown_) return std::nullopt;
     const absl::Time now = absl::Now();
     ExpireLeasesLocked(now);
-    if (silent_.count(worker_id) == 0 && outstanding_by_worker_[worker_id] < max_outstanding &&
+    if (outstanding_by_worker_[worker_id] <
+            AllowedOutstandingLocked(worker_id, max_outstanding, now) &&
         UsedSlotsLocked() < options_.buffer_groups) {
       break;
     }
@@ -165,6 +166,27 @@ void Coordinator::ReleaseWorker(const std::string& worker_id) {
   outstanding_by_worker_.erase(worker_id);
   silent_.erase(worker_id);
   changed_.SignalAll();
+}
+
+void Coordinator::SilenceLocked(const std::string& worker_id, absl::Time now) {
+  auto [it, first] = silent_.try_emplace(worker_id);
+  Silence& silence = it->second;
+  if (first) {
+    ++counters_.streams_silenced;
+    silence.wait = options_.lease_timeout;
+  } else if (now >= silence.until) {  // a probation lease expired too
+    silence.wait = std::min(2 * silence.wait, 8 * options_.lease_timeout);
+  } else {
+    return;  // another lease of the same silence
+  }
+  silence.until = now + silence.wait;
+}
+
+int Coordinator::AllowedOutstandingLocked(const std::string& worker_id, int max_outstanding,
+                                          absl::Time now) const {
+  const auto it = silent_.find(worker_id);
+  if (it == silent_.end()) return max_outstanding;
+  return now < it->second.until ? 0 : std::min(1, max_outstanding);
 }
 
 void Coordinator::HeardFromLocked(const std::string& worker_id) {

@@ -101,11 +101,15 @@ class Coordinator {
 
   // Blocks until `worker_id` holds fewer than `max_outstanding` leases and a
   // slot is free, then leases the next prompt. nullopt on deadline or
-  // shutdown. A silent worker gets nothing: once a lease it held expires
-  // with no group or renewal from it, its slots go back to the others and it
-  // is leased nothing more until it sends a group (Submit, ReissueRefused)
-  // or a renewal (Renew). So idle streams cannot keep the buffer's slots by
-  // taking each expired lease again.
+  // shutdown. A silent worker gets less: once a lease it held expires with
+  // no group or renewal from it, its slots go back to the others and it is
+  // leased nothing for one lease timeout, then at most one lease at a time
+  // (probation); each probation lease that expires unanswered doubles the
+  // wait, up to 8 lease timeouts. A group (Submit, ReissueRefused) or a
+  // renewal (Renew) from it ends the silence. So idle streams cannot keep
+  // the buffer's slots by taking each expired lease again, and a healthy
+  // worker whose leases were lost (renewals dropped on the way) is not shut
+  // out for good.
 
   std::optional<Lease> LeaseNext(const std::string& worker_id, int max_outstanding,
                                  absl::Time deadline) ABSL_LOCKS_EXCLUDED(mu_);
@@ -165,6 +169,14 @@ class Coordinator {
 
  private:
   void ExpireLeasesLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A lease of `worker_id` expired at `now` unanswered: starts or lengthens
+  // its silence (LeaseNext).
+  void SilenceLocked(const std::string& worker_id, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // How many leases `worker_id` may hold now: `max_outstanding`, or 0 / 1
+  // while silent (LeaseNext).
+  int AllowedOutstandingLocked(const std::string& worker_id, int max_outstanding,
+                               absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // `worker_id` sent something: it may be leased prompts again.
   void HeardFromLocked(const std::string& worker_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int64_t UsedSlotsLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -178,9 +190,14 @@ class Coordinator {
   absl::CondVar changed_;  // signalled when slots, leases or the buffer change
   PromptSource prompts_ ABSL_GUARDED_BY(mu_);
   std::deque<size_t> reissue_ ABSL_GUARDED_BY(mu_);
-  // Workers a lease of which expired unanswered (LeaseNext); cleared by any
-  // group or renewal from them, or when they leave.
-  std::set<std::string> silent_ ABSL_GUARDED_BY(mu_);
+  // Workers a lease of which expired unanswered (LeaseNext): leased nothing
+  // until `until`, then one lease at a time; cleared by any group or renewal
+  // from them, or when they leave.
+  struct Silence {
+    absl::Time until;
+    absl::Duration wait;  // doubles with each probation lease that expires
+  };
+  std::map<std::string, Silence> silent_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, Lease> leases_ ABSL_GUARDED_BY(mu_);
   // Leases closed by an accepted group, the newest kClosedLeaseMemory: the
   // set for lookup, the queue for the order they leave it in.

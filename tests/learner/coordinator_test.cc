@@ -113,12 +113,14 @@ TEST(CoordinatorTest, ExpiredLeaseIsReissuedAndItsLateGroupDropped) {
 }
 
 // Issue 45: four idle streams take every slot and answer nothing. Once
-// their leases expire they are leased nothing more (before, each took an
-// expired lease back at its next ask and training stalled): a working
-// stream gets the slots and the prompts, and an idle stream that speaks
-// again (a group, even a late one, or a renewal) is leased again.
+// their leases expire they are leased nothing for a lease timeout (before,
+// each took an expired lease back at its next ask and training stalled): a
+// working stream gets the slots and the prompts. An idle stream that speaks
+// again (a group, even a late one, or a renewal) is leased again; one that
+// stays silent is on probation after the timeout: one lease at a time.
 TEST(CoordinatorTest, IdleStreamsLoseTheirSlotsToWorkingOnes) {
-  Coordinator coordinator(100, 1, 0, Options(8, 2, absl::Milliseconds(50)));
+  const absl::Duration lease_timeout = absl::Milliseconds(500);
+  Coordinator coordinator(100, 1, 0, Options(8, 2, lease_timeout));
   std::map<std::string, std::vector<Lease>> held;
   for (int i = 0; i < 4; ++i) {
     const std::string idle = "idle-" + std::to_string(i);
@@ -130,8 +132,10 @@ TEST(CoordinatorTest, IdleStreamsLoseTheirSlotsToWorkingOnes) {
   }
   EXPECT_FALSE(coordinator.LeaseNext("worker", 8, absl::Now() + absl::Milliseconds(10)))
       << "all 8 slots are held";
-  std::this_thread::sleep_for(std::chrono::milliseconds(80));
-  // The idle streams ask first, as they would in a tight loop.
+  absl::SleepFor(lease_timeout + absl::Milliseconds(50));
+  // The idle streams ask first, as they would in a tight loop; the first ask
+  // notices the expiry, so each is silent for a lease timeout from here.
+  const absl::Time silenced = absl::Now();
   for (int i = 0; i < 4; ++i) {
     EXPECT_FALSE(
         coordinator.LeaseNext("idle-" + std::to_string(i), 2, absl::Now() + absl::Milliseconds(5)))
@@ -152,14 +156,21 @@ TEST(CoordinatorTest, IdleStreamsLoseTheirSlotsToWorkingOnes) {
   }
   EXPECT_EQ(taken, expired) << "the working stream got the expired prompts";
   EXPECT_EQ(coordinator.TakeBatch(8, 0, absl::Now() + absl::Seconds(1)).size(), 8u);
+  ASSERT_LT(absl::Now() - silenced, lease_timeout) << "too slow to tell silence from probation";
   // A late group from idle-0 is dropped, but idle-0 is heard: it is leased
-  // again; idle-1 renews and is leased again too.
+  // again, up to its own limit; idle-1 renews and is leased again too.
   EXPECT_EQ(coordinator.Submit(held["idle-0"][0].lease_id, "idle-0", GroupAtVersion(0)),
             SubmitVerdict::kUnknownLease);
+  EXPECT_TRUE(coordinator.LeaseNext("idle-0", 2, absl::Now() + absl::Milliseconds(10)));
   EXPECT_TRUE(coordinator.LeaseNext("idle-0", 2, absl::Now() + absl::Milliseconds(10)));
   coordinator.Renew({}, "idle-1");
   EXPECT_TRUE(coordinator.LeaseNext("idle-1", 2, absl::Now() + absl::Milliseconds(10)));
   EXPECT_FALSE(coordinator.LeaseNext("idle-2", 2, absl::Now() + absl::Milliseconds(5)));
+  // After its silence, idle-2 is on probation: one lease, not two.
+  absl::SleepFor(lease_timeout - (absl::Now() - silenced) + absl::Milliseconds(20));
+  EXPECT_TRUE(coordinator.LeaseNext("idle-2", 2, absl::Now() + absl::Milliseconds(10)));
+  EXPECT_FALSE(coordinator.LeaseNext("idle-2", 2, absl::Now() + absl::Milliseconds(5)))
+      << "a stream on probation holds one lease at a time";
 }
 
 // A lease its worker keeps renewing outlives its timeout many times over
