@@ -244,7 +244,14 @@ absl::StatusOr<std::optional<TrainerLoop::TrainableBatch>> TrainerLoop::TakeTrai
     size_t count, const std::function<bool()>& stop_requested) {
   std::vector<BufferedGroup> buffered;
   while (true) {
-    if (stop_requested()) return std::optional<TrainableBatch>();
+    if (stop_requested()) {
+      // Groups held after a drop: their prompts go back, so the checkpoint's
+      // pending prompts (data_position) still name them.
+      std::vector<size_t> examples;
+      for (const BufferedGroup& entry : buffered) examples.push_back(entry.example_index);
+      coordinator_->Requeue(examples);
+      return std::optional<TrainableBatch>();
+    }
     std::vector<BufferedGroup> more = coordinator_->TakeBatch(
         count - buffered.size(), state_.policy_version, absl::Now() + absl::Seconds(1));
     std::move(more.begin(), more.end(), std::back_inserter(buffered));

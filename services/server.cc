@@ -67,7 +67,7 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(
     // gRPC's synchronous server refuses to start without a service of its own.
     return absl::InvalidArgumentError("GrpcServer::Start: no services to serve");
   }
-  // Process-wide switch read by ServerBuilder's constructor.
+  // Reachable from other machines, and no client proves who it is.
   const bool insecure = !IsLoopbackAddress(address) && !options.security.AuthenticatesClients();
   if (insecure && !options.allow_insecure) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -77,6 +77,7 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(
         "(security.tokens_dir, security.token_file; scripts/deploy_secrets.sh makes them), bind "
         "a loopback address, or set security.allow_insecure: true to accept the risk"));
   }
+  // Process-wide switch read by ServerBuilder's constructor.
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   int port = 0;
