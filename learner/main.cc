@@ -244,52 +244,39 @@ WorkTemplate WorkFor(const LearnerInputs& in) {
   return work;
 }
 
-// --debug-nan-grad STEP[:TRIES] (docs/reliability.md): TrainerLoop::InjectNanGradient.
-absl::Status ApplyNanGradientFault(const services::CommonFlags& flags, TrainerLoop& trainer) {
-  const auto flag = flags.extra.find("debug-nan-grad");
-  if (flag == flags.extra.end()) return absl::OkStatus();
-  const std::vector<std::string> parts = absl::StrSplit(flag->second, ':');
-  int64_t step = 0, tries = std::numeric_limits<int64_t>::max();
-  if (parts.size() > 2 || !absl::SimpleAtoi(parts[0], &step) || step < 1 ||
-      (parts.size() == 2 && (!absl::SimpleAtoi(parts[1], &tries) || tries < 1))) {
-    return absl::InvalidArgumentError(absl::StrCat("--debug-nan-grad: '", flag->second,
-                                                   "' is not STEP[:TRIES] with STEP, TRIES >= 1"));
-  }
-  spdlog::warn("fault injection: NaN gradients at step {} (--debug-nan-grad {})", step,
-               flag->second);
-  trainer.InjectNanGradient(step, tries);
-  return absl::OkStatus();
-}
-
-// --debug-step-throw STEP[:TRIES] (docs/reliability.md): TrainerLoop::InjectStepThrow.
-absl::Status ApplyStepThrowFault(const services::CommonFlags& flags, TrainerLoop& trainer) {
-  const auto flag = flags.extra.find("debug-step-throw");
-  if (flag == flags.extra.end()) return absl::OkStatus();
-  const std::vector<std::string> parts = absl::StrSplit(flag->second, ':');
-  int64_t step = 0, tries = std::numeric_limits<int64_t>::max();
-  if (parts.size() > 2 || !absl::SimpleAtoi(parts[0], &step) || step < 1 ||
-      (parts.size() == 2 && (!absl::SimpleAtoi(parts[1], &tries) || tries < 1))) {
-    return absl::InvalidArgumentError(absl::StrCat("--debug-step-throw: '", flag->second,
-                                                   "' is not STEP[:TRIES] with STEP, TRIES >= 1"));
-  }
-  spdlog::warn("fault injection: the step throws at step {} (--debug-step-throw {})", step,
-               flag->second);
-  trainer.InjectStepThrow(step, tries);
-  return absl::OkStatus();
-}
-
-// --debug-bad-group STEP (docs/reliability.md): TrainerLoop::InjectBadGroup.
-absl::Status ApplyBadGroupFault(const services::CommonFlags& flags, TrainerLoop& trainer) {
-  const auto flag = flags.extra.find("debug-bad-group");
-  if (flag == flags.extra.end()) return absl::OkStatus();
+// A fault-injection flag's STEP[:TRIES] (TRIES default: every try); nullopt
+// when `name` was not given. INVALID_ARGUMENT naming the flag otherwise.
+struct FaultAt {
   int64_t step = 0;
-  if (!absl::SimpleAtoi(flag->second, &step) || step < 1) {
+  int64_t tries = std::numeric_limits<int64_t>::max();
+};
+absl::StatusOr<std::optional<FaultAt>> FaultFlag(const services::CommonFlags& flags,
+                                                 const std::string& name, bool takes_tries) {
+  const auto flag = flags.extra.find(name);
+  if (flag == flags.extra.end()) return std::optional<FaultAt>();
+  const std::vector<std::string> parts = absl::StrSplit(flag->second, ':');
+  FaultAt at;
+  if (parts.size() > (takes_tries ? 2u : 1u) || !absl::SimpleAtoi(parts[0], &at.step) ||
+      at.step < 1 ||
+      (parts.size() == 2 && (!absl::SimpleAtoi(parts[1], &at.tries) || at.tries < 1))) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--debug-bad-group: '", flag->second, "' is not a STEP >= 1"));
+        absl::StrCat("--", name, ": '", flag->second, "' is not ",
+                     takes_tries ? "STEP[:TRIES] with STEP, TRIES >= 1" : "a STEP >= 1"));
   }
-  spdlog::warn("fault injection: a group that cannot be batched at step {} (--debug-bad-group)",
-               step);
-  trainer.InjectBadGroup(step);
+  spdlog::warn("fault injection: --{} {}", name, flag->second);
+  return std::optional<FaultAt>(at);
+}
+
+// The test-only faults (docs/reliability.md): --debug-nan-grad STEP[:TRIES]
+// (TrainerLoop::InjectNanGradient), --debug-step-throw STEP[:TRIES]
+// (InjectStepThrow), --debug-bad-group STEP (InjectBadGroup).
+absl::Status ApplyFaultInjection(const services::CommonFlags& flags, TrainerLoop& trainer) {
+  KAPPA_ASSIGN_OR_RETURN(std::optional<FaultAt> nan, FaultFlag(flags, "debug-nan-grad", true));
+  if (nan) trainer.InjectNanGradient(nan->step, nan->tries);
+  KAPPA_ASSIGN_OR_RETURN(std::optional<FaultAt> thrown, FaultFlag(flags, "debug-step-throw", true));
+  if (thrown) trainer.InjectStepThrow(thrown->step, thrown->tries);
+  KAPPA_ASSIGN_OR_RETURN(std::optional<FaultAt> bad, FaultFlag(flags, "debug-bad-group", false));
+  if (bad) trainer.InjectBadGroup(bad->step);
   return absl::OkStatus();
 }
 
@@ -396,9 +383,7 @@ absl::StatusOr<std::unique_ptr<TrainerLoop>> MakeTrainer(
       TrainerLoop::Create(config, in.run_dir, in.start.student, std::move(optimizer),
                           in.start.state, serving.coordinator.get(), serving.publisher.get(),
                           *in.heldout, *in.prompts, in.vocab_limit, in.rank));
-  KAPPA_RETURN_IF_ERROR(ApplyNanGradientFault(flags, *trainer));
-  KAPPA_RETURN_IF_ERROR(ApplyBadGroupFault(flags, *trainer));
-  KAPPA_RETURN_IF_ERROR(ApplyStepThrowFault(flags, *trainer));
+  KAPPA_RETURN_IF_ERROR(ApplyFaultInjection(flags, *trainer));
   KAPPA_ASSIGN_OR_RETURN(std::optional<tasks::AnswerCorruption> corruption,
                          StudiedCorruption(config));
   const CorruptedSubset* subset = nullptr;  // owned by `trainer`

@@ -122,6 +122,38 @@ class LearnerResumeTest : public ::testing::Test {
     EXPECT_TRUE(exit->success()) << exit->ToString() << "\n" << ReadAll(root_ / log_name);
   }
 
+  // What a fault run left: its /metrics page just before the SIGTERM, how
+  // the learner exited, its log.
+  struct FaultRun {
+    fs::path run_dir;
+    std::string page;
+    kappa::testing::TimedExit exit;
+    std::string log;
+  };
+  // A learner `name` (run dir root_/name, log name.log, /metrics on), with
+  // `extra` flags, fed by one fake worker (`options`) until metrics.jsonl
+  // reaches `steps` (60 s at most), then stopped with SIGTERM.
+  FaultRun RunUntilStep(const std::string& name, int steps, std::vector<std::string> extra,
+                        const kappa::testing::FakeWorkerOptions& options) {
+    FaultRun run;
+    run.run_dir = root_ / name;
+    extra.insert(extra.end(), {"trainer.steps=100000", "--metrics-address", kAnyLoopbackPort});
+    std::string address;
+    const kappa::testing::ReadyService started =
+        StartLearner(run.run_dir, &address, false, name + ".log", extra);
+    kappa::testing::FakeWorker worker(kappa::testing::FastReconnectChannel(address), options);
+    worker.Start();
+    const auto deadline = Clock::now() + std::chrono::seconds(60);
+    while (LastStep(run.run_dir / "metrics.jsonl") < steps && Clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    run.page = kappa::testing::HttpGet(started.ready.metrics_address, "/metrics").body;
+    run.exit = kappa::testing::ExitAfterSigterm(supervisor_, started.pid, std::chrono::seconds(20));
+    worker.Stop();
+    run.log = ReadAll(root_ / (name + ".log"));
+    return run;
+  }
+
   kappa::testing::FakeWorkerOptions WorkerOptions() const {
     kappa::testing::FakeWorkerOptions options;
     options.worker_id = "deterministic";
@@ -234,13 +266,6 @@ int Count(const std::string& text, const std::string& needle) {
 // repeated it), then one whose prompt is another example's. Both are refused
 // naming the field and counted by reason; the run goes on.
 TEST_F(LearnerResumeTest, AGroupTheLearnerDidNotHandOutIsRefusedAndTheRunGoesOn) {
-  const fs::path run_dir = root_ / "tampered";
-  std::string address;
-  const kappa::testing::ReadyService started =
-      StartLearner(run_dir, &address, false, "tampered.log",
-                   {"trainer.steps=100000", "--metrics-address", kAnyLoopbackPort});
-  const pid_t learner = started.pid;
-  const std::string& metrics_address = started.ready.metrics_address;
   kappa::testing::FakeWorkerOptions options = WorkerOptions();
   options.tamper = [](int64_t n, kappa::v1::ScoredGroup& group) {
     if (n == 0) {
@@ -249,17 +274,11 @@ TEST_F(LearnerResumeTest, AGroupTheLearnerDidNotHandOutIsRefusedAndTheRunGoesOn)
       group.set_prompt_tokens(0, group.prompt_tokens(0) == 5 ? 6 : 5);
     }
   };
-  kappa::testing::FakeWorker worker(kappa::testing::FastReconnectChannel(address), options);
-  worker.Start();
-  const auto deadline = Clock::now() + std::chrono::seconds(60);
-  while (LastStep(run_dir / "metrics.jsonl") < 3 && Clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  const std::string page = kappa::testing::HttpGet(metrics_address, "/metrics").body;
-  const kappa::testing::TimedExit exit =
-      kappa::testing::ExitAfterSigterm(supervisor_, learner, std::chrono::seconds(20));
-  worker.Stop();
-  const std::string log = ReadAll(root_ / "tampered.log");
+  const FaultRun run = RunUntilStep("tampered", 3, {}, options);
+  const fs::path& run_dir = run.run_dir;
+  const std::string& page = run.page;
+  const kappa::testing::TimedExit& exit = run.exit;
+  const std::string& log = run.log;
   EXPECT_GE(LastStep(run_dir / "metrics.jsonl"), 3) << log;
   EXPECT_NE(log.find("INVALID_ARGUMENT: prompt_tokens: length 13 leaves no position for a "
                      "response (the student's max_position_embeddings is 12)"),
@@ -284,22 +303,11 @@ TEST_F(LearnerResumeTest, AGroupTheLearnerDidNotHandOutIsRefusedAndTheRunGoesOn)
 // step trains on a full batch and the run goes on (it used to end the
 // learner from inside the step).
 TEST_F(LearnerResumeTest, AGroupTheStepCannotBatchIsDroppedAndTheRunGoesOn) {
-  const fs::path run_dir = root_ / "unbatchable";
-  std::string address;
-  const kappa::testing::ReadyService started = StartLearner(
-      run_dir, &address, false, "unbatchable.log",
-      {"trainer.steps=100000", "--metrics-address", kAnyLoopbackPort, "--debug-bad-group", "2"});
-  kappa::testing::FakeWorker worker(kappa::testing::FastReconnectChannel(address), WorkerOptions());
-  worker.Start();
-  const auto deadline = Clock::now() + std::chrono::seconds(60);
-  while (LastStep(run_dir / "metrics.jsonl") < 4 && Clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  const std::string page = kappa::testing::HttpGet(started.ready.metrics_address, "/metrics").body;
-  const kappa::testing::TimedExit exit =
-      kappa::testing::ExitAfterSigterm(supervisor_, started.pid, std::chrono::seconds(20));
-  worker.Stop();
-  const std::string log = ReadAll(root_ / "unbatchable.log");
+  const FaultRun run = RunUntilStep("unbatchable", 4, {"--debug-bad-group", "2"}, WorkerOptions());
+  const fs::path& run_dir = run.run_dir;
+  const std::string& page = run.page;
+  const kappa::testing::TimedExit& exit = run.exit;
+  const std::string& log = run.log;
   ASSERT_GE(LastStep(run_dir / "metrics.jsonl"), 4) << log;
   EXPECT_EQ(Count(log,
                   "dropped: BuildTrainBatch: group 0 sample 0: non-finite reward; its "
@@ -377,25 +385,12 @@ TEST_F(LearnerResumeTest, AStepThatThrowsDropsItsBatchThenStopsTheLearner) {
       "ALARM step_failed at step 3: training step 3: injected by "
       "--debug-step-throw; the batch of 3 groups was dropped";
   {
-    const fs::path run_dir = root_ / "one-throw";
-    std::string address;
-    const kappa::testing::ReadyService started =
-        StartLearner(run_dir, &address, false, "one-throw.log",
-                     {"trainer.steps=100000", "--metrics-address", kAnyLoopbackPort,
-                      "--debug-step-throw", "3:1"});
-    kappa::testing::FakeWorker worker(kappa::testing::FastReconnectChannel(address),
-                                      WorkerOptions());
-    worker.Start();
-    const auto deadline = Clock::now() + std::chrono::seconds(60);
-    while (LastStep(run_dir / "metrics.jsonl") < 5 && Clock::now() < deadline) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    const std::string page =
-        kappa::testing::HttpGet(started.ready.metrics_address, "/metrics").body;
-    const kappa::testing::TimedExit exit =
-        kappa::testing::ExitAfterSigterm(supervisor_, started.pid, std::chrono::seconds(20));
-    worker.Stop();
-    const std::string log = ReadAll(root_ / "one-throw.log");
+    const FaultRun run =
+        RunUntilStep("one-throw", 5, {"--debug-step-throw", "3:1"}, WorkerOptions());
+    const fs::path& run_dir = run.run_dir;
+    const std::string& page = run.page;
+    const kappa::testing::TimedExit& exit = run.exit;
+    const std::string& log = run.log;
     ASSERT_GE(LastStep(run_dir / "metrics.jsonl"), 5) << log;
     EXPECT_EQ(Count(log, failed_line), 1) << log;
     EXPECT_NE(page.find("kappa_learner_steps_skipped_total{reason=\"exception\"} 1"),
@@ -429,25 +424,12 @@ TEST_F(LearnerResumeTest, AStepThatThrowsDropsItsBatchThenStopsTheLearner) {
 TEST_F(LearnerResumeTest, NonFiniteStepsAreSkippedThenStopTheLearner) {
   const std::string skipped_line = "ALARM nonfinite at step 3: grad_norm is not finite";
   {
-    const fs::path run_dir = root_ / "one-bad-batch";
-    std::string address;
-    const kappa::testing::ReadyService started = StartLearner(
-        run_dir, &address, false, "one-bad-batch.log",
-        {"trainer.steps=100000", "--metrics-address", kAnyLoopbackPort, "--debug-nan-grad", "3:1"});
-    const pid_t learner = started.pid;
-    const std::string& metrics_address = started.ready.metrics_address;
-    kappa::testing::FakeWorker worker(kappa::testing::FastReconnectChannel(address),
-                                      WorkerOptions());
-    worker.Start();
-    const auto deadline = Clock::now() + std::chrono::seconds(60);
-    while (LastStep(run_dir / "metrics.jsonl") < 5 && Clock::now() < deadline) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    const std::string page = kappa::testing::HttpGet(metrics_address, "/metrics").body;
-    const kappa::testing::TimedExit exit =
-        kappa::testing::ExitAfterSigterm(supervisor_, learner, std::chrono::seconds(20));
-    worker.Stop();
-    const std::string log = ReadAll(root_ / "one-bad-batch.log");
+    const FaultRun run =
+        RunUntilStep("one-bad-batch", 5, {"--debug-nan-grad", "3:1"}, WorkerOptions());
+    const fs::path& run_dir = run.run_dir;
+    const std::string& page = run.page;
+    const kappa::testing::TimedExit& exit = run.exit;
+    const std::string& log = run.log;
     ASSERT_GE(LastStep(run_dir / "metrics.jsonl"), 5) << log;
     EXPECT_EQ(Count(log, skipped_line), 1) << log;
     EXPECT_NE(page.find("kappa_learner_steps_skipped_total{reason=\"nonfinite\"} 1"),
