@@ -37,6 +37,8 @@ import sys
 
 import yaml
 
+from secure_env import SECRETS, SECURITY_ENV
+
 COMBOS = [
     ["docker-compose.yml"],
     ["docker-compose.yml", "docker-compose.gpu.yml"],
@@ -44,13 +46,6 @@ COMBOS = [
 ]
 KAPPA = ["bootstrap", "learner", "teacher", "verifier", "rollout"]
 BINARY = {"learner": "kappa-learner", "teacher": "kappa-teacher", "verifier": "kappa-verifier"}
-SECRETS = "/etc/kappa/secrets"
-SECURITY_ENV = {"KAPPA_CFG_SECURITY__TLS": "true", "KAPPA_CFG_SECURITY__MUTUAL_TLS": "true",
-                "KAPPA_CFG_SECURITY__CERT_FILE": f"{SECRETS}/tls.crt",
-                "KAPPA_CFG_SECURITY__KEY_FILE": f"{SECRETS}/tls.key",
-                "KAPPA_CFG_SECURITY__CA_FILE": f"{SECRETS}/ca.crt",
-                "KAPPA_CFG_SECURITY__TOKEN_FILE": f"{SECRETS}/worker.token",
-                "KAPPA_CFG_SECURITY__TOKENS_DIR": SECRETS}
 GRAFANA_PASSWORD = "/run/secrets/grafana_admin_password"
 errors = []
 

@@ -44,16 +44,11 @@ import sys
 
 import yaml
 
+from secure_env import SECRETS, SECURITY_ENV
+
 from k8s_render import render_all, require_kubectl
 
 TARGETS = ["base", "overlays/cpu-demo", "overlays/gpu"]
-SECRETS = "/etc/kappa/secrets"
-SECURITY_ENV = {"KAPPA_CFG_SECURITY__TLS": "true", "KAPPA_CFG_SECURITY__MUTUAL_TLS": "true",
-                "KAPPA_CFG_SECURITY__CERT_FILE": f"{SECRETS}/tls.crt",
-                "KAPPA_CFG_SECURITY__KEY_FILE": f"{SECRETS}/tls.key",
-                "KAPPA_CFG_SECURITY__CA_FILE": f"{SECRETS}/ca.crt",
-                "KAPPA_CFG_SECURITY__TOKEN_FILE": f"{SECRETS}/worker.token",
-                "KAPPA_CFG_SECURITY__TOKENS_DIR": SECRETS}
 SECRET_KEYS = {"ca.crt", "tls.crt", "tls.key", "worker.token", "observer.token"}
 KAPPA_CONTAINERS = {"learner", "teacher", "verifier", "rollout"}
 JOBS = {"kappa-learner", "kappa-teacher", "kappa-verifier", "kappa-rollout"}
