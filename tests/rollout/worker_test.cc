@@ -663,7 +663,16 @@ TEST_F(WorkerTest, UnavailableVerifierIsRetriedUntilItComesBack) {
   const kappa::v1::WorkItem item = Item("retry", 0, 0);
   learner_->SendCredit(1);
   learner_->SendWork(item);
-  EXPECT_FALSE(learner_->WaitForGroups(1, absl::Seconds(1)));
+  // The verifier stays down until the worker has failed to reach it (a
+  // signal, not a guess at how long decoding takes), then 1 s more.
+  const absl::Time failed_by = absl::Now() + kWait;
+  while (kappa::testing::SampleValue(registry.Serialize(),
+                                     "kappa_worker_rpc_errors_total{peer=\"verifier\"}") < 1 &&
+         absl::Now() < failed_by) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  absl::SleepFor(absl::Seconds(1));
+  EXPECT_TRUE(learner_->groups().empty());
 
   verifier::VerifierService verifier{verifier::VerifierOptions{}};
   auto verifier_server = services::GrpcServer::Start(verifier_address, {&verifier});
