@@ -33,30 +33,23 @@ absl::StatusOr<ServerOptions> ServerOptionsFromConfig(const Config& config) {
   }
   ServerOptions options;
   options.max_message_bytes = static_cast<int>(max_message_bytes);
-  for (auto [key, value, low, high, out] :
+  for (auto [key, value, low, high, unit, out] :
        {std::tuple{"security.keepalive_time_ms", config.security.keepalive_time_ms, 1000, 3600000,
-                   &options.keepalive.time_ms},
+                   " ms", &options.keepalive.time_ms},
         std::tuple{"security.keepalive_timeout_ms", config.security.keepalive_timeout_ms, 1000,
-                   600000, &options.keepalive.timeout_ms}}) {
+                   600000, " ms", &options.keepalive.timeout_ms},
+        std::tuple{"security.server_max_threads", config.security.server_max_threads, 4, 1000000,
+                   "", &options.max_threads},
+        std::tuple{"security.max_concurrent_streams", config.security.max_concurrent_streams, 1,
+                   1000000, "", &options.max_concurrent_streams}}) {
     if (value < low || value > high) {
       return absl::InvalidArgumentError(
-          absl::StrCat(key, ": expected ", low, "..", high, " ms, got ", value));
+          absl::StrCat(key, ": expected ", low, "..", high, unit, ", got ", value));
     }
     *out = static_cast<int>(value);
   }
   options.security = *std::move(security);
   options.allow_insecure = config.security.allow_insecure;
-  for (auto [key, value, low, out] :
-       {std::tuple{"security.server_max_threads", config.security.server_max_threads, 4,
-                   &options.max_threads},
-        std::tuple{"security.max_concurrent_streams", config.security.max_concurrent_streams, 1,
-                   &options.max_concurrent_streams}}) {
-    if (value < low || value > 1000000) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(key, ": expected ", low, "..1000000, got ", value));
-    }
-    *out = static_cast<int>(value);
-  }
   return options;
 }
 

@@ -17,6 +17,7 @@
 #include "base/status.h"
 #include "model/generation_config.h"
 #include "model/sampling.h"
+#include "services/call_state.h"
 #include "services/grpc_util.h"
 #include "services/tensor_codec.h"
 #include "services/torch_tensor_codec.h"
@@ -153,11 +154,7 @@ void TeacherService::Shutdown() {
 }
 
 absl::Time TeacherService::DeadlineOf(const grpc::ServerContext* context) const {
-  const auto deadline = context->deadline();
-  if (deadline == std::chrono::system_clock::time_point::max()) {
-    return absl::Now() + options_.default_deadline;
-  }
-  return absl::FromChrono(deadline);
+  return services::CallDeadline(*context, absl::Now() + options_.default_deadline);
 }
 
 // ---------------------------------------------------------------- Score
@@ -371,13 +368,7 @@ absl::Status TeacherService::GenerateImpl(const kappa::v1::GenerateRequest& requ
   // Checked before each decode step: the model is not held for a caller
   // that went away or whose deadline passed (also while waiting for it).
   const absl::Time deadline = DeadlineOf(&context);
-  const auto stopped = [&]() -> absl::Status {
-    if (context.IsCancelled()) return absl::CancelledError("the caller cancelled Generate");
-    if (absl::Now() >= deadline) {
-      return absl::DeadlineExceededError("deadline passed before Generate finished");
-    }
-    return absl::OkStatus();
-  };
+  const auto stopped = [&] { return services::CallStillWanted(context, deadline, "Generate"); };
 
   const std::vector<int64_t> prompt(request.prompt_tokens().begin(), request.prompt_tokens().end());
   const std::vector<std::vector<int64_t>> prompts(request.num_samples(), prompt);

@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <functional>
 #include <optional>
 #include <string>
@@ -17,6 +16,7 @@
 #include "absl/time/time.h"
 #include "base/status.h"
 #include "base/utf8.h"
+#include "services/call_state.h"
 #include "services/grpc_util.h"
 #include "tasks/answer.h"
 
@@ -240,15 +240,9 @@ grpc::Status VerifierService::Verify(grpc::ServerContext* context,
                                      const kappa::v1::VerifyRequest* request,
                                      kappa::v1::VerifyResponse* response) {
   // No sandbox starts for a caller that went away or whose deadline passed.
-  const absl::Time deadline = context->deadline() == std::chrono::system_clock::time_point::max()
-                                  ? absl::InfiniteFuture()
-                                  : absl::FromChrono(context->deadline());
+  const absl::Time deadline = services::CallDeadline(*context, absl::InfiniteFuture());
   const std::function<absl::Status()> stop = [context, deadline] {
-    if (context->IsCancelled()) return absl::CancelledError("the caller cancelled Verify");
-    if (absl::Now() >= deadline) {
-      return absl::DeadlineExceededError("deadline passed before every code item ran");
-    }
-    return absl::OkStatus();
+    return services::CallStillWanted(*context, deadline, "Verify");
   };
   absl::StatusOr<grpc::Status> handled = base::CaptureExceptions("", [&] {
     const absl::Time start = absl::Now();
