@@ -154,6 +154,29 @@ class LearnerResumeTest : public ::testing::Test {
     return run;
   }
 
+  // What a run that stops by itself left: its exit (nullopt: still running
+  // after kRunLimit) and its log.
+  struct StoppedRun {
+    fs::path run_dir;
+    std::optional<kappa::cli::ExitStatus> exit;
+    std::string log;
+  };
+  // A learner `name` with `extra` flags, fed by one fake worker until it
+  // exits on its own (kRunLimit at most).
+  StoppedRun RunUntilExit(const std::string& name, const std::vector<std::string>& extra) {
+    StoppedRun run;
+    run.run_dir = root_ / name;
+    std::string address;
+    const pid_t learner = StartLearner(run.run_dir, &address, false, name + ".log", extra).pid;
+    kappa::testing::FakeWorker worker(kappa::testing::FastReconnectChannel(address),
+                                      WorkerOptions());
+    worker.Start();
+    run.exit = supervisor_.WaitFor(learner, kRunLimit);
+    worker.Stop();
+    run.log = ReadAll(root_ / (name + ".log"));
+    return run;
+  }
+
   kappa::testing::FakeWorkerOptions WorkerOptions() const {
     kappa::testing::FakeWorkerOptions options;
     options.worker_id = "deterministic";
@@ -399,17 +422,10 @@ TEST_F(LearnerResumeTest, AStepThatThrowsDropsItsBatchThenStopsTheLearner) {
     EXPECT_TRUE(exit.status.success()) << exit.status.ToString() << "\n" << log;
   }
   {
-    const fs::path run_dir = root_ / "always-throws";
-    std::string address;
-    const pid_t learner =
-        StartLearner(run_dir, &address, false, "always-throws.log", {"--debug-step-throw", "3"})
-            .pid;
-    kappa::testing::FakeWorker worker(kappa::testing::FastReconnectChannel(address),
-                                      WorkerOptions());
-    worker.Start();
-    const std::optional<kappa::cli::ExitStatus> exit = supervisor_.WaitFor(learner, kRunLimit);
-    worker.Stop();
-    const std::string log = ReadAll(root_ / "always-throws.log");
+    const StoppedRun run = RunUntilExit("always-throws", {"--debug-step-throw", "3"});
+    const fs::path& run_dir = run.run_dir;
+    const std::optional<kappa::cli::ExitStatus>& exit = run.exit;
+    const std::string& log = run.log;
     ASSERT_TRUE(exit.has_value()) << "the learner did not stop\n" << log;
     EXPECT_EQ(exit->exit_code, 1) << exit->ToString() << "\n" << log;
     EXPECT_EQ(Count(log, failed_line), 2) << log;
@@ -444,17 +460,10 @@ TEST_F(LearnerResumeTest, NonFiniteStepsAreSkippedThenStopTheLearner) {
     EXPECT_TRUE(exit.status.success()) << exit.status.ToString() << "\n" << log;
   }
   {
-    const fs::path run_dir = root_ / "bad-from-step-3";
-    std::string address;
-    const pid_t learner =
-        StartLearner(run_dir, &address, false, "bad-from-step-3.log", {"--debug-nan-grad", "3"})
-            .pid;
-    kappa::testing::FakeWorker worker(kappa::testing::FastReconnectChannel(address),
-                                      WorkerOptions());
-    worker.Start();
-    const std::optional<kappa::cli::ExitStatus> exit = supervisor_.WaitFor(learner, kRunLimit);
-    worker.Stop();
-    const std::string log = ReadAll(root_ / "bad-from-step-3.log");
+    const StoppedRun run = RunUntilExit("bad-from-step-3", {"--debug-nan-grad", "3"});
+    const fs::path& run_dir = run.run_dir;
+    const std::optional<kappa::cli::ExitStatus>& exit = run.exit;
+    const std::string& log = run.log;
     ASSERT_TRUE(exit.has_value()) << "the learner did not stop\n" << log;
     EXPECT_EQ(exit->exit_code, 1) << exit->ToString() << "\n" << log;
     EXPECT_EQ(Count(log, skipped_line), 3) << log;
