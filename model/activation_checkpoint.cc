@@ -1,10 +1,13 @@
 #include "model/activation_checkpoint.h"
 
+#include <ATen/Context.h>
 #include <torch/torch.h>
 
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "model/autocast_state.h"
 
@@ -14,12 +17,78 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
+// The states of the default random generators a segment on `device` draws
+// from: the CPU's always, and that CUDA device's where the segment's input
+// is on CUDA (torch.utils.checkpoint's preserve_rng_state=True saves the
+// same). Each generator is read and written under its mutex.
+class RngStates {
+ public:
+  static RngStates Capture(const torch::Device& device) {
+    RngStates states;
+    states.Add(at::globalContext().defaultGenerator(torch::kCPU));
+    if (device.is_cuda()) states.Add(at::globalContext().defaultGenerator(device));
+    return states;
+  }
+
+  // The same generators' states now (to put back afterwards).
+  RngStates Current() const {
+    RngStates states;
+    for (const Entry& e : entries_) states.Add(e.generator);
+    return states;
+  }
+
+  // Sets every generator to its captured state.
+  void Restore() const {
+    for (const Entry& e : entries_) {
+      at::Generator generator = e.generator;
+      std::lock_guard<std::mutex> lock(generator.mutex());
+      generator.set_state(e.state);
+    }
+  }
+
+ private:
+  struct Entry {
+    at::Generator generator;
+    torch::Tensor state;
+  };
+
+  void Add(at::Generator generator) {
+    torch::Tensor state;
+    {
+      std::lock_guard<std::mutex> lock(generator.mutex());
+      state = generator.get_state();
+    }
+    entries_.push_back({std::move(generator), std::move(state)});
+  }
+
+  std::vector<Entry> entries_;
+};
+
+// Runs with the generators set to `forward`'s states for its lifetime and
+// puts back the states they had before, so a recomputation draws the
+// forward's random numbers (dropout masks) and leaves the global stream
+// where it found it.
+class ScopedRngStates {
+ public:
+  explicit ScopedRngStates(const RngStates& forward) : outer_(forward.Current()) {
+    forward.Restore();
+  }
+  ~ScopedRngStates() { outer_.Restore(); }
+  ScopedRngStates(const ScopedRngStates&) = delete;
+  ScopedRngStates& operator=(const ScopedRngStates&) = delete;
+
+ private:
+  RngStates outer_;
+};
+
 // The segment to recompute, held by the autograd node. AutogradContext keeps
 // only IValues, so it travels as a capsule (the one IValue that holds an
-// arbitrary C++ object without registering a TorchScript class).
+// arbitrary C++ object without registering a TorchScript class). The
+// forward sets `rng` to the generators' states before fn ran.
 struct Recompute : torch::CustomClassHolder {
   explicit Recompute(std::function<torch::Tensor(const torch::Tensor&)> f) : fn(std::move(f)) {}
   std::function<torch::Tensor(const torch::Tensor&)> fn;
+  RngStates rng;
 };
 
 constexpr const char* kRecompute = "kappa_recompute";
@@ -32,6 +101,8 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
  public:
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& input,
                                at::TensorList params, c10::intrusive_ptr<Recompute> recompute) {
+    // Before fn draws: the recomputation replays these states.
+    recompute->rng = RngStates::Capture(input.device());
     torch::Tensor out;
     {
       torch::NoGradGuard no_grad;  // Function::apply already disables grad; explicit here
@@ -84,6 +155,7 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
       torch::AutoGradMode grad_mode(true);
       const AutocastScope forward_autocast(
           input.device().type(), AutocastState::Decode(ctx->saved_data.at("autocast").toInt()));
+      const ScopedRngStates forward_rng(recompute->rng);
       out = recompute->fn(input);
     }
     if (!out.requires_grad()) return grads;  // fn does not depend on what requires grad

@@ -22,8 +22,17 @@ namespace kappa::model {
 // until the graph is freed.
 //
 // The contract on fn:
-//  - deterministic (no dropout, no sampling), so the recomputation equals the
-//    forward: the gradient is of the recomputed output;
+//  - deterministic but for what it draws from the default random generators
+//    (dropout, sampling), so the recomputation equals the forward: the
+//    gradient is of the recomputed output. Its draws are reproduced: the
+//    forward records the states of the CPU's default generator and, where
+//    `input` is on CUDA, of that device's (as torch.utils.checkpoint's
+//    preserve_rng_state=True does); each recomputation runs from those
+//    states and then puts each generator back to the state it had before
+//    the recomputation, so backward does not shift the random stream. A
+//    generator fn takes by argument, or another device's, is not restored.
+//    Another thread drawing from a default generator while a recomputation
+//    runs shifts both threads' draws (as in PyTorch);
 //  - differentiable only in `input` and `params`: any other tensor it
 //    captures (masks, tables) must not require grad, else its gradient is
 //    silently lost; a parameter missing from `params` gets none;

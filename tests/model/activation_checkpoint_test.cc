@@ -1,13 +1,15 @@
 // model::Checkpoint and the decoder's activation checkpointing: the
 // checkpointed forward gives the unchecked loss and gradients (one backward,
-// two through a retained graph, autograd::grad per position), and the
-// hidden-only forward composes with OutputWeight() into Forward's logits.
+// two through a retained graph, autograd::grad per position, LoRA dropout),
+// and the hidden-only forward composes with OutputWeight() into Forward's
+// logits.
 #include "model/activation_checkpoint.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <map>
 #include <ostream>
 #include <string>
 #include <unordered_set>
@@ -15,6 +17,7 @@
 #include <vector>
 
 #include "model/autocast_state.h"
+#include "model/lora.h"
 #include "model/transformer.h"
 #include "tests/model/test_models.h"
 
@@ -93,6 +96,37 @@ TEST(CheckpointTest, RecomputesUnderTheForwardsAutocastState) {
   EXPECT_TRUE(close(x.grad(), direct[0]));
   EXPECT_TRUE(close(w.grad(), direct[1]));
   EXPECT_FALSE(AutocastState::Current(torch::kCPU).enabled) << "the scope restored autocast off";
+}
+
+// A segment that draws a dropout mask (issue 53 item 4a): the
+// recomputation in backward draws the forward's mask, so the gradients are
+// those of the plain segment under the same seed, and the backward leaves
+// the random stream where the plain backward (which draws nothing) does.
+TEST(CheckpointTest, RecomputationReplaysTheForwardsDropoutMask) {
+  torch::manual_seed(2);
+  auto w = torch::randn({16, 16}, torch::requires_grad());
+  auto x = torch::randn({8, 16}, torch::requires_grad());
+  auto fn = [&](const torch::Tensor& in) {
+    return torch::dropout(F::linear(in, w), 0.3, /*train=*/true);
+  };
+
+  // A draw between the forward and the backward, as a training step's
+  // sampling may do: the recomputation must put the stream back after it.
+  torch::manual_seed(3);
+  const torch::Tensor direct_out = fn(x);
+  const torch::Tensor direct_between = torch::rand({16});
+  const auto direct = torch::autograd::grad({direct_out.square().sum()}, {x, w});
+  const torch::Tensor direct_next = torch::rand({16});
+
+  torch::manual_seed(3);
+  const torch::Tensor out = Checkpoint(fn, x, {w});
+  ASSERT_TRUE(torch::equal(out, direct_out)) << "the forward draws the same mask";
+  ASSERT_TRUE(torch::equal(torch::rand({16}), direct_between));
+  out.square().sum().backward();
+  EXPECT_TRUE(torch::allclose(x.grad(), direct[0], 1e-6, 1e-7));
+  EXPECT_TRUE(torch::allclose(w.grad(), direct[1], 1e-6, 1e-7));
+  EXPECT_TRUE(torch::equal(torch::rand({16}), direct_next))
+      << "the recomputation shifted the random stream";
 }
 
 TEST(CheckpointTest, OnlyWhatRequiresGradGetsAGradient) {
@@ -391,6 +425,49 @@ INSTANTIATE_TEST_SUITE_P(Variants, ActivationCheckpointTest,
                                            Variant{Architecture::kLlama, false, torch::kFloat64},
                                            Variant{Architecture::kQwen3, true, torch::kFloat64}),
                          VariantName);
+
+// LoRA dropout with checkpointing (issue 53 item 4a): under the same seed,
+// a checkpointed training step has the plain step's gradients, because each
+// layer's recomputation draws the dropout masks its forward drew.
+TEST(ActivationCheckpointLoraTest, DropoutMasksAreReplayedInTheRecomputation) {
+  Decoder model = RandomDecoder(Variant{Architecture::kLlama, false, torch::kFloat32});
+  LoraConfig lora;
+  lora.rank = 4;
+  lora.dropout = 0.3;
+  lora.target_modules = LoraTargetNames();
+  model->EnableLora(lora);
+  {
+    torch::NoGradGuard no_grad;  // B = 0 would make the forward blind to the masks
+    for (auto& p : model->named_parameters()) {
+      if (p.key().find("lora_B") != std::string::npos) p.value().normal_(0.0, 0.3);
+    }
+  }
+  model->train();
+  const Batch batch = PaddedBatch();
+
+  // Per parameter, its gradient of one seeded step.
+  const auto step = [&](bool checkpointing) {
+    model->SetActivationCheckpointing(checkpointing);
+    model->zero_grad();
+    torch::manual_seed(17);
+    const torch::Tensor loss = MeanNll(model->Forward(batch.tokens, batch.mask).logits, batch);
+    EXPECT_EQ(CountGraphNodes(loss, "CheckpointFunction"), checkpointing ? 3 : 0);
+    loss.backward();
+    std::map<std::string, torch::Tensor> grads;
+    for (const auto& p : model->named_parameters()) grads[p.key()] = p.value().grad().clone();
+    return grads;
+  };
+  const std::map<std::string, torch::Tensor> checked = step(true);
+  const std::map<std::string, torch::Tensor> plain = step(false);
+  ASSERT_EQ(checked.size(), plain.size());
+  for (const auto& [name, want] : plain) {
+    SCOPED_TRACE(name);
+    const torch::Tensor& got = checked.at(name);
+    EXPECT_GT(want.abs().max().item<double>(), 0.0);
+    EXPECT_TRUE(torch::allclose(got, want, 1e-6, 1e-7))
+        << "max |checked - plain| = " << (got - want).abs().max().item<double>();
+  }
+}
 
 TEST(ActivationCheckpointCloneTest, CloneKeepsTheSetting) {
   Decoder model = testing::TinyDecoder();
