@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <set>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
@@ -57,10 +58,12 @@ int64_t ValueBytes(const services::Config& config) {
 
 // Bytes of one response position's teacher row on the wire (ScoredSample /
 // ScoredSequence): full [V] values, top-k values + int32 ids + the float32
-// tail, or the one sampled value.
+// tail, the one sampled value, or the teacher's D_t hidden values.
 int64_t WireRowBytes(const PlanInputs& in) {
   const int64_t v = ValueBytes(in.config);
   switch (in.teacher_rows) {
+    case TeacherRows::kHidden:
+      return in.teacher.hidden * v;
     case TeacherRows::kFull:
       return in.teacher.vocab * v;
     case TeacherRows::kTopK:
@@ -74,9 +77,12 @@ int64_t WireRowBytes(const PlanInputs& in) {
 }
 
 // The learner's batch keeps teacher rows as float32 values, int64 ids and
-// the float32 tail per position (tests: teacher_bytes = B·L·(12k + 4)).
+// the float32 tail per position (tests: teacher_bytes = B·L·(12k + 4));
+// hidden rows stay in their wire dtype.
 int64_t BatchRowBytes(const PlanInputs& in) {
   switch (in.teacher_rows) {
+    case TeacherRows::kHidden:
+      return in.teacher.hidden * ValueBytes(in.config);
     case TeacherRows::kFull:
       return in.teacher.vocab * 4;
     case TeacherRows::kTopK:
@@ -269,6 +275,21 @@ ProcessPlan PlanLearner(const PlanInputs& in, int64_t rank, int64_t world) {
       absl::StrCat(chunk > 0 ? "6·min(c, m·T)·V·4" : "6·m·S·V·4",
                    head_grad ? " + 4·V·d" : " (frozen head: no weight gradient, student.lora)",
                    chunk > 0 ? "" : " (unchunked)"));
+  if (in.teacher_rows == TeacherRows::kHidden) {
+    // learner/teacher_head_loader.h: the teacher's head, frozen, in the
+    // teacher's dtype on the learner's device; each chunk rebuilds the
+    // teacher's logits and log q (learner/algo/teacher_head.h).
+    const bool cuda = absl::StartsWith(c.learner.device, "cuda");
+    const services::ModelDtype dtype = c.teacher.dtype;
+    const int64_t head_bytes =
+        dtype == services::ModelDtype::kBFloat16 || (dtype == services::ModelDtype::kAuto && cuda)
+            ? 2
+            : 4;
+    terms.Add("teacher head (teacher.rows: hidden)", dev,
+              in.teacher.vocab * in.teacher.hidden * head_bytes + 2 * head_rows * v * 4,
+              "teacher.rows",
+              "V·D_t·b (frozen) + 2·min(c, m·T)·V·4 (a chunk's teacher logits, log q)");
+  }
 
   // Teacher rows: the batch's [B, L, row] (learner/algo/train_batch.h), the
   // decoded groups' [T, row] per sample, and with full rows and the chunked

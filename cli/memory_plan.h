@@ -65,7 +65,7 @@ struct ModelDims {
 };
 
 // Which teacher rows travel (learner/work_config.cc TeacherFormFor).
-enum class TeacherRows { kNone, kFull, kTopK, kSampled };
+enum class TeacherRows { kNone, kFull, kTopK, kSampled, kHidden };
 
 struct PlanInputs {
   services::Config config;

@@ -138,6 +138,8 @@ TeacherRows RowsFor(const services::Config& config) {
       return TeacherRows::kTopK;
     case kappa::v1::SCORE_FORM_SAMPLED:
       return TeacherRows::kSampled;
+    case kappa::v1::SCORE_FORM_HIDDEN:
+      return TeacherRows::kHidden;
     default:
       return TeacherRows::kNone;
   }

@@ -83,8 +83,12 @@ nlohmann::json ConflictAtlas::Entry(int64_t step, const TrainBatch& batch,
   };
   nlohmann::json teacher_prob = nullptr;
   nlohmann::json teacher_top = nlohmann::json::array();
-  if (batch.teacher_logprobs.defined()) {
-    const torch::Tensor row = batch.teacher_logprobs[b][t].to(torch::kCPU, torch::kFloat64);
+  if (batch.teacher().defined()) {
+    // Hidden rows: the teacher's distribution at this one position, from its head.
+    const torch::Tensor row =
+        (batch.teacher_hidden.defined() ? batch.teacher_head.LogProbs(batch.teacher_hidden[b][t])
+                                        : batch.teacher_logprobs[b][t])
+            .to(torch::kCPU, torch::kFloat64);
     if (row.dim() == 0) {  // sampled-token rows: the teacher's log-prob of the token alone
       teacher_prob = ProbabilityOrNull(row.item<double>());
     } else {

@@ -153,6 +153,32 @@ absl::StatusOr<torch::Tensor> DecodeTailLogMass(const kappa::v1::ScoredSample& i
   return tail->clamp_max(0.0).contiguous();
 }
 
+// SCORE_FORM_HIDDEN: teacher_hidden [T, D_t] of the head's width, floating,
+// finite (the codec names the first NaN or infinity), and no log-probs.
+absl::StatusOr<torch::Tensor> DecodeTeacherHidden(const kappa::v1::ScoredSample& in, int64_t length,
+                                                  const std::string& field,
+                                                  const GroupExpectations& expect) {
+  const std::string hidden_field = field + ".teacher_hidden";
+  if (!in.has_teacher_hidden()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(hidden_field, ": missing; the work item asked for the HIDDEN form"));
+  }
+  if (in.has_teacher_logprobs()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ".teacher_logprobs: set in the HIDDEN form (send teacher_hidden only)"));
+  }
+  auto hidden = DecodeLogProbs(in.teacher_hidden(), hidden_field);
+  if (!hidden.ok()) return hidden.status();
+  if (hidden->dim() != 2 || hidden->size(0) != length ||
+      hidden->size(1) != expect.teacher_hidden_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(hidden_field, ": shape ", c10::str(hidden->sizes()), " does not match [",
+                     length, ", ", expect.teacher_hidden_size, "] (the teacher head's width is ",
+                     expect.teacher_hidden_size, ")"));
+  }
+  return hidden->contiguous();
+}
+
 // SCORE_FORM_TOPK: teacher_logprobs [T, k] and teacher_topk_ids [T, k] with
 // k = min(top_k, V), distinct ids in [0, V) per row, finite log-probs <= 0,
 // and teacher_tail_logmass [T] (DecodeTailLogMass).
@@ -316,6 +342,10 @@ absl::StatusOr<ScoredGroup> DecodeScoredGroup(const kappa::v1::ScoredGroup& mess
           !status.ok()) {
         return status;
       }
+    } else if (expect.teacher_form == kappa::v1::SCORE_FORM_HIDDEN) {
+      auto hidden = DecodeTeacherHidden(in, length, field, expect);
+      if (!hidden.ok()) return hidden.status();
+      sample.teacher_hidden = *std::move(hidden);
     } else if (expect.teacher_form != 0) {
       auto teacher = DecodeLogProbs(in.teacher_logprobs(), field + ".teacher_logprobs");
       if (!teacher.ok()) return teacher.status();

@@ -22,6 +22,9 @@ struct GroupExpectations {
   int teacher_form = 0;  // kappa.v1.ScoreForm value the loss needs; 0 = none
   // k the work item asked for under SCORE_FORM_TOPK; rows carry min(k, V).
   int64_t teacher_top_k = 0;
+  // D_t of SCORE_FORM_HIDDEN rows: the width of the teacher head the
+  // learner holds (TeacherHead::hidden_size); 0 otherwise.
+  int64_t teacher_hidden_size = 0;
   // K of WorkItem.teacher_demonstrations: a group may carry at most this many
   // demonstrations, and only when all its rewards are 0; 0 = none allowed.
   int64_t teacher_demonstrations = 0;
@@ -33,7 +36,9 @@ struct GroupExpectations {
 // Teacher log-probs reach the loss as ScoredSample.teacher_logprobs: FULL as
 // [T, V], SAMPLED as [T], and TOPK as [T, k] with teacher_topk_ids [T, k]
 // (int64), compact as on the wire, and teacher_tail_logmass [T] (float32,
-// required: a TOPK sample without it is INVALID_ARGUMENT naming the field).
+// required: a TOPK sample without it is INVALID_ARGUMENT naming the field),
+// and HIDDEN as teacher_hidden [T, D_t] in the dtype sent (float32 or
+// bfloat16), D_t = expect.teacher_hidden_size, every value finite.
 absl::StatusOr<ScoredGroup> DecodeScoredGroup(const kappa::v1::ScoredGroup& message,
                                               const GroupExpectations& expect);
 

@@ -35,6 +35,7 @@
 #include "learner/run_state.h"
 #include "learner/step_config.h"
 #include "learner/student_lora.h"
+#include "learner/teacher_head_loader.h"
 #include "learner/trainer_loop.h"
 #include "learner/work_config.h"
 #include "model/checkpoint.h"
@@ -150,6 +151,7 @@ struct LearnerInputs {
   std::vector<std::vector<int64_t>> train_prompts;  // ids of every train example
   int64_t vocab_limit = 0;                          // the ids distributions are over
   std::vector<int64_t> stop_token_ids;
+  TeacherHead teacher_head;  // teacher.rows: hidden only
 };
 
 // Every rank checkpoints (so each resumes from its own state, in step with
@@ -208,6 +210,23 @@ absl::Status EncodePrompts(LearnerInputs& in) {
   return absl::OkStatus();
 }
 
+// teacher.rows: hidden: the teacher's output head, on the student's device
+// in the dtype the teacher computes in there (teacher.dtype), over the
+// tokenizer's ids. EncodePrompts has already refused a teacher whose
+// tokenizer differs from the student's, naming both files.
+absl::Status LoadTeacherHeadFor(LearnerInputs& in) {
+  if (in.config.teacher.rows != services::TeacherRowsForm::kHidden) return absl::OkStatus();
+  const torch::Device device = in.start.student->parameters().front().device();
+  const std::string dir = services::TeacherModelDir(in.config);
+  KAPPA_ASSIGN_OR_RETURN(in.teacher_head, LoadTeacherHead(dir, in.vocab_limit, device,
+                                                          services::ResolveModelDtype(
+                                                              in.config.teacher.dtype, device)));
+  spdlog::info("teacher head from {}: {} rows x {} ({}, {}), frozen", dir, in.teacher_head.vocab(),
+               in.teacher_head.hidden_size(), c10::toString(in.teacher_head.weight.scalar_type()),
+               device.str());
+  return absl::OkStatus();
+}
+
 absl::StatusOr<LearnerInputs> PrepareInputs(const services::CommonFlags& flags, bool resume) {
   LearnerInputs in;
   KAPPA_ASSIGN_OR_RETURN(in.config, services::LoadConfigFromFlags(flags));
@@ -228,6 +247,7 @@ absl::StatusOr<LearnerInputs> PrepareInputs(const services::CommonFlags& flags, 
   KAPPA_ASSIGN_OR_RETURN(in.start, LoadStartPoint(in.config, in.run_dir, resume));
   KAPPA_RETURN_IF_ERROR(PlaceStudent(in.config, in.rank, in.start.student));
   KAPPA_RETURN_IF_ERROR(EncodePrompts(in));
+  KAPPA_RETURN_IF_ERROR(LoadTeacherHeadFor(in));
   return in;
 }
 
@@ -339,6 +359,7 @@ absl::StatusOr<Serving> StartServing(const LearnerInputs& in) {
   serving.publisher = std::make_unique<PolicyPublisher>(publisher_options);
   const WorkTemplate work = WorkFor(in);
   GroupExpectations expectations = GroupExpectationsFor(work, in.vocab_limit);
+  if (in.teacher_head.defined()) expectations.teacher_hidden_size = in.teacher_head.hidden_size();
   expectations.max_positions = in.start.student->config().max_position_embeddings;
   serving.service = std::make_unique<LearnerService>(
       *in.train,
@@ -384,6 +405,7 @@ absl::StatusOr<std::unique_ptr<TrainerLoop>> MakeTrainer(
                           in.start.state, serving.coordinator.get(), serving.publisher.get(),
                           *in.heldout, *in.prompts, in.vocab_limit, in.rank));
   KAPPA_RETURN_IF_ERROR(ApplyFaultInjection(flags, *trainer));
+  trainer->set_teacher_head(in.teacher_head);
   KAPPA_ASSIGN_OR_RETURN(std::optional<tasks::AnswerCorruption> corruption,
                          StudiedCorruption(config));
   const CorruptedSubset* subset = nullptr;  // owned by `trainer`

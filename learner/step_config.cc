@@ -187,6 +187,27 @@ absl::StatusOr<BalanceConfig> MakeBalance(const std::vector<services::BalanceMet
 
 }  // namespace
 
+// teacher.rows: hidden gives the exact distribution, rebuilt a chunk of
+// positions at a time: it feeds the full-distribution losses through the
+// chunked head only.
+absl::Status CheckHiddenTeacherRows(const services::Config& config) {
+  if (config.teacher.rows != services::TeacherRowsForm::kHidden) return absl::OkStatus();
+  const services::DistillLoss loss = config.trainer.distill_loss;
+  if (loss == services::DistillLoss::kTopkReverseKl ||
+      loss == services::DistillLoss::kTopkTailReverseKl) {
+    return absl::InvalidArgumentError(
+        "config key 'teacher.rows' is hidden (the exact distribution) but "
+        "'trainer.distill_loss' is a top-k sketch; use reverse_kl, forward_kl or "
+        "sampled_reverse_kl, or teacher.rows: logprobs");
+  }
+  if (config.trainer.vocab_chunk_positions <= 0) {
+    return absl::InvalidArgumentError(
+        "config key 'teacher.rows' is hidden, which needs the chunked vocabulary head: set "
+        "'trainer.vocab_chunk_positions' > 0 (e.g. 1024)");
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<HybridStepConfig> MakeHybridStepConfig(const services::Config& config) {
   const services::Config::Trainer& trainer = config.trainer;
   // Not a field of the step, but the learner and `kappa run` both read the
@@ -223,6 +244,8 @@ absl::StatusOr<HybridStepConfig> MakeHybridStepConfig(const services::Config& co
         "config key 'trainer.vocab_chunk_positions' must be >= 0 (0: no chunking)");
   }
   loss.vocab_chunk_positions = trainer.vocab_chunk_positions;
+  loss.fused_head = trainer.fused_head;
+  if (absl::Status hidden = CheckHiddenTeacherRows(config); !hidden.ok()) return hidden;
   step.truncated = ToStep(trainer.truncated);
   step.advantage_std = ToStep(trainer.advantage_std);
 

@@ -272,7 +272,10 @@ absl::StatusOr<std::optional<TrainerLoop::TrainableBatch>> TrainerLoop::TakeTrai
         refused = error;
       }
     }));
-    if (batch.has_value()) return std::optional<TrainableBatch>({std::move(buffered), *batch});
+    if (batch.has_value()) {
+      batch->teacher_head = teacher_head_;
+      return std::optional<TrainableBatch>({std::move(buffered), *batch});
+    }
     const BufferedGroup& dropped = buffered[refused->group()];
     spdlog::error("group of lease {} (example {}) dropped: {}; its prompt is leased again",
                   dropped.lease_id, dropped.example_index, refused->what());

@@ -18,6 +18,7 @@
 #include "learner/algo/alarms.h"
 #include "learner/algo/hybrid_step.h"
 #include "learner/algo/optimizer_step.h"
+#include "learner/algo/teacher_head.h"
 #include "learner/conflict_atlas.h"
 #include "learner/coordinator.h"
 #include "learner/corrupted_subset.h"
@@ -78,6 +79,10 @@ class TrainerLoop {
   void set_corrupted_subset(std::unique_ptr<CorruptedSubset> subset) {
     subset_ = std::move(subset);
   }
+
+  // teacher.rows: hidden: the teacher's head every batch's hidden rows are
+  // read with (set on each batch, TrainBatch::teacher_head). Call before Run.
+  void set_teacher_head(TeacherHead head) { teacher_head_ = std::move(head); }
 
   // Append each step's most negative K_DR positions to the conflict atlas
   // (primary rank only). Call before Run.
@@ -175,6 +180,7 @@ class TrainerLoop {
   const std::unique_ptr<HybridStep> step_;  // owns the optimizer
   const std::unique_ptr<AlarmMonitor> alarms_;
   TrainerState state_;
+  TeacherHead teacher_head_;  // undefined unless teacher.rows: hidden
   Coordinator* const coordinator_;
   PolicyPublisher* const publisher_;
   const tasks::Dataset& heldout_;

@@ -16,9 +16,8 @@ bool HasBalance(const services::Config& config, services::BalanceMethod method) 
   return std::find(balance.begin(), balance.end(), method) != balance.end();
 }
 
-}  // namespace
-
-int32_t TeacherFormFor(const services::Config& config) {
+// The log-prob form the loss reads (teacher.rows: logprobs).
+int32_t LogProbFormFor(const services::Config& config) {
   // GRPO only: the loss never looks at the teacher.
   if (config.trainer.distill_gate == services::DistillGate::kNone) return 0;
   // λ = 0 switches distillation off, unless a balancer sets the scale of the
@@ -47,6 +46,19 @@ int32_t TeacherFormFor(const services::Config& config) {
   }
   // reverse_kl and forward_kl read the full distribution.
   return kappa::v1::SCORE_FORM_FULL;
+}
+
+}  // namespace
+
+int32_t TeacherFormFor(const services::Config& config) {
+  const int32_t form = LogProbFormFor(config);
+  // The hidden states carry the full distribution (and so the sampled
+  // token's and the top-1's): they replace FULL and SAMPLED rows.
+  const bool hidden = config.teacher.rows == services::TeacherRowsForm::kHidden;
+  if (hidden && (form == kappa::v1::SCORE_FORM_FULL || form == kappa::v1::SCORE_FORM_SAMPLED)) {
+    return kappa::v1::SCORE_FORM_HIDDEN;
+  }
+  return form;
 }
 
 int32_t TeacherTopKFor(const services::Config& config) {

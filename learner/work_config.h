@@ -42,7 +42,8 @@ struct WorkTemplate {
 // The kappa.v1.ScoreForm of teacher log-probs the loss will read; 0 when it
 // reads none, so workers skip Teacher.Score entirely.
 // topk_reverse_kl and topk_tail_reverse_kl ask for SCORE_FORM_TOPK (FULL under RSTG's token_prob
-// confidence, which needs q of tokens outside the top-k).
+// confidence, which needs q of tokens outside the top-k). Under teacher.rows:
+// hidden, SCORE_FORM_HIDDEN replaces FULL and SAMPLED.
 int32_t TeacherFormFor(const services::Config& config);
 
 // k of the TOPK form (trainer.distill_topk; the worker and the group decoder

@@ -76,7 +76,7 @@ absl::Status ValidateItem(const kappa::v1::WorkItem& item, const model::ModelCon
     }
   }
   const int form = item.teacher_form();
-  if (form < 0 || form > kappa::v1::SCORE_FORM_SAMPLED ||
+  if (form < 0 || form > kappa::v1::SCORE_FORM_HIDDEN ||
       (form == kappa::v1::SCORE_FORM_TOPK && item.teacher_top_k() <= 0)) {
     return absl::InvalidArgumentError(absl::StrCat("work item ", item.lease_id(),
                                                    ": teacher_form ", form, " with top_k ",
@@ -501,10 +501,21 @@ absl::Status GroupSampler::Score(const kappa::v1::WorkItem& item, int64_t vocab_
         }
         break;
       }
+      case kappa::v1::SCORE_FORM_HIDDEN: {
+        // [T, D_t]: the width is the teacher's; the learner checks it
+        // against the head it holds.
+        const int64_t width = scored.hidden().shape_size() == 2 ? scored.hidden().shape(1) : -1;
+        shape_status = CheckShape(scored.hidden(), field + ".hidden", {length, width});
+        break;
+      }
       default:
         shape_status = absl::InvalidArgumentError(absl::StrCat("unknown teacher form ", form));
     }
     if (!shape_status.ok()) return shape_status;
+    if (form == kappa::v1::SCORE_FORM_HIDDEN) {
+      *sample.mutable_teacher_hidden() = std::move(*scored.mutable_hidden());
+      continue;
+    }
     *sample.mutable_teacher_logprobs() = std::move(*scored.mutable_logprobs());
     if (form == kappa::v1::SCORE_FORM_TOPK) {
       *sample.mutable_teacher_topk_ids() = std::move(*scored.mutable_topk_ids());

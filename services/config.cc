@@ -299,6 +299,14 @@ constexpr Field kFields[] = {
                        "libtorch intra-op threads of the teacher; 0: `threads_per_process` under "
                        "`kappa run`, else libtorch's default."),
     KAPPA_CONFIG_FIELD(teacher.device, "Where the teacher runs: `cpu`, `cuda` or `cuda:N`."),
+    KAPPA_CONFIG_FIELD(
+        teacher.rows,
+        "What the teacher sends for distillation: `logprobs` (log-probs in the form "
+        "`trainer.distill_loss` reads: full rows, top-k + tail or the sampled token's) or "
+        "`hidden` (its final hidden states, D_t values a token; the learner loads the teacher's "
+        "output head from `teacher.checkpoint` and computes the exact full-vocabulary "
+        "distribution chunk by chunk). `hidden` needs `reverse_kl`, `forward_kl` or "
+        "`sampled_reverse_kl` and `trainer.vocab_chunk_positions` > 0."),
 
     KAPPA_CONFIG_FIELD(
         verifier.address,
@@ -523,6 +531,14 @@ constexpr Field kFields[] = {
                        "only), so the [B, L, V] logits of a micro-batch are never held; costs "
                        "one more output projection per backward pass. 0: one [B, L, V] "
                        "log-softmax per micro-batch (the fused CUDA kernels where built)."),
+    KAPPA_CONFIG_FIELD(
+        trainer.fused_head,
+        "With `vocab_chunk_positions` > 0: `true` runs the training forward through the fused "
+        "head (each chunk's logits, both losses' logit gradients, the cheap K_DR and m3_mask in "
+        "one pass over the vocabulary, turned into the gradients of the hidden states and the "
+        "output weight there; the backward makes no second pass over V, at the memory of one "
+        "[V, d] float32 weight gradient per loss held until it); `false` recomputes each "
+        "chunk's logits in every backward pass (less memory, more time)."),
     KAPPA_CONFIG_FIELD(trainer.activation_checkpointing,
                        "Recompute each decoder layer in backward instead of keeping its "
                        "activations: the same gradients, about one more forward pass of "

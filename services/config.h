@@ -126,7 +126,13 @@ struct Config {
     // max_new_tokens). A request over it is RESOURCE_EXHAUSTED.
     int64_t max_request_positions = 1 << 20;
     int64_t threads = 1;
-    std::string device = "cpu";        // cpu | cuda | cuda:N
+    std::string device = "cpu";  // cpu | cuda | cuda:N
+    // logprobs: the teacher sends log-probs in the form the loss reads
+    // (full rows, top-k + tail, or the sampled token's); hidden: it sends
+    // its final hidden states and the learner applies the teacher's head
+    // (loaded from `checkpoint`): the exact distribution at D_t values a
+    // token (docs/algorithms.md §2.5).
+    TeacherRowsForm rows = TeacherRowsForm::kLogprobs;
   } teacher;
 
   // --- services
@@ -281,6 +287,11 @@ struct Config {
     // vocabulary run in chunks of this many positions (response positions
     // only), so no [B, L, V] tensor is held; 0: one [B, L, V] per micro-batch.
     int64_t vocab_chunk_positions = 0;
+    // With vocab_chunk_positions > 0: true runs the training forward through
+    // the fused head (both losses' logit gradients, K_DR and m3_mask in the
+    // forward's one pass over V; ∂/∂W of each loss held until the backward);
+    // false recomputes each chunk's logits in every backward pass.
+    bool fused_head = true;
     // Recompute each decoder layer in backward instead of keeping its
     // activations (same gradients; more compute, less memory).
     bool activation_checkpointing = false;

@@ -78,6 +78,11 @@ KAPPA_CONFIG_CHOICE(AdvantageStd, "population", "sample");
 enum class TruncatedResponses { kKeep, kMask, kZeroReward };  // trainer.truncated
 KAPPA_CONFIG_CHOICE(TruncatedResponses, "keep", "mask", "zero_reward");
 
+// teacher.rows: the teacher's rows as log-probs in the form the loss reads
+// (full, top-k or sampled), or as its final hidden states.
+enum class TeacherRowsForm { kLogprobs, kHidden };
+KAPPA_CONFIG_CHOICE(TeacherRowsForm, "logprobs", "hidden");
+
 enum class Precision { kFloat32, kBFloat16 };  // trainer.precision, trainer.teacher_values
 KAPPA_CONFIG_CHOICE(Precision, "fp32", "bf16");
 

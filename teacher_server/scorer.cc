@@ -6,21 +6,16 @@
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 
 namespace kappa::teacher {
 
-std::vector<torch::Tensor> ResponseLogProbs(model::Decoder& model,
-                                            const std::vector<const TokenSequence*>& sequences,
-                                            int64_t vocab_limit) {
+ResponseHiddenRows ResponseHidden(model::Decoder& model,
+                                  const std::vector<const TokenSequence*>& sequences) {
   if (sequences.empty()) return {};
   const model::ModelConfig& config = model->config();
-  if (vocab_limit < 0 || vocab_limit > config.vocab_size) {
-    throw std::invalid_argument("vocab_limit " + std::to_string(vocab_limit) + " outside [0, " +
-                                std::to_string(config.vocab_size) + "]");
-  }
-  const int64_t width = vocab_limit > 0 ? vocab_limit : config.vocab_size;
   const int64_t batch = static_cast<int64_t>(sequences.size());
 
   // The last response token predicts nothing we return, so each row feeds
@@ -90,12 +85,33 @@ std::vector<torch::Tensor> ResponseLogProbs(model::Decoder& model,
   // same as -inf logits without the fill. Columns past `width` are never
   // computed.
   torch::Tensor hidden = model->ForwardHidden(tokens.to(device), mask.to(device)).hidden;
-  torch::Tensor response_hidden =
-      hidden.reshape({batch * max_len, hidden.size(-1)}).index_select(0, rows.to(device));
-  torch::Tensor gathered =
-      torch::nn::functional::linear(response_hidden, model->OutputWeight().narrow(0, 0, width));
-  torch::Tensor logprobs = torch::log_softmax(gathered.to(torch::kFloat32), -1).to(torch::kCPU);
-  return logprobs.split_with_sizes(row_counts, 0);
+  return {hidden.reshape({batch * max_len, hidden.size(-1)}).index_select(0, rows.to(device)),
+          std::move(row_counts)};
+}
+
+torch::Tensor HeadLogProbs(model::Decoder& model, const torch::Tensor& rows, int64_t vocab_limit) {
+  const int64_t vocab = model->config().vocab_size;
+  if (vocab_limit < 0 || vocab_limit > vocab) {
+    throw std::invalid_argument("vocab_limit " + std::to_string(vocab_limit) + " outside [0, " +
+                                std::to_string(vocab) + "]");
+  }
+  torch::NoGradGuard no_grad;
+  const int64_t width = vocab_limit > 0 ? vocab_limit : vocab;
+  const torch::Tensor gathered =
+      torch::nn::functional::linear(rows, model->OutputWeight().narrow(0, 0, width));
+  return torch::log_softmax(gathered.to(torch::kFloat32), -1).to(torch::kCPU);
+}
+
+std::vector<torch::Tensor> ResponseLogProbs(model::Decoder& model,
+                                            const std::vector<const TokenSequence*>& sequences,
+                                            int64_t vocab_limit) {
+  if (sequences.empty()) return {};
+  if (vocab_limit < 0 || vocab_limit > model->config().vocab_size) {
+    throw std::invalid_argument("vocab_limit " + std::to_string(vocab_limit) + " outside [0, " +
+                                std::to_string(model->config().vocab_size) + "]");
+  }
+  const ResponseHiddenRows hidden = ResponseHidden(model, sequences);
+  return HeadLogProbs(model, hidden.rows, vocab_limit).split_with_sizes(hidden.counts, 0);
 }
 
 torch::Tensor TailLogMass(const torch::Tensor& logprobs, const torch::Tensor& ids) {
@@ -152,24 +168,49 @@ ScoredTensors SelectForm(const torch::Tensor& full_logprobs,
       out.logprobs = full_logprobs.gather(1, ids).squeeze(1).contiguous();
       break;
     }
+    case ScoreForm::kHidden:
+      throw std::invalid_argument("SelectForm: hidden rows are not a form of the log-probs");
   }
   return out;
 }
 
-absl::Status CheckFiniteLogProbs(const torch::Tensor& logprobs, const std::string& field) {
-  const torch::Tensor bad = torch::isfinite(logprobs).logical_not().reshape({-1});
+namespace {
+
+// INTERNAL naming `field`, `what` and the response position of the first
+// non-finite value of `values` ([T] or [T, ...]); OK when there is none.
+absl::Status CheckFiniteRows(const torch::Tensor& values, const std::string& field,
+                             const std::string& what) {
+  const torch::Tensor bad = torch::isfinite(values).logical_not().reshape({-1});
   if (!bad.any().item<bool>()) return absl::OkStatus();
   const int64_t flat = bad.nonzero()[0][0].item<int64_t>();
-  const int64_t per_row = logprobs.dim() > 1 ? logprobs.numel() / logprobs.size(0) : 1;
-  const float value = logprobs.reshape({-1})[flat].item<float>();
-  return absl::InternalError(absl::StrCat(field, ": non-finite log-prob ", value,
+  const int64_t per_row = values.dim() > 1 ? values.numel() / values.size(0) : 1;
+  const float value = values.reshape({-1})[flat].to(torch::kFloat32).item<float>();
+  return absl::InternalError(absl::StrCat(field, ": non-finite ", what, " ", value,
                                           " at response position ", flat / per_row,
                                           " (the teacher's own output; not sent)"));
+}
+
+}  // namespace
+
+absl::Status CheckFiniteLogProbs(const torch::Tensor& logprobs, const std::string& field) {
+  return CheckFiniteRows(logprobs, field, "log-prob");
+}
+
+absl::Status CheckFiniteHidden(const torch::Tensor& hidden, const std::string& field) {
+  return CheckFiniteRows(hidden, field, "hidden value");
 }
 
 std::vector<ScoredTensors> ScoreSequences(model::Decoder& model,
                                           const std::vector<const TokenSequence*>& sequences,
                                           ScoreForm form, int64_t top_k, int64_t vocab_limit) {
+  if (form == ScoreForm::kHidden) {
+    const ResponseHiddenRows hidden = ResponseHidden(model, sequences);
+    std::vector<ScoredTensors> out(sequences.size());
+    const std::vector<torch::Tensor> rows =
+        hidden.rows.to(torch::kCPU, torch::kFloat32).split_with_sizes(hidden.counts, 0);
+    for (size_t i = 0; i < rows.size(); ++i) out[i].hidden = rows[i].contiguous();
+    return out;
+  }
   std::vector<torch::Tensor> full = ResponseLogProbs(model, sequences, vocab_limit);
   std::vector<ScoredTensors> out;
   out.reserve(full.size());

@@ -28,6 +28,7 @@ enum class ScoreForm {
   kTopK,     // logprobs [T, k] (descending), topk_ids [T, k] int32 and
              // tail_logmass [T]
   kSampled,  // logprobs [T]: log q(response_tokens[t])
+  kHidden,   // hidden [T, D]: the final-normed hidden states the head reads
 };
 
 struct ScoredTensors {
@@ -36,6 +37,7 @@ struct ScoredTensors {
   // float32, CPU; kTopK only: log Σ_{v ∉ topk_ids} q(v), the teacher's tail
   // mass taken from the float32 row itself (TailLogMass below).
   torch::Tensor tail_logmass;
+  torch::Tensor hidden;  // float32, CPU; kHidden only (logprobs then undefined)
 };
 
 // log of the mass outside each row's `ids`: logsumexp over the ids of
@@ -61,6 +63,22 @@ std::vector<torch::Tensor> ResponseLogProbs(model::Decoder& model,
                                             const std::vector<const TokenSequence*>& sequences,
                                             int64_t vocab_limit = 0);
 
+// The same forward's output-head inputs: every sequence's response rows of
+// the last hidden state after the final norm, [R, D] for R = Σ T_i, on the
+// model's device in its dtype, and T_i per sequence. Row t of sequence i is
+// the state whose head row predicts response_tokens[t]. Throws as
+// ResponseLogProbs does.
+struct ResponseHiddenRows {
+  torch::Tensor rows;           // [R, D]
+  std::vector<int64_t> counts;  // T_i, summing to R
+};
+ResponseHiddenRows ResponseHidden(model::Decoder& model,
+                                  const std::vector<const TokenSequence*>& sequences);
+
+// log_softmax(rows W^T) over the first vocab_limit ids (0: every row of
+// the head), float32 on the CPU: [R, V] for hidden rows [R, D].
+torch::Tensor HeadLogProbs(model::Decoder& model, const torch::Tensor& rows, int64_t vocab_limit);
+
 // Reduces one sequence's [T, V] log-probs to `form`. `top_k` must be in
 // [1, V] for kTopK (std::invalid_argument otherwise); ignored else. kSampled
 // needs every response token below V.
@@ -74,8 +92,11 @@ ScoredTensors SelectForm(const torch::Tensor& full_logprobs,
 // (...)". The teacher's own output is then broken (a corrupt checkpoint, an
 // overflow); the service sends no such row, and the learner would refuse it.
 absl::Status CheckFiniteLogProbs(const torch::Tensor& logprobs, const std::string& field);
+// The same check for kHidden rows ("non-finite hidden value ...").
+absl::Status CheckFiniteHidden(const torch::Tensor& hidden, const std::string& field);
 
-// ResponseLogProbs followed by SelectForm for every sequence.
+// ResponseLogProbs followed by SelectForm for every sequence; kHidden:
+// ResponseHidden's rows (float32, CPU) for every sequence.
 std::vector<ScoredTensors> ScoreSequences(model::Decoder& model,
                                           const std::vector<const TokenSequence*>& sequences,
                                           ScoreForm form, int64_t top_k = 0,

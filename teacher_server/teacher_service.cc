@@ -35,7 +35,8 @@ class ScoreUnit final : public BatchUnit {
   int64_t num_sequences() const override { return static_cast<int64_t>(sequences.size()); }
 
   std::vector<TokenSequence> sequences;
-  std::vector<torch::Tensor> logprobs;  // [T_i, V] per sequence
+  bool hidden = false;  // SCORE_FORM_HIDDEN: fill `rows` with hidden states, not log-probs
+  std::vector<torch::Tensor> rows;  // [T_i, V] log-probs, or [T_i, D] hidden states (float32, CPU)
 };
 
 absl::StatusOr<ScoreForm> ToScoreForm(kappa::v1::ScoreForm form) {
@@ -47,6 +48,8 @@ absl::StatusOr<ScoreForm> ToScoreForm(kappa::v1::ScoreForm form) {
       return ScoreForm::kTopK;
     case kappa::v1::SCORE_FORM_SAMPLED:
       return ScoreForm::kSampled;
+    case kappa::v1::SCORE_FORM_HIDDEN:
+      return ScoreForm::kHidden;
     default:
       return absl::InvalidArgumentError(absl::StrCat("form: unknown value ", static_cast<int>(form)));
   }
@@ -139,6 +142,7 @@ TeacherService::TeacherService(model::Decoder model, const TeacherOptions& optio
       vocab_size_(model->config().vocab_size),
       vocab_limit_(options.vocab_limit > 0 ? options.vocab_limit : model->config().vocab_size),
       max_positions_(model->config().max_position_embeddings),
+      hidden_size_(model->config().hidden_size),
       stop_token_ids_(std::move(stop_token_ids)),
       max_new_tokens_(options.max_new_tokens > 0 ? std::min(options.max_new_tokens,
                                                             model->config().max_position_embeddings)
@@ -254,6 +258,7 @@ absl::Status TeacherService::ScoreImpl(const kappa::v1::ScoreRequest& request,
   for (int begin = 0; begin < request.sequences_size(); begin += unit_size) {
     const int end = static_cast<int>(std::min<int64_t>(request.sequences_size(), begin + unit_size));
     auto unit = std::make_shared<ScoreUnit>();
+    unit->hidden = form == ScoreForm::kHidden;
     unit->sequences.reserve(end - begin);
     for (int i = begin; i < end; ++i) {
       const kappa::v1::ScoreSequence& s = request.sequences(i);
@@ -266,8 +271,18 @@ absl::Status TeacherService::ScoreImpl(const kappa::v1::ScoreRequest& request,
     // Reducing to the requested form and encoding happen here, on the handler
     // thread, so the batching thread only runs forwards.
     for (size_t i = 0; i < unit->sequences.size(); ++i) {
-      ScoredTensors scored = SelectForm(unit->logprobs[i], unit->sequences[i].response_tokens,
-                                        form, request.top_k());
+      if (unit->hidden) {
+        const std::string field = absl::StrCat("sequences[", begin + i, "].hidden");
+        if (absl::Status finite = CheckFiniteHidden(unit->rows[i], field); !finite.ok()) {
+          if (metrics_ != nullptr) metrics_->RecordNonFiniteScore();
+          return finite;
+        }
+        services::EncodeTensor(unit->rows[i], response->add_sequences()->mutable_hidden(),
+                               wire_dtype);
+        continue;
+      }
+      ScoredTensors scored =
+          SelectForm(unit->rows[i], unit->sequences[i].response_tokens, form, request.top_k());
       const std::string field = absl::StrCat("sequences[", begin + i, "].logprobs");
       if (absl::Status finite = CheckFiniteLogProbs(scored.logprobs, field); !finite.ok()) {
         if (metrics_ != nullptr) metrics_->RecordNonFiniteScore();
@@ -292,11 +307,30 @@ absl::Status TeacherService::RunScoreBatch(const std::vector<BatchUnit*>& units)
   for (BatchUnit* unit : units) {
     for (const TokenSequence& s : static_cast<ScoreUnit*>(unit)->sequences) sequences.push_back(&s);
   }
-  std::vector<torch::Tensor> logprobs;
+  // One forward for every unit; then each unit's rows as it asked for them:
+  // the hidden states themselves, or log-probs through the head.
+  std::vector<torch::Tensor> rows;
   const absl::Time start = absl::Now();
   {
     absl::MutexLock lock(&model_mu_);
-    logprobs = ResponseLogProbs(model_, sequences, vocab_limit_);
+    const ResponseHiddenRows hidden = ResponseHidden(model_, sequences);
+    int64_t first_row = 0;
+    size_t first_sequence = 0;
+    for (BatchUnit* unit : units) {
+      const auto* score_unit = static_cast<ScoreUnit*>(unit);
+      const std::vector<int64_t> counts(
+          hidden.counts.begin() + static_cast<std::ptrdiff_t>(first_sequence),
+          hidden.counts.begin() +
+              static_cast<std::ptrdiff_t>(first_sequence + score_unit->sequences.size()));
+      int64_t unit_rows = 0;
+      for (int64_t count : counts) unit_rows += count;
+      const torch::Tensor own = hidden.rows.narrow(0, first_row, unit_rows);
+      const torch::Tensor values = score_unit->hidden ? own.to(torch::kCPU, torch::kFloat32)
+                                                      : HeadLogProbs(model_, own, vocab_limit_);
+      for (const torch::Tensor& part : values.split_with_sizes(counts, 0)) rows.push_back(part);
+      first_row += unit_rows;
+      first_sequence += score_unit->sequences.size();
+    }
   }
   if (metrics_ != nullptr) {
     metrics_->RecordBatch(static_cast<int64_t>(sequences.size()),
@@ -305,8 +339,9 @@ absl::Status TeacherService::RunScoreBatch(const std::vector<BatchUnit*>& units)
   size_t next = 0;
   for (BatchUnit* unit : units) {
     auto* score_unit = static_cast<ScoreUnit*>(unit);
-    score_unit->logprobs.assign(logprobs.begin() + next,
-                                logprobs.begin() + next + score_unit->sequences.size());
+    score_unit->rows.assign(
+        rows.begin() + static_cast<std::ptrdiff_t>(next),
+        rows.begin() + static_cast<std::ptrdiff_t>(next + score_unit->sequences.size()));
     next += score_unit->sequences.size();
   }
   return absl::OkStatus();
@@ -418,6 +453,7 @@ grpc::Status TeacherService::Info(grpc::ServerContext* /*context*/,
   return Guarded("Info", [&] {
     response->set_vocab_size(static_cast<int32_t>(vocab_limit_));
     response->set_max_sequence_length(static_cast<int32_t>(max_positions_));
+    response->set_hidden_size(static_cast<int32_t>(hidden_size_));
     if (!options_.model_name.empty()) {
       response->set_model_name(options_.model_name);
     } else {

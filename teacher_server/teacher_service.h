@@ -104,6 +104,7 @@ class TeacherService final : public kappa::v1::Teacher::Service {
   const int64_t vocab_size_;   // the model's embedding rows: what a prompt id may be
   const int64_t vocab_limit_;  // the ids distributions are over: response ids, Score's V
   const int64_t max_positions_;
+  const int64_t hidden_size_;  // D of SCORE_FORM_HIDDEN rows
   const std::vector<int64_t> stop_token_ids_;
   const int64_t max_new_tokens_;
   // Modules are not documented as safe for concurrent forwards (a KV cache or

@@ -116,23 +116,22 @@ DistillSelection RstgSelect(const torch::Tensor& rewards, const torch::Tensor& r
   torch::Tensor gated = mask * row_gated.unsqueeze(1);
 
   // Teacher confidence per sample, averaged over its response positions.
-  const torch::Tensor q = teacher.logprobs.detach();
   const bool full = teacher.full(target_tokens);
   torch::Tensor per_position;
   if (config.confidence == RstgConfig::Confidence::kMaxProb) {
     if (!full && !teacher.topk()) {
       throw std::invalid_argument(
-          "rstg.confidence=max_prob needs full-vocabulary or top-k teacher log-probs; use "
+          "rstg.confidence=max_prob needs full-vocabulary, top-k or hidden teacher rows; use "
           "token_prob");
     }
-    per_position = q.amax(-1).exp();  // the top-1 is among the top-k
+    per_position = teacher.MaxLogProb().exp();
   } else {
     if (teacher.topk()) {
       throw std::invalid_argument(
           "rstg.confidence=token_prob needs q(y_t) of the sampled token, which top-k teacher "
           "rows may not hold; use max_prob or full rows");
     }
-    per_position = full ? GatherTokenLogProbs(q, target_tokens) : q;
+    per_position = teacher.TargetLogProbs(target_tokens);
   }
   const torch::Tensor length = mask.sum(1).clamp_min(1);
   torch::Tensor confidence = (per_position * mask).sum(1) / length;  // mean over positions

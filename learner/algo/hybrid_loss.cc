@@ -15,41 +15,8 @@ namespace {
 
 torch::Tensor DistillTokenLoss(const torch::Tensor& logprobs, const torch::Tensor& token_logprobs,
                                const TrainBatch& batch, const LossConfig& config) {
-  const TeacherRows teacher = batch.teacher();
-  const torch::Tensor& q = teacher.logprobs;
-  if (teacher.topk() && IsTopkLoss(config.distill)) {
-    const torch::Tensor set_logprobs = logprobs.gather(-1, teacher.topk_ids);
-    return config.distill == DistillLoss::kTopkReverseKl
-               ? TopkReverseKl(set_logprobs, q.to(set_logprobs.scalar_type()))
-               : TopkTailReverseKl(set_logprobs, q.to(set_logprobs.scalar_type()),
-                                   teacher.tail_logmass);
-  }
-  if (!teacher.topk() && teacher.full(batch.target_tokens)) {
-    if (q.sizes() != logprobs.sizes()) {
-      throw std::invalid_argument("ComputeLossTerms: teacher log-probs " + c10::str(q.sizes()) +
-                                  " do not match student logits " + c10::str(logprobs.sizes()));
-    }
-    switch (config.distill) {
-      case DistillLoss::kReverseKl:
-        return ReverseKlFromLogProbs(logprobs, q);
-      case DistillLoss::kForwardKl:
-        return ForwardKlFromLogProbs(logprobs, q);
-      case DistillLoss::kSampledReverseKl:
-        return SampledReverseKlTokenLoss(token_logprobs,
-                                         GatherTokenLogProbs(q, batch.target_tokens));
-      default:
-        break;
-    }
-  }
-  if (!teacher.topk() && q.dim() == 2 && config.distill == DistillLoss::kSampledReverseKl) {
-    return SampledReverseKlTokenLoss(token_logprobs, q);
-  }
-  throw std::invalid_argument(
-      "ComputeLossTerms: teacher log-probs of shape " + c10::str(q.sizes()) +
-      (teacher.topk() ? " (top-k rows)" : "") +
-      " cannot feed this distillation loss (reverse_kl and forward_kl need the full "
-      "vocabulary [B, L, V]; the top-k losses top-k rows; sampled_reverse_kl takes [B, L] or "
-      "[B, L, V])");
+  return DistillTermFromLogProbs(logprobs, token_logprobs, batch.teacher(), batch.target_tokens,
+                                 config.distill);
 }
 
 // The output projection's rows of the ids p_n is over (LossConfig::vocab_limit).
@@ -113,6 +80,7 @@ void ChunkedTerms(const model::ForwardOutput& out, model::Decoder& model, const 
   terms->hidden = out.hidden;
   terms->output_weight = OutputWeightRows(model, config);
   terms->head_positions = batch.response_mask.reshape({-1}).nonzero().squeeze(-1);
+  terms->head_autocast = model::AutocastState::Current(out.hidden.device().type());
   const VocabHeadTerms head = ComputeVocabHeadTerms(
       ResponseHeadInputs(out.hidden, terms->output_weight, terms->head_positions, batch, config));
   // Back to [B, L], zero outside the response positions.
@@ -150,6 +118,47 @@ void UnfusedTerms(const TrainBatch& batch, const LossConfig& config, TokenTerms*
 
 }  // namespace
 
+torch::Tensor DistillTermFromLogProbs(const torch::Tensor& logprobs,
+                                      const torch::Tensor& token_logprobs,
+                                      const TeacherRows& teacher, const torch::Tensor& targets,
+                                      DistillLoss kind) {
+  const torch::Tensor& q = teacher.logprobs;
+  if (teacher.topk() && IsTopkLoss(kind)) {
+    const torch::Tensor set_logprobs = logprobs.gather(-1, teacher.topk_ids);
+    return kind == DistillLoss::kTopkReverseKl
+               ? TopkReverseKl(set_logprobs, q.to(set_logprobs.scalar_type()))
+               : TopkTailReverseKl(set_logprobs, q.to(set_logprobs.scalar_type()),
+                                   teacher.tail_logmass);
+  }
+  if (!teacher.topk() && teacher.full(targets) && !IsTopkLoss(kind)) {
+    const torch::Tensor full = teacher.FullLogProbs();
+    if (full.sizes() != logprobs.sizes()) {
+      throw std::invalid_argument("ComputeLossTerms: teacher log-probs " + c10::str(full.sizes()) +
+                                  " do not match student logits " + c10::str(logprobs.sizes()));
+    }
+    switch (kind) {
+      case DistillLoss::kReverseKl:
+        return ReverseKlFromLogProbs(logprobs, full.to(logprobs.scalar_type()));
+      case DistillLoss::kForwardKl:
+        return ForwardKlFromLogProbs(logprobs, full.to(logprobs.scalar_type()));
+      default:
+        return SampledReverseKlTokenLoss(token_logprobs, GatherTokenLogProbs(full, targets));
+    }
+  }
+  if (!teacher.topk() && q.defined() && q.dim() == targets.dim() &&
+      kind == DistillLoss::kSampledReverseKl) {
+    return SampledReverseKlTokenLoss(token_logprobs, q);
+  }
+  throw std::invalid_argument(
+      "ComputeLossTerms: teacher log-probs of shape " +
+      (teacher.hidden_form() ? c10::str(teacher.hidden.sizes()) + " (hidden)"
+                             : c10::str(q.sizes())) +
+      (teacher.topk() ? " (top-k rows)" : "") +
+      " cannot feed this distillation loss (reverse_kl and forward_kl need the full "
+      "vocabulary [B, L, V]; the top-k losses top-k rows; sampled_reverse_kl takes [B, L] or "
+      "[B, L, V])");
+}
+
 TokenTerms ComputeTokenTerms(model::Decoder& model, const TrainBatch& batch,
                              const LossConfig& config) {
   if (!(config.temperature > 0)) {
@@ -157,6 +166,11 @@ TokenTerms ComputeTokenTerms(model::Decoder& model, const TrainBatch& batch,
                                 std::to_string(config.temperature));
   }
   TokenTerms terms;
+  if (batch.teacher_hidden.defined() && config.vocab_chunk_positions <= 0) {
+    throw std::invalid_argument(
+        "teacher hidden rows (teacher.rows: hidden) need the chunked vocabulary head: set "
+        "trainer.vocab_chunk_positions > 0");
+  }
   if (config.vocab_chunk_positions > 0) {
     ChunkedTerms(model->ForwardHidden(batch.input_tokens, batch.attention_mask), model, batch,
                  config, &terms);
@@ -200,8 +214,10 @@ TokenTerms ComputeTokenTerms(model::Decoder& model, const TrainBatch& batch,
 
 VocabHeadInputs HeadInputs(const TokenTerms& tokens, const TrainBatch& batch,
                            const LossConfig& config) {
-  return ResponseHeadInputs(tokens.hidden.detach(), tokens.output_weight.detach(),
-                            tokens.head_positions, batch, config);
+  VocabHeadInputs in = ResponseHeadInputs(tokens.hidden.detach(), tokens.output_weight.detach(),
+                                          tokens.head_positions, batch, config);
+  in.autocast = tokens.head_autocast;
+  return in;
 }
 
 LossTerms AggregateTerms(const TokenTerms& tokens, const TrainBatch& batch,
@@ -225,7 +241,14 @@ LossTerms AggregateTerms(const TokenTerms& tokens, const TrainBatch& batch,
   }
   terms.sft_loss = tokens.sft_nll.defined() ? tokens.sft_nll : zero;
   terms.sft_count = tokens.sft_nll.defined() ? tokens.sft_count : zero;
+  AddDiagnostics(tokens, batch, config, &terms);
+  return terms;
+}
 
+void AddDiagnostics(const TokenTerms& tokens, const TrainBatch& batch, const LossConfig& config,
+                    LossTerms* terms_out) {
+  LossTerms& terms = *terms_out;
+  const torch::Tensor& mask = batch.response_mask;
   torch::NoGradGuard no_grad;
   const torch::Tensor log_ratio =
       (tokens.token_logprobs.detach() - batch.old_logprobs).clamp(-20.0, 20.0);
@@ -244,7 +267,83 @@ LossTerms AggregateTerms(const TokenTerms& tokens, const TrainBatch& batch,
   terms.entropy = s[0];
   terms.clip_fraction = s[1];
   terms.approx_kl = s[2];
-  return terms;
+}
+
+FusedStepTerms ComputeFusedStepTerms(model::Decoder& model, const TrainBatch& batch,
+                                     const LossConfig& config, const TermWeights& weights,
+                                     const FusedMask& mask) {
+  if (config.vocab_chunk_positions <= 0) {
+    throw std::invalid_argument(
+        "ComputeFusedStepTerms: the fused head needs trainer.vocab_chunk_positions > 0");
+  }
+  const model::ForwardOutput out = model->ForwardHidden(batch.input_tokens, batch.attention_mask);
+  const torch::Tensor& response = batch.response_mask;
+  const torch::Tensor positions = response.reshape({-1}).nonzero().squeeze(-1);
+  auto at = [&](const torch::Tensor& t) { return t.reshape({-1}).index_select(0, positions); };
+  // Teacher rows give ℓ_D and K_DR; the gate decides whether L_D trains.
+  const bool distill = batch.teacher().defined();
+  const bool distill_trains = distill && !weights.no_distill;
+  const torch::Tensor& distill_mask =
+      weights.distill_mask.defined() ? weights.distill_mask : response;
+
+  FusedHeadInputs in;
+  in.hidden = HiddenAt(out.hidden, positions);
+  in.weight = OutputWeightRows(model, config);
+  in.targets = at(batch.target_tokens);
+  in.old_logprobs = at(batch.old_logprobs);
+  in.advantages = at(batch.advantages);
+  in.reward_weights = at(AggregationWeights(response, config.aggregation));
+  if (distill) {
+    in.teacher = batch.teacher().Flatten().Select(positions);
+    torch::Tensor distill_weights = AggregationWeights(distill_mask, config.aggregation);
+    if (weights.distill.defined()) distill_weights = distill_weights * weights.distill;
+    in.distill_weights = at(distill_trains ? distill_weights : torch::zeros_like(distill_weights));
+  }
+  in.distill = config.distill;
+  in.ppo = config.ppo;
+  in.temperature = config.temperature;
+  in.chunk_positions = config.vocab_chunk_positions;
+  in.mask = distill && mask.on;
+  in.mask_target = mask.target;
+  in.mask_estimator = mask.estimator;
+  in.mask_temperature = mask.temperature;
+  const FusedHeadOutputs head = ComputeFusedHead(in);
+
+  // Back to [B, L], zero outside the response positions, no graph.
+  const auto scatter = [&](const torch::Tensor& values) {
+    return torch::zeros({response.numel()}, values.options())
+        .index_put({positions}, values)
+        .view(response.sizes());
+  };
+  FusedStepTerms step;
+  TokenTerms& tokens = step.tokens;
+  tokens.hidden = out.hidden;
+  tokens.head_positions = positions;
+  tokens.token_logprobs = scatter(head.token_logprobs);
+  tokens.reward = scatter(head.reward);
+  tokens.entropy = scatter(head.entropy);
+  if (batch.sft_input_tokens.defined()) ChunkedSftNll(model, batch, config, &tokens);
+
+  LossTerms& terms = step.terms;
+  const torch::Tensor zero = torch::zeros({}, head.token_logprobs.options());
+  terms.reward_loss = head.reward_loss;
+  Aggregate(torch::zeros_like(response), response, config.aggregation, &terms.reward_count);
+  if (distill) {
+    tokens.distill = scatter(head.distill);
+    step.logit_kernel = scatter(head.logit_kernel);
+    if (head.mask_weights.defined()) step.mask_weights = scatter(head.mask_weights);
+  }
+  if (distill_trains) {
+    terms.distill_loss = head.distill_loss;
+    Aggregate(torch::zeros_like(response), distill_mask, config.aggregation, &terms.distill_count);
+  } else {
+    terms.distill_loss = zero;
+    terms.distill_count = zero;
+  }
+  terms.sft_loss = tokens.sft_nll.defined() ? tokens.sft_nll : zero;
+  terms.sft_count = tokens.sft_nll.defined() ? tokens.sft_count : zero;
+  AddDiagnostics(tokens, batch, config, &terms);
+  return step;
 }
 
 torch::Tensor InferenceMismatchSums(const torch::Tensor& token_logprobs,

@@ -10,9 +10,13 @@
 
 #include <cstdint>
 
+#include "learner/algo/balance.h"
+#include "learner/algo/cross_kernel.h"
+#include "learner/algo/fused_head.h"
 #include "learner/algo/losses.h"
 #include "learner/algo/train_batch.h"
 #include "learner/algo/vocab_head.h"
+#include "model/autocast_state.h"
 #include "model/transformer.h"
 
 namespace kappa::learner {
@@ -36,6 +40,12 @@ struct LossConfig {
   // response positions only, so no [B, L, V] tensor is held; 0: one
   // [B, L, V] log-softmax per micro-batch (the fused kernels on CUDA).
   int64_t vocab_chunk_positions = 0;
+  // With chunks: the training step's forward runs the fused head
+  // (fused_head.h: the logit gradients formed in the forward, no second
+  // pass over V); false: the node that recomputes each chunk in backward
+  // (vocab_head.h). HybridStep reads it; ComputeTokenTerms is always the
+  // recomputing node (exact K_DR and RSTG need per-position graphs).
+  bool fused_head = true;
 };
 
 // Per-position terms, aligned with batch.target_tokens; with graph unless noted.
@@ -45,26 +55,39 @@ struct LossConfig {
 // positions, and `output_weight` / `head_positions` say how to recompute a
 // chunk of the distribution (HeadInputs).
 struct TokenTerms {
-  torch::Tensor logits;          // [B, L, V] raw model logits of the first V ids
-  torch::Tensor hidden;          // [B, L, D] input of the output projection
-  torch::Tensor logprobs;        // [B, L, V] log_softmax(logits / τ)
-  torch::Tensor output_weight;   // [V, D] the output projection's first V rows (chunked head)
-  torch::Tensor head_positions;  // [M] int64 flat indices into [B·L] (chunked head)
-  torch::Tensor token_logprobs;  // [B, L] log π_θ(y_n)
-  torch::Tensor reward;          // [B, L] ℓ_R(n)
-  torch::Tensor distill;         // [B, L] ℓ_D(n); undefined without teacher log-probs
-  torch::Tensor entropy;         // [B, L] H(p_n), no graph
-  torch::Tensor sft_nll;         // scalar mean NLL of the demonstrations; undefined if none
-  torch::Tensor sft_count;       // demonstration tokens sft_nll averages over
+  torch::Tensor logits;                // [B, L, V] raw model logits of the first V ids
+  torch::Tensor hidden;                // [B, L, D] input of the output projection
+  torch::Tensor logprobs;              // [B, L, V] log_softmax(logits / τ)
+  torch::Tensor output_weight;         // [V, D] the output projection's first V rows (chunked head)
+  torch::Tensor head_positions;        // [M] int64 flat indices into [B·L] (chunked head)
+  model::AutocastState head_autocast;  // the chunked head's autocast state in the forward
+  torch::Tensor token_logprobs;        // [B, L] log π_θ(y_n)
+  torch::Tensor reward;                // [B, L] ℓ_R(n)
+  torch::Tensor distill;               // [B, L] ℓ_D(n); undefined without teacher log-probs
+  torch::Tensor entropy;               // [B, L] H(p_n), no graph
+  torch::Tensor sft_nll;               // scalar mean NLL of the demonstrations; undefined if none
+  torch::Tensor sft_count;             // demonstration tokens sft_nll averages over
 };
 
 // Runs the model on `batch`, which must already be on the model's device.
 // Full teacher rows feed reverse_kl, forward_kl and sampled_reverse_kl;
 // top-k rows the two top-k losses; sampled rows ([B, L]) only
-// sampled_reverse_kl (std::invalid_argument otherwise, and on a teacher
-// vocabulary that differs from the model's).
+// sampled_reverse_kl; hidden rows the full-distribution losses through the
+// chunked head only (vocab_chunk_positions > 0). std::invalid_argument
+// otherwise, and on a teacher vocabulary that differs from the model's.
 TokenTerms ComputeTokenTerms(model::Decoder& model, const TrainBatch& batch,
                              const LossConfig& config);
+
+// ℓ_D per position from the student's log-probs [..., V] and log p(y)
+// [...]: the form `kind` reads of `teacher` (full or hidden rows for the
+// full-distribution losses, top-k rows for the top-k losses, full or
+// sampled rows for sampled_reverse_kl). Hidden rows are turned into log q
+// for the rows given: pass a bounded chunk. std::invalid_argument for rows
+// the loss cannot read.
+torch::Tensor DistillTermFromLogProbs(const torch::Tensor& logprobs,
+                                      const torch::Tensor& token_logprobs,
+                                      const TeacherRows& teacher, const torch::Tensor& targets,
+                                      DistillLoss kind);
 
 // The chunked head's inputs at tokens.head_positions of `batch`, without
 // graph: what VocabHeadLogitKernel recomputes the distribution from.
@@ -106,6 +129,39 @@ struct LossTerms {
 // distillation mask; L_SFT as computed. Plus the no-graph diagnostics.
 LossTerms AggregateTerms(const TokenTerms& tokens, const TrainBatch& batch,
                          const LossConfig& config, const TermWeights& weights = {});
+
+// The no-graph diagnostics of LossTerms (entropy, clip fraction, approx KL:
+// token means over the response positions) from `tokens`, into *terms.
+void AddDiagnostics(const TokenTerms& tokens, const TrainBatch& batch, const LossConfig& config,
+                    LossTerms* terms);
+
+// m3_mask as the fused head applies it: on the weights of `target`, from
+// the K_DR `estimator` (logit or last_layer), soft at `temperature` > 0.
+struct FusedMask {
+  bool on = false;
+  BalanceConfig::MaskTarget target = BalanceConfig::MaskTarget::kReward;
+  KdrEstimator estimator = KdrEstimator::kLogit;
+  double temperature = 0.0;
+};
+
+// The training forward of one micro-batch through the fused head: what
+// ComputeTokenTerms, the cheap logit K_DR, m3_mask and AggregateTerms give
+// together, with one pass over the vocabulary per chunk. `weights` as for
+// AggregateTerms, except `reward` (m3_mask's, applied inside from `mask`
+// when the batch has teacher rows). tokens: token_logprobs, reward,
+// distill, entropy [B, L] without graph, hidden with graph, SFT as
+// ComputeTokenTerms; terms: L_R and L_D with graph and the counts and
+// diagnostics of AggregateTerms. REQUIRES: config.vocab_chunk_positions > 0
+// (else std::invalid_argument); `batch` on the model's device.
+struct FusedStepTerms {
+  TokenTerms tokens;
+  LossTerms terms;
+  torch::Tensor logit_kernel;  // [B, L] g_R·g_D, 0 off the response; undefined without L_D
+  torch::Tensor mask_weights;  // [B, L] m3_mask's, with the mask on; else undefined
+};
+FusedStepTerms ComputeFusedStepTerms(model::Decoder& model, const TrainBatch& batch,
+                                     const LossConfig& config, const TermWeights& weights,
+                                     const FusedMask& mask);
 
 // The training–inference mismatch sums over the positions where `mask` [B, L]
 // is 1: [Σ |d|, Σ k3, Σ mask] in float64, no graph, on the inputs' device,

@@ -133,15 +133,15 @@ HybridStep::Gate HybridStep::DecideGate(const TrainBatch& batch,
                                         const std::vector<MicroBatch>& micro,
                                         std::optional<TokenTerms>* first_forward) {
   Gate gate;
-  // ComputeTokenTerms gives ℓ_D exactly when the batch has teacher log-probs.
-  gate.scored = batch.teacher_logprobs.defined() && config_.gate != DistillGate::kNone;
+  // ComputeTokenTerms gives ℓ_D exactly when the batch has teacher rows.
+  gate.scored = batch.teacher().defined() && config_.gate != DistillGate::kNone;
   if (!gate.scored) return gate;
   const torch::Tensor& mask = batch.response_mask;
   if (config_.gate != DistillGate::kRstg) {
     gate.selection = SelectAll(mask);
   } else {
     torch::Tensor entropy, divergence;
-    if (micro.size() == 1) {
+    if (micro.size() == 1 && first_forward != nullptr) {
       *first_forward = Forward(batch);
       entropy = (*first_forward)->entropy;
       divergence = (*first_forward)->distill.detach();
@@ -181,20 +181,22 @@ void HybridStep::BeginStep(const TrainBatch& batch, const Gate& gate, int64_t st
                         separate, reward_count, distill_count, sft_count);
 }
 
-void HybridStep::AccumulateMicroBatch(const MicroBatch& part, const TokenTerms& tokens,
-                                      const Gate& gate, const torch::Tensor& mismatch_mask,
-                                      KdrMonitor& kdr, TokenMeans* means, MismatchSums* mismatch,
-                                      HybridStepReport* report) {
-  const TrainBatch& sub = part.batch;
-  // The loss's own log π_θ(y_n), at θ before the update: what a worker
-  // holding this version should have sent as its behaviour log-probs.
-  mismatch->Add(tokens, sub, part.Slice(mismatch_mask));
+TermWeights HybridStep::GateWeights(const MicroBatch& part, const Gate& gate) {
   TermWeights weights;
   weights.no_distill = !gate.trains();
   if (gate.scored) {
     weights.distill = part.Slice(gate.selection.weights);
     weights.distill_mask = part.Slice(gate.selection.selected);
   }
+  return weights;
+}
+
+void HybridStep::AccumulateMicroBatch(const MicroBatch& part, const TokenTerms& tokens,
+                                      const Gate& gate, const torch::Tensor& mismatch_mask,
+                                      KdrMonitor& kdr, TokenMeans* means, MismatchSums* mismatch,
+                                      HybridStepReport* report) {
+  const TrainBatch& sub = part.batch;
+  TermWeights weights = GateWeights(part, gate);
   if (kdr.observing()) {
     const CheapKernels kernels = kdr.Observe(part, tokens);
     if (config_.balance.mask) {
@@ -202,7 +204,42 @@ void HybridStep::AccumulateMicroBatch(const MicroBatch& part, const TokenTerms& 
           ApplyConflictMask(config_.balance, kernels, sub.response_mask, &weights);
     }
   }
-  const LossTerms terms = AggregateTerms(tokens, sub, config_.loss, weights);
+  Accumulate(part, tokens, AggregateTerms(tokens, sub, config_.loss, weights), mismatch_mask, means,
+             mismatch);
+}
+
+void HybridStep::AccumulateFusedMicroBatch(const MicroBatch& part, const Gate& gate,
+                                           const torch::Tensor& mismatch_mask, KdrMonitor& kdr,
+                                           TokenMeans* means, MismatchSums* mismatch,
+                                           HybridStepReport* report) {
+  const TrainBatch& sub = part.batch;
+  FusedMask mask;
+  mask.on = config_.balance.mask && kdr.observing();
+  mask.target = config_.balance.mask_target;
+  mask.estimator = config_.balance.mask_estimator;
+  mask.temperature = config_.balance.mask_temperature;
+  FusedStepTerms fused;
+  {
+    AutocastGuard autocast(optimizer_->parameters().front().device(), config_.precision);
+    fused = ComputeFusedStepTerms(model_, sub, config_.loss, GateWeights(part, gate), mask);
+  }
+  if (kdr.observing()) {
+    kdr.Record(part, fused.logit_kernel * sub.response_mask, fused.tokens.hidden.detach());
+    if (mask.on) {
+      report->masked_positions +=
+          ((fused.logit_kernel < 0) & (sub.response_mask > 0)).sum().item<int64_t>();
+    }
+  }
+  Accumulate(part, fused.tokens, fused.terms, mismatch_mask, means, mismatch);
+}
+
+void HybridStep::Accumulate(const MicroBatch& part, const TokenTerms& tokens,
+                            const LossTerms& terms, const torch::Tensor& mismatch_mask,
+                            TokenMeans* means, MismatchSums* mismatch) {
+  const TrainBatch& sub = part.batch;
+  // The loss's own log π_θ(y_n), at θ before the update: what a worker
+  // holding this version should have sent as its behaviour log-probs.
+  mismatch->Add(tokens, sub, part.Slice(mismatch_mask));
   means->Add(terms, part.whole ? 1.0 : sub.response_mask.sum().item<double>());
   optimizer_->AccumulateStep(terms);
 }
@@ -232,9 +269,10 @@ HybridStepReport HybridStep::Run(const TrainBatch& batch_in, const torch::Tensor
   report.teacher_tail_mass = TeacherTailMass(batch.teacher(), batch.response_mask);
   report.teacher_bytes = batch.teacher_bytes();
 
-  // D: the positions L_D trains on, decided over the whole batch.
+  // D: the positions L_D trains on, decided over the whole batch. The fused
+  // head's training forward is its own, so the gate's forward is not kept.
   std::optional<TokenTerms> first_forward;
-  const Gate gate = DecideGate(batch, micro, &first_forward);
+  const Gate gate = DecideGate(batch, micro, fused() ? nullptr : &first_forward);
   report.distill_positions = gate.selection.selected_positions;
   report.gated_groups = gate.selection.gated_groups;
 
@@ -247,6 +285,10 @@ HybridStepReport HybridStep::Run(const TrainBatch& batch_in, const torch::Tensor
   TokenMeans means;
   MismatchSums mismatch;
   for (size_t k = 0; k < micro.size(); ++k) {
+    if (fused()) {
+      AccumulateFusedMicroBatch(micro[k], gate, mismatch_mask, kdr, &means, &mismatch, &report);
+      continue;
+    }
     const TokenTerms tokens =
         k == 0 && first_forward ? *std::move(first_forward) : Forward(micro[k].batch);
     AccumulateMicroBatch(micro[k], tokens, gate, mismatch_mask, kdr, &means, &mismatch, &report);

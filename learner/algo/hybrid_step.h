@@ -132,7 +132,8 @@ class HybridStep {
   TokenTerms Forward(const TrainBatch& batch);
   // The gate over the whole batch. RSTG ranks positions by their entropy and
   // divergence: from the forward of the single micro-batch (kept in
-  // *first_forward for its backward), or from a no-graph forward of each.
+  // *first_forward for its backward; null: not kept), or from a no-graph
+  // forward of each.
   Gate DecideGate(const TrainBatch& batch, const std::vector<MicroBatch>& micro,
                   std::optional<TokenTerms>* first_forward);
   // Opens the optimizer step: the plan and what the whole batch's means are
@@ -145,6 +146,21 @@ class HybridStep {
   void AccumulateMicroBatch(const MicroBatch& part, const TokenTerms& tokens, const Gate& gate,
                             const torch::Tensor& mismatch_mask, KdrMonitor& kdr, TokenMeans* means,
                             MismatchSums* mismatch, HybridStepReport* report);
+  // The same through the fused head (fused()): its own forward under the
+  // configured precision gives the losses with m3_mask applied and the
+  // logit K_DR the monitor records.
+  void AccumulateFusedMicroBatch(const MicroBatch& part, const Gate& gate,
+                                 const torch::Tensor& mismatch_mask, KdrMonitor& kdr,
+                                 TokenMeans* means, MismatchSums* mismatch,
+                                 HybridStepReport* report);
+  // What both end with: the mismatch and token means of the micro-batch,
+  // then its backward into the optimizer's step.
+  void Accumulate(const MicroBatch& part, const TokenTerms& tokens, const LossTerms& terms,
+                  const torch::Tensor& mismatch_mask, TokenMeans* means, MismatchSums* mismatch);
+  // The gate's distillation weights and mask for one micro-batch.
+  static TermWeights GateWeights(const MicroBatch& part, const Gate& gate);
+  // The training forward runs the fused head: chunks, and loss.fused_head.
+  bool fused() const { return config_.loss.vocab_chunk_positions > 0 && config_.loss.fused_head; }
 
   model::Decoder model_;
   std::unique_ptr<PolicyOptimizer> optimizer_;

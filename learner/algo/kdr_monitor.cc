@@ -94,9 +94,21 @@ CheapKernels KdrMonitor::Observe(const MicroBatch& part, const TokenTerms& token
   torch::NoGradGuard no_grad;
   const torch::Tensor coefficient = RewardLogProbCoefficient(
       tokens.token_logprobs.detach(), sub.old_logprobs, sub.advantages, loss_.ppo);
+  return Record(part, LogitKernel(tokens, sub, coefficient) * sub.response_mask,
+                tokens.hidden.detach());
+}
+
+CheapKernels KdrMonitor::Record(const MicroBatch& part, const torch::Tensor& logit_kernel,
+                                const torch::Tensor& hidden) {
+  if (!observing()) {
+    throw std::logic_error(
+        "KdrMonitor::Record requires observing(): no monitor is due at this step");
+  }
+  const TrainBatch& sub = part.batch;
+  torch::NoGradGuard no_grad;
   CheapKernels kernels;
-  kernels.logit = LogitKernel(tokens, sub, coefficient) * sub.response_mask;
-  kernels.last_layer = LastLayerCrossKernel(kernels.logit, tokens.hidden.detach());
+  kernels.logit = logit_kernel;
+  kernels.last_layer = LastLayerCrossKernel(kernels.logit, hidden);
   part.Scatter(kernels.logit.to(logit_.scalar_type()), logit_);
   part.Scatter(kernels.last_layer.to(last_layer_.scalar_type()), last_layer_);
   observed_rows_ += sub.response_mask.size(0);

@@ -66,6 +66,12 @@ class KdrMonitor {
   // of `part.batch`: its token log-probs shaped like the part's response
   // mask (else std::invalid_argument).
   CheapKernels Observe(const MicroBatch& part, const TokenTerms& tokens);
+  // Observe for a forward that computed the logit kernel itself (the fused
+  // head): `logit_kernel` [b, L] of part's rows (0 off the response), and
+  // `hidden` [b, L, D] the head's input for the last_layer estimator.
+  // REQUIRES: observing() (std::logic_error otherwise).
+  CheapKernels Record(const MicroBatch& part, const torch::Tensor& logit_kernel,
+                      const torch::Tensor& hidden);
 
   // report->kdr and kdr_values, from the whole batch, when the statistics
   // are due. REQUIRES (when due): every micro-batch observed, i.e. Observe

@@ -61,19 +61,22 @@ torch::Tensor DistillLogitGradient(const torch::Tensor& logprobs, const TeacherR
   const torch::Tensor& q = teacher.logprobs;
   if (IsTopkLoss(kind) != teacher.topk() ||
       (kind != DistillLoss::kSampledReverseKl && !teacher.topk() && !teacher.full(targets))) {
-    throw std::invalid_argument("DistillLogitGradient: teacher rows " + c10::str(q.sizes()) +
-                                (teacher.topk() ? " (top-k)" : "") +
-                                " cannot feed this distillation loss");
+    throw std::invalid_argument(
+        "DistillLogitGradient: teacher rows " +
+        c10::str(teacher.hidden_form() ? teacher.hidden.sizes() : q.sizes()) +
+        (teacher.topk()          ? " (top-k)"
+         : teacher.hidden_form() ? " (hidden)"
+                                 : "") +
+        " cannot feed this distillation loss");
   }
   switch (kind) {
     case DistillLoss::kReverseKl:
-      return ReverseKlGradient(logprobs, q) / temperature;
+      return ReverseKlGradient(logprobs, teacher.FullLogProbs()) / temperature;
     case DistillLoss::kForwardKl:
-      return (logprobs.exp() - q.exp()) / temperature;
+      return (logprobs.exp() - teacher.FullLogProbs().exp()) / temperature;
     case DistillLoss::kSampledReverseKl: {
-      const torch::Tensor teacher_token =
-          teacher.full(targets) ? GatherTokenLogProbs(q, targets) : q;
-      const torch::Tensor k1 = GatherTokenLogProbs(logprobs, targets) - teacher_token;
+      const torch::Tensor k1 =
+          GatherTokenLogProbs(logprobs, targets) - teacher.TargetLogProbs(targets);
       const torch::Tensor p = logprobs.exp();
       return k1.unsqueeze(-1) * (OneHot(targets, p) - p) / temperature;
     }

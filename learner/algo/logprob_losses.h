@@ -39,11 +39,11 @@ torch::Tensor TopkTailReverseKl(const torch::Tensor& student_set_logprobs,
 inline constexpr double kTailFloor = 1e-12;
 torch::Tensor TailLogMass(const torch::Tensor& set_logprobs);
 // The teacher's log q_T in the dtype of its set log-probs: `sent` (the
-// float32 value the teacher computed over the ids outside its top-k) floored
-// at log kTailFloor, the student's floor, so an empty tail (k = V, −inf on
-// the wire) stays finite; undefined `sent`: TailLogMass(teacher_set_logprobs),
-// which on a peaked bfloat16 row is off by many nats (docs/algorithms.md
-// §2.4), so the learner's service path always has `sent`.
+// float32 value the teacher computed over the ids outside its top-k) as it
+// is, in log space however small, except that an empty tail (k = V, −inf on
+// the wire) takes log kTailFloor, the student's floor, so it stays finite; undefined `sent`:
+// TailLogMass(teacher_set_logprobs), which on a peaked bfloat16 row is off by many nats
+// (docs/algorithms.md §2.4), so the learner's service path always has `sent`.
 torch::Tensor TeacherTailLogMass(const torch::Tensor& teacher_set_logprobs,
                                  const torch::Tensor& sent);
 // set_logprobs − logsumexp(set_logprobs): the distribution restricted to the

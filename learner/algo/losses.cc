@@ -7,6 +7,7 @@
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "learner/algo/logprob_losses.h"
 
@@ -46,35 +47,74 @@ DistillLoss ParseDistillLoss(const std::string& name) {
                               "topk_reverse_kl, topk_tail_reverse_kl)");
 }
 
-TeacherRows TeacherRows::Flatten() const {
-  if (!defined()) return *this;
+namespace {
+
+// `rows` with each of its tensors replaced by fn(tensor); the head is kept.
+template <typename Fn>
+TeacherRows MapRows(const TeacherRows& rows, Fn fn) {
+  if (!rows.defined()) return rows;
   TeacherRows out;
-  if (logprobs.dim() == 2) {
-    out.logprobs = logprobs.reshape({-1});
-  } else {
-    out.logprobs = logprobs.reshape({-1, logprobs.size(-1)});
+  out.head = rows.head;
+  for (auto [from, to] :
+       {std::pair{&rows.logprobs, &out.logprobs}, std::pair{&rows.topk_ids, &out.topk_ids},
+        std::pair{&rows.tail_logmass, &out.tail_logmass}, std::pair{&rows.hidden, &out.hidden}}) {
+    if (from->defined()) *to = fn(*from);
   }
-  if (topk()) out.topk_ids = topk_ids.reshape({-1, topk_ids.size(-1)});
-  if (tail_logmass.defined()) out.tail_logmass = tail_logmass.reshape({-1});
   return out;
+}
+
+}  // namespace
+
+torch::Tensor TeacherRows::FullLogProbs() const {
+  if (hidden_form()) return head.LogProbs(hidden);
+  if (!defined() || topk() || logprobs.dim() < 2) {
+    throw std::invalid_argument("TeacherRows::FullLogProbs: needs full or hidden rows, got " +
+                                (defined() ? c10::str(logprobs.sizes()) : std::string("none")) +
+                                (topk() ? " (top-k)" : ""));
+  }
+  return logprobs;
+}
+
+torch::Tensor TeacherRows::MaxLogProb() const {
+  if (hidden_form()) return head.MaxLogProb(hidden);
+  if (!defined() || logprobs.dim() < 2) {
+    throw std::invalid_argument(
+        "TeacherRows::MaxLogProb: needs full, top-k or hidden rows (sampled rows hold only the "
+        "sampled token)");
+  }
+  return std::get<0>(logprobs.max(-1));  // the top-1 is among the top-k
+}
+
+torch::Tensor TeacherRows::TargetLogProbs(const torch::Tensor& targets) const {
+  if (hidden_form()) return head.TargetLogProbs(hidden, targets);
+  if (!defined() || topk()) {
+    throw std::invalid_argument(
+        "TeacherRows::TargetLogProbs: needs q(y) of the sampled token, which top-k rows may not "
+        "hold");
+  }
+  return full(targets) ? GatherTokenLogProbs(logprobs, targets) : logprobs;
+}
+
+TeacherRows TeacherRows::Flatten() const {
+  return MapRows(*this, [](const torch::Tensor& t) {
+    // Per-position tensors ([B, L]) to [B·L]; per-id ones ([B, L, X]) to [B·L, X].
+    return t.dim() == 2 ? t.reshape({-1}) : t.reshape({-1, t.size(-1)});
+  });
 }
 
 TeacherRows TeacherRows::Select(const torch::Tensor& rows) const {
-  if (!defined()) return *this;
-  TeacherRows out;
-  out.logprobs = logprobs.index_select(0, rows);
-  if (topk()) out.topk_ids = topk_ids.index_select(0, rows);
-  if (tail_logmass.defined()) out.tail_logmass = tail_logmass.index_select(0, rows);
-  return out;
+  return MapRows(*this, [&](const torch::Tensor& t) { return t.index_select(0, rows); });
 }
 
 TeacherRows TeacherRows::Narrow(int64_t start, int64_t n) const {
-  if (!defined()) return *this;
-  TeacherRows out;
-  out.logprobs = logprobs.narrow(0, start, n);
-  if (topk()) out.topk_ids = topk_ids.narrow(0, start, n);
-  if (tail_logmass.defined()) out.tail_logmass = tail_logmass.narrow(0, start, n);
-  return out;
+  return MapRows(*this, [&](const torch::Tensor& t) { return t.narrow(0, start, n); });
+}
+
+torch::Tensor AggregationWeights(const torch::Tensor& mask, Aggregation agg) {
+  torch::AutoGradMode enable_grad(true);
+  const torch::Tensor x =
+      torch::zeros(mask.sizes(), mask.options().dtype(torch::kFloat32)).requires_grad_(true);
+  return torch::autograd::grad({Aggregate(x, mask.detach(), agg)}, {x})[0];
 }
 
 torch::Tensor Aggregate(const torch::Tensor& per_position, const torch::Tensor& mask,
@@ -243,7 +283,12 @@ torch::Tensor TeacherTailLogMass(const torch::Tensor& teacher_set_logprobs,
                                 " does not match the set rows " +
                                 c10::str(teacher_set_logprobs.sizes()));
   }
-  return sent.to(teacher_set_logprobs.scalar_type()).clamp_min(std::log(kTailFloor));
+  // In log space as sent: a tail of 1e-20 stays −46 nats, not the floor's
+  // −27.6. Only an empty tail (−inf: the k ids are the whole vocabulary, so
+  // the student's tail is empty too) takes the floor, where the bucket's
+  // term is 0 · finite instead of 0 · ∞.
+  const torch::Tensor tail = sent.to(teacher_set_logprobs.scalar_type());
+  return torch::where(torch::isneginf(tail), torch::full_like(tail, std::log(kTailFloor)), tail);
 }
 
 torch::Tensor TopkTailReverseKl(const torch::Tensor& student_set_logprobs,

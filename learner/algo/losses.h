@@ -8,6 +8,8 @@
 
 #include <string>
 
+#include "learner/algo/teacher_head.h"
+
 namespace kappa::learner {
 
 enum class Aggregation { kTokenMean, kSeqMeanTokenMean, kSeqMeanTokenSum };
@@ -39,17 +41,33 @@ inline bool IsTopkLoss(DistillLoss loss) {
 //            likely tokens (distinct per position), and tail_logmass [...]
 //            (float32), log q of the ids outside them, computed by the
 //            teacher (undefined: rebuilt from the k values, TeacherTailLogMass)
+//   hidden   hidden [..., D_t], the teacher's final-normed hidden states, and
+//            head, its output head: exactly the full rows, rebuilt a chunk
+//            of positions at a time (FullLogProbs); logprobs undefined
 struct TeacherRows {
   torch::Tensor logprobs;
   torch::Tensor topk_ids;  // int64; defined exactly in the top-k form
   torch::Tensor tail_logmass = {};
+  torch::Tensor hidden = {};  // defined exactly in the hidden form
+  TeacherHead head = {};      // the hidden form's head
 
-  bool defined() const { return logprobs.defined(); }
+  bool defined() const { return logprobs.defined() || hidden.defined(); }
   bool topk() const { return topk_ids.defined(); }
-  // REQUIRES: defined(). Full rows have one more dimension than the targets.
+  bool hidden_form() const { return hidden.defined(); }
+  // REQUIRES: defined(). Full rows have one more dimension than the targets;
+  // hidden rows are full rows.
   bool full(const torch::Tensor& targets) const {
-    return !topk() && logprobs.dim() == targets.dim() + 1;
+    return hidden_form() || (!topk() && logprobs.dim() == targets.dim() + 1);
   }
+  // log q [..., V] of full or hidden rows: `logprobs`, or the head applied
+  // to `hidden` ([rows, V] for the rows held: narrow first).
+  // REQUIRES: full rows (std::invalid_argument otherwise).
+  torch::Tensor FullLogProbs() const;
+  // max_v log q [...] (full, top-k or hidden rows) and log q(targets) [...]
+  // (full, sampled or hidden rows), hidden rows a bounded block at a time.
+  // std::invalid_argument for a form that does not hold the value.
+  torch::Tensor MaxLogProb() const;
+  torch::Tensor TargetLogProbs(const torch::Tensor& targets) const;
   // [B, L, ...] → [B·L, ...]. REQUIRES: the batch form (sampled rows [B, L]).
   TeacherRows Flatten() const;
   // Rows [start, start + n) along dimension 0.
@@ -68,6 +86,12 @@ struct TeacherRows {
 // gives a 0 loss and a 0 count).
 torch::Tensor Aggregate(const torch::Tensor& per_position, const torch::Tensor& mask,
                         Aggregation agg, torch::Tensor* count = nullptr);
+
+// The weights w [B, T] with Aggregate(x, mask, agg) = Σ w ⊙ x for every x
+// (Aggregate is linear in x): its gradient, taken once with autograd so the
+// two cannot drift apart. What the fused head (fused_head.h) weighs each
+// position's term by.
+torch::Tensor AggregationWeights(const torch::Tensor& mask, Aggregation agg);
 
 // trainer.advantage_std: the standard deviation of a group's G rewards the
 // GRPO advantage divides by.

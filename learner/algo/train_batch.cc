@@ -12,7 +12,7 @@
 namespace kappa::learner {
 namespace {
 
-enum class TeacherForm { kNone, kSampled, kFull, kTopk };
+enum class TeacherForm { kNone, kSampled, kFull, kTopk, kHidden };
 
 [[noreturn]] void Fail(size_t group, size_t sample, const std::string& what) {
   throw BadGroupError(group, "BuildTrainBatch: group " + std::to_string(group) + " sample " +
@@ -20,6 +20,9 @@ enum class TeacherForm { kNone, kSampled, kFull, kTopk };
 }
 
 TeacherForm FormOf(const ScoredSample& s) {
+  if (s.teacher_hidden.defined()) {
+    return s.teacher_logprobs.defined() ? TeacherForm::kNone : TeacherForm::kHidden;
+  }
   if (!s.teacher_logprobs.defined()) return TeacherForm::kNone;
   if (s.teacher_topk_ids.defined()) return TeacherForm::kTopk;
   return s.teacher_logprobs.dim() == 1 ? TeacherForm::kSampled : TeacherForm::kFull;
@@ -51,7 +54,21 @@ void ValidateTopkIds(const ScoredSample& s, size_t g, size_t i) {
   }
 }
 
-// Checks every group against the first one and returns (teacher form, V or k).
+// Hidden rows: [T, width] floating point, finite (the width is the first
+// sample's; the head's is checked where the batch meets it).
+void ValidateHidden(const ScoredSample& s, int64_t width, size_t g, size_t i) {
+  const torch::Tensor& h = s.teacher_hidden;
+  const int64_t length = static_cast<int64_t>(s.response_tokens.size());
+  if (!h.is_floating_point() || h.dim() != 2 || h.size(0) != length || h.size(1) != width) {
+    Fail(g, i,
+         "teacher_hidden " + c10::str(h.sizes()) + " must be floating [T, D_t] = [" +
+             std::to_string(length) + ", " + std::to_string(width) + "]");
+  }
+  if (!torch::isfinite(h).all().item<bool>()) Fail(g, i, "non-finite teacher_hidden");
+}
+
+// Checks every group against the first one and returns (teacher form, V or k
+// or D_t).
 std::pair<TeacherForm, int64_t> Validate(const std::vector<ScoredGroup>& groups) {
   if (groups.empty()) throw std::invalid_argument("BuildTrainBatch: no groups");
   const size_t group_size = groups[0].samples.size();
@@ -59,6 +76,9 @@ std::pair<TeacherForm, int64_t> Validate(const std::vector<ScoredGroup>& groups)
   int64_t vocab = 0;  // V of full rows, k of top-k rows
   if (form == TeacherForm::kFull || form == TeacherForm::kTopk) {
     vocab = groups[0].samples[0].teacher_logprobs.size(1);
+  }
+  if (form == TeacherForm::kHidden && groups[0].samples[0].teacher_hidden.dim() == 2) {
+    vocab = groups[0].samples[0].teacher_hidden.size(1);
   }
   for (size_t g = 0; g < groups.size(); ++g) {
     const ScoredGroup& group = groups[g];
@@ -87,8 +107,14 @@ std::pair<TeacherForm, int64_t> Validate(const std::vector<ScoredGroup>& groups)
       }
       if (!std::isfinite(s.reward)) Fail(g, i, "non-finite reward");
       const torch::Tensor& t = s.teacher_logprobs;
-      if (FormOf(s) != form) {
-        Fail(g, i, "teacher_logprobs must be given for all samples or for none, in one form");
+      if (FormOf(s) != form || (s.teacher_hidden.defined() && s.teacher_logprobs.defined())) {
+        Fail(g, i,
+             "teacher_logprobs (or teacher_hidden) must be given for all samples or for none, in "
+             "one form");
+      }
+      if (form == TeacherForm::kHidden) {
+        ValidateHidden(s, vocab, g, i);
+        continue;
       }
       if (!t.defined()) continue;
       if (!t.is_floating_point()) Fail(g, i, "teacher_logprobs must be floating point");
@@ -129,7 +155,8 @@ std::pair<TeacherForm, int64_t> Validate(const std::vector<ScoredGroup>& groups)
 
 int64_t TrainBatch::teacher_bytes() const {
   int64_t bytes = 0;
-  for (const torch::Tensor* t : {&teacher_logprobs, &teacher_topk_ids, &teacher_tail_logmass}) {
+  for (const torch::Tensor* t :
+       {&teacher_logprobs, &teacher_topk_ids, &teacher_tail_logmass, &teacher_hidden}) {
     if (t->defined()) bytes += static_cast<int64_t>(t->nbytes());
   }
   return bytes;
@@ -147,6 +174,8 @@ TrainBatch TrainBatch::To(const torch::Device& device) const {
   out.teacher_logprobs = move(teacher_logprobs);
   out.teacher_topk_ids = move(teacher_topk_ids);
   out.teacher_tail_logmass = move(teacher_tail_logmass);
+  out.teacher_hidden = move(teacher_hidden);
+  out.teacher_head.weight = move(teacher_head.weight);
   out.rewards = move(rewards);
   out.sft_input_tokens = move(sft_input_tokens);
   out.sft_attention_mask = move(sft_attention_mask);
@@ -169,6 +198,8 @@ TrainBatch TrainBatch::SelectRows(const torch::Tensor& rows) const {
   out.teacher_logprobs = pick(teacher_logprobs);
   out.teacher_topk_ids = pick(teacher_topk_ids);
   out.teacher_tail_logmass = pick(teacher_tail_logmass);
+  out.teacher_hidden = pick(teacher_hidden);
+  out.teacher_head = teacher_head;
   out.group_size = group_size;
   return out;
 }
@@ -211,7 +242,7 @@ std::vector<MicroBatch> SplitMicroBatches(const TrainBatch& batch, int64_t max_s
          {&micro.batch.input_tokens, &micro.batch.attention_mask, &micro.batch.target_tokens,
           &micro.batch.response_mask, &micro.batch.old_logprobs, &micro.batch.advantages,
           &micro.batch.teacher_logprobs, &micro.batch.teacher_topk_ids,
-          &micro.batch.teacher_tail_logmass}) {
+          &micro.batch.teacher_tail_logmass, &micro.batch.teacher_hidden}) {
       if (t->defined() && t->dim() >= 2) *t = t->narrow(1, 0, micro.length);
     }
     micro.batch.num_groups = 0;  // rows of several groups: no group structure
@@ -317,6 +348,9 @@ TrainBatch BuildTrainBatch(const std::vector<ScoredGroup>& groups, bool norm_std
     out.teacher_logprobs = torch::zeros({batch, max_len, vocab}, torch::kFloat32);
   } else if (form == TeacherForm::kSampled) {
     out.teacher_logprobs = torch::zeros({batch, max_len}, torch::kFloat32);
+  } else if (form == TeacherForm::kHidden) {
+    out.teacher_hidden =
+        torch::zeros({batch, max_len, vocab}, groups[0].samples[0].teacher_hidden.options());
   } else if (form == TeacherForm::kTopk) {
     // Padding: k distinct ids of probability 1/(k+1) each, finite in every
     // top-k loss and its gradient.
@@ -360,7 +394,9 @@ TrainBatch BuildTrainBatch(const std::vector<ScoredGroup>& groups, bool norm_std
         old_lp[b][first + k] = s.behavior_logprobs[k];
         adv[b][first + k] = adv_of[g][i];
       }
-      if (form != TeacherForm::kNone) {
+      if (form == TeacherForm::kHidden) {
+        out.teacher_hidden[b].narrow(0, first, resp_len).copy_(s.teacher_hidden);
+      } else if (form != TeacherForm::kNone) {
         out.teacher_logprobs[b].narrow(0, first, resp_len).copy_(s.teacher_logprobs);
       }
       if (form == TeacherForm::kTopk) {

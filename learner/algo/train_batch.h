@@ -25,6 +25,10 @@ struct ScoredSample {
   // Top-k form: [T] float32, the teacher's log q of the ids outside
   // teacher_topk_ids (TeacherRows::tail_logmass); all samples or none.
   torch::Tensor teacher_tail_logmass;
+  // Hidden form: [T, D_t] the teacher's final-normed hidden states (float32
+  // or bfloat16, as sent; finite), teacher_logprobs undefined; all samples
+  // or none. The learner's TeacherHead turns them into log q.
+  torch::Tensor teacher_hidden;
   // The response hit its token budget without a stop id (see TruncatedResponses).
   bool truncated = false;
 };
@@ -57,6 +61,12 @@ struct TrainBatch {
   torch::Tensor teacher_topk_ids;
   // [B, L] float32 with top-k rows that carry it (padding log(1/(k+1))).
   torch::Tensor teacher_tail_logmass;
+  // Hidden form: [B, L, D_t] in the dtype sent (padding 0: a uniform q,
+  // finite), with the head that turns a row into log q; teacher_logprobs
+  // undefined. The head is set by the caller (BuildTrainBatch leaves it
+  // empty): the learner's one frozen copy, already on the model's device.
+  torch::Tensor teacher_hidden;
+  TeacherHead teacher_head;
   torch::Tensor rewards;  // [num_groups, G] float32, as the advantages saw them
   int64_t num_groups = 0;
   int64_t group_size = 0;
@@ -70,8 +80,11 @@ struct TrainBatch {
   torch::Tensor sft_mask;            // [S, L'] float32, 1 at teacher response tokens
   int64_t num_demonstrations = 0;
 
-  TeacherRows teacher() const { return {teacher_logprobs, teacher_topk_ids, teacher_tail_logmass}; }
-  // Bytes of the teacher rows (log-probs, ids and tails) this batch holds.
+  TeacherRows teacher() const {
+    return {teacher_logprobs, teacher_topk_ids, teacher_tail_logmass, teacher_hidden, teacher_head};
+  }
+  // Bytes of the teacher rows (log-probs, ids, tails or hidden states) this
+  // batch holds; the head is not counted (one copy for the whole run).
   int64_t teacher_bytes() const;
 
   // Same batch with every tensor on `device` (no copy for tensors already there).
@@ -136,7 +149,8 @@ class BadGroupError : public std::invalid_argument {
 // log-probs of the wrong shape, teacher log-probs present on some samples
 // but not others or in different forms (top-k rows of different k, top-k
 // ids that are not int64 or repeat within a row, a tail mass on some top-k
-// samples but not others or not of shape [T]), or empty demonstrations. `truncated` applies to
+// samples but not others or not of shape [T], hidden rows not [T, D_t] of
+// one width or not finite), or empty demonstrations. `truncated` applies to
 // samples with ScoredSample.truncated (kKeep: the batch is as if none were).
 // The advantages are GrpoAdvantages(rewards, norm_std, advantage_std).
 TrainBatch BuildTrainBatch(const std::vector<ScoredGroup>& groups, bool norm_std, int64_t pad_id,

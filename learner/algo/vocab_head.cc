@@ -42,15 +42,44 @@ torch::Tensor ScaledLogits(const torch::Tensor& hidden_chunk, const torch::Tenso
   return temperature == 1.0 ? z : z / temperature;
 }
 
+// The teacher's log q for one chunk of positions: a slice of the full rows
+// [N, V] it was sent, or the teacher's head applied to a slice of its
+// hidden rows [N, D_t] (the hidden form: no [N, V] teacher tensor exists).
+struct TeacherChunks {
+  torch::Tensor full;    // [N, V] log q, or empty
+  torch::Tensor hidden;  // [N, D_t], or empty
+  TeacherHead head;      // with hidden
+
+  static TeacherChunks Of(const TeacherRows& rows) {
+    TeacherChunks chunks;
+    if (rows.hidden_form()) {
+      chunks.hidden = rows.hidden.detach();
+      chunks.head = rows.head;
+    } else {
+      chunks.full = rows.logprobs.detach();
+    }
+    return chunks;
+  }
+  // log q [n, V] of rows [start, start + n), in the compute type of `like`.
+  torch::Tensor LogProbs(int64_t start, int64_t n, const torch::Tensor& like) const {
+    const torch::Tensor q = head.defined() && head.weight.numel() > 0
+                                ? head.LogProbs(hidden.narrow(0, start, n))
+                                : full.narrow(0, start, n);
+    return q.to(like.scalar_type());
+  }
+};
+
 // What the node's forward keeps for its backward, by name: the inputs the
 // backward recomputes each chunk's logits from, and the settings it
 // recomputes them with.
 struct SavedForBackward {
-  torch::Tensor hidden;        // [N, D]
-  torch::Tensor weight;        // [V, D]
-  torch::Tensor targets;       // [N]
-  torch::Tensor full_teacher;  // [N, V] log q for a full KL, else empty
-  torch::Tensor topk_ids;      // [N, k] for the top-k losses, else empty (1-D)
+  torch::Tensor hidden;          // [N, D]
+  torch::Tensor weight;          // [V, D]
+  torch::Tensor targets;         // [N]
+  torch::Tensor full_teacher;    // [N, V] log q for a full KL from full rows, else empty
+  torch::Tensor teacher_hidden;  // [N, D_t] for a full KL from hidden rows, else empty
+  torch::Tensor teacher_weight;  // [V, D_t] the teacher's head with teacher_hidden, else empty
+  torch::Tensor topk_ids;        // [N, k] for the top-k losses, else empty (1-D)
   FullKl full_kl = FullKl::kNone;
   double temperature = 1.0;
   int64_t chunk = 1;
@@ -59,7 +88,8 @@ struct SavedForBackward {
   model::AutocastState autocast;
 
   void SaveTo(AutogradContext* ctx) const {
-    ctx->save_for_backward({hidden, weight, targets, full_teacher, topk_ids});
+    ctx->save_for_backward(
+        {hidden, weight, targets, full_teacher, teacher_hidden, teacher_weight, topk_ids});
     ctx->saved_data["full_kl"] = static_cast<int64_t>(full_kl);
     ctx->saved_data["temperature"] = temperature;
     ctx->saved_data["chunk"] = chunk;
@@ -74,12 +104,18 @@ struct SavedForBackward {
     saved.weight = tensors[1];
     saved.targets = tensors[2];
     saved.full_teacher = tensors[3];
-    saved.topk_ids = tensors[4];
+    saved.teacher_hidden = tensors[4];
+    saved.teacher_weight = tensors[5];
+    saved.topk_ids = tensors[6];
     saved.full_kl = static_cast<FullKl>(ctx->saved_data["full_kl"].toInt());
     saved.temperature = ctx->saved_data["temperature"].toDouble();
     saved.chunk = ctx->saved_data["chunk"].toInt();
     saved.autocast = model::AutocastState::Decode(ctx->saved_data["autocast"].toInt());
     return saved;
+  }
+
+  TeacherChunks teacher() const {
+    return {full_teacher, teacher_hidden, TeacherHead{teacher_weight}};
   }
 };
 
@@ -95,14 +131,17 @@ struct HeadOutputs {
   }
 };
 
-// Inputs: hidden [N, D], weight [V, D] (differentiable), targets [N],
-// teacher log-probs ([N, V] for a full KL, else empty), top-k ids ([N, k],
-// else empty). Outputs: HeadOutputs::ToList().
+// Inputs: hidden [N, D], weight [V, D] (differentiable), targets [N], for a
+// full KL either the teacher's log-probs [N, V] or its hidden rows [N, D_t]
+// and head [V, D_t] (the others empty), top-k ids ([N, k], else empty).
+// Outputs: HeadOutputs::ToList().
 class VocabHeadFunction : public torch::autograd::Function<VocabHeadFunction> {
  public:
   static variable_list forward(AutogradContext* ctx, const torch::Tensor& hidden,
                                const torch::Tensor& weight, const torch::Tensor& targets,
-                               const torch::Tensor& full_teacher, const torch::Tensor& topk_ids,
+                               const torch::Tensor& full_teacher,
+                               const torch::Tensor& teacher_hidden,
+                               const torch::Tensor& teacher_weight, const torch::Tensor& topk_ids,
                                int64_t full_kl, double temperature, int64_t chunk) {
     torch::NoGradGuard no_grad;
     const int64_t rows = hidden.size(0);
@@ -119,6 +158,7 @@ class VocabHeadFunction : public torch::autograd::Function<VocabHeadFunction> {
     out.kl = kl_kind != FullKl::kNone ? torch::empty({rows}, options) : torch::empty({0}, options);
     out.entropy = torch::empty({rows}, options);
     const torch::Tensor w = weight.to(hidden.scalar_type());
+    const TeacherChunks teacher{full_teacher, teacher_hidden, TeacherHead{teacher_weight}};
     for (int64_t start = 0; start < rows; start += chunk) {
       const int64_t n = std::min(chunk, rows - start);
       const torch::Tensor s = ScaledLogits(hidden.narrow(0, start, n), w, temperature);
@@ -130,7 +170,7 @@ class VocabHeadFunction : public torch::autograd::Function<VocabHeadFunction> {
       if (with_set)
         out.set_logits.narrow(0, start, n).copy_(s.gather(-1, topk_ids.narrow(0, start, n)));
       if (kl_kind != FullKl::kNone) {
-        const torch::Tensor q = full_teacher.narrow(0, start, n).to(lp.scalar_type());
+        const torch::Tensor q = teacher.LogProbs(start, n, lp);
         out.kl.narrow(0, start, n)
             .copy_(kl_kind == FullKl::kReverse ? ReverseKlFromLogProbs(lp, q)
                                                : ForwardKlFromLogProbs(lp, q));
@@ -142,6 +182,8 @@ class VocabHeadFunction : public torch::autograd::Function<VocabHeadFunction> {
     saved.weight = weight;
     saved.targets = targets;
     saved.full_teacher = full_teacher;
+    saved.teacher_hidden = teacher_hidden;
+    saved.teacher_weight = teacher_weight;
     saved.topk_ids = topk_ids;
     saved.full_kl = kl_kind;
     saved.temperature = temperature;
@@ -160,7 +202,7 @@ class VocabHeadFunction : public torch::autograd::Function<VocabHeadFunction> {
     auto given = [](const torch::Tensor& t) { return t.defined() && t.numel() > 0; };
     // One gradient per forward input: hidden, weight, then none for the rest.
     auto input_grads = [](const torch::Tensor& hidden, const torch::Tensor& weight) {
-      return variable_list{hidden, weight, {}, {}, {}, {}, {}, {}};
+      return variable_list{hidden, weight, {}, {}, {}, {}, {}, {}, {}, {}};
     };
     if (!g.lse.defined() && !g.target_logit.defined() && !given(g.set_logits) && !given(g.kl)) {
       return input_grads({}, {});
@@ -175,16 +217,18 @@ class VocabHeadFunction : public torch::autograd::Function<VocabHeadFunction> {
     const bool weight_trains = ctx->needs_input_grad(1);
     torch::Tensor grad_weight = weight_trains ? torch::zeros_like(saved.weight) : torch::Tensor();
     const torch::Tensor w = saved.weight.to(saved.hidden.scalar_type());
+    const TeacherChunks teacher = saved.teacher();
     for (int64_t start = 0; start < rows; start += saved.chunk) {
       const int64_t n = std::min(saved.chunk, rows - start);
       const torch::Tensor h = saved.hidden.narrow(0, start, n);
       auto part = [&](const torch::Tensor& t) {
         return given(t) ? t.narrow(0, start, n) : torch::Tensor();
       };
+      const torch::Tensor s = ScaledLogits(h, w, saved.temperature);
       const torch::Tensor ds = VocabHeadChunkLogitGradient(
-          ScaledLogits(h, w, saved.temperature),
-          {part(g.lse), part(g.target_logit), part(g.set_logits), part(g.kl)},
-          saved.targets.narrow(0, start, n), part(saved.topk_ids), part(saved.full_teacher),
+          s, {part(g.lse), part(g.target_logit), part(g.set_logits), part(g.kl)},
+          saved.targets.narrow(0, start, n), part(saved.topk_ids),
+          given(g.kl) ? teacher.LogProbs(start, n, s) : torch::Tensor(),
           saved.full_kl == FullKl::kReverse);
       // s = z / τ and z = h W^T.
       const torch::Tensor dz =
@@ -195,6 +239,27 @@ class VocabHeadFunction : public torch::autograd::Function<VocabHeadFunction> {
     return input_grads(grad_hidden, grad_weight);
   }
 };
+
+// Hidden teacher rows [N, D_t] with a head [V, D_t] over the student's V ids,
+// for a loss that reads the full distribution.
+void CheckHiddenTeacher(const VocabHeadInputs& in, int64_t rows, int64_t vocab) {
+  const TeacherRows& t = in.teacher;
+  if (IsTopkLoss(in.distill)) {
+    throw std::invalid_argument(
+        "vocab head: teacher hidden rows give the exact distribution; use reverse_kl, "
+        "forward_kl or sampled_reverse_kl, not a top-k loss");
+  }
+  if (!t.head.defined() || t.head.weight.dim() != 2) {
+    throw std::invalid_argument("vocab head: teacher hidden rows need the teacher's head");
+  }
+  if (t.hidden.dim() != 2 || t.hidden.size(0) != rows || t.hidden.size(1) != t.head.hidden_size() ||
+      t.head.vocab() != vocab) {
+    throw std::invalid_argument("vocab head: teacher hidden rows " + c10::str(t.hidden.sizes()) +
+                                " and head " + c10::str(t.head.weight.sizes()) + " do not match " +
+                                std::to_string(rows) + " positions over " + std::to_string(vocab) +
+                                " ids (want [N, D_t] and [V, D_t])");
+  }
+}
 
 void CheckInputs(const VocabHeadInputs& in) {
   if (!(in.temperature > 0)) {
@@ -216,6 +281,10 @@ void CheckInputs(const VocabHeadInputs& in) {
   const TeacherRows& t = in.teacher;
   if (!t.defined()) return;
   const int64_t rows = in.hidden.size(0), vocab = in.weight.size(0);
+  if (t.hidden_form()) {
+    CheckHiddenTeacher(in, rows, vocab);
+    return;
+  }
   const bool full_shape = t.logprobs.dim() == 2 && t.logprobs.size(1) == vocab;
   const bool ok = t.logprobs.size(0) == rows &&
                   (t.topk() ? IsTopkLoss(in.distill) && t.topk_ids.sizes() == t.logprobs.sizes() &&
@@ -288,8 +357,12 @@ VocabHeadTerms ComputeVocabHeadTerms(const VocabHeadInputs& in) {
   const TeacherRows& teacher = in.teacher;
   const FullKl full_kl = FullKlOf(in.distill, teacher, in.targets);
   const torch::Tensor none = torch::empty({0}, in.targets.options());
+  const bool kl_from_rows = full_kl != FullKl::kNone && !teacher.hidden_form();
+  const bool kl_from_hidden = full_kl != FullKl::kNone && teacher.hidden_form();
   const HeadOutputs out = HeadOutputs::FromList(VocabHeadFunction::apply(
-      in.hidden, in.weight, in.targets, full_kl != FullKl::kNone ? teacher.logprobs.detach() : none,
+      in.hidden, in.weight, in.targets, kl_from_rows ? teacher.logprobs.detach() : none,
+      kl_from_hidden ? teacher.hidden.detach() : none,
+      kl_from_hidden ? teacher.head.weight.detach() : none,
       teacher.topk() ? teacher.topk_ids : none, static_cast<int64_t>(full_kl), in.temperature,
       in.chunk_positions));
   const torch::Tensor &lse = out.lse, &set_logits = out.set_logits;
@@ -298,16 +371,15 @@ VocabHeadTerms ComputeVocabHeadTerms(const VocabHeadInputs& in) {
   terms.token_logprobs = out.target_logit - lse;
   terms.entropy = out.entropy;
   if (!teacher.defined()) return terms;
-  const torch::Tensor q = teacher.logprobs.detach();
+  const torch::Tensor q = teacher.hidden_form() ? torch::Tensor() : teacher.logprobs.detach();
   switch (in.distill) {
     case DistillLoss::kReverseKl:
     case DistillLoss::kForwardKl:
       terms.distill = out.kl;
       break;
     case DistillLoss::kSampledReverseKl:
-      terms.distill = SampledReverseKlTokenLoss(
-                          terms.token_logprobs,
-                          teacher.full(in.targets) ? GatherTokenLogProbs(q, in.targets) : q)
+      terms.distill = SampledReverseKlTokenLoss(terms.token_logprobs,
+                                                teacher.TargetLogProbs(in.targets).detach())
                           .to(terms.token_logprobs.scalar_type());
       break;
     case DistillLoss::kTopkReverseKl:
@@ -334,6 +406,10 @@ torch::Tensor VocabHeadLogitKernel(const VocabHeadInputs& in,
         c10::str(in.hidden.sizes()) + ", got " + c10::str(reward_coefficient.sizes()));
   }
   torch::NoGradGuard no_grad;
+  // The loss's own logits: the product under the autocast state the loss's
+  // forward ran the head under (bfloat16 under trainer.precision bf16), so
+  // K_DR and m3_mask judge the gradients the step applies.
+  const model::AutocastScope loss_autocast(in.hidden.device().type(), in.autocast);
   const torch::Tensor hidden = in.hidden.detach();
   const torch::Tensor weight = in.weight.detach().to(hidden.scalar_type());
   const int64_t rows = hidden.size(0);

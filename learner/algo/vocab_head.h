@@ -20,6 +20,7 @@
 #include <cstdint>
 
 #include "learner/algo/losses.h"
+#include "model/autocast_state.h"
 
 namespace kappa::learner {
 
@@ -27,10 +28,18 @@ struct VocabHeadInputs {
   torch::Tensor hidden;   // [N, D] with graph: the input of the output projection
   torch::Tensor weight;   // [V, D] with graph: the projection's rows of the vocabulary
   torch::Tensor targets;  // [N] int64 in [0, V)
-  TeacherRows teacher;    // [N, ...] (TeacherRows::Flatten), or undefined: no ℓ_D
+  // [N, ...] (TeacherRows::Flatten), or undefined: no ℓ_D. Hidden rows
+  // [N, D_t] carry the teacher's head [V, D_t]; the KLs then rebuild log q
+  // one chunk of positions at a time from them (never [N, V]).
+  TeacherRows teacher;
   DistillLoss distill = DistillLoss::kReverseKl;
   double temperature = 1.0;
   int64_t chunk_positions = 1024;  // > 0: positions per chunk of logits
+  // The autocast state the loss's forward ran the head under: the kernel
+  // (VocabHeadLogitKernel) recomputes the logits under it, so it reads the
+  // loss's own (bfloat16-product) logits. ComputeVocabHeadTerms ignores it:
+  // it runs under the caller's state.
+  model::AutocastState autocast = {};
 };
 
 struct VocabHeadTerms {

@@ -9,8 +9,10 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "learner/algo/distill_gate.h"
 #include "learner/algo/hybrid_loss.h"
 #include "learner/algo/hybrid_step.h"
 #include "learner/algo/logit_gradients.h"
@@ -546,6 +548,17 @@ TEST(TopkTailReverseKl, AnEmptyTeacherTailIsFiniteNotNan) {
   EXPECT_GT(kl.item<float>(), 0.0f);  // the student's 0.2 tail against a floored one
 }
 
+// Issue 53 item 4: a sent tail below 1e-12 stays in log space (−46 nats for
+// 1e-20), where the floor made it −27.6 and halved the bucket's term.
+TEST(TopkTailReverseKl, ASentTailBelowTheFloorIsKeptInLogSpace) {
+  const torch::Tensor logq = torch::tensor({{std::log(0.6), std::log(0.4)}}, torch::kFloat64);
+  const torch::Tensor logp = torch::tensor({{std::log(0.5), std::log(0.3)}}, torch::kFloat64);
+  const torch::Tensor sent = torch::tensor({std::log(1e-20)}, torch::kFloat64);
+  const double expected = 0.5 * std::log(0.5 / 0.6) + 0.3 * std::log(0.3 / 0.4) +
+                          0.2 * (std::log(0.2) - std::log(1e-20));
+  EXPECT_NEAR(TopkTailReverseKl(logp, logq, sent).item<double>(), expected, 1e-9);
+}
+
 TEST(TeacherTailMass, MeanAndP95OverResponsePositions) {
   // Tails 0.5, 0.25, 0.0 (floored, 1.1 > 1), and one masked position.
   const torch::Tensor logprobs = torch::tensor({{{std::log(0.25), std::log(0.25)},
@@ -592,6 +605,247 @@ TEST(CompactTopkRows, TopkReverseKlEqualsTheDensifiedRowForm) {
   EXPECT_EQ(compact.teacher_bytes(), compact.teacher_logprobs.numel() * 4 +
                                          compact.teacher_topk_ids.numel() * 8 +
                                          compact.teacher_tail_logmass.numel() * 4);
+}
+
+// ---- teacher rows as hidden states (teacher.rows: hidden) ----
+
+constexpr int64_t kTeacherWidth = 6;
+
+// The teacher's head [16, D_t] and, per sample, hidden rows [T, D_t] scaled
+// so the distributions are as peaked as a trained teacher's; the same groups
+// with the full rows log_softmax(h Wᵀ) written from the definition in
+// float64 (what a teacher sending all V log-probs sends).
+struct HiddenAndFull {
+  TeacherHead head;
+  std::vector<ScoredGroup> hidden, full;
+};
+
+HiddenAndFull HiddenTeacherGroups(uint64_t seed) {
+  HiddenAndFull out;
+  out.hidden = RandomGroups(3, 2, /*with_teacher=*/false, seed);
+  out.head.weight = torch::randn({kVocab, kTeacherWidth});
+  out.full = out.hidden;
+  for (size_t g = 0; g < out.hidden.size(); ++g) {
+    for (size_t i = 0; i < out.hidden[g].samples.size(); ++i) {
+      const int64_t length = static_cast<int64_t>(out.hidden[g].samples[i].response_tokens.size());
+      const torch::Tensor h = 2.0 * torch::randn({length, kTeacherWidth});
+      out.hidden[g].samples[i].teacher_hidden = h;
+      out.full[g].samples[i].teacher_logprobs =
+          torch::log_softmax(
+              torch::matmul(h.to(torch::kFloat64), out.head.weight.to(torch::kFloat64).t()), -1)
+              .to(torch::kFloat32);
+    }
+  }
+  return out;
+}
+
+struct HiddenAndFullBatches {
+  TrainBatch hidden, full;
+};
+
+HiddenAndFullBatches HiddenTeacherBatches(uint64_t seed) {
+  const HiddenAndFull groups = HiddenTeacherGroups(seed);
+  HiddenAndFullBatches out{BuildTrainBatch(groups.hidden, true, 0),
+                           BuildTrainBatch(groups.full, true, 0)};
+  out.hidden.teacher_head = groups.head;
+  return out;
+}
+
+const std::vector<Case>& HiddenCases() {
+  static const std::vector<Case> cases = {
+      {"reverse_kl", DistillLoss::kReverseKl, "hidden"},
+      {"forward_kl", DistillLoss::kForwardKl, "hidden"},
+      {"sampled_reverse_kl", DistillLoss::kSampledReverseKl, "hidden"},
+  };
+  return cases;
+}
+
+// The hidden form is the full form: every term and both parameter
+// gradients, at each chunk size, temperature and with padded rows.
+TEST(HiddenTeacherRows, GiveTheFullRowsTermsAndGradients) {
+  const HiddenAndFullBatches batches = HiddenTeacherBatches(31);
+  EXPECT_FALSE(batches.hidden.teacher_logprobs.defined());
+  for (const Case& c : HiddenCases()) {
+    for (const double temperature : {1.0, 0.7}) {
+      for (const int64_t vocab_limit : {int64_t{0}, kVocab}) {
+        model::Decoder m = vocab_limit == 0 ? TinyModel(3) : PaddedTinyModel(3);
+        LossConfig config;
+        config.distill = c.loss;
+        config.temperature = temperature;
+        config.vocab_limit = vocab_limit;
+        for (const int64_t chunk : {int64_t{1}, int64_t{3}, int64_t{1000}}) {
+          config.vocab_chunk_positions = chunk;
+          const std::string what = c.name + " τ=" + std::to_string(temperature) +
+                                   " limit=" + std::to_string(vocab_limit) +
+                                   " chunk=" + std::to_string(chunk);
+          ExpectSame(Measure(m, batches.hidden, config), Measure(m, batches.full, config), what);
+        }
+      }
+    }
+  }
+}
+
+// The whole step reads the one distribution: cheap K_DR (logit and last
+// layer), m3_mask, the exact K_DR and κ's two gradient norms.
+TEST(HiddenTeacherRows, TheStepsKdrMaskAndKappaEqualTheFullRows) {
+  const HiddenAndFullBatches batches = HiddenTeacherBatches(37);
+  for (const Case& c : HiddenCases()) {
+    HybridStepReport reports[2];
+    for (int hidden = 0; hidden < 2; ++hidden) {
+      model::Decoder m = TinyModel(9);
+      HybridStepConfig config;
+      config.loss.distill = c.loss;
+      config.loss.vocab_chunk_positions = 4;
+      config.micro_batch_sequences = 4;
+      config.monitor.kdr_estimator = KdrEstimator::kLogit;
+      config.monitor.kdr_exact_every = 1;
+      config.monitor.kdr_exact_positions = 4;
+      config.balance.mask = true;
+      config.balance.mask_estimator = KdrEstimator::kLogit;
+      auto optimizer = std::make_unique<PolicyOptimizer>(m, 1e-6, 0.0, /*max_grad_norm=*/0.0);
+      HybridStep step(m, std::move(optimizer), config);
+      reports[hidden] = step.Run(hidden ? batches.hidden : batches.full);
+    }
+    const HybridStepReport &full = reports[0], &hidden = reports[1];
+    ASSERT_TRUE(full.kdr && hidden.kdr) << c.name;
+    ASSERT_EQ(hidden.kdr_values.size(), full.kdr_values.size()) << c.name;
+    for (size_t i = 0; i < full.kdr_values.size(); ++i) {
+      EXPECT_NEAR(hidden.kdr_values[i], full.kdr_values[i],
+                  1e-5 * std::max(1.0f, std::abs(full.kdr_values[i])))
+          << c.name << " position " << i;
+    }
+    EXPECT_EQ(hidden.masked_positions, full.masked_positions) << c.name;
+    EXPECT_GT(full.masked_positions, 0) << c.name << ": the mask should have acted";
+    ASSERT_TRUE(full.kdr_exact && hidden.kdr_exact) << c.name;
+    EXPECT_NEAR(hidden.kdr_exact->mean, full.kdr_exact->mean,
+                1e-5 * std::max(1.0, std::abs(full.kdr_exact->mean)))
+        << c.name;
+    EXPECT_NEAR(hidden.stats.reward_grad_norm, full.stats.reward_grad_norm,
+                1e-5 * full.stats.reward_grad_norm)
+        << c.name;
+    EXPECT_NEAR(hidden.stats.distill_grad_norm, full.stats.distill_grad_norm,
+                1e-5 * full.stats.distill_grad_norm)
+        << c.name;
+    EXPECT_EQ(hidden.teacher_bytes, batches.hidden.teacher_hidden.numel() * 4) << c.name;
+  }
+}
+
+// RSTG's teacher confidence (max_v q and q(y)) from hidden rows.
+TEST(HiddenTeacherRows, RstgConfidenceEqualsTheFullRows) {
+  const HiddenAndFullBatches batches = HiddenTeacherBatches(41);
+  const TrainBatch& full = batches.full;
+  torch::Tensor rewards = torch::zeros_like(full.rewards);
+  for (const auto confidence :
+       {RstgConfig::Confidence::kMaxProb, RstgConfig::Confidence::kTokenProb}) {
+    RstgConfig config;
+    config.confidence = confidence;
+    const torch::Tensor entropy = torch::rand(full.response_mask.sizes());
+    const DistillSelection a = RstgSelect(rewards, full.response_mask, full.teacher(),
+                                          full.target_tokens, entropy, entropy, config);
+    const DistillSelection b =
+        RstgSelect(rewards, batches.hidden.response_mask, batches.hidden.teacher(),
+                   batches.hidden.target_tokens, entropy, entropy, config);
+    ExpectClose(b.weights, a.weights, 1e-5, "RSTG weights");
+  }
+}
+
+TEST(HiddenTeacherRows, AreRefusedWhereTheyCannotBeRead) {
+  const HiddenAndFullBatches batches = HiddenTeacherBatches(43);
+  model::Decoder m = TinyModel(1);
+  LossConfig config;
+  auto message = [&](const TrainBatch& batch) -> std::string {
+    try {
+      ComputeTokenTerms(m, batch, config);
+    } catch (const std::invalid_argument& e) {
+      return e.what();
+    }
+    return "";
+  };
+  // The one-[B, L, V] path never sees them (it would distil from nothing).
+  EXPECT_NE(message(batches.hidden).find("trainer.vocab_chunk_positions"), std::string::npos);
+  config.vocab_chunk_positions = 4;
+  EXPECT_EQ(message(batches.hidden), "");
+  config.distill = DistillLoss::kTopkTailReverseKl;
+  EXPECT_NE(message(batches.hidden).find("not a top-k loss"), std::string::npos);
+  config.distill = DistillLoss::kReverseKl;
+  TrainBatch wrong_width = batches.hidden;
+  wrong_width.teacher_head.weight = torch::randn({kVocab, kTeacherWidth + 1});
+  EXPECT_NE(message(wrong_width).find("want [N, D_t] and [V, D_t]"), std::string::npos);
+  TrainBatch no_head = batches.hidden;
+  no_head.teacher_head = {};
+  EXPECT_NE(message(no_head).find("need the teacher's head"), std::string::npos);
+}
+
+TEST(HiddenTeacherRows, BuildTrainBatchRefusesBadHiddenRows) {
+  HiddenAndFull groups = HiddenTeacherGroups(47);
+  std::vector<ScoredGroup> nan = groups.hidden;
+  nan[1].samples[0].teacher_hidden[0][2] = std::numeric_limits<float>::quiet_NaN();
+  std::vector<ScoredGroup> width = groups.hidden;
+  width[2].samples[1].teacher_hidden = torch::randn(
+      {static_cast<int64_t>(width[2].samples[1].response_tokens.size()), kTeacherWidth + 2});
+  std::vector<ScoredGroup> mixed = groups.hidden;
+  mixed[0].samples[1] = groups.full[0].samples[1];
+  for (const auto& [bad, says] :
+       {std::pair{nan, "non-finite teacher_hidden"}, std::pair{width, "teacher_hidden"},
+        std::pair{mixed, "in one form"}}) {
+    try {
+      BuildTrainBatch(bad, true, 0);
+      ADD_FAILURE() << says << ": no exception";
+    } catch (const BadGroupError& e) {
+      EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
+    }
+  }
+}
+
+// Issue 53 item 4: the cheap K_DR (and so m3_mask) reads the loss's own
+// logits. Under bf16 autocast the loss's product h Wᵀ runs in bfloat16; the
+// kernel recomputed outside autocast took float32 logits and judged another
+// gradient than the one the step applies.
+TEST(VocabHead, UnderBf16TheLogitKernelReadsTheLossesOwnLogits) {
+  model::Decoder m = TinyModel(3);
+  {
+    torch::NoGradGuard no_grad;
+    const torch::Tensor logits = m->forward(torch::arange(3, 16).unsqueeze(0));
+    m->OutputWeight().mul_(20.0 / logits.abs().max().item<double>());
+  }
+  const TrainBatch batch = BatchFor({"", DistillLoss::kReverseKl, "full"}, 11);
+  LossConfig config;
+  config.vocab_chunk_positions = 4;
+  TokenTerms tokens;
+  {
+    const AutocastGuard autocast(torch::kCPU, Precision::kBFloat16);
+    tokens = ComputeTokenTerms(m, batch, config);
+  }
+  const VocabHeadInputs in = HeadInputs(tokens, batch, config);
+  const torch::Tensor coefficient = torch::randn({in.hidden.size(0)});
+  const torch::Tensor kernel = VocabHeadLogitKernel(in, coefficient);
+  // Reference: the closed forms on the bfloat16 product, written here.
+  const torch::Tensor s =
+      torch::matmul(in.hidden.to(torch::kBFloat16), in.weight.to(torch::kBFloat16).t())
+          .to(torch::kFloat32);
+  const torch::Tensor lp = torch::log_softmax(s, -1);
+  const torch::Tensor p = lp.exp();
+  const torch::Tensor q = in.teacher.logprobs;
+  const torch::Tensor onehot = torch::zeros_like(p).scatter_(-1, in.targets.unsqueeze(-1), 1.0);
+  const torch::Tensor g_r = coefficient.unsqueeze(-1) * (onehot - p);
+  const torch::Tensor kl = (p * (lp - q)).sum(-1, true);
+  const torch::Tensor g_d = p * (lp - q - kl);
+  const torch::Tensor reference = (g_r * g_d).sum(-1);
+  // The closed forms on float32 logits, the kernel as it was: visibly
+  // another value, so the first check can tell the two apart.
+  const torch::Tensor lp32 = torch::log_softmax(torch::matmul(in.hidden, in.weight.t()), -1);
+  const torch::Tensor p32 = lp32.exp();
+  const torch::Tensor kl32 = (p32 * (lp32 - q)).sum(-1, true);
+  const torch::Tensor fp32_kernel =
+      ((coefficient.unsqueeze(-1) * (onehot - p32)) * (p32 * (lp32 - q - kl32))).sum(-1);
+  const double scale = reference.abs().max().item<double>();
+  ASSERT_GT(scale, 0.0);
+  const double error = (kernel - reference).abs().max().item<double>() / scale;
+  const double fp32_gap = (fp32_kernel - reference).abs().max().item<double>() / scale;
+  EXPECT_LT(error, 1e-5) << "the kernel is not the bf16 loss's (fp32 logits differ by " << fp32_gap
+                         << ")";
+  EXPECT_GT(fp32_gap, 1e-3) << "float32 logits should differ visibly at logits ~20";
+  EXPECT_TRUE(torch::equal(kernel.sign(), reference.sign()));
 }
 
 }  // namespace

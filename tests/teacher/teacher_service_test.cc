@@ -23,6 +23,7 @@
 #include "model/model_config.h"
 #include "services/server.h"
 #include "services/tensor_codec.h"
+#include "services/torch_tensor_codec.h"
 #include "tests/services/promtool.h"
 
 namespace kappa::teacher {
@@ -222,6 +223,47 @@ TEST_F(TeacherServiceTest, ConcurrentScoreReturnsTheTeachersLogProbs) {
   }
   for (auto& client : clients) client.join();
   EXPECT_EQ(checked.load(), kClients * kRounds * 3);
+}
+
+// SCORE_FORM_HIDDEN: the final-normed hidden states whose head rows give
+// the FULL form's log-probs, at D values a position, in either wire dtype;
+// HIDDEN and FULL requests batched together each get their own form.
+TEST_F(TeacherServiceTest, HiddenFormReturnsTheStatesTheHeadReads) {
+  grpc::ClientContext info_ctx;
+  SetDeadline(&info_ctx);
+  kappa::v1::InfoResponse info;
+  ASSERT_TRUE(Stub()->Info(&info_ctx, kappa::v1::InfoRequest(), &info).ok());
+  const int64_t width = (*reference_)->config().hidden_size;
+  EXPECT_EQ(info.hidden_size(), width);
+
+  const std::vector<std::vector<int32_t>> prompts = {{1, 4, 5}, {1}};
+  const std::vector<std::vector<int32_t>> responses = {{6, 7, 2}, {9, 2}};
+  for (const auto dtype : {kappa::v1::DTYPE_FLOAT32, kappa::v1::DTYPE_BFLOAT16}) {
+    kappa::v1::ScoreRequest hidden_request = Request(prompts, responses);
+    hidden_request.set_form(kappa::v1::SCORE_FORM_HIDDEN);
+    hidden_request.set_value_dtype(dtype);
+    kappa::v1::ScoreResponse hidden, full;
+    std::thread full_client([&] { ASSERT_TRUE(Score(Request(prompts, responses), &full).ok()); });
+    ASSERT_TRUE(Score(hidden_request, &hidden).ok());
+    full_client.join();
+    ASSERT_EQ(hidden.sequences_size(), 2);
+    for (int s = 0; s < 2; ++s) {
+      const kappa::v1::ScoredSequence& rows = hidden.sequences(s);
+      EXPECT_FALSE(rows.has_logprobs());
+      const int64_t t = static_cast<int64_t>(responses[s].size());
+      ASSERT_EQ(rows.hidden().dtype(), dtype);
+      ASSERT_EQ(Shape(rows.hidden()), (std::vector<int64_t>{t, width}));
+      const torch::Tensor h = *services::DecodeTensor(rows.hidden(), "hidden");
+      // The head applied here, from the published semantics: log_softmax(h Wᵀ).
+      torch::NoGradGuard no_grad;
+      const torch::Tensor rebuilt = torch::log_softmax(
+          torch::matmul(h.to(torch::kFloat32), (*reference_)->OutputWeight().t()), -1);
+      const torch::Tensor want = Reference(prompts[s], responses[s]);
+      const double tolerance = dtype == kappa::v1::DTYPE_FLOAT32 ? 1e-5 : 5e-2;
+      EXPECT_LT((rebuilt - want).abs().max().item<double>(), tolerance) << "sequence " << s;
+      EXPECT_EQ(Shape(full.sequences(s).logprobs()), (std::vector<int64_t>{t, kVocab}));
+    }
+  }
 }
 
 TEST_F(TeacherServiceTest, TopKAndSampledForms) {

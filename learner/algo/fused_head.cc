@@ -1,0 +1,234 @@
+#include "learner/algo/fused_head.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+#include "learner/algo/hybrid_loss.h"
+#include "learner/algo/logit_gradients.h"
+#include "learner/algo/logprob_losses.h"
+
+namespace kappa::learner {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// float32 at least: half-precision logits lose too much in the normalizer.
+torch::ScalarType ComputeType(torch::ScalarType hidden) {
+  return hidden == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
+}
+
+// What one chunk of n positions gives: its terms [n], its shares of L_R and
+// L_D (scalars) and its weighted logit gradients ∂L_R/∂z, ∂L_D/∂z [n, V]
+// (the L_D ones undefined without teacher rows).
+struct ChunkTerms {
+  torch::Tensor token_logprobs, reward, distill, entropy, kernel, mask_weights;
+  torch::Tensor reward_loss, distill_loss;
+  torch::Tensor reward_logit_grad, distill_logit_grad;
+};
+
+// Σ w ℓ over the positions of nonzero weight (a zero-weight position, e.g.
+// padding, may hold anything, and 0 · ∞ is NaN).
+torch::Tensor WeightedSum(const torch::Tensor& terms, const torch::Tensor& weights) {
+  return (terms.masked_fill(weights == 0, 0) * weights).sum();
+}
+
+// Rows [start, start + n) of a per-position input.
+torch::Tensor Rows(const torch::Tensor& t, int64_t start, int64_t n) {
+  return t.narrow(0, start, n);
+}
+
+// m3_mask's weights of the chunk from its logit kernel; the last_layer
+// estimator scales it by ‖h_n‖² (cross_kernel.h), which a soft mask reads.
+torch::Tensor MaskWeights(const FusedHeadInputs& in, const torch::Tensor& logit_kernel,
+                          const torch::Tensor& hidden) {
+  const torch::Tensor kernel =
+      in.mask_estimator == KdrEstimator::kLastLayer
+          ? LastLayerCrossKernel(logit_kernel.unsqueeze(0), hidden.unsqueeze(0)).squeeze(0)
+          : logit_kernel;
+  return ConflictMaskWeights(kernel, in.mask_temperature);
+}
+
+// Everything of one chunk from its scaled logits s = h Wᵀ / τ (compute type).
+ChunkTerms TermsOfChunk(const FusedHeadInputs& in, const torch::Tensor& s,
+                        const torch::Tensor& hidden, int64_t start, int64_t n) {
+  ChunkTerms out;
+  const torch::Tensor lp = s - s.logsumexp(-1, /*keepdim=*/true);
+  const torch::Tensor y = Rows(in.targets, start, n);
+  const torch::Tensor old = Rows(in.old_logprobs, start, n).to(lp.scalar_type());
+  const torch::Tensor advantages = Rows(in.advantages, start, n).to(lp.scalar_type());
+  out.token_logprobs = GatherTokenLogProbs(lp, y);
+  out.entropy = EntropyFromLogProbs(lp);
+  out.reward = PpoTokenLoss(out.token_logprobs, old, advantages, in.ppo);
+  const torch::Tensor g_r = RewardLogitGradient(
+      lp, y, RewardLogProbCoefficient(out.token_logprobs, old, advantages, in.ppo), in.temperature);
+  torch::Tensor reward_weight = Rows(in.reward_weights, start, n).to(lp.scalar_type());
+  torch::Tensor distill_weight;
+  torch::Tensor g_d;
+  if (in.teacher.defined()) {
+    const TeacherRows teacher = in.teacher.Narrow(start, n);
+    out.distill = DistillTermFromLogProbs(lp, out.token_logprobs, teacher, y, in.distill)
+                      .to(lp.scalar_type());
+    g_d = DistillLogitGradient(lp, teacher, y, in.distill, in.temperature);
+    out.kernel = (g_r * g_d).sum(-1);
+    distill_weight = Rows(in.distill_weights, start, n).to(lp.scalar_type());
+    if (in.mask) {
+      out.mask_weights = MaskWeights(in, out.kernel, hidden).to(lp.scalar_type());
+      if (in.mask_target == BalanceConfig::MaskTarget::kReward) {
+        reward_weight = reward_weight * out.mask_weights;
+      } else {
+        distill_weight = distill_weight * out.mask_weights;
+      }
+    }
+    out.distill_logit_grad = distill_weight.unsqueeze(-1) * g_d;
+  }
+  out.reward_logit_grad = reward_weight.unsqueeze(-1) * g_r;
+  out.reward_loss = WeightedSum(out.reward, reward_weight);
+  if (distill_weight.defined()) {
+    out.distill_logit_grad =
+        out.distill_logit_grad.masked_fill((distill_weight == 0).unsqueeze(-1), 0);
+    out.distill_loss = WeightedSum(out.distill, distill_weight);
+  }
+  return out;
+}
+
+// ∂/∂h and ∂/∂W of one loss, filled chunk by chunk.
+struct LossGradients {
+  torch::Tensor hidden;  // [M, D]
+  torch::Tensor weight;  // [V, D] float32-or-wider, or undefined (frozen head)
+
+  // Adds one chunk's ∂L/∂z [n, V] (z = h Wᵀ, raw logits): rows of ∂L/∂h and
+  // the chunk's share of ∂L/∂W, the products in h's dtype (bf16 under
+  // autocast, as autograd's would be).
+  void Add(const torch::Tensor& dz, const torch::Tensor& h, const torch::Tensor& w, int64_t start,
+           int64_t n) {
+    const torch::Tensor dz_h = dz.to(h.scalar_type());
+    hidden.narrow(0, start, n).copy_(torch::matmul(dz_h, w));
+    if (weight.defined()) weight += torch::matmul(dz_h.t(), h).to(weight.scalar_type());
+  }
+};
+
+// Inputs: hidden [M, D], weight [V, D] (differentiable), the rest data.
+// Outputs: L_R, L_D (or an empty placeholder), then the [M] values of
+// FusedHeadOutputs in its order (no gradient).
+class FusedHeadFunction : public torch::autograd::Function<FusedHeadFunction> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const torch::Tensor& hidden,
+                               const torch::Tensor& weight, const FusedHeadInputs* in) {
+    torch::NoGradGuard no_grad;
+    const int64_t rows = hidden.size(0);
+    const auto options = hidden.options().dtype(ComputeType(hidden.scalar_type()));
+    const bool distill = in->teacher.defined();
+    const bool weight_trains = weight.requires_grad();
+    // Absent values are empty placeholders: a node's outputs are tensors.
+    auto values = [&](bool defined) { return torch::zeros({defined ? rows : 0}, options); };
+    torch::Tensor token_logprobs = values(true), reward = values(true), entropy = values(true),
+                  distill_terms = values(distill), kernel = values(distill),
+                  mask_weights = values(distill && in->mask);
+    auto gradients = [&](bool defined) {
+      LossGradients g;
+      g.hidden = defined ? torch::zeros_like(hidden) : torch::empty({0}, hidden.options());
+      g.weight = defined && weight_trains ? torch::zeros(weight.sizes(), weight.options())
+                                          : torch::Tensor();
+      return g;
+    };
+    torch::Tensor reward_loss = torch::zeros({}, options);
+    torch::Tensor distill_loss = torch::zeros({distill ? 1 : 0}, options).sum();
+    LossGradients reward_grads = gradients(true), distill_grads = gradients(distill);
+    const torch::Tensor w = weight.to(hidden.scalar_type());
+    for (int64_t start = 0; start < rows; start += in->chunk_positions) {
+      const int64_t n = std::min(in->chunk_positions, rows - start);
+      const torch::Tensor h = hidden.narrow(0, start, n);
+      torch::Tensor s = torch::matmul(h, w.t()).to(options.dtype());
+      if (in->temperature != 1.0) s = s / in->temperature;
+      const ChunkTerms chunk = TermsOfChunk(*in, s, h, start, n);
+      token_logprobs.narrow(0, start, n).copy_(chunk.token_logprobs);
+      reward.narrow(0, start, n).copy_(chunk.reward);
+      entropy.narrow(0, start, n).copy_(chunk.entropy);
+      reward_loss += chunk.reward_loss;
+      reward_grads.Add(chunk.reward_logit_grad, h, w, start, n);
+      if (distill) {
+        distill_terms.narrow(0, start, n).copy_(chunk.distill);
+        kernel.narrow(0, start, n).copy_(chunk.kernel);
+        if (in->mask) mask_weights.narrow(0, start, n).copy_(chunk.mask_weights);
+        distill_loss += chunk.distill_loss;
+        distill_grads.Add(chunk.distill_logit_grad, h, w, start, n);
+      }
+    }
+    auto or_empty = [&](const torch::Tensor& t) {
+      return t.defined() ? t : torch::empty({0}, weight.options());
+    };
+    ctx->save_for_backward({reward_grads.hidden, or_empty(reward_grads.weight),
+                            distill_grads.hidden, or_empty(distill_grads.weight)});
+    ctx->mark_non_differentiable(
+        {token_logprobs, reward, entropy, distill_terms, kernel, mask_weights});
+    ctx->set_materialize_grads(false);
+    return {reward_loss,   distill_loss, token_logprobs, reward,
+            distill_terms, entropy,      kernel,         mask_weights};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list saved = ctx->get_saved_variables();
+    torch::Tensor grad_hidden, grad_weight;
+    auto add = [](torch::Tensor& into, const torch::Tensor& part, const torch::Tensor& scale) {
+      if (!part.defined() || part.numel() == 0) return;
+      const torch::Tensor term = part * scale.to(part.scalar_type());
+      into = into.defined() ? into + term : term;
+    };
+    for (int loss = 0; loss < 2; ++loss) {
+      const torch::Tensor& g = grads[loss];
+      if (!g.defined() || g.numel() == 0) continue;
+      add(grad_hidden, saved[2 * loss], g);
+      if (ctx->needs_input_grad(1)) add(grad_weight, saved[2 * loss + 1], g);
+    }
+    return {grad_hidden, grad_weight, torch::Tensor()};
+  }
+};
+
+void CheckInputs(const FusedHeadInputs& in) {
+  if (!(in.temperature > 0)) {
+    throw std::invalid_argument("fused head: temperature must be > 0, got " +
+                                std::to_string(in.temperature));
+  }
+  if (in.chunk_positions <= 0) {
+    throw std::invalid_argument("trainer.vocab_chunk_positions must be > 0 for the fused head");
+  }
+  const int64_t rows = in.hidden.size(0);
+  auto per_position = [&](const torch::Tensor& t) {
+    return t.defined() && t.dim() == 1 && t.size(0) == rows;
+  };
+  if (in.hidden.dim() != 2 || in.weight.dim() != 2 || in.hidden.size(1) != in.weight.size(1) ||
+      !per_position(in.targets) || !per_position(in.old_logprobs) || !per_position(in.advantages) ||
+      !per_position(in.reward_weights) ||
+      (in.teacher.defined() && !per_position(in.distill_weights))) {
+    throw std::invalid_argument(
+        "fused head: want hidden [M, D], weight [V, D] and [M] targets, old log-probs, "
+        "advantages and weights; got hidden " +
+        c10::str(in.hidden.sizes()) + ", weight " + c10::str(in.weight.sizes()));
+  }
+}
+
+}  // namespace
+
+FusedHeadOutputs ComputeFusedHead(const FusedHeadInputs& in) {
+  CheckInputs(in);
+  const variable_list out = FusedHeadFunction::apply(in.hidden, in.weight, &in);
+  const bool distill = in.teacher.defined();
+  FusedHeadOutputs terms;
+  terms.reward_loss = out[0];
+  terms.token_logprobs = out[2];
+  terms.reward = out[3];
+  terms.entropy = out[5];
+  if (distill) {
+    terms.distill_loss = out[1];
+    terms.distill = out[4];
+    terms.logit_kernel = out[6];
+    if (in.mask) terms.mask_weights = out[7];
+  }
+  return terms;
+}
+
+}  // namespace kappa::learner
