@@ -35,10 +35,22 @@
 // A failed allocation (the memory cap the script sets with ulimit -v)
 // prints {"oom": true, ...} and exits 3.
 //
-// Usage: kappa_bench_vocab_scale --teacher full|topk [--chunk N] [--checkpointing 0|1]
+// --teacher hidden (issue 53, teacher.rows: hidden): each sample carries
+// the teacher's hidden states [T, D_t] (D_t = --teacher-width, 896 by
+// default: a 0.5B teacher) and the batch the teacher's head [V, D_t], both
+// random (N(0, 1) states, N(0, 0.05²) head: peaked rows, not the flat ones
+// of a 0.02 init); the loss is the exact reverse KL through the chunked
+// head. Its like-for-like eager counterpart is vocab_step.py --teacher full.
+// --fused 0 runs the head that recomputes each chunk in backward instead
+// of the fused one (trainer.fused_head). The JSON line also carries each
+// step's phases (HybridStepReport / StepStats host seconds): the decoder
+// layers' forward, the head's forward (fused head only), the L_R, L_D and
+// L_SFT backward passes and the update.
+//
+// Usage: kappa_bench_vocab_scale --teacher full|topk|hidden [--chunk N] [--checkpointing 0|1]
 //        [--layers 24] [--rows 8] [--group-size 4] [--prompt 64] [--response 448]
 //        [--threads 2] [--steps 2] [--topk 64] [--kappa 0|1] [--kdr 0|1]
-//        [--lora-rank R]
+//        [--lora-rank R] [--teacher-width D] [--fused 0|1]
 #include <sys/resource.h>
 #include <torch/torch.h>
 
@@ -83,6 +95,8 @@ struct Options {
   bool kappa = true;      // monitor.kappa_every = 1 (else 0)
   bool kdr = true;        // monitor.kdr_every = 1 (else 0)
   int64_t lora_rank = 0;  // 0: full training; R > 0: LoRA adapters only
+  int64_t teacher_width = 896;  // D_t of --teacher hidden
+  bool fused = true;            // trainer.fused_head
 };
 
 // LoRA rank R, alpha 2R, on every projection a decoder layer has.
@@ -154,6 +168,7 @@ double StatusMiB(const std::string& field) {
 std::vector<learner::ScoredGroup> SyntheticGroups(const Options& o, int64_t vocab) {
   torch::manual_seed(7);
   const bool full = o.teacher == "full";
+  const bool hidden = o.teacher == "hidden";
   const int64_t num_groups = o.rows / o.group_size;
   std::vector<learner::ScoredGroup> groups(static_cast<size_t>(num_groups));
   for (int64_t g = 0; g < num_groups; ++g) {
@@ -176,6 +191,11 @@ std::vector<learner::ScoredGroup> SyntheticGroups(const Options& o, int64_t voca
         reward = 1 - reward;  // all equal so far: mix the group
       }
       sample.reward = static_cast<float>(reward);
+      if (hidden) {
+        sample.teacher_hidden = torch::randn({o.response, o.teacher_width});
+        group.samples.push_back(std::move(sample));
+        continue;
+      }
       if (full) {
         sample.teacher_logprobs = torch::empty({o.response, vocab});
       } else {
@@ -200,18 +220,19 @@ std::vector<learner::ScoredGroup> SyntheticGroups(const Options& o, int64_t voca
 }
 
 std::string ConfigJson(const Options& o) {
-  char buffer[512];
+  char buffer[640];
   std::snprintf(
       buffer, sizeof buffer,
       "\"teacher\": \"%s\", \"chunk\": %lld, \"checkpointing\": %d, \"layers\": %lld, "
       "\"rows\": %lld, \"group_size\": %lld, \"prompt\": %lld, \"response\": %lld, "
       "\"threads\": %d, \"steps\": %d, \"topk\": %lld, \"kappa_every\": %d, \"kdr_every\": %d, "
-      "\"lora_rank\": %lld",
+      "\"lora_rank\": %lld, \"teacher_width\": %lld, \"fused\": %d",
       o.teacher.c_str(), static_cast<long long>(o.chunk), o.checkpointing ? 1 : 0,
       static_cast<long long>(o.layers), static_cast<long long>(o.rows),
       static_cast<long long>(o.group_size), static_cast<long long>(o.prompt),
       static_cast<long long>(o.response), o.threads, o.steps, static_cast<long long>(o.topk),
-      o.kappa ? 1 : 0, o.kdr ? 1 : 0, static_cast<long long>(o.lora_rank));
+      o.kappa ? 1 : 0, o.kdr ? 1 : 0, static_cast<long long>(o.lora_rank),
+      static_cast<long long>(o.teacher_width), o.fused ? 1 : 0);
   return buffer;
 }
 
@@ -230,6 +251,24 @@ struct Progress {
 };
 
 std::string SecondsJson(const std::vector<double>& seconds);
+
+// One step's phases, host seconds: {"layers_fwd", "head_fwd", "bwd_reward",
+// "bwd_distill", "bwd_sft", "update"}.
+std::string PhasesJson(const learner::HybridStepReport& r) {
+  char buffer[256];
+  std::snprintf(buffer, sizeof buffer,
+                "{\"layers_fwd\": %.3f, \"head_fwd\": %.3f, \"bwd_reward\": %.3f, "
+                "\"bwd_distill\": %.3f, \"bwd_sft\": %.3f, \"update\": %.3f}",
+                r.forward_layers_seconds, r.forward_head_seconds, r.stats.backward_seconds[0],
+                r.stats.backward_seconds[1], r.stats.backward_seconds[2], r.stats.update_seconds);
+  return buffer;
+}
+
+std::string Join(const std::vector<std::string>& parts) {
+  std::string out;
+  for (size_t i = 0; i < parts.size(); ++i) out += (i ? ", " : "") + parts[i];
+  return out;
+}
 
 int Run(const Options& o, Progress* progress) {
   const char** phase = &progress->phase;
@@ -250,14 +289,19 @@ int Run(const Options& o, Progress* progress) {
     std::vector<learner::ScoredGroup> groups = SyntheticGroups(o, config.vocab_size);
     batch = learner::BuildTrainBatch(groups, true, config.pad_token_id);
   }  // the groups (and their per-sample rows) go, as the learner drops them
+  if (o.teacher == "hidden") {
+    torch::manual_seed(8);
+    batch.teacher_head.weight = 0.05 * torch::randn({config.vocab_size, o.teacher_width});
+  }
   const double peak_build = PeakRssMiB();
   const double rss_batch = StatusMiB("VmRSS");
 
   *phase = "step";
   learner::HybridStepConfig step_config;
   step_config.loss.lambda = 1.0;
-  step_config.loss.distill = o.teacher == "full" ? learner::DistillLoss::kReverseKl
-                                                 : learner::DistillLoss::kTopkTailReverseKl;
+  step_config.loss.distill = o.teacher == "topk" ? learner::DistillLoss::kTopkTailReverseKl
+                                                 : learner::DistillLoss::kReverseKl;
+  step_config.loss.fused_head = o.fused;
   step_config.loss.distill_topk = o.topk;
   step_config.loss.vocab_chunk_positions = o.chunk;
   step_config.monitor.kappa_every = o.kappa ? 1 : 0;
@@ -268,6 +312,7 @@ int Run(const Options& o, Progress* progress) {
   std::vector<double>& seconds = progress->seconds;
   std::vector<double>& cpu_seconds = progress->cpu_seconds;
   std::optional<learner::HybridStepReport> first;
+  std::vector<std::string> phases;  // one JSON object per step
   for (int s = 0; s < o.steps; ++s) {
     const auto start = std::chrono::steady_clock::now();
     const double start_cpu = CpuSeconds();
@@ -275,6 +320,7 @@ int Run(const Options& o, Progress* progress) {
     seconds.push_back(
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     cpu_seconds.push_back(CpuSeconds() - start_cpu);
+    phases.push_back(PhasesJson(report));
     std::fprintf(stderr, "step %d: %.1f s (CPU %.1f s), peak RSS %.0f MiB\n", s + 1, seconds.back(),
                  cpu_seconds.back(), PeakRssMiB());
     if (!first) first = std::move(report);
@@ -290,7 +336,7 @@ int Run(const Options& o, Progress* progress) {
       "\"vm_peak_mib\": %.1f, \"teacher_bytes\": %lld, \"reward_loss\": %s, "
       "\"distill_loss\": %s, \"grad_norm\": %s, \"reward_grad_norm\": %s, "
       "\"distill_grad_norm\": %s, \"kappa\": %s, \"entropy\": %s, \"kdr_mean\": %s, "
-      "\"teacher_tail_mass\": %s}\n",
+      "\"teacher_tail_mass\": %s, \"phases\": [%s]}\n",
       ConfigJson(o).c_str(), static_cast<long long>(parameters), static_cast<long long>(trainable),
       static_cast<long long>(batch.input_tokens.numel()), steps_json.c_str(),
       SecondsJson(cpu_seconds).c_str(), Number(seconds.back()).c_str(), PeakRssMiB(), peak_build,
@@ -302,7 +348,8 @@ int Run(const Options& o, Progress* progress) {
       Number(first->kdr ? std::optional<double>(first->kdr->mean) : std::nullopt).c_str(),
       Number(first->teacher_tail_mass ? std::optional<double>(first->teacher_tail_mass->mean)
                                       : std::nullopt)
-          .c_str());
+          .c_str(),
+      Join(phases).c_str());
   return 0;
 }
 
@@ -351,6 +398,10 @@ int main(int argc, char** argv) {
       o.kappa = std::string(value) == "1";
     else if (flag == "--kdr")
       o.kdr = std::string(value) == "1";
+    else if (flag == "--teacher-width")
+      o.teacher_width = std::atoll(value);
+    else if (flag == "--fused")
+      o.fused = std::atoi(value) != 0;
     else if (flag == "--lora-rank")
       o.lora_rank = std::atoll(value);
     else {
@@ -362,12 +413,15 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "flag %s has no value\n", argv[argc - 1]);
     return 2;
   }
-  if ((o.teacher != "full" && o.teacher != "topk") || o.chunk < 0 || o.layers < 1 ||
-      o.group_size < 2 || o.rows < o.group_size || o.rows % o.group_size != 0 || o.prompt < 1 ||
-      o.response < 1 || o.steps < 1 || o.topk < 1 || o.lora_rank < 0) {
+  if ((o.teacher != "full" && o.teacher != "topk" && o.teacher != "hidden") || o.chunk < 0 ||
+      o.layers < 1 || o.group_size < 2 || o.rows < o.group_size || o.rows % o.group_size != 0 ||
+      o.prompt < 1 || o.response < 1 || o.steps < 1 || o.topk < 1 || o.lora_rank < 0 ||
+      o.teacher_width < 1 || (o.teacher == "hidden" && o.chunk == 0)) {
     std::fprintf(stderr,
-                 "bad flags: --teacher full|topk, --chunk >= 0, --group-size >= 2 dividing "
-                 "--rows, --layers/--prompt/--response/--steps/--topk >= 1, --lora-rank >= 0\n");
+                 "bad flags: --teacher full|topk|hidden (hidden needs --chunk > 0), --chunk >= 0, "
+                 "--group-size >= 2 dividing --rows, "
+                 "--layers/--prompt/--response/--steps/--topk/--teacher-width >= 1, "
+                 "--lora-rank >= 0\n");
     return 2;
   }
   if (o.threads > 0) kappa::bench::SetBenchThreads(o.threads);

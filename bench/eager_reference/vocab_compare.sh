@@ -1,16 +1,24 @@
 #!/usr/bin/env bash
 # kappa's learner step against the eager PyTorch step at the Qwen2.5-0.5B
-# vocabulary (bench/README.md, "Against eager PyTorch at a real vocabulary"):
-# for each batch size (KAPPA_COMPARE_ROWS sequences of 64 + 448 tokens) it runs,
-# one process after the other, alternating the two sides:
-#   kappa  kappa_bench_vocab_scale --teacher topk --chunk C --checkpointing 1
-#          --kappa 0 --kdr 0 (top-64 rows, the chunked vocab head, activation
-#          checkpointing; the plain step: one backward pass)
-#   eager  bench/eager_reference/vocab_step.py --teacher topk, then --teacher
-#          full (full logits, one log_softmax, no chunking, no checkpointing)
-# and with KAPPA_COMPARE_MONITORED=1 also the pair that measures kappa (κ: both
-# gradients apart) on both sides, kappa with its cheap K_DR on top:
-#   kappa ... --kappa 1 --kdr 1     eager vocab_step.py --teacher topk --kappa 1
+# vocabulary, like for like (bench/README.md, "Like for like against eager
+# PyTorch"): for each batch size (KAPPA_COMPARE_ROWS sequences of 64 + 448
+# tokens) it runs, one process after the other, the plain step (one
+# backward pass: --kappa 0 --kdr 0) with checkpointing off on both sides:
+#   kappa topk      kappa_bench_vocab_scale --teacher topk --chunk C (top-64 + tail
+#                   rows, the fused chunked head)      vs  eager vocab_step.py --teacher topk
+#   kappa hidden    --teacher hidden (the teacher's hidden states and head:
+#                   the exact reverse KL)              vs  eager vocab_step.py --teacher full
+# then kappa's own rows with activation checkpointing (ckpt). With
+# KAPPA_COMPARE_MONITORED=1 (the default) also the step that measures κ
+# (both gradients apart) on both sides, kappa with its cheap K_DR, once with
+# the fused head (which the learner runs on such steps) and once with the
+# head that recomputes each chunk in backward (--fused 0, recompute):
+#   kappa ... --kappa 1 --kdr 1 [--fused 0]   eager vocab_step.py --teacher topk --kappa 1
+# (A plain step with L_D runs the recomputing head either way: there it
+# makes fewer passes over V; learner/algo/hybrid_step.h Fuses.)
+# A last table gives where each kappa step's time goes (median seconds of
+# the decoder layers' forward, the head's forward, the L_R and L_D backward
+# passes — the second is what κ costs — and the update).
 # Every process runs under an address-space cap (ulimit -v, default 20 GiB, as
 # bench/vocab_scale_bench.sh): running out is a failed allocation the process
 # reports ({"oom": true}), shown as "> cap"; a memory ratio against it is then
@@ -22,7 +30,7 @@
 # Usage: bash bench/eager_reference/vocab_compare.sh [BUILD_DIR] [flags for both, e.g. --layers 4]
 # Env:   KAPPA_BENCH_MEM_GIB (cap, 20), KAPPA_COMPARE_ROWS ("4 8"),
 #        KAPPA_COMPARE_CHUNK (512), KAPPA_COMPARE_STEPS (2), KAPPA_COMPARE_THREADS (2),
-#        KAPPA_COMPARE_MONITORED (0), KAPPA_COMPARE_OUT (/tmp/vocab_compare.jsonl)
+#        KAPPA_COMPARE_MONITORED (1), KAPPA_COMPARE_OUT (/tmp/vocab_compare.jsonl)
 # Run it on a quiet machine: flock /tmp/kappa-build.lock bash bench/eager_reference/vocab_compare.sh build --layers 4
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
@@ -39,7 +47,7 @@ rows_list=${KAPPA_COMPARE_ROWS:-"4 8"}
 chunk=${KAPPA_COMPARE_CHUNK:-512}
 steps=${KAPPA_COMPARE_STEPS:-2}
 threads=${KAPPA_COMPARE_THREADS:-2}
-monitored=${KAPPA_COMPARE_MONITORED:-0}
+monitored=${KAPPA_COMPARE_MONITORED:-1}
 out=${KAPPA_COMPARE_OUT:-/tmp/vocab_compare.jsonl}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -75,11 +83,16 @@ common=(--steps "$steps" --threads "$threads")
 echo "kappa against eager at V = 151,936: rows {$rows_list}, $* (cap ${cap_gib} GiB per process; JSON lines: $out)"
 for rows in $rows_list; do
   shape=(--rows "$rows" "${common[@]}" "$@")
-  run "kappa topk rows=$rows" "$bin" --teacher topk --chunk "$chunk" --checkpointing 1 --kappa 0 --kdr 0 "${shape[@]}"
+  plain=(--chunk "$chunk" --kappa 0 --kdr 0)
+  run "kappa topk rows=$rows" "$bin" --teacher topk "${plain[@]}" --checkpointing 0 "${shape[@]}"
   run "eager topk rows=$rows" "$python" "$here/vocab_step.py" --teacher topk "${shape[@]}"
+  run "kappa hidden rows=$rows" "$bin" --teacher hidden "${plain[@]}" --checkpointing 0 "${shape[@]}"
   run "eager full rows=$rows" "$python" "$here/vocab_step.py" --teacher full "${shape[@]}"
+  run "kappa topk ckpt rows=$rows" "$bin" --teacher topk "${plain[@]}" --checkpointing 1 "${shape[@]}"
+  run "kappa hidden ckpt rows=$rows" "$bin" --teacher hidden "${plain[@]}" --checkpointing 1 "${shape[@]}"
   if [[ $monitored == 1 ]]; then
-    run "kappa topk monitored rows=$rows" "$bin" --teacher topk --chunk "$chunk" --checkpointing 1 --kappa 1 --kdr 1 "${shape[@]}"
+    run "kappa topk monitored rows=$rows" "$bin" --teacher topk --chunk "$chunk" --checkpointing 0 --kappa 1 --kdr 1 "${shape[@]}"
+    run "kappa topk monitored recompute rows=$rows" "$bin" --teacher topk --chunk "$chunk" --checkpointing 0 --kappa 1 --kdr 1 --fused 0 "${shape[@]}"
     run "eager topk monitored rows=$rows" "$python" "$here/vocab_step.py" --teacher topk --kappa 1 "${shape[@]}"
   fi
 done
@@ -124,7 +137,10 @@ for k in rows:
     rest = k["label"][len("kappa "):]
     monitored = " monitored" in rest
     size = rest.split()[-1]
-    for teacher in (["topk"] if monitored else ["topk", "full"]):
+    # Like for like: top-64 rows against top-64 rows, the exact hidden-state
+    # form against eager's exact full rows.
+    teacher = {"topk": "topk", "hidden": "full", "full": "full"}[rest.split()[0]]
+    for teacher in [teacher]:
         e = by.get(f"eager {teacher}{' monitored' if monitored else ''} {size}")
         if e is None or not k["ok"]:
             continue
@@ -135,6 +151,17 @@ for k in rows:
         elif e.get("oom"):
             mem = f"< {k['peak_rss_mib'] / (e['cap_gib'] * 1024):.2f}"
             print(f"| {k['label']} | {e['label']} | {mem} (eager > cap) | | | |")
+print()
+print("Where kappa's step time goes (median seconds after the first step):")
+print()
+print("| kappa run | step | layers fwd | head fwd | L_R bwd | L_D bwd (κ) | update |")
+print("|---|---|---|---|---|---|---|")
+for k in rows:
+    if not (k["label"].startswith("kappa ") and k["ok"] and k.get("phases")):
+        continue
+    phase = lambda name: median([p[name] for p in k["phases"]])
+    print(f"| {k['label']} | {k['t']:.1f} | {phase('layers_fwd'):.1f} | {phase('head_fwd'):.1f} | "
+          f"{phase('bwd_reward'):.1f} | {phase('bwd_distill'):.1f} | {phase('update'):.1f} |")
 print()
 for k in rows:
     if k["label"].startswith("kappa ") and k["ok"]:

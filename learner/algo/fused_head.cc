@@ -9,6 +9,7 @@
 #include "learner/algo/hybrid_loss.h"
 #include "learner/algo/logit_gradients.h"
 #include "learner/algo/logprob_losses.h"
+#include "model/autocast_state.h"
 
 namespace kappa::learner {
 namespace {
@@ -60,11 +61,14 @@ ChunkTerms TermsOfChunk(const FusedHeadInputs& in, const torch::Tensor& s,
   const torch::Tensor y = Rows(in.targets, start, n);
   const torch::Tensor old = Rows(in.old_logprobs, start, n).to(lp.scalar_type());
   const torch::Tensor advantages = Rows(in.advantages, start, n).to(lp.scalar_type());
+  const torch::Tensor p = lp.exp();
   out.token_logprobs = GatherTokenLogProbs(lp, y);
-  out.entropy = EntropyFromLogProbs(lp);
+  out.entropy = -(p * lp).sum(-1);
   out.reward = PpoTokenLoss(out.token_logprobs, old, advantages, in.ppo);
-  const torch::Tensor g_r = RewardLogitGradient(
-      lp, y, RewardLogProbCoefficient(out.token_logprobs, old, advantages, in.ppo), in.temperature);
+  // g_R(n) = c_n (e_y − p) / τ (logit_gradients.h), never formed as [n, V]:
+  // the kernel and ∂L_R/∂z below expand it where they need it.
+  const torch::Tensor reward_coefficient =
+      RewardLogProbCoefficient(out.token_logprobs, old, advantages, in.ppo) / in.temperature;
   torch::Tensor reward_weight = Rows(in.reward_weights, start, n).to(lp.scalar_type());
   torch::Tensor distill_weight;
   torch::Tensor g_d;
@@ -73,7 +77,9 @@ ChunkTerms TermsOfChunk(const FusedHeadInputs& in, const torch::Tensor& s,
     out.distill = DistillTermFromLogProbs(lp, out.token_logprobs, teacher, y, in.distill)
                       .to(lp.scalar_type());
     g_d = DistillLogitGradient(lp, teacher, y, in.distill, in.temperature);
-    out.kernel = (g_r * g_d).sum(-1);
+    // g_R·g_D = c_n/τ (g_D(y) − p·g_D).
+    out.kernel =
+        reward_coefficient * (g_d.gather(-1, y.unsqueeze(-1)).squeeze(-1) - (p * g_d).sum(-1));
     distill_weight = Rows(in.distill_weights, start, n).to(lp.scalar_type());
     if (in.mask) {
       out.mask_weights = MaskWeights(in, out.kernel, hidden).to(lp.scalar_type());
@@ -83,15 +89,16 @@ ChunkTerms TermsOfChunk(const FusedHeadInputs& in, const torch::Tensor& s,
         distill_weight = distill_weight * out.mask_weights;
       }
     }
-    out.distill_logit_grad = distill_weight.unsqueeze(-1) * g_d;
-  }
-  out.reward_logit_grad = reward_weight.unsqueeze(-1) * g_r;
-  out.reward_loss = WeightedSum(out.reward, reward_weight);
-  if (distill_weight.defined()) {
-    out.distill_logit_grad =
-        out.distill_logit_grad.masked_fill((distill_weight == 0).unsqueeze(-1), 0);
+    // g_D is ours: weighted in place. Its rows are finite (BuildTrainBatch
+    // refuses non-finite teacher rows; the head reads response positions).
+    out.distill_logit_grad = g_d.mul_(distill_weight.unsqueeze(-1));
     out.distill_loss = WeightedSum(out.distill, distill_weight);
   }
+  // a_R m_R g_R = −(a_R m_R c_n / τ) p + the same at y.
+  const torch::Tensor reward_scale = reward_weight * reward_coefficient;
+  out.reward_logit_grad = (p * -reward_scale.unsqueeze(-1))
+                              .scatter_add_(-1, y.unsqueeze(-1), reward_scale.unsqueeze(-1));
+  out.reward_loss = WeightedSum(out.reward, reward_weight);
   return out;
 }
 
@@ -107,9 +114,20 @@ struct LossGradients {
            int64_t n) {
     const torch::Tensor dz_h = dz.to(h.scalar_type());
     hidden.narrow(0, start, n).copy_(torch::matmul(dz_h, w));
-    if (weight.defined()) weight += torch::matmul(dz_h.t(), h).to(weight.scalar_type());
+    if (!weight.defined()) return;
+    if (weight.scalar_type() == h.scalar_type() &&
+        !model::AutocastState::Current(h.device().type()).enabled) {
+      weight.addmm_(dz_h.t(), h);  // accumulated in place: no [V, D] temporary
+    } else {
+      weight += torch::matmul(dz_h.t(), h).to(weight.scalar_type());
+    }
   }
 };
+
+// The forward's stored gradients in the node's saved_data: ∂L_R/∂h, ∂L_R/∂W,
+// ∂L_D/∂h, ∂L_D/∂W (empty where there is none).
+constexpr const char* kGradientKeys[4] = {"reward_hidden", "reward_weight", "distill_hidden",
+                                          "distill_weight"};
 
 // Inputs: hidden [M, D], weight [V, D] (differentiable), the rest data.
 // Outputs: L_R, L_D (or an empty placeholder), then the [M] values of
@@ -161,8 +179,13 @@ class FusedHeadFunction : public torch::autograd::Function<FusedHeadFunction> {
     auto or_empty = [&](const torch::Tensor& t) {
       return t.defined() ? t : torch::empty({0}, weight.options());
     };
-    ctx->save_for_backward({reward_grads.hidden, or_empty(reward_grads.weight),
-                            distill_grads.hidden, or_empty(distill_grads.weight)});
+    // In saved_data, not save_for_backward: the backward scales each in
+    // place and lets it go (a [V, D] buffer per loss, 545 MB at Qwen2.5's
+    // vocabulary), which a saved variable's version check forbids.
+    ctx->saved_data[kGradientKeys[0]] = reward_grads.hidden;
+    ctx->saved_data[kGradientKeys[1]] = or_empty(reward_grads.weight);
+    ctx->saved_data[kGradientKeys[2]] = distill_grads.hidden;
+    ctx->saved_data[kGradientKeys[3]] = or_empty(distill_grads.weight);
     ctx->mark_non_differentiable(
         {token_logprobs, reward, entropy, distill_terms, kernel, mask_weights});
     ctx->set_materialize_grads(false);
@@ -170,21 +193,41 @@ class FusedHeadFunction : public torch::autograd::Function<FusedHeadFunction> {
             distill_terms, entropy,      kernel,         mask_weights};
   }
 
+  // Each loss's stored gradients, scaled in place by its incoming gradient
+  // and released: a loss's backward runs once (a second one throws).
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const variable_list saved = ctx->get_saved_variables();
+    torch::NoGradGuard no_grad;
     torch::Tensor grad_hidden, grad_weight;
-    auto add = [](torch::Tensor& into, const torch::Tensor& part, const torch::Tensor& scale) {
-      if (!part.defined() || part.numel() == 0) return;
-      const torch::Tensor term = part * scale.to(part.scalar_type());
-      into = into.defined() ? into + term : term;
-    };
     for (int loss = 0; loss < 2; ++loss) {
       const torch::Tensor& g = grads[loss];
       if (!g.defined() || g.numel() == 0) continue;
-      add(grad_hidden, saved[2 * loss], g);
-      if (ctx->needs_input_grad(1)) add(grad_weight, saved[2 * loss + 1], g);
+      for (int part = 0; part < 2; ++part) {
+        torch::Tensor stored = Take(ctx, kGradientKeys[2 * loss + part]);
+        if (part == 1 && !ctx->needs_input_grad(1)) continue;
+        if (stored.numel() == 0) continue;  // nothing stored (a frozen head, no teacher)
+        torch::Tensor& into = part == 0 ? grad_hidden : grad_weight;
+        if (into.defined()) {
+          into.addcmul_(stored, g.to(stored.scalar_type()));
+        } else {
+          into = stored.mul_(g.to(stored.scalar_type()));
+        }
+      }
     }
     return {grad_hidden, grad_weight, torch::Tensor()};
+  }
+
+ private:
+  // saved_data's tensor under `key`, which is left empty; std::logic_error
+  // when it was taken already (a second backward of the same loss).
+  static torch::Tensor Take(AutogradContext* ctx, const char* key) {
+    c10::IValue& slot = ctx->saved_data[key];
+    if (!slot.isTensor()) {
+      throw std::logic_error(std::string("fused head: ") + key +
+                             " was used by an earlier backward (each loss's backward runs once)");
+    }
+    torch::Tensor stored = slot.toTensor();
+    slot = c10::IValue();
+    return stored;
   }
 };
 

@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include <chrono>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -276,7 +277,9 @@ FusedStepTerms ComputeFusedStepTerms(model::Decoder& model, const TrainBatch& ba
     throw std::invalid_argument(
         "ComputeFusedStepTerms: the fused head needs trainer.vocab_chunk_positions > 0");
   }
+  const auto start = std::chrono::steady_clock::now();
   const model::ForwardOutput out = model->ForwardHidden(batch.input_tokens, batch.attention_mask);
+  const auto layers_done = std::chrono::steady_clock::now();
   const torch::Tensor& response = batch.response_mask;
   const torch::Tensor positions = response.reshape({-1}).nonzero().squeeze(-1);
   auto at = [&](const torch::Tensor& t) { return t.reshape({-1}).index_select(0, positions); };
@@ -308,6 +311,7 @@ FusedStepTerms ComputeFusedStepTerms(model::Decoder& model, const TrainBatch& ba
   in.mask_estimator = mask.estimator;
   in.mask_temperature = mask.temperature;
   const FusedHeadOutputs head = ComputeFusedHead(in);
+  const auto head_done = std::chrono::steady_clock::now();
 
   // Back to [B, L], zero outside the response positions, no graph.
   const auto scatter = [&](const torch::Tensor& values) {
@@ -316,6 +320,8 @@ FusedStepTerms ComputeFusedStepTerms(model::Decoder& model, const TrainBatch& ba
         .view(response.sizes());
   };
   FusedStepTerms step;
+  step.layers_seconds = std::chrono::duration<double>(layers_done - start).count();
+  step.head_seconds = std::chrono::duration<double>(head_done - layers_done).count();
   TokenTerms& tokens = step.tokens;
   tokens.hidden = out.hidden;
   tokens.head_positions = positions;

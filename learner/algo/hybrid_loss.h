@@ -158,6 +158,7 @@ struct FusedStepTerms {
   LossTerms terms;
   torch::Tensor logit_kernel;  // [B, L] g_R·g_D, 0 off the response; undefined without L_D
   torch::Tensor mask_weights;  // [B, L] m3_mask's, with the mask on; else undefined
+  double layers_seconds = 0.0, head_seconds = 0.0;  // host wall time of the two parts
 };
 FusedStepTerms ComputeFusedStepTerms(model::Decoder& model, const TrainBatch& batch,
                                      const LossConfig& config, const TermWeights& weights,

@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include <chrono>
 #include <cmath>
 #include <stdexcept>
 #include <string>
@@ -174,11 +175,18 @@ void HybridStep::BeginStep(const TrainBatch& batch, const Gate& gate, int64_t st
   }
   const torch::Tensor sft_count =
       batch.sft_mask.defined() ? batch.sft_mask.sum() : torch::zeros({}, mask.options());
-  // κ needs ∇L_R and ∇L_D apart; so do m3_project, m3_norm and m3_adapt.
-  const bool separate =
-      Due(config_.monitor.kappa_every, step) || config_.balance.NeedsSeparateGradients();
   optimizer_->BeginStep(config_.balance.Plan(config_.reward_weight, lambda, config_.sft_weight),
-                        separate, reward_count, distill_count, sft_count);
+                        SeparateGradients(step), reward_count, distill_count, sft_count);
+}
+
+bool HybridStep::SeparateGradients(int64_t step) const {
+  // κ needs ∇L_R and ∇L_D apart; so do m3_project, m3_norm and m3_adapt.
+  return Due(config_.monitor.kappa_every, step) || config_.balance.NeedsSeparateGradients();
+}
+
+bool HybridStep::Fuses(int64_t step, const Gate& gate) const {
+  if (config_.loss.vocab_chunk_positions <= 0 || !config_.loss.fused_head) return false;
+  return SeparateGradients(step) || !gate.trains();
 }
 
 TermWeights HybridStep::GateWeights(const MicroBatch& part, const Gate& gate) {
@@ -223,6 +231,8 @@ void HybridStep::AccumulateFusedMicroBatch(const MicroBatch& part, const Gate& g
     AutocastGuard autocast(optimizer_->parameters().front().device(), config_.precision);
     fused = ComputeFusedStepTerms(model_, sub, config_.loss, GateWeights(part, gate), mask);
   }
+  report->forward_layers_seconds += fused.layers_seconds;
+  report->forward_head_seconds += fused.head_seconds;
   if (kdr.observing()) {
     kdr.Record(part, fused.logit_kernel * sub.response_mask, fused.tokens.hidden.detach());
     if (mask.on) {
@@ -272,7 +282,11 @@ HybridStepReport HybridStep::Run(const TrainBatch& batch_in, const torch::Tensor
   // D: the positions L_D trains on, decided over the whole batch. The fused
   // head's training forward is its own, so the gate's forward is not kept.
   std::optional<TokenTerms> first_forward;
-  const Gate gate = DecideGate(batch, micro, fused() ? nullptr : &first_forward);
+  // RSTG's gate needs the forward before it knows whether L_D trains: it
+  // keeps it unless the fused head would run regardless of the gate.
+  const bool fused_anyway = Fuses(step, Gate{}) && SeparateGradients(step);
+  const Gate gate = DecideGate(batch, micro, fused_anyway ? nullptr : &first_forward);
+  const bool fused = Fuses(step, gate);
   report.distill_positions = gate.selection.selected_positions;
   report.gated_groups = gate.selection.gated_groups;
 
@@ -285,12 +299,15 @@ HybridStepReport HybridStep::Run(const TrainBatch& batch_in, const torch::Tensor
   TokenMeans means;
   MismatchSums mismatch;
   for (size_t k = 0; k < micro.size(); ++k) {
-    if (fused()) {
+    if (fused) {
       AccumulateFusedMicroBatch(micro[k], gate, mismatch_mask, kdr, &means, &mismatch, &report);
       continue;
     }
+    const auto start = std::chrono::steady_clock::now();
     const TokenTerms tokens =
         k == 0 && first_forward ? *std::move(first_forward) : Forward(micro[k].batch);
+    report.forward_layers_seconds +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     AccumulateMicroBatch(micro[k], tokens, gate, mismatch_mask, kdr, &means, &mismatch, &report);
   }
   means.WriteTo(&report);

@@ -159,8 +159,17 @@ class HybridStep {
                   const torch::Tensor& mismatch_mask, TokenMeans* means, MismatchSums* mismatch);
   // The gate's distillation weights and mask for one micro-batch.
   static TermWeights GateWeights(const MicroBatch& part, const Gate& gate);
-  // The training forward runs the fused head: chunks, and loss.fused_head.
-  bool fused() const { return config_.loss.vocab_chunk_positions > 0 && config_.loss.fused_head; }
+  // Whether the step at `step` takes ∇L_R and ∇L_D apart: κ is due, or the
+  // balancing needs them (m3_project, m3_norm, m3_adapt).
+  bool SeparateGradients(int64_t step) const;
+  // Whether this step's training forward runs the fused head: chunks,
+  // loss.fused_head, and a step where it makes fewer passes over V than the
+  // recomputing node (bench/README.md "Like for like against eager
+  // PyTorch"): one that takes the two gradients apart (the fused head: one
+  // logits GEMM and two per loss; the node: one, a K_DR pass and three per
+  // backward pass) or has no L_D. A plain step with L_D (one combined
+  // backward: the node's four against the fused head's five) recomputes.
+  bool Fuses(int64_t step, const Gate& gate) const;
 
   model::Decoder model_;
   std::unique_ptr<PolicyOptimizer> optimizer_;

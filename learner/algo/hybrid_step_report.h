@@ -43,6 +43,11 @@ struct HybridStepReport {
   std::optional<KdrSummary> kdr_exact;
   std::optional<double> agreement_logit, agreement_last_layer;
   double exact_seconds = 0.0;
+  // Host wall seconds of the step's forward passes (summed over its
+  // micro-batches; with the fused head, the decoder layers and the head
+  // apart; the head 0 otherwise, inside `forward_layers_seconds`). The
+  // backward passes and the update are in stats (StepStats).
+  double forward_layers_seconds = 0.0, forward_head_seconds = 0.0;
   // Distillation gate.
   int64_t distill_positions = 0;
   int64_t gated_groups = 0;

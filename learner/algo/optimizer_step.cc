@@ -4,6 +4,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
+#include <iterator>
 #include <cmath>
 #include <cstdio>
 #include <stdexcept>
@@ -203,21 +205,28 @@ void PolicyOptimizer::AccumulateStep(const LossTerms& terms) {
   pending_.any_distill |= has_distill;
   pending_.any_sft |= has_sft;
 
+  // backward() of `loss`, its host seconds added to term i's.
+  auto timed_backward = [&](const torch::Tensor& loss, int64_t i, bool retain_graph) {
+    const auto start = std::chrono::steady_clock::now();
+    loss.backward({}, retain_graph);
+    pending_.backward_seconds[i] +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  };
   if (pending_.measured) {
     // One backward per signal, each accumulating into its own buffer; the
     // shared graph (the logits) is kept until the last one.
     AttachGradients(reward_grad_, /*zero=*/!pending_.reward_started);
     pending_.reward_started = true;
-    scaled(terms.reward_loss, 0).backward({}, /*retain_graph=*/has_distill || has_sft);
+    timed_backward(scaled(terms.reward_loss, 0), 0, /*retain_graph=*/has_distill || has_sft);
     if (has_distill) {
       AttachGradients(distill_grad_, /*zero=*/!pending_.distill_started);
       pending_.distill_started = true;
-      scaled(terms.distill_loss, 1).backward({}, /*retain_graph=*/has_sft);
+      timed_backward(scaled(terms.distill_loss, 1), 1, /*retain_graph=*/has_sft);
     }
     if (has_sft) {
       AttachGradients(sft_grad_, /*zero=*/!pending_.sft_started);
       pending_.sft_started = true;
-      scaled(terms.sft_loss, 2).backward();
+      timed_backward(scaled(terms.sft_loss, 2), 2, /*retain_graph=*/false);
     }
   } else {
     AttachGradients(reward_grad_, /*zero=*/!pending_.reward_started);
@@ -225,12 +234,22 @@ void PolicyOptimizer::AccumulateStep(const LossTerms& terms) {
     torch::Tensor total = plan.reward_weight * scaled(terms.reward_loss, 0);
     if (has_distill) total = total + plan.distill_weight * scaled(terms.distill_loss, 1);
     if (has_sft) total = total + plan.sft_weight * scaled(terms.sft_loss, 2);
-    total.backward();
+    timed_backward(total, 0, /*retain_graph=*/false);
   }
 }
 
 StepStats PolicyOptimizer::FinishStep() {
   if (!pending_.open) throw std::logic_error("PolicyOptimizer::FinishStep before BeginStep");
+  const auto start = std::chrono::steady_clock::now();
+  StepStats stats = CombineAndApply();
+  std::copy(std::begin(pending_.backward_seconds), std::end(pending_.backward_seconds),
+            std::begin(stats.backward_seconds));
+  stats.update_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return stats;
+}
+
+StepStats PolicyOptimizer::CombineAndApply() {
   pending_.open = false;
   const GradientPlan& plan = pending_.plan;
   const torch::Device device = params_.front().device();

@@ -39,6 +39,12 @@ struct StepStats {
   // the step was skipped, nothing applied (PolicyOptimizer::FinishStep).
   std::string nonfinite_term;
   bool skipped() const { return !nonfinite_term.empty(); }
+  // Host wall seconds of the step's backward passes, summed over its
+  // micro-batches (L_R, L_D, L_SFT apart when measured; one combined pass
+  // is counted as L_R's), and of FinishStep (combine, clip, AdamW). On
+  // CUDA, work is asynchronous: a phase holds what it waited for.
+  double backward_seconds[3] = {0.0, 0.0, 0.0};
+  double update_seconds = 0.0;
   // κ = ‖∇L_R‖ / ‖∇L_D‖ (docs/algorithms.md §3.1, with the reward weight w_R as part of
   // L_R); absent when not measured or ‖∇L_D‖ = 0.
   std::optional<double> kappa() const {
@@ -107,6 +113,8 @@ class PolicyOptimizer {
   int64_t step() const { return step_; }
 
  private:
+  // FinishStep's work: combine the pending step's gradients, clip, AdamW.
+  StepStats CombineAndApply();
   // Clips the gradients in .grad to max_grad_norm_ given their norm, then AdamW.
   void ClipAndApply(double grad_norm, StepStats* stats);
   // Gradient storage: each parameter's .grad is a view into one flat buffer
@@ -130,6 +138,7 @@ class PolicyOptimizer {
     bool any_distill = false;    // a distillation graph on some micro-batch of this rank
     bool any_sft = false;
     bool reward_started = false, distill_started = false, sft_started = false;
+    double backward_seconds[3] = {0.0, 0.0, 0.0};  // StepStats::backward_seconds
   };
 
   model::Decoder model_;
