@@ -30,7 +30,8 @@
 # Usage: bash bench/eager_reference/vocab_compare.sh [BUILD_DIR] [flags for both, e.g. --layers 4]
 # Env:   KAPPA_BENCH_MEM_GIB (cap, 20), KAPPA_COMPARE_ROWS ("4 8"),
 #        KAPPA_COMPARE_CHUNK (512), KAPPA_COMPARE_STEPS (2), KAPPA_COMPARE_THREADS (2),
-#        KAPPA_COMPARE_MONITORED (1), KAPPA_COMPARE_OUT (/tmp/vocab_compare.jsonl)
+#        KAPPA_COMPARE_MONITORED (1), KAPPA_COMPARE_CKPT (1: the checkpointing rows),
+#        KAPPA_COMPARE_OUT (/tmp/vocab_compare.jsonl)
 # Run it on a quiet machine: flock /tmp/kappa-build.lock bash bench/eager_reference/vocab_compare.sh build --layers 4
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
@@ -48,6 +49,7 @@ chunk=${KAPPA_COMPARE_CHUNK:-512}
 steps=${KAPPA_COMPARE_STEPS:-2}
 threads=${KAPPA_COMPARE_THREADS:-2}
 monitored=${KAPPA_COMPARE_MONITORED:-1}
+ckpt=${KAPPA_COMPARE_CKPT:-1}
 out=${KAPPA_COMPARE_OUT:-/tmp/vocab_compare.jsonl}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -88,8 +90,10 @@ for rows in $rows_list; do
   run "eager topk rows=$rows" "$python" "$here/vocab_step.py" --teacher topk "${shape[@]}"
   run "kappa hidden rows=$rows" "$bin" --teacher hidden "${plain[@]}" --checkpointing 0 "${shape[@]}"
   run "eager full rows=$rows" "$python" "$here/vocab_step.py" --teacher full "${shape[@]}"
-  run "kappa topk ckpt rows=$rows" "$bin" --teacher topk "${plain[@]}" --checkpointing 1 "${shape[@]}"
-  run "kappa hidden ckpt rows=$rows" "$bin" --teacher hidden "${plain[@]}" --checkpointing 1 "${shape[@]}"
+  if [[ $ckpt == 1 ]]; then
+    run "kappa topk ckpt rows=$rows" "$bin" --teacher topk "${plain[@]}" --checkpointing 1 "${shape[@]}"
+    run "kappa hidden ckpt rows=$rows" "$bin" --teacher hidden "${plain[@]}" --checkpointing 1 "${shape[@]}"
+  fi
   if [[ $monitored == 1 ]]; then
     run "kappa topk monitored rows=$rows" "$bin" --teacher topk --chunk "$chunk" --checkpointing 0 --kappa 1 --kdr 1 "${shape[@]}"
     run "kappa topk monitored recompute rows=$rows" "$bin" --teacher topk --chunk "$chunk" --checkpointing 0 --kappa 1 --kdr 1 --fused 0 "${shape[@]}"

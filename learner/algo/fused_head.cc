@@ -124,13 +124,17 @@ struct LossGradients {
   }
 };
 
-// The forward's stored gradients in the node's saved_data: ∂L_R/∂h, ∂L_R/∂W,
-// ∂L_D/∂h, ∂L_D/∂W (empty where there is none).
-constexpr const char* kGradientKeys[4] = {"reward_hidden", "reward_weight", "distill_hidden",
-                                          "distill_weight"};
+// The forward's stored gradients in the node's saved_data: ∂/∂h and ∂/∂W of
+// L_R, L_D and the combined loss, in the order of the node's first three
+// outputs (empty where there is none).
+constexpr int kLosses = 3;
+constexpr const char* kGradientKeys[2 * kLosses] = {"reward_hidden",   "reward_weight",
+                                                    "distill_hidden",  "distill_weight",
+                                                    "combined_hidden", "combined_weight"};
 
 // Inputs: hidden [M, D], weight [V, D] (differentiable), the rest data.
-// Outputs: L_R, L_D (or an empty placeholder), then the [M] values of
+// Outputs: L_R, L_D, the combined loss (each a scalar; those without a
+// stored gradient non-differentiable), then the [M] values of
 // FusedHeadOutputs in its order (no gradient).
 class FusedHeadFunction : public torch::autograd::Function<FusedHeadFunction> {
  public:
@@ -155,7 +159,10 @@ class FusedHeadFunction : public torch::autograd::Function<FusedHeadFunction> {
     };
     torch::Tensor reward_loss = torch::zeros({}, options);
     torch::Tensor distill_loss = torch::zeros({distill ? 1 : 0}, options).sum();
-    LossGradients reward_grads = gradients(true), distill_grads = gradients(distill);
+    const bool combine = in->combine;
+    LossGradients reward_grads = gradients(!combine),
+                  distill_grads = gradients(distill && !combine),
+                  combined_grads = gradients(combine);
     const torch::Tensor w = weight.to(hidden.scalar_type());
     for (int64_t start = 0; start < rows; start += in->chunk_positions) {
       const int64_t n = std::min(in->chunk_positions, rows - start);
@@ -167,30 +174,44 @@ class FusedHeadFunction : public torch::autograd::Function<FusedHeadFunction> {
       reward.narrow(0, start, n).copy_(chunk.reward);
       entropy.narrow(0, start, n).copy_(chunk.entropy);
       reward_loss += chunk.reward_loss;
-      reward_grads.Add(chunk.reward_logit_grad, h, w, start, n);
       if (distill) {
         distill_terms.narrow(0, start, n).copy_(chunk.distill);
         kernel.narrow(0, start, n).copy_(chunk.kernel);
         if (in->mask) mask_weights.narrow(0, start, n).copy_(chunk.mask_weights);
         distill_loss += chunk.distill_loss;
-        distill_grads.Add(chunk.distill_logit_grad, h, w, start, n);
+      }
+      if (combine) {
+        torch::Tensor dz = chunk.reward_logit_grad.mul_(in->combine_reward);
+        if (distill) dz.add_(chunk.distill_logit_grad, in->combine_distill);
+        combined_grads.Add(dz, h, w, start, n);
+      } else {
+        reward_grads.Add(chunk.reward_logit_grad, h, w, start, n);
+        if (distill) distill_grads.Add(chunk.distill_logit_grad, h, w, start, n);
       }
     }
+    const torch::Tensor combined_loss =
+        reward_loss * in->combine_reward + distill_loss * in->combine_distill;
     auto or_empty = [&](const torch::Tensor& t) {
       return t.defined() ? t : torch::empty({0}, weight.options());
     };
     // In saved_data, not save_for_backward: the backward scales each in
     // place and lets it go (a [V, D] buffer per loss, 545 MB at Qwen2.5's
     // vocabulary), which a saved variable's version check forbids.
-    ctx->saved_data[kGradientKeys[0]] = reward_grads.hidden;
-    ctx->saved_data[kGradientKeys[1]] = or_empty(reward_grads.weight);
-    ctx->saved_data[kGradientKeys[2]] = distill_grads.hidden;
-    ctx->saved_data[kGradientKeys[3]] = or_empty(distill_grads.weight);
+    const LossGradients* stored[kLosses] = {&reward_grads, &distill_grads, &combined_grads};
+    for (int loss = 0; loss < kLosses; ++loss) {
+      ctx->saved_data[kGradientKeys[2 * loss]] = stored[loss]->hidden;
+      ctx->saved_data[kGradientKeys[2 * loss + 1]] = or_empty(stored[loss]->weight);
+    }
     ctx->mark_non_differentiable(
         {token_logprobs, reward, entropy, distill_terms, kernel, mask_weights});
+    if (combine) {
+      ctx->mark_non_differentiable({reward_loss, distill_loss});
+    } else {
+      ctx->mark_non_differentiable({combined_loss});
+    }
     ctx->set_materialize_grads(false);
-    return {reward_loss,   distill_loss, token_logprobs, reward,
-            distill_terms, entropy,      kernel,         mask_weights};
+    return {reward_loss,   distill_loss, combined_loss, token_logprobs, reward,
+            distill_terms, entropy,      kernel,        mask_weights};
   }
 
   // Each loss's stored gradients, scaled in place by its incoming gradient
@@ -198,7 +219,7 @@ class FusedHeadFunction : public torch::autograd::Function<FusedHeadFunction> {
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     torch::NoGradGuard no_grad;
     torch::Tensor grad_hidden, grad_weight;
-    for (int loss = 0; loss < 2; ++loss) {
+    for (int loss = 0; loss < kLosses; ++loss) {
       const torch::Tensor& g = grads[loss];
       if (!g.defined() || g.numel() == 0) continue;
       for (int part = 0; part < 2; ++part) {
@@ -262,14 +283,15 @@ FusedHeadOutputs ComputeFusedHead(const FusedHeadInputs& in) {
   const bool distill = in.teacher.defined();
   FusedHeadOutputs terms;
   terms.reward_loss = out[0];
-  terms.token_logprobs = out[2];
-  terms.reward = out[3];
-  terms.entropy = out[5];
+  if (in.combine) terms.combined_loss = out[2];
+  terms.token_logprobs = out[3];
+  terms.reward = out[4];
+  terms.entropy = out[6];
   if (distill) {
     terms.distill_loss = out[1];
-    terms.distill = out[4];
-    terms.logit_kernel = out[6];
-    if (in.mask) terms.mask_weights = out[7];
+    terms.distill = out[5];
+    terms.logit_kernel = out[7];
+    if (in.mask) terms.mask_weights = out[8];
   }
   return terms;
 }

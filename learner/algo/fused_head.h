@@ -46,11 +46,22 @@ struct FusedHeadInputs {
   BalanceConfig::MaskTarget mask_target = BalanceConfig::MaskTarget::kReward;
   KdrEstimator mask_estimator = KdrEstimator::kLogit;
   double mask_temperature = 0.0;
+  // A plain step's one combined backward (PolicyOptimizer::PlainWeights):
+  // with `combine`, the forward stores a single gradient, that of
+  // combine_reward · L_R + combine_distill · L_D, which
+  // FusedHeadOutputs::combined_loss carries; L_R and L_D are then values
+  // without graph. Per chunk that is one ∂/∂z, so two gradient GEMMs in
+  // all instead of two per loss.
+  bool combine = false;
+  double combine_reward = 0.0, combine_distill = 0.0;
 };
 
 struct FusedHeadOutputs {
   torch::Tensor reward_loss;   // scalar L_R, with graph
   torch::Tensor distill_loss;  // scalar L_D, with graph; undefined without teacher rows
+  // With FusedHeadInputs::combine: the scalar combine_reward · L_R +
+  // combine_distill · L_D, with graph (reward_loss, distill_loss without).
+  torch::Tensor combined_loss;
   // [M], no graph: log π_θ(y_n), ℓ_R(n), ℓ_D(n) (undefined without teacher
   // rows), H(p_n), the logit K_DR g_R(n)·g_D(n) (undefined without teacher
   // rows) and m3_mask's weights (undefined with the mask off).

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <utility>
 
 #include "learner/algo/fused_token_terms.h"
@@ -207,8 +208,7 @@ TokenTerms ComputeTokenTerms(model::Decoder& model, const TrainBatch& batch,
     const torch::Tensor sft_logits =
         VocabLogits(model->Forward(batch.sft_input_tokens, batch.sft_attention_mask).logits,
                     config.vocab_limit);
-    terms.sft_nll =
-        SftNll(sft_logits, batch.sft_target_tokens, batch.sft_mask, &terms.sft_count);
+    terms.sft_nll = SftNll(sft_logits, batch.sft_target_tokens, batch.sft_mask, &terms.sft_count);
   }
   return terms;
 }
@@ -227,15 +227,15 @@ LossTerms AggregateTerms(const TokenTerms& tokens, const TrainBatch& batch,
   LossTerms terms;
   terms.logits = tokens.logits;
   const torch::Tensor zero = torch::zeros({}, tokens.token_logprobs.options());
-  terms.reward_loss = Aggregate(
-      weights.reward.defined() ? tokens.reward * weights.reward : tokens.reward, mask,
-      config.aggregation, &terms.reward_count);
+  terms.reward_loss =
+      Aggregate(weights.reward.defined() ? tokens.reward * weights.reward : tokens.reward, mask,
+                config.aggregation, &terms.reward_count);
   if (tokens.distill.defined() && !weights.no_distill) {
     const torch::Tensor& distill_mask =
         weights.distill_mask.defined() ? weights.distill_mask : mask;
-    terms.distill_loss = Aggregate(
-        weights.distill.defined() ? tokens.distill * weights.distill : tokens.distill,
-        distill_mask, config.aggregation, &terms.distill_count);
+    terms.distill_loss =
+        Aggregate(weights.distill.defined() ? tokens.distill * weights.distill : tokens.distill,
+                  distill_mask, config.aggregation, &terms.distill_count);
   } else {
     terms.distill_loss = zero;
     terms.distill_count = zero;
@@ -256,8 +256,8 @@ void AddDiagnostics(const TokenTerms& tokens, const TrainBatch& batch, const Los
   const torch::Tensor ratio = log_ratio.exp();
   const torch::Tensor& adv = batch.advantages;
   const torch::Tensor clipped =
-      ((-adv * ratio.clamp(1.0 - config.ppo.clip_low, 1.0 + config.ppo.clip_high)) >
-       (-adv * ratio)).to(mask.scalar_type());
+      ((-adv * ratio.clamp(1.0 - config.ppo.clip_low, 1.0 + config.ppo.clip_high)) > (-adv * ratio))
+          .to(mask.scalar_type());
   const torch::Tensor k3 = (ratio - 1.0) - log_ratio;
   const torch::Tensor stats =
       torch::stack({Aggregate(tokens.entropy, mask, Aggregation::kTokenMean),
@@ -270,9 +270,26 @@ void AddDiagnostics(const TokenTerms& tokens, const TrainBatch& batch, const Los
   terms.approx_kl = s[2];
 }
 
+std::pair<torch::Tensor, torch::Tensor> TermCounts(const TrainBatch& batch,
+                                                   const LossConfig& config,
+                                                   const TermWeights& weights) {
+  const torch::Tensor& response = batch.response_mask;
+  const torch::Tensor zeros = torch::zeros_like(response);
+  torch::Tensor reward_count, distill_count;
+  Aggregate(zeros, response, config.aggregation, &reward_count);
+  if (batch.teacher().defined() && !weights.no_distill) {
+    Aggregate(zeros, weights.distill_mask.defined() ? weights.distill_mask : response,
+              config.aggregation, &distill_count);
+  } else {
+    distill_count = torch::zeros({}, response.options());
+  }
+  return {reward_count, distill_count};
+}
+
 FusedStepTerms ComputeFusedStepTerms(model::Decoder& model, const TrainBatch& batch,
                                      const LossConfig& config, const TermWeights& weights,
-                                     const FusedMask& mask) {
+                                     const FusedMask& mask,
+                                     const std::optional<FusedCombine>& combine) {
   if (config.vocab_chunk_positions <= 0) {
     throw std::invalid_argument(
         "ComputeFusedStepTerms: the fused head needs trainer.vocab_chunk_positions > 0");
@@ -310,6 +327,11 @@ FusedStepTerms ComputeFusedStepTerms(model::Decoder& model, const TrainBatch& ba
   in.mask_target = mask.target;
   in.mask_estimator = mask.estimator;
   in.mask_temperature = mask.temperature;
+  if (combine.has_value()) {
+    in.combine = true;
+    in.combine_reward = combine->reward;
+    in.combine_distill = distill_trains ? combine->distill : 0.0;
+  }
   const FusedHeadOutputs head = ComputeFusedHead(in);
   const auto head_done = std::chrono::steady_clock::now();
 
@@ -333,19 +355,15 @@ FusedStepTerms ComputeFusedStepTerms(model::Decoder& model, const TrainBatch& ba
   LossTerms& terms = step.terms;
   const torch::Tensor zero = torch::zeros({}, head.token_logprobs.options());
   terms.reward_loss = head.reward_loss;
-  Aggregate(torch::zeros_like(response), response, config.aggregation, &terms.reward_count);
+  terms.combined_loss = head.combined_loss;
+  terms.combined_distill = combine.has_value() && distill_trains;
+  std::tie(terms.reward_count, terms.distill_count) = TermCounts(batch, config, weights);
   if (distill) {
     tokens.distill = scatter(head.distill);
     step.logit_kernel = scatter(head.logit_kernel);
     if (head.mask_weights.defined()) step.mask_weights = scatter(head.mask_weights);
   }
-  if (distill_trains) {
-    terms.distill_loss = head.distill_loss;
-    Aggregate(torch::zeros_like(response), distill_mask, config.aggregation, &terms.distill_count);
-  } else {
-    terms.distill_loss = zero;
-    terms.distill_count = zero;
-  }
+  terms.distill_loss = distill_trains ? head.distill_loss : zero;
   terms.sft_loss = tokens.sft_nll.defined() ? tokens.sft_nll : zero;
   terms.sft_count = tokens.sft_nll.defined() ? tokens.sft_count : zero;
   AddDiagnostics(tokens, batch, config, &terms);

@@ -9,6 +9,8 @@
 #include <torch/types.h>
 
 #include <cstdint>
+#include <optional>
+#include <utility>
 
 #include "learner/algo/balance.h"
 #include "learner/algo/cross_kernel.h"
@@ -111,6 +113,12 @@ struct LossTerms {
   torch::Tensor reward_loss;
   torch::Tensor distill_loss;
   torch::Tensor sft_loss;
+  // A plain step through the fused head: w_R s_R L_R + w_D s_D L_D
+  // precombined with the weights PolicyOptimizer::PlainWeights gave, with
+  // the graph; reward_loss and distill_loss are then values without one,
+  // and combined_distill says whether L_D is in it. Undefined otherwise.
+  torch::Tensor combined_loss;
+  bool combined_distill = false;
   torch::Tensor logits;  // [B, L, V] raw model logits, with graph
   // What each mean above was taken over (tokens or sequences, per the
   // aggregation; 0 for an absent term), unclamped, without graph. A
@@ -144,6 +152,19 @@ struct FusedMask {
   double temperature = 0.0;
 };
 
+// What L_R's and L_D's means of one micro-batch are taken over (tokens or
+// sequences: LossTerms' reward_count, distill_count), from the masks alone;
+// distill 0 when `weights` says no L_D.
+std::pair<torch::Tensor, torch::Tensor> TermCounts(const TrainBatch& batch,
+                                                   const LossConfig& config,
+                                                   const TermWeights& weights);
+
+// The weights of a plain step's one backward that the fused head folds into
+// its single stored gradient (FusedHeadInputs::combine).
+struct FusedCombine {
+  double reward = 0.0, distill = 0.0;
+};
+
 // The training forward of one micro-batch through the fused head: what
 // ComputeTokenTerms, the cheap logit K_DR, m3_mask and AggregateTerms give
 // together, with one pass over the vocabulary per chunk. `weights` as for
@@ -151,8 +172,10 @@ struct FusedMask {
 // when the batch has teacher rows). tokens: token_logprobs, reward,
 // distill, entropy [B, L] without graph, hidden with graph, SFT as
 // ComputeTokenTerms; terms: L_R and L_D with graph and the counts and
-// diagnostics of AggregateTerms. REQUIRES: config.vocab_chunk_positions > 0
-// (else std::invalid_argument); `batch` on the model's device.
+// diagnostics of AggregateTerms. With `combine` (a plain step), the head
+// stores one gradient and terms.combined_loss carries it. REQUIRES:
+// config.vocab_chunk_positions > 0 (else std::invalid_argument); `batch`
+// on the model's device.
 struct FusedStepTerms {
   TokenTerms tokens;
   LossTerms terms;
@@ -162,7 +185,8 @@ struct FusedStepTerms {
 };
 FusedStepTerms ComputeFusedStepTerms(model::Decoder& model, const TrainBatch& batch,
                                      const LossConfig& config, const TermWeights& weights,
-                                     const FusedMask& mask);
+                                     const FusedMask& mask,
+                                     const std::optional<FusedCombine>& combine = std::nullopt);
 
 // The training–inference mismatch sums over the positions where `mask` [B, L]
 // is 1: [Σ |d|, Σ k3, Σ mask] in float64, no graph, on the inputs' device,

@@ -184,11 +184,6 @@ bool HybridStep::SeparateGradients(int64_t step) const {
   return Due(config_.monitor.kappa_every, step) || config_.balance.NeedsSeparateGradients();
 }
 
-bool HybridStep::Fuses(int64_t step, const Gate& gate) const {
-  if (config_.loss.vocab_chunk_positions <= 0 || !config_.loss.fused_head) return false;
-  return SeparateGradients(step) || !gate.trains();
-}
-
 TermWeights HybridStep::GateWeights(const MicroBatch& part, const Gate& gate) {
   TermWeights weights;
   weights.no_distill = !gate.trains();
@@ -216,7 +211,7 @@ void HybridStep::AccumulateMicroBatch(const MicroBatch& part, const TokenTerms& 
              mismatch);
 }
 
-void HybridStep::AccumulateFusedMicroBatch(const MicroBatch& part, const Gate& gate,
+void HybridStep::AccumulateFusedMicroBatch(const MicroBatch& part, const Gate& gate, bool separate,
                                            const torch::Tensor& mismatch_mask, KdrMonitor& kdr,
                                            TokenMeans* means, MismatchSums* mismatch,
                                            HybridStepReport* report) {
@@ -226,10 +221,17 @@ void HybridStep::AccumulateFusedMicroBatch(const MicroBatch& part, const Gate& g
   mask.target = config_.balance.mask_target;
   mask.estimator = config_.balance.mask_estimator;
   mask.temperature = config_.balance.mask_temperature;
+  const TermWeights weights = GateWeights(part, gate);
+  std::optional<FusedCombine> combine;
+  if (!separate) {
+    const auto [reward_count, distill_count] = TermCounts(sub, config_.loss, weights);
+    const auto [reward, distill] = optimizer_->PlainWeights(reward_count, distill_count);
+    combine = FusedCombine{reward, distill};
+  }
   FusedStepTerms fused;
   {
     AutocastGuard autocast(optimizer_->parameters().front().device(), config_.precision);
-    fused = ComputeFusedStepTerms(model_, sub, config_.loss, GateWeights(part, gate), mask);
+    fused = ComputeFusedStepTerms(model_, sub, config_.loss, weights, mask, combine);
   }
   report->forward_layers_seconds += fused.layers_seconds;
   report->forward_head_seconds += fused.head_seconds;
@@ -282,11 +284,8 @@ HybridStepReport HybridStep::Run(const TrainBatch& batch_in, const torch::Tensor
   // D: the positions L_D trains on, decided over the whole batch. The fused
   // head's training forward is its own, so the gate's forward is not kept.
   std::optional<TokenTerms> first_forward;
-  // RSTG's gate needs the forward before it knows whether L_D trains: it
-  // keeps it unless the fused head would run regardless of the gate.
-  const bool fused_anyway = Fuses(step, Gate{}) && SeparateGradients(step);
-  const Gate gate = DecideGate(batch, micro, fused_anyway ? nullptr : &first_forward);
-  const bool fused = Fuses(step, gate);
+  const bool fused = Fuses();
+  const Gate gate = DecideGate(batch, micro, fused ? nullptr : &first_forward);
   report.distill_positions = gate.selection.selected_positions;
   report.gated_groups = gate.selection.gated_groups;
 
@@ -300,7 +299,8 @@ HybridStepReport HybridStep::Run(const TrainBatch& batch_in, const torch::Tensor
   MismatchSums mismatch;
   for (size_t k = 0; k < micro.size(); ++k) {
     if (fused) {
-      AccumulateFusedMicroBatch(micro[k], gate, mismatch_mask, kdr, &means, &mismatch, &report);
+      AccumulateFusedMicroBatch(micro[k], gate, SeparateGradients(step), mismatch_mask, kdr, &means,
+                                &mismatch, &report);
       continue;
     }
     const auto start = std::chrono::steady_clock::now();

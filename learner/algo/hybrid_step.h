@@ -149,7 +149,9 @@ class HybridStep {
   // The same through the fused head (fused()): its own forward under the
   // configured precision gives the losses with m3_mask applied and the
   // logit K_DR the monitor records.
-  void AccumulateFusedMicroBatch(const MicroBatch& part, const Gate& gate,
+  // On a plain step (`separate` false) the head precombines L_R and L_D
+  // with the optimizer's weights (PolicyOptimizer::PlainWeights).
+  void AccumulateFusedMicroBatch(const MicroBatch& part, const Gate& gate, bool separate,
                                  const torch::Tensor& mismatch_mask, KdrMonitor& kdr,
                                  TokenMeans* means, MismatchSums* mismatch,
                                  HybridStepReport* report);
@@ -162,14 +164,14 @@ class HybridStep {
   // Whether the step at `step` takes ∇L_R and ∇L_D apart: κ is due, or the
   // balancing needs them (m3_project, m3_norm, m3_adapt).
   bool SeparateGradients(int64_t step) const;
-  // Whether this step's training forward runs the fused head: chunks,
-  // loss.fused_head, and a step where it makes fewer passes over V than the
-  // recomputing node (bench/README.md "Like for like against eager
-  // PyTorch"): one that takes the two gradients apart (the fused head: one
-  // logits GEMM and two per loss; the node: one, a K_DR pass and three per
-  // backward pass) or has no L_D. A plain step with L_D (one combined
-  // backward: the node's four against the fused head's five) recomputes.
-  bool Fuses(int64_t step, const Gate& gate) const;
+  // Whether the training forward runs the fused head: chunks and
+  // loss.fused_head. It then makes fewer passes over V than the recomputing
+  // node on every step: with the two gradients apart, one logits GEMM and
+  // two per loss against one, a K_DR pass and three per backward; on a plain
+  // step, one and two for the precombined loss against one and three.
+  bool Fuses() const {
+    return config_.loss.vocab_chunk_positions > 0 && config_.loss.fused_head;
+  }
 
   model::Decoder model_;
   std::unique_ptr<PolicyOptimizer> optimizer_;

@@ -202,7 +202,12 @@ void PolicyOptimizer::AccumulateStep(const LossTerms& terms) {
                                         Float64Scalar(terms.sft_loss, device)}) *
                           counts;
   }
-  pending_.any_distill |= has_distill;
+  if (terms.combined_loss.defined() && pending_.measured) {
+    throw std::logic_error(
+        "PolicyOptimizer::AccumulateStep: a precombined loss in a step that measures the "
+        "signals apart");
+  }
+  pending_.any_distill |= has_distill || (terms.combined_loss.defined() && terms.combined_distill);
   pending_.any_sft |= has_sft;
 
   // backward() of `loss`, its host seconds added to term i's.
@@ -231,11 +236,29 @@ void PolicyOptimizer::AccumulateStep(const LossTerms& terms) {
   } else {
     AttachGradients(reward_grad_, /*zero=*/!pending_.reward_started);
     pending_.reward_started = true;
-    torch::Tensor total = plan.reward_weight * scaled(terms.reward_loss, 0);
-    if (has_distill) total = total + plan.distill_weight * scaled(terms.distill_loss, 1);
+    // PlainWeights already scaled a precombined loss's two terms.
+    torch::Tensor total = terms.combined_loss;
+    if (!total.defined()) {
+      total = plan.reward_weight * scaled(terms.reward_loss, 0);
+      if (has_distill) total = total + plan.distill_weight * scaled(terms.distill_loss, 1);
+    }
     if (has_sft) total = total + plan.sft_weight * scaled(terms.sft_loss, 2);
     timed_backward(total, 0, /*retain_graph=*/false);
   }
+}
+
+std::pair<double, double> PolicyOptimizer::PlainWeights(const torch::Tensor& reward_count,
+                                                        const torch::Tensor& distill_count) const {
+  if (!pending_.open || pending_.measured) {
+    throw std::logic_error("PolicyOptimizer::PlainWeights needs an open step that is not measured");
+  }
+  const torch::Tensor totals = pending_.totals.to(torch::kCPU).clamp_min(1.0);
+  const double reward_share = reward_count.to(torch::kCPU, torch::kFloat64).item<double>() /
+                              totals[0].item<double>();
+  const double distill_share = distill_count.to(torch::kCPU, torch::kFloat64).item<double>() /
+                               totals[1].item<double>();
+  return {pending_.plan.reward_weight * reward_share,
+          pending_.plan.distill_weight * distill_share};
 }
 
 StepStats PolicyOptimizer::FinishStep() {

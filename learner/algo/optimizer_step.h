@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -99,6 +100,15 @@ class PolicyOptimizer {
   // Data parallel: the terms and the norm are the ranks' sums, so every rank
   // skips the same steps.
   StepStats FinishStep();
+
+  // The weights of one micro-batch's L_R and L_D in the open step's one
+  // combined backward: the plan's w_R and λ (or s), each times the
+  // micro-batch's share c / C of its term's count over the step (every
+  // rank's). What a fused head folds into its one stored gradient
+  // (LossTerms::combined_loss). REQUIRES: a step open that is not measured
+  // (std::logic_error otherwise).
+  std::pair<double, double> PlainWeights(const torch::Tensor& reward_count,
+                                         const torch::Tensor& distill_count) const;
   // The naive step L_R + λ L_D, measured.
   StepStats Step(const LossTerms& terms, double lambda);
 
