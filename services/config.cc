@@ -534,13 +534,12 @@ constexpr Field kFields[] = {
     KAPPA_CONFIG_FIELD(
         trainer.fused_head,
         "With `vocab_chunk_positions` > 0: `true` runs the training forward through the fused "
-        "head on the steps where it makes fewer passes over the vocabulary — those that take "
-        "the two gradients apart (κ due, or m3_project, m3_norm, m3_adapt) or have no L_D: "
-        "each chunk's logits, both losses' logit gradients, the cheap K_DR and m3_mask in one "
-        "pass, turned into the gradients of the hidden states and the output weight there, at "
-        "the memory of one [V, d] float32 weight gradient per loss held until its backward; a "
-        "plain step with L_D (one combined backward) recomputes. `false` always recomputes each "
-        "chunk's logits in the backward passes."),
+        "head: each chunk's logits, both losses' logit gradients, the cheap K_DR and m3_mask in "
+        "one pass over the vocabulary, turned into the gradients of the hidden states and the "
+        "output weight there (on a step without κ, the two losses precombined with the "
+        "optimizer's weights), so the backward makes no second pass over V; the price is one "
+        "[V, d] float32 weight gradient per stored loss, held until its backward. `false` "
+        "recomputes each chunk's logits in every backward pass."),
     KAPPA_CONFIG_FIELD(trainer.activation_checkpointing,
                        "Recompute each decoder layer in backward instead of keeping its "
                        "activations: the same gradients, about one more forward pass of "

@@ -289,9 +289,9 @@ struct Config {
     int64_t vocab_chunk_positions = 0;
     // With vocab_chunk_positions > 0: true runs the training forward through
     // the fused head (both losses' logit gradients, K_DR and m3_mask in the
-    // forward's one pass over V; ∂/∂W of each loss held until the backward)
-    // on the steps where that is fewer passes over V (HybridStep::Fuses);
-    // false recomputes each chunk's logits in every backward pass.
+    // forward's one pass over V; ∂/∂W of each loss, or of the precombined
+    // loss of a plain step, held until the backward); false recomputes each
+    // chunk's logits in every backward pass.
     bool fused_head = true;
     // Recompute each decoder layer in backward instead of keeping its
     // activations (same gradients; more compute, less memory).

@@ -143,6 +143,29 @@ TEST(MemoryPlanTest, FullTeacherRowsAtARealVocabularyExceedTheDefaultMessageLimi
   EXPECT_TRUE(CheckPlanFits(PlanMemory(in), in.config, {}).ok());
 }
 
+// teacher.rows: hidden (issue 53): the learner holds the teacher's head and
+// each chunk's teacher logits; the wire and the batch carry D_t values a
+// position, and the ScoredGroup shrinks by V / D_t against full rows.
+TEST(MemoryPlanTest, HiddenTeacherRowsCountTheHeadOnTheLearnerAndDtValuesInFlight) {
+  PlanInputs in = VocabScaleBench(4, 8, /*full=*/true, 512, false);
+  in.teacher.hidden = 1536;  // a 1.5B teacher's width over the same vocabulary
+  const int64_t full_group = PlanMemory(in).messages.front().bytes;
+  in.teacher_rows = TeacherRows::kHidden;
+  const MemoryPlan plan = PlanMemory(in);
+  const PlanTerm* head = nullptr;
+  for (const PlanTerm& term : plan.processes.front().terms) {
+    if (term.name == "teacher head (teacher.rows: hidden)") head = &term;
+  }
+  ASSERT_NE(head, nullptr);
+  // V·D_t·4 (float32 on the CPU) + two [c, V] float32 chunk tensors.
+  EXPECT_EQ(head->bytes, int64_t{151936} * 1536 * 4 + 2 * 512 * int64_t{151936} * 4);
+  EXPECT_EQ(head->key, "teacher.rows");
+  ASSERT_EQ(plan.messages.front().name, "ScoredGroup");
+  // G 4 × T 448 × D_t 1,536 × 4 B of hidden values, plus the per-token rest.
+  EXPECT_LT(plan.messages.front().bytes, 4 * 448 * (1536 * 4 + 64) + 64 * 1024);
+  EXPECT_LT(plan.messages.front().bytes * 50, full_group);
+}
+
 TEST(MemoryPlanTest, ARefusalNamesTheProcessTheTermAndItsKey) {
   PlanInputs in = VocabScaleBench(24, 8, /*full=*/false, /*chunk=*/0, /*ckpt=*/true);
   const MemoryPlan plan = PlanMemory(in);
