@@ -92,9 +92,9 @@ struct Options {
   int threads = 2;
   int steps = 2;
   int64_t topk = 64;
-  bool kappa = true;      // monitor.kappa_every = 1 (else 0)
-  bool kdr = true;        // monitor.kdr_every = 1 (else 0)
-  int64_t lora_rank = 0;  // 0: full training; R > 0: LoRA adapters only
+  bool kappa = true;            // monitor.kappa_every = 1 (else 0)
+  bool kdr = true;              // monitor.kdr_every = 1 (else 0)
+  int64_t lora_rank = 0;        // 0: full training; R > 0: LoRA adapters only
   int64_t teacher_width = 896;  // D_t of --teacher hidden
   bool fused = true;            // trainer.fused_head
 };

@@ -169,9 +169,7 @@ class HybridStep {
   // node on every step: with the two gradients apart, one logits GEMM and
   // two per loss against one, a K_DR pass and three per backward; on a plain
   // step, one and two for the precombined loss against one and three.
-  bool Fuses() const {
-    return config_.loss.vocab_chunk_positions > 0 && config_.loss.fused_head;
-  }
+  bool Fuses() const { return config_.loss.vocab_chunk_positions > 0 && config_.loss.fused_head; }
 
   model::Decoder model_;
   std::unique_ptr<PolicyOptimizer> optimizer_;

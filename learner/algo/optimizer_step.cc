@@ -5,9 +5,9 @@
 
 #include <algorithm>
 #include <chrono>
-#include <iterator>
 #include <cmath>
 #include <cstdio>
+#include <iterator>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -253,12 +253,11 @@ std::pair<double, double> PolicyOptimizer::PlainWeights(const torch::Tensor& rew
     throw std::logic_error("PolicyOptimizer::PlainWeights needs an open step that is not measured");
   }
   const torch::Tensor totals = pending_.totals.to(torch::kCPU).clamp_min(1.0);
-  const double reward_share = reward_count.to(torch::kCPU, torch::kFloat64).item<double>() /
-                              totals[0].item<double>();
-  const double distill_share = distill_count.to(torch::kCPU, torch::kFloat64).item<double>() /
-                               totals[1].item<double>();
-  return {pending_.plan.reward_weight * reward_share,
-          pending_.plan.distill_weight * distill_share};
+  const double reward_share =
+      reward_count.to(torch::kCPU, torch::kFloat64).item<double>() / totals[0].item<double>();
+  const double distill_share =
+      distill_count.to(torch::kCPU, torch::kFloat64).item<double>() / totals[1].item<double>();
+  return {pending_.plan.reward_weight * reward_share, pending_.plan.distill_weight * distill_share};
 }
 
 StepStats PolicyOptimizer::FinishStep() {
