@@ -202,13 +202,15 @@ class FusedHeadFunction : public torch::autograd::Function<FusedHeadFunction> {
       ctx->saved_data[kGradientKeys[2 * loss]] = stored[loss]->hidden;
       ctx->saved_data[kGradientKeys[2 * loss + 1]] = or_empty(stored[loss]->weight);
     }
-    ctx->mark_non_differentiable(
-        {token_logprobs, reward, entropy, distill_terms, kernel, mask_weights});
+    // One call: each call replaces the set the previous one marked.
+    variable_list values_only = {token_logprobs, reward, entropy,
+                                 distill_terms,  kernel, mask_weights};
     if (combine) {
-      ctx->mark_non_differentiable({reward_loss, distill_loss});
+      values_only.insert(values_only.end(), {reward_loss, distill_loss});
     } else {
-      ctx->mark_non_differentiable({combined_loss});
+      values_only.push_back(combined_loss);
     }
+    ctx->mark_non_differentiable(values_only);
     ctx->set_materialize_grads(false);
     return {reward_loss,   distill_loss, combined_loss, token_logprobs, reward,
             distill_terms, entropy,      kernel,        mask_weights};

@@ -7,6 +7,8 @@
 // temperature, bf16 autocast and a frozen (LoRA) head. The gradient norms
 // of both losses (κ), every cheap K_DR value, the masked positions, the
 // diagnostics and the updated parameters must agree.
+#include "learner/algo/fused_head.h"
+
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -215,6 +217,41 @@ TEST(FusedHead, TheStepEqualsTheRecomputingHeads) {
   for (const Setting& s : Settings()) {
     const TrainBatch batch = BatchOf(s.rows, 17, /*all_zero_group=*/s.rstg);
     ExpectSameStep(Step(s, batch, /*fused=*/true), Step(s, batch, /*fused=*/false), 1e-5, s.name);
+  }
+}
+
+// The per-position values and the losses without a stored gradient carry
+// no graph: nothing can backpropagate through them (or keep the node's
+// stored [V, D] gradients alive).
+TEST(FusedHead, OnlyTheLossesWithAStoredGradientHaveAGraph) {
+  const TrainBatch batch = BatchOf("full", 23);
+  model::Decoder m = TinyModel(9);
+  for (const bool combine : {false, true}) {
+    FusedHeadInputs in;
+    const torch::Tensor positions = batch.response_mask.reshape({-1}).nonzero().squeeze(-1);
+    auto at = [&](const torch::Tensor& t) { return t.reshape({-1}).index_select(0, positions); };
+    const int64_t n = positions.size(0);
+    in.hidden = torch::randn({n, m->config().hidden_size}, torch::requires_grad());
+    in.weight = m->OutputWeight();
+    in.targets = at(batch.target_tokens);
+    in.old_logprobs = at(batch.old_logprobs);
+    in.advantages = at(batch.advantages);
+    in.reward_weights = torch::full({n}, 1.0 / static_cast<double>(n));
+    in.teacher = batch.teacher().Flatten().Select(positions);
+    in.distill_weights = in.reward_weights;
+    in.chunk_positions = 4;
+    in.combine = combine;
+    in.combine_reward = 1.0;
+    in.combine_distill = 0.5;
+    const FusedHeadOutputs out = ComputeFusedHead(in);
+    for (const torch::Tensor* value :
+         {&out.token_logprobs, &out.reward, &out.distill, &out.entropy, &out.logit_kernel}) {
+      EXPECT_FALSE(value->requires_grad()) << (combine ? "combined" : "apart");
+    }
+    EXPECT_EQ(out.reward_loss.requires_grad(), !combine);
+    EXPECT_EQ(out.distill_loss.requires_grad(), !combine);
+    EXPECT_EQ(out.combined_loss.defined(), combine);
+    if (combine) EXPECT_TRUE(out.combined_loss.requires_grad());
   }
 }
 
