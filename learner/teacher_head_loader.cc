@@ -2,11 +2,12 @@
 
 #include <torch/torch.h>
 
-#include <exception>
 #include <filesystem>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "base/status.h"
 #include "model/checkpoint.h"
 #include "model/safetensors.h"
 
@@ -31,41 +32,47 @@ absl::StatusOr<TeacherHead> LoadTeacherHead(const std::string& dir, int64_t voca
     return absl::InvalidArgumentError(
         absl::StrCat(where, ": not a directory (teacher.checkpoint)"));
   }
-  model::ModelConfig config;
-  try {
-    config = model::ReadModelConfig(dir);
-  } catch (const std::exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat(where, ": ", e.what()));
-  }
+  // The model code reports a bad file by throwing; every failure here is
+  // the checkpoint's, so INVALID_ARGUMENT.
+  constexpr absl::StatusCode kBadFile = absl::StatusCode::kInvalidArgument;
+  KAPPA_ASSIGN_OR_RETURN(const model::ModelConfig config,
+                         base::CaptureExceptions(
+                             where, [&] { return model::ReadModelConfig(dir); }, kBadFile));
+  KAPPA_ASSIGN_OR_RETURN(const model::CheckpointWeights weights,
+                         base::CaptureExceptions(
+                             where, [&] { return model::CheckpointWeights::Open(dir); }, kBadFile));
   const std::string name = HeadTensorName(config);
-  try {
-    const model::CheckpointWeights weights = model::CheckpointWeights::Open(dir);
-    const auto found = weights.tensors().find(name);
-    if (found == weights.tensors().end()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, ": ", weights.description(), " has no tensor ", name));
-    }
-    const torch::Tensor head = found->second.file->View(name);
-    if (head.dim() != 2 || head.size(1) != config.hidden_size) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, ": ", name, " has shape ", c10::str(head.sizes()), ", not [rows, ",
-                       config.hidden_size, "] (config.json hidden_size)"));
-    }
-    if (head.size(0) < vocab_limit) {
-      return absl::InvalidArgumentError(absl::StrCat(where, ": ", name, " has ", head.size(0),
-                                                     " rows, fewer than the tokenizer's ",
-                                                     vocab_limit, " ids"));
-    }
-    TeacherHead out;
-    out.weight = head.narrow(0, 0, vocab_limit)
-                     .to(device, dtype, /*non_blocking=*/false,
-                         /*copy=*/true);
-    out.weight.set_requires_grad(false);
-    found->second.file->Release(name);
-    return out;
-  } catch (const std::exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat(where, ": ", e.what()));
+  const auto found = weights.tensors().find(name);
+  if (found == weights.tensors().end()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": ", weights.description(), " has no tensor ", name));
   }
+  const model::SafetensorsFile& file = *found->second.file;
+  const std::vector<int64_t>& shape = found->second.entry->shape;
+  if (shape.size() != 2 || shape[1] != config.hidden_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": ", name, " has shape ", c10::str(at::IntArrayRef(shape)),
+                     ", not [rows, ", config.hidden_size, "] (config.json hidden_size)"));
+  }
+  if (shape[0] < vocab_limit) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": ", name, " has ", shape[0],
+                                                   " rows, fewer than the tokenizer's ",
+                                                   vocab_limit, " ids"));
+  }
+  return base::CaptureExceptions(
+      where,
+      [&] {
+        TeacherHead head;
+        head.weight = file.View(name)
+                          .narrow(0, 0, vocab_limit)
+                          .to(device, dtype,
+                              /*non_blocking=*/false,
+                              /*copy=*/true);
+        head.weight.set_requires_grad(false);
+        file.Release(name);
+        return head;
+      },
+      kBadFile);
 }
 
 }  // namespace kappa::learner

@@ -50,16 +50,6 @@ struct TeacherChunks {
   torch::Tensor hidden;  // [N, D_t], or empty
   TeacherHead head;      // with hidden
 
-  static TeacherChunks Of(const TeacherRows& rows) {
-    TeacherChunks chunks;
-    if (rows.hidden_form()) {
-      chunks.hidden = rows.hidden.detach();
-      chunks.head = rows.head;
-    } else {
-      chunks.full = rows.logprobs.detach();
-    }
-    return chunks;
-  }
   // log q [n, V] of rows [start, start + n), in the compute type of `like`.
   torch::Tensor LogProbs(int64_t start, int64_t n, const torch::Tensor& like) const {
     const torch::Tensor q = head.defined() && head.weight.numel() > 0
