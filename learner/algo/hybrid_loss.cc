@@ -15,12 +15,6 @@
 namespace kappa::learner {
 namespace {
 
-torch::Tensor DistillTokenLoss(const torch::Tensor& logprobs, const torch::Tensor& token_logprobs,
-                               const TrainBatch& batch, const LossConfig& config) {
-  return DistillTermFromLogProbs(logprobs, token_logprobs, batch.teacher(), batch.target_tokens,
-                                 config.distill);
-}
-
 // The output projection's rows of the ids p_n is over (LossConfig::vocab_limit).
 torch::Tensor OutputWeightRows(model::Decoder& model, const LossConfig& config) {
   const torch::Tensor weight = model->OutputWeight();
@@ -110,7 +104,8 @@ void UnfusedTerms(const TrainBatch& batch, const LossConfig& config, TokenTerms*
   terms.reward =
       PpoTokenLoss(terms.token_logprobs, batch.old_logprobs, batch.advantages, config.ppo);
   if (batch.teacher_logprobs.defined()) {
-    terms.distill = DistillTokenLoss(terms.logprobs, terms.token_logprobs, batch, config);
+    terms.distill = DistillTermFromLogProbs(terms.logprobs, terms.token_logprobs, batch.teacher(),
+                                            batch.target_tokens, config.distill);
   }
   {
     torch::NoGradGuard no_grad;

@@ -165,14 +165,10 @@ HybridStep::Gate HybridStep::DecideGate(const TrainBatch& batch,
 
 void HybridStep::BeginStep(const TrainBatch& batch, const Gate& gate, int64_t step, double lambda) {
   const torch::Tensor& mask = batch.response_mask;
-  const torch::Tensor zeros = torch::zeros_like(mask);
-  torch::Tensor reward_count, distill_count;
-  Aggregate(zeros, mask, config_.loss.aggregation, &reward_count);
-  if (gate.trains()) {
-    Aggregate(zeros, gate.selection.selected, config_.loss.aggregation, &distill_count);
-  } else {
-    distill_count = torch::zeros({}, mask.options());
-  }
+  TermWeights whole;
+  whole.no_distill = !gate.trains();
+  if (gate.trains()) whole.distill_mask = gate.selection.selected;
+  const auto [reward_count, distill_count] = TermCounts(batch, config_.loss, whole);
   const torch::Tensor sft_count =
       batch.sft_mask.defined() ? batch.sft_mask.sum() : torch::zeros({}, mask.options());
   optimizer_->BeginStep(config_.balance.Plan(config_.reward_weight, lambda, config_.sft_weight),
