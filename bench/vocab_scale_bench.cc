@@ -47,14 +47,33 @@
 // layers' forward, the head's forward (fused head only), the L_R, L_D and
 // L_SFT backward passes and the update.
 //
+// Where the memory goes: a sampler thread reads VmRSS every 5 ms during
+// each step; "phase_peak_rss_mib" gives, per step, the highest reading in
+// each phase's interval (the phases laid end to end from the step's start
+// in the order they run: layers forward, head forward, the backward
+// passes, the update; "rest" is what follows, the step's bookkeeping).
+//
+// --device cuda runs the step on the GPU (bench/gpu/run.sh): the model, the
+// batch and the teacher's head are built on the CPU as above, then moved;
+// peak RSS then is the host's only (run.sh samples the device's memory).
+// --precision bf16 runs the forward passes under bf16 autocast
+// (HybridStepConfig::precision), as the learner does with student.dtype
+// bfloat16.
+//
 // Usage: kappa_bench_vocab_scale --teacher full|topk|hidden [--chunk N] [--checkpointing 0|1]
 //        [--layers 24] [--rows 8] [--group-size 4] [--prompt 64] [--response 448]
 //        [--threads 2] [--steps 2] [--topk 64] [--kappa 0|1] [--kdr 0|1]
-//        [--lora-rank R] [--teacher-width D] [--fused 0|1]
+//        [--lora-rank R] [--teacher-width D] [--fused 0|1] [--device cpu|cuda]
+//        [--precision fp32|bf16] [--vocab V]
+//
+// --vocab V (151,936 by default) shrinks the vocabulary for the CPU
+// rehearsal of bench/gpu/run.sh (the test command's toy sizes); the
+// measurements use the real one.
 #include <sys/resource.h>
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -65,6 +84,8 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "bench/qwen_shapes.h"
@@ -97,6 +118,9 @@ struct Options {
   int64_t lora_rank = 0;        // 0: full training; R > 0: LoRA adapters only
   int64_t teacher_width = 896;  // D_t of --teacher hidden
   bool fused = true;            // trainer.fused_head
+  std::string device = "cpu";   // cpu | cuda
+  std::string precision = "fp32";
+  int64_t vocab = 151936;
 };
 
 // LoRA rank R, alpha 2R, on every projection a decoder layer has.
@@ -220,19 +244,21 @@ std::vector<learner::ScoredGroup> SyntheticGroups(const Options& o, int64_t voca
 }
 
 std::string ConfigJson(const Options& o) {
-  char buffer[640];
+  char buffer[768];
   std::snprintf(
       buffer, sizeof buffer,
       "\"teacher\": \"%s\", \"chunk\": %lld, \"checkpointing\": %d, \"layers\": %lld, "
       "\"rows\": %lld, \"group_size\": %lld, \"prompt\": %lld, \"response\": %lld, "
       "\"threads\": %d, \"steps\": %d, \"topk\": %lld, \"kappa_every\": %d, \"kdr_every\": %d, "
-      "\"lora_rank\": %lld, \"teacher_width\": %lld, \"fused\": %d",
+      "\"lora_rank\": %lld, \"teacher_width\": %lld, \"fused\": %d, \"device\": \"%s\", "
+      "\"precision\": \"%s\"",
       o.teacher.c_str(), static_cast<long long>(o.chunk), o.checkpointing ? 1 : 0,
       static_cast<long long>(o.layers), static_cast<long long>(o.rows),
       static_cast<long long>(o.group_size), static_cast<long long>(o.prompt),
       static_cast<long long>(o.response), o.threads, o.steps, static_cast<long long>(o.topk),
       o.kappa ? 1 : 0, o.kdr ? 1 : 0, static_cast<long long>(o.lora_rank),
-      static_cast<long long>(o.teacher_width), o.fused ? 1 : 0);
+      static_cast<long long>(o.teacher_width), o.fused ? 1 : 0, o.device.c_str(),
+      o.precision.c_str());
   return buffer;
 }
 
@@ -264,6 +290,64 @@ std::string PhasesJson(const learner::HybridStepReport& r) {
   return buffer;
 }
 
+// Samples the process's VmRSS every 5 ms on its own thread from
+// construction until Stop(), each reading with its seconds since Start.
+class RssSampler {
+ public:
+  RssSampler() : start_(std::chrono::steady_clock::now()), thread_([this] { Loop(); }) {}
+  ~RssSampler() { Stop(); }
+  RssSampler(const RssSampler&) = delete;
+  RssSampler& operator=(const RssSampler&) = delete;
+
+  // Waits for the thread; returns the (seconds, MiB) readings.
+  const std::vector<std::pair<double, double>>& Stop() {
+    stop_ = true;
+    if (thread_.joinable()) thread_.join();
+    return readings_;
+  }
+
+ private:
+  void Loop() {
+    while (!stop_) {
+      const double at =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+      readings_.emplace_back(at, StatusMiB("VmRSS"));
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  }
+
+  const std::chrono::steady_clock::time_point start_;
+  std::atomic<bool> stop_{false};
+  std::vector<std::pair<double, double>> readings_;  // written by the thread only
+  std::thread thread_;
+};
+
+// The highest reading in each phase, the phases laid end to end in the order
+// the step runs them (their seconds from the report).
+std::string PhasePeaksJson(const learner::HybridStepReport& r,
+                           const std::vector<std::pair<double, double>>& readings) {
+  const learner::StepStats& s = r.stats;
+  const std::pair<const char*, double> phases[] = {
+      {"layers_fwd", r.forward_layers_seconds},
+      {"head_fwd", r.forward_head_seconds},
+      {"bwd", s.backward_seconds[0] + s.backward_seconds[1] + s.backward_seconds[2]},
+      {"update", s.update_seconds},
+      {"rest", 1e30}};
+  std::string json = "{";
+  double begin = 0;
+  for (const auto& [name, seconds] : phases) {
+    double peak = 0;
+    for (const auto& [at, mib] : readings) {
+      if (at >= begin && at < begin + seconds) peak = std::max(peak, mib);
+    }
+    char part[64];
+    std::snprintf(part, sizeof part, "%s\"%s\": %.0f", begin > 0 ? ", " : "", name, peak);
+    json += part;
+    begin += seconds;
+  }
+  return json + "}";
+}
+
 std::string Join(const std::vector<std::string>& parts) {
   std::string out;
   for (size_t i = 0; i < parts.size(); ++i) out += (i ? ", " : "") + parts[i];
@@ -273,7 +357,12 @@ std::string Join(const std::vector<std::string>& parts) {
 int Run(const Options& o, Progress* progress) {
   const char** phase = &progress->phase;
   *phase = "model";
-  const model::ModelConfig config = bench::Qwen25HalfB(o.layers);
+  model::ModelConfig config = bench::Qwen25HalfB(o.layers);
+  if (o.vocab != config.vocab_size) {  // a toy vocabulary: its last id is the special one
+    config.vocab_size = o.vocab;
+    config.bos_token_id = config.pad_token_id = o.vocab - 1;
+    config.eos_token_ids = {o.vocab - 1};
+  }
   torch::manual_seed(1);
   model::Decoder model(config);
   model->SetActivationCheckpointing(o.checkpointing);
@@ -293,6 +382,11 @@ int Run(const Options& o, Progress* progress) {
     torch::manual_seed(8);
     batch.teacher_head.weight = 0.05 * torch::randn({config.vocab_size, o.teacher_width});
   }
+  const torch::Device device(o.device == "cuda" ? torch::kCUDA : torch::kCPU);
+  if (device.is_cuda()) {
+    model->to(device);
+    batch = batch.To(device);
+  }
   const double peak_build = PeakRssMiB();
   const double rss_batch = StatusMiB("VmRSS");
 
@@ -302,6 +396,7 @@ int Run(const Options& o, Progress* progress) {
   step_config.loss.distill = o.teacher == "topk" ? learner::DistillLoss::kTopkTailReverseKl
                                                  : learner::DistillLoss::kReverseKl;
   step_config.loss.fused_head = o.fused;
+  step_config.precision = learner::ParsePrecision(o.precision);
   step_config.loss.distill_topk = o.topk;
   step_config.loss.vocab_chunk_positions = o.chunk;
   step_config.monitor.kappa_every = o.kappa ? 1 : 0;
@@ -312,15 +407,19 @@ int Run(const Options& o, Progress* progress) {
   std::vector<double>& seconds = progress->seconds;
   std::vector<double>& cpu_seconds = progress->cpu_seconds;
   std::optional<learner::HybridStepReport> first;
-  std::vector<std::string> phases;  // one JSON object per step
+  std::vector<std::string> phases;       // one JSON object per step
+  std::vector<std::string> phase_peaks;  // the same, peak VmRSS per phase
   for (int s = 0; s < o.steps; ++s) {
     const auto start = std::chrono::steady_clock::now();
     const double start_cpu = CpuSeconds();
+    RssSampler sampler;
     learner::HybridStepReport report = step.Run(batch);
+    if (device.is_cuda()) torch::cuda::synchronize();
     seconds.push_back(
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     cpu_seconds.push_back(CpuSeconds() - start_cpu);
     phases.push_back(PhasesJson(report));
+    phase_peaks.push_back(PhasePeaksJson(report, sampler.Stop()));
     std::fprintf(stderr, "step %d: %.1f s (CPU %.1f s), peak RSS %.0f MiB\n", s + 1, seconds.back(),
                  cpu_seconds.back(), PeakRssMiB());
     if (!first) first = std::move(report);
@@ -336,7 +435,7 @@ int Run(const Options& o, Progress* progress) {
       "\"vm_peak_mib\": %.1f, \"teacher_bytes\": %lld, \"reward_loss\": %s, "
       "\"distill_loss\": %s, \"grad_norm\": %s, \"reward_grad_norm\": %s, "
       "\"distill_grad_norm\": %s, \"kappa\": %s, \"entropy\": %s, \"kdr_mean\": %s, "
-      "\"teacher_tail_mass\": %s, \"phases\": [%s]}\n",
+      "\"teacher_tail_mass\": %s, \"phases\": [%s], \"phase_peak_rss_mib\": [%s]}\n",
       ConfigJson(o).c_str(), static_cast<long long>(parameters), static_cast<long long>(trainable),
       static_cast<long long>(batch.input_tokens.numel()), steps_json.c_str(),
       SecondsJson(cpu_seconds).c_str(), Number(seconds.back()).c_str(), PeakRssMiB(), peak_build,
@@ -349,7 +448,7 @@ int Run(const Options& o, Progress* progress) {
       Number(first->teacher_tail_mass ? std::optional<double>(first->teacher_tail_mass->mean)
                                       : std::nullopt)
           .c_str(),
-      Join(phases).c_str());
+      Join(phases).c_str(), Join(phase_peaks).c_str());
   return 0;
 }
 
@@ -404,6 +503,12 @@ int main(int argc, char** argv) {
       o.fused = std::atoi(value) != 0;
     else if (flag == "--lora-rank")
       o.lora_rank = std::atoll(value);
+    else if (flag == "--device")
+      o.device = value;
+    else if (flag == "--precision")
+      o.precision = value;
+    else if (flag == "--vocab")
+      o.vocab = std::atoll(value);
     else {
       std::fprintf(stderr, "unknown flag %s\n", flag.c_str());
       return 2;
@@ -416,12 +521,13 @@ int main(int argc, char** argv) {
   if ((o.teacher != "full" && o.teacher != "topk" && o.teacher != "hidden") || o.chunk < 0 ||
       o.layers < 1 || o.group_size < 2 || o.rows < o.group_size || o.rows % o.group_size != 0 ||
       o.prompt < 1 || o.response < 1 || o.steps < 1 || o.topk < 1 || o.lora_rank < 0 ||
-      o.teacher_width < 1 || (o.teacher == "hidden" && o.chunk == 0)) {
+      o.teacher_width < 1 || (o.teacher == "hidden" && o.chunk == 0) || o.vocab < o.topk + 1 ||
+      (o.device != "cpu" && o.device != "cuda") || (o.precision != "fp32" && o.precision != "bf16")) {
     std::fprintf(stderr,
                  "bad flags: --teacher full|topk|hidden (hidden needs --chunk > 0), --chunk >= 0, "
                  "--group-size >= 2 dividing --rows, "
                  "--layers/--prompt/--response/--steps/--topk/--teacher-width >= 1, "
-                 "--lora-rank >= 0\n");
+                 "--lora-rank >= 0, --device cpu|cuda, --precision fp32|bf16, --vocab > --topk\n");
     return 2;
   }
   if (o.threads > 0) kappa::bench::SetBenchThreads(o.threads);

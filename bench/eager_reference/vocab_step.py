@@ -33,9 +33,16 @@ the batch), so the first step's losses match kappa's to rounding.
 Runs with Debian's torch (python3-torch 1.13, the libtorch_cpu and OpenBLAS
 the C++ bench links): /usr/bin/python3.
 
+--device cuda (bench/gpu/run.sh, the GPU machine's own PyTorch) builds the
+model and the batch on the CPU as above, then moves them; --precision bf16
+runs the model's forward under bf16 autocast (the log_softmax and every
+loss in float32), as a user's bf16 step does.
+
 Usage: /usr/bin/python3 bench/eager_reference/vocab_step.py --teacher full|topk
          [--layers 24] [--rows 8] [--group-size 4] [--prompt 64]
          [--response 448] [--topk 64] [--steps 2] [--threads 2] [--kappa 0|1]
+         [--device cpu|cuda] [--precision fp32|bf16] [--vocab V]
+(--vocab shrinks the vocabulary for bench/gpu/run.sh's CPU rehearsal.)
 Prints one JSON line (the keys of kappa_bench_vocab_scale's where they mean
 the same): each step's wall and process CPU seconds, their medians over the
 steps after the first (the first warms the allocator up), peak RSS
@@ -63,9 +70,9 @@ from hybrid_step import (CLIP_HIGH, CLIP_LOW, DUAL_CLIP, MAX_LOG_RATIO, Config, 
 LAMBDA, MAX_GRAD_NORM, LR, ADV_EPS, TAIL_FLOOR = 1.0, 1.0, 1e-7, 1e-6, 1e-12
 
 
-def qwen25_half_b(layers):
+def qwen25_half_b(layers, vocab=151936):
     """Qwen2.5-0.5B's config.json shape with `layers` decoder layers."""
-    return Config(vocab_size=151936, hidden_size=896, intermediate_size=4864,
+    return Config(vocab_size=vocab, hidden_size=896, intermediate_size=4864,
                   num_hidden_layers=layers, num_attention_heads=14, num_key_value_heads=2,
                   max_position_embeddings=32768, rope_theta=1000000.0, rms_norm_eps=1e-6,
                   tie_word_embeddings=True, qkv_bias=True)
@@ -164,10 +171,12 @@ def synthetic_batch(a, vocab):
 
 # ---- the losses --------------------------------------------------------------
 
-def losses(model, batch, teacher):
+def losses(model, batch, teacher, bf16):
     """L_R, L_D (graph) and the mean entropy (no graph) from one log_softmax."""
     mask = batch["response_mask"]
-    logprobs = F.log_softmax(model(batch["input_tokens"], torch.ones_like(mask, dtype=torch.bool)), -1)
+    with torch.autocast(device_type=mask.device.type, dtype=torch.bfloat16, enabled=bf16):
+        logits = model(batch["input_tokens"], torch.ones_like(mask, dtype=torch.bool))
+    logprobs = F.log_softmax(logits.float(), -1)
     token_lp = logprobs.gather(-1, batch["target_tokens"].unsqueeze(-1)).squeeze(-1)
 
     # GRPO: PPO clipped surrogate, asymmetric clip, dual clip where A < 0.
@@ -193,15 +202,16 @@ def losses(model, batch, teacher):
 
 
 class Step:
-    def __init__(self, config, separate):
+    def __init__(self, config, separate, device, bf16):
         torch.manual_seed(1)
-        self.model = Qwen2Decoder(config)
+        self.model = Qwen2Decoder(config).to(device)
+        self.bf16 = bf16
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.opt = torch.optim.AdamW(self.params, lr=LR, weight_decay=0.0)
         self.separate = separate
 
     def run(self, batch, teacher):
-        L_R, L_D, entropy = losses(self.model, batch, teacher)
+        L_R, L_D, entropy = losses(self.model, batch, teacher, self.bf16)
         stats = dict(reward_loss=L_R.item(), distill_loss=L_D.item(), entropy=entropy)
         self.opt.zero_grad(set_to_none=True)
         if self.separate:  # both gradients apart, for their norms (kappa)
@@ -262,6 +272,9 @@ def parse_args():
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--kappa", type=int, choices=[0, 1], default=0)
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
+    ap.add_argument("--vocab", type=int, default=151936)
     a = ap.parse_args()
     if (a.layers < 1 or a.group_size < 2 or a.rows < a.group_size or a.rows % a.group_size
             or a.prompt < 1 or a.response < 1 or a.steps < 1 or a.topk < 1):
@@ -275,15 +288,17 @@ def main():
         set_threads(a.threads)
     out = dict(side="eager", torch=torch.__version__, teacher=a.teacher, layers=a.layers,
                rows=a.rows, group_size=a.group_size, prompt=a.prompt, response=a.response,
-               topk=a.topk, steps=a.steps, threads=torch.get_num_threads(), kappa_every=a.kappa)
+               topk=a.topk, steps=a.steps, threads=torch.get_num_threads(), kappa_every=a.kappa,
+               device=a.device, precision=a.precision)
+    device = torch.device(a.device)
     progress = dict(phase="model", step_s=[], cpu_s=[])
     try:
-        config = qwen25_half_b(a.layers)
-        step = Step(config, bool(a.kappa))
+        config = qwen25_half_b(a.layers, a.vocab)
+        step = Step(config, bool(a.kappa), device, a.precision == "bf16")
         out["parameters"] = sum(p.numel() for p in step.params)
         out["rss_model_mib"] = status_mib("VmRSS")
         progress["phase"] = "batch"
-        batch = synthetic_batch(a, config.vocab_size)
+        batch = {k: v.to(device) for k, v in synthetic_batch(a, config.vocab_size).items()}
         out["batch_positions"] = batch["input_tokens"].numel()
         out["teacher_bytes"] = sum(batch[k].numel() * batch[k].element_size()
                                    for k in ("teacher_logprobs", "teacher_ids", "teacher_tail_logmass")
@@ -295,6 +310,8 @@ def main():
         for s in range(a.steps):
             start, start_cpu = time.perf_counter(), time.process_time()
             stats = step.run(batch, a.teacher)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
             progress["step_s"].append(time.perf_counter() - start)
             progress["cpu_s"].append(time.process_time() - start_cpu)
             print(f"step {s + 1}: {progress['step_s'][-1]:.1f} s (CPU {progress['cpu_s'][-1]:.1f} s), "
@@ -317,6 +334,8 @@ def main():
                median_cpu_s=median(progress["cpu_s"][later]),
                last_step_s=progress["step_s"][-1], peak_rss_mib=peak_rss_mib(),
                vm_peak_mib=status_mib("VmPeak"), **first)
+    if device.type == "cuda":
+        out["cuda_max_allocated_mib"] = torch.cuda.max_memory_allocated() / 2**20
     print(json.dumps(out), flush=True)
 
 

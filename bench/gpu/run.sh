@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# Everything GPU-side in one run, under 6 minutes on one H200 (the device
-# machine: Ubuntu 24.04, g++ 13, CMake 4, nvcc 13, PyTorch 2.11+cu130, no
-# gRPC or abseil). It
+# Everything GPU-side in one command, within 12 minutes on one H100 or H200
+# (the device machine: Ubuntu 24.04, g++ 13, CMake 4, nvcc 13, PyTorch
+# 2.11+cu130, no gRPC or abseil). It stops at the first stage that fails (a
+# build error, a failed test, a benchmark that exits non-zero) with
+# "run.sh: FAILED at <stage>" and exit status 1, so a broken stage does not
+# spend the rest of the device time. It
 #   1. builds the libtorch-only targets with KAPPA_CUDA=ON against the
 #      machine's CUDA libtorch: model, learner/algo (with the CUDA kernels of
 #      learner/algo/cuda), their tests and the benchmark harnesses;
@@ -16,28 +19,39 @@
 #   4. runs the generation benchmark on CUDA (KV cache vs recomputing the
 #      prefix, and all prompts in one decode vs one prompt per decode);
 #   5. runs the eager-PyTorch reference of the same step beside ours;
-#   6. loads a Qwen2.5-0.5B-shaped random HF checkpoint (bf16, ~1 GB) onto the
+#   6. the vocabulary head at V = 151,936 (issue 53): kappa's step against
+#      the eager PyTorch step, like for like, at Qwen2.5-0.5B's shape (24
+#      layers, 8 x 512 tokens, bf16 autocast), with
+#      bench/eager_reference/vocab_compare.sh: top-64 + tail rows on both
+#      sides, kappa's exact hidden-state rows (teacher.rows: hidden, the
+#      teacher's head on the learner) against eager's full rows, and the
+#      step that measures κ with the fused head and with the head that
+#      recomputes each chunk (trainer.fused_head: false); GPU peak memory
+#      (nvidia-smi, sampled) and median step time; $OUT/vocab_head.txt;
+#   7. loads a Qwen2.5-0.5B-shaped random HF checkpoint (bf16, ~1 GB) onto the
 #      device in bf16 and runs one 512-token forward (load time against
 #      reading the file, memory). The tests of stage 2 include the HF logit
 #      parity test, which there also compares SDPA with the explicit path.
-#   7. the whole system: a second build, services included, against the
+#   8. the whole system: a second build, services included, against the
 #      machine's CUDA libtorch and the bundle of Debian 12's gRPC, protobuf,
 #      abseil, yaml-cpp, spdlog/fmt, pcre2, utf8proc that bench/gpu/prepare.sh
 #      writes to .gpu_deps (configured in the background, at nice 19, while
-#      stages 2-6 run); then `kappa run configs/qwen2.5-gsm8k.yaml` with the
+#      stages 2-7 run); then `kappa run configs/qwen2.5-gsm8k.yaml` with the
 #      learner, teacher and four workers on CUDA in bf16: a random
 #      Qwen2.5-0.5B-shaped student, a random 1.5B-shaped teacher, the real
 #      Qwen2.5 tokenizer and vocabulary, the GSM8K-layout test fixture, 20
 #      steps; bench/gpu/system_report.py writes samples/s, the engine's
 #      tokens/s, the learner's MFU (computed there) and weight-sync seconds
-#      to $OUT/system_run.txt. The run gets what is left of an 8-minute budget.
+#      to $OUT/system_run.txt. The run gets what is left of a 9-minute
+#      budget (KAPPA_GPU_BUDGET_S, 540: one device command runs at most 10).
 # Results land in $OUT (default /tmp/kappa-gpu-out); bench/README.md keeps them.
 #
 #   bash bench/gpu/prepare.sh                                   # here, once: .gpu_deps/
 #   bash bench/gpu/run.sh                                       # on the GPU machine (carry .gpu_deps)
-#   bash bench/gpu/run.sh --system                              # on the GPU machine: stage 7 alone
+#   bash bench/gpu/run.sh --system                              # on the GPU machine: stage 8 alone
 #   bash bench/gpu/run.sh --compile-check                       # here: nvcc compile check only
-#   bash bench/gpu/run.sh --cpu-rehearsal [--system]            # here: every stage (or 7) on the CPU
+#   bash bench/gpu/run.sh --cpu-rehearsal [--system]            # here: every stage (or 8) on the CPU
+#   bash bench/gpu/run.sh --cpu-rehearsal --short               # in the test command (ctest gpu_run_rehearsal)
 #
 # --cpu-rehearsal runs the same stages with the development machine's CPU
 # libtorch (KAPPA_CUDA off, --device cpu, the demo model for gpt, two
@@ -52,6 +66,14 @@
 # layers) on the real 151,936-row vocabulary on the CPU. KAPPA_BUILD_LOCK=FILE
 # runs each build step under `flock FILE` (the shared development machine).
 #
+# --short (with --cpu-rehearsal) is the rehearsal the test command runs
+# (ctest gpu_run_rehearsal, about a minute): it builds nothing and uses the
+# test build's binaries (KAPPA_GPU_BUILD, the ctest's build directory), skips
+# stage 2 (it is the test command's own ctest) and stage 8 (its bundle,
+# .gpu_deps, is prepare.sh's), and runs stages 3-7 with every flag the GPU
+# run passes at toy sizes, so a flag, a script or a stage that no longer
+# works fails a test here instead of the one GPU run.
+#
 # The nlohmann_json CMake package is header-only; the GPU machine has none,
 # so it travels with the tree (run's `carry: [".gpu_deps"]`).
 set -uo pipefail
@@ -63,16 +85,25 @@ if [[ "${1:-}" == "--compile-check" ]]; then
   exec bash scripts/cuda_compile_check.sh
 fi
 
-rehearsal=0 system=1 only_system=0
+rehearsal=0 system=1 only_system=0 short=0
 while [[ "${1:-}" == --* ]]; do
   case $1 in
     --cpu-rehearsal) rehearsal=1 ;;
+    --short) short=1 system=0 ;;
     --system) only_system=1 ;;
     --no-system) system=0 ;;
     *) echo "run.sh: unknown flag $1" >&2; exit 2 ;;
   esac
   shift
 done
+if (( short && ! rehearsal )); then echo "run.sh: --short is a --cpu-rehearsal mode" >&2; exit 2; fi
+# Stage 8 needs the bundle prepare.sh writes here (the GPU machine has no
+# package archive): say so now, not after stages 1-7.
+if (( system )) && [[ ! -f .gpu_deps/cmake/kappa-deps.cmake ]]; then
+  echo "run.sh: FAILED at start: no .gpu_deps for stage 8: run bash bench/gpu/prepare.sh on the" \
+    "development machine and carry .gpu_deps, or pass --no-system" >&2
+  exit 1
+fi
 lock=()
 [[ -n ${KAPPA_BUILD_LOCK:-} ]] && lock=(flock "$KAPPA_BUILD_LOCK")
 out=${OUT:-/tmp/kappa-gpu-out}
@@ -80,8 +111,11 @@ build=${KAPPA_GPU_BUILD:-/tmp/kappa-gpu}
 mkdir -p "$out"
 json_dir=${1:-$PWD/.gpu_deps/share/cmake/nlohmann_json}
 start=$(date +%s)
-budget=${KAPPA_GPU_BUDGET_S:-480}  # the whole script, seconds
-stage() { echo "== $1 ($(( $(date +%s) - start )) s)"; }
+budget=${KAPPA_GPU_BUDGET_S:-540}  # the whole script, seconds (the device tool's limit is 600)
+current_stage="start"
+stage() { current_stage=$1; echo "== $1 ($(( $(date +%s) - start )) s)"; }
+# The first failure ends the run: what failed, where its log is.
+die() { echo "run.sh: FAILED at $current_stage: $*" >&2; exit 1; }
 
 # What differs between the GPU run and the CPU rehearsal; the stages below
 # are the same commands.
@@ -92,6 +126,9 @@ if (( rehearsal )); then
                 --prompts 4 --items 2 --max-new-tokens 16 --prompt-tokens 8,16)
   build=${KAPPA_GPU_BUILD:-/tmp/kappa-gpu-rehearsal}
   configure_flags=(-DKAPPA_CUDA=OFF)
+  # The vocabulary head at toy sizes (one layer, V = 4,096, 2 x 24 tokens).
+  vocab_rows=2 vocab_chunk=16 vocab_steps=2
+  vocab_flags=(--layers 1 --vocab 4096 --group-size 2 --prompt 8 --response 16 --device cpu --precision bf16)
   [[ -x /usr/bin/ccache ]] && configure_flags+=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
 else
   device=cuda gpt=gpt large=large reps=10 gen_lengths=32,128,512 python=python3
@@ -102,6 +139,17 @@ else
   export CUDACXX=${CUDACXX:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
   configure_flags=(-DKAPPA_CUDA=ON -DCMAKE_PREFIX_PATH="$torch_prefix"
                    -Dnlohmann_json_DIR="$json_dir")
+  vocab_rows=8 vocab_chunk=1024 vocab_steps=4
+  vocab_flags=(--layers 24 --device cuda --precision bf16)
+fi
+checkpoint_shape=(--shape qwen2.5-0.5b) checkpoint_dir=$build/qwen2.5-0.5b-random checkpoint_tokens=512
+if (( short )); then
+  # The test build's binaries; toy sizes everywhere.
+  build=${KAPPA_GPU_BUILD:-build}
+  reps=1 gen_lengths=8
+  engine_flags=(--hidden 32 --layers 1 --heads 2 --kv-heads 1 --ffn 64 --vocab 100
+                --prompts 2 --items 1 --max-new-tokens 4 --prompt-tokens 4,8)
+  checkpoint_shape=(--only qwen2_tied_bf16) checkpoint_dir=$out/qwen2_tied_bf16 checkpoint_tokens=16
 fi
 
 
@@ -252,15 +300,16 @@ print(sum(n) / len(n))')
 }
 
 if (( ! only_system )); then
+if (( ! short )); then
 stage "configure"
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKAPPA_BUILD_SERVICES=OFF \
   -DKAPPA_WERROR=OFF -DKAPPA_REFERENCE_PYTHON="$(command -v "$python")" "${configure_flags[@]}" > "$out/cmake.log" 2>&1 \
-  || { tail -30 "$out/cmake.log"; exit 1; }
+  || { tail -30 "$out/cmake.log"; die "cmake ($out/cmake.log)"; }
 
 stage "build"
 "${lock[@]}" ninja -C "$build" -k 0 > "$out/build.log" 2>&1 \
-  || { grep -E "error|Error" -A3 "$out/build.log" | head -80; exit 1; }
-# On the GPU machine stage 7's build runs beside stages 2-6, at the lowest
+  || { grep -E "error|Error" -A3 "$out/build.log" | head -80; die "ninja ($out/build.log)"; }
+# On the GPU machine stage 8's build runs beside stages 2-7, at the lowest
 # priority (their benchmarks use the GPU and a core or two).
 if (( system && ! rehearsal )); then
   sys_nice=(nice -n 19)
@@ -270,62 +319,79 @@ fi
 
 stage "tests"
 (cd "$build" && timeout 150 ctest --output-on-failure -j 8 --timeout 120) > "$out/ctest.log" 2>&1
+ctest_rc=$?
 grep -E "tests passed|tests failed|Failed|SEGFAULT|\*\*\*" "$out/ctest.log" | head -30
+(( ctest_rc == 0 )) || die "ctest exit $ctest_rc ($out/ctest.log)"
 # The CUDA-only cases, by name, so a skip is visible.
 for t in "$build"/tests/algo/algo_*test; do
   "$t" --gtest_filter='*Cuda*:*CUDA*' 2>&1 | grep -E "^\[  (PASSED|FAILED|SKIPPED) " | sed "s|^|$(basename "$t"): |"
 done | tee "$out/cuda_tests.txt"
+grep -q FAILED "$out/cuda_tests.txt" && die "a CUDA test ($out/cuda_tests.txt)"
 if command -v nvidia-smi > /dev/null; then
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
 fi
+fi  # configure, build, tests
 
 stage "learner-step benchmark"
 for precision in bf16 fp32; do
   timeout 100 "$build"/bench/kappa_bench_learner_step --model "$gpt" --device "$device" \
     --reps "$reps" --precision "$precision" --modes plain,kappa,kappa_kdr,kappa4_kdr \
     --exact-positions 0 --peak-tflops 790 2>/dev/null \
-    | tee "$out/learner_step_${gpt}_${precision}.txt"
+    | tee "$out/learner_step_${gpt}_${precision}.txt" || die "learner step, $precision"
 done
 timeout 60 "$build"/bench/kappa_bench_learner_step --model "$gpt" --device "$device" \
   --reps "$reps" --precision bf16 --ragged 1 --micro-batch 4 --modes plain --exact-positions 0 \
-  --peak-tflops 790 2>/dev/null | tee "$out/learner_step_${gpt}_bf16_ragged_micro4.txt"
+  --peak-tflops 790 2>/dev/null | tee "$out/learner_step_${gpt}_bf16_ragged_micro4.txt" \
+  || die "learner step, ragged"
 timeout 60 "$build"/bench/kappa_bench_learner_step --model "$large" --device "$device" \
   --reps $(( 2 * reps )) --exact-positions 8 --peak-tflops 790 2>/dev/null \
-  | tee "$out/learner_step_${large}_fp32.txt"
+  | tee "$out/learner_step_${large}_fp32.txt" || die "learner step, $large"
 
 stage "generation benchmark"
 timeout 120 "$build"/bench/kappa_bench_generation --device "$device" --lengths "$gen_lengths" \
   --prompts 8 --group-size 8 --reps 3 --modes nocache,per_prompt 2>/dev/null \
-  | tee "$out/generation_${device}.txt"
+  | tee "$out/generation_${device}.txt" || die "generation"
 # Ragged responses: the engine's tokens/s and its decode step as a fraction
 # of the copy-bandwidth roofline (its `roofline:` line). The worker always
 # decodes through this engine; the retired static path's numbers are
 # records in bench/README.md (`--modes static` is refused by name).
 timeout 150 "$build"/bench/kappa_bench_generation --device "$device" --modes engine \
-  --ragged 1 "${engine_flags[@]}" 2>/dev/null | tee "$out/generation_engine_${device}.txt"
+  --ragged 1 "${engine_flags[@]}" 2>/dev/null | tee "$out/generation_engine_${device}.txt" \
+  || die "generation engine"
 
 stage "eager PyTorch reference"
 # The machine's own PyTorch runs the eager step; rounds alternate who goes first.
 eager() {
   timeout 60 "$python" bench/eager_reference/hybrid_step.py --model "$gpt" --device "$device" \
-    --modes plain,kappa --reps "$reps" 2>/dev/null | tee -a "$out/eager_${gpt}_fp32.txt"
+    --modes plain,kappa --reps "$reps" 2>/dev/null | tee -a "$out/eager_${gpt}_fp32.txt" \
+    || die "eager hybrid_step.py"
 }
 ours() {
   timeout 60 "$build"/bench/kappa_bench_learner_step --model "$gpt" --device "$device" \
     --reps "$reps" --modes plain,kappa --exact-positions 0 --peak-tflops 790 2>/dev/null \
-    | tee -a "$out/kappa_${gpt}_fp32_vs_eager.txt"
+    | tee -a "$out/kappa_${gpt}_fp32_vs_eager.txt" || die "learner step beside eager"
 }
-if [[ -f bench/eager_reference/hybrid_step.py ]]; then
-  eager; ours
-  ours; eager
-fi
+eager; ours
+ours; eager
+
+stage "vocabulary head: kappa against eager at V = 151,936"
+# One process per row (peak memory is per process); no address-space cap.
+KAPPA_COMPARE_ROWS=$vocab_rows KAPPA_COMPARE_CHUNK=$vocab_chunk KAPPA_COMPARE_STEPS=$vocab_steps \
+  KAPPA_COMPARE_PYTHON=$(command -v "$python") KAPPA_BENCH_MEM_GIB=0 \
+  KAPPA_COMPARE_OUT="$out/vocab_head.jsonl" \
+  timeout 300 bash bench/eager_reference/vocab_compare.sh "$build" "${vocab_flags[@]}" \
+  > "$out/vocab_head.txt" 2> "$out/vocab_head.log" || { tail -20 "$out/vocab_head.log"; die "vocab_compare.sh ($out/vocab_head.log)"; }
+cat "$out/vocab_head.txt"
+
 stage "HF checkpoint load"
-if [[ ! -d "$build/qwen2.5-0.5b-random" ]]; then
-  "$python" tests/model/reference/make_checkpoints.py "$build" --shape qwen2.5-0.5b > /dev/null
+if [[ ! -d $checkpoint_dir ]]; then
+  "$python" tests/model/reference/make_checkpoints.py "$(dirname "$checkpoint_dir")" "${checkpoint_shape[@]}" > /dev/null \
+    || die "make_checkpoints.py"
 fi
-timeout 120 "$build"/bench/kappa_bench_checkpoint_load "$build/qwen2.5-0.5b-random" --device "$device" \
-  --dtype bfloat16 --tokens 512 2>/dev/null | tee "$out/checkpoint_load_${device}_bf16.txt"
-fi  # stages 1-6
+timeout 120 "$build"/bench/kappa_bench_checkpoint_load "$checkpoint_dir" --device "$device" \
+  --dtype bfloat16 --tokens "$checkpoint_tokens" 2>/dev/null | tee "$out/checkpoint_load_${device}_bf16.txt" \
+  || die "checkpoint load"
+fi  # stages 1-7
 
 if (( system )); then
   stage "whole system: services build against .gpu_deps"
@@ -335,9 +401,8 @@ if (( system )); then
   else
     services_build; rc=$?
   fi
-  if (( rc == 0 )); then
-    stage "whole system: kappa run"
-    system_run
-  fi
+  (( rc == 0 )) || die "services build ($out/services_build.log)"
+  stage "whole system: kappa run"
+  system_run || die "kappa run ($out/system_kappa_run.log)"
 fi
 stage "done"
