@@ -121,6 +121,7 @@ struct Options {
   std::string device = "cpu";   // cpu | cuda
   std::string precision = "fp32";
   int64_t vocab = 151936;
+  bool sample_rss = true;  // the per-phase peaks (--sample-rss 0: off)
 };
 
 // LoRA rank R, alpha 2R, on every projection a decoder layer has.
@@ -412,14 +413,15 @@ int Run(const Options& o, Progress* progress) {
   for (int s = 0; s < o.steps; ++s) {
     const auto start = std::chrono::steady_clock::now();
     const double start_cpu = CpuSeconds();
-    RssSampler sampler;
+    std::optional<RssSampler> sampler;
+    if (o.sample_rss) sampler.emplace();
     learner::HybridStepReport report = step.Run(batch);
     if (device.is_cuda()) torch::cuda::synchronize();
     seconds.push_back(
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     cpu_seconds.push_back(CpuSeconds() - start_cpu);
     phases.push_back(PhasesJson(report));
-    phase_peaks.push_back(PhasePeaksJson(report, sampler.Stop()));
+    if (sampler) phase_peaks.push_back(PhasePeaksJson(report, sampler->Stop()));
     std::fprintf(stderr, "step %d: %.1f s (CPU %.1f s), peak RSS %.0f MiB\n", s + 1, seconds.back(),
                  cpu_seconds.back(), PeakRssMiB());
     if (!first) first = std::move(report);
@@ -509,6 +511,8 @@ int main(int argc, char** argv) {
       o.precision = value;
     else if (flag == "--vocab")
       o.vocab = std::atoll(value);
+    else if (flag == "--sample-rss")
+      o.sample_rss = std::atoi(value) != 0;
     else {
       std::fprintf(stderr, "unknown flag %s\n", flag.c_str());
       return 2;
