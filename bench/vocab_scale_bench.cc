@@ -526,7 +526,8 @@ int main(int argc, char** argv) {
       o.layers < 1 || o.group_size < 2 || o.rows < o.group_size || o.rows % o.group_size != 0 ||
       o.prompt < 1 || o.response < 1 || o.steps < 1 || o.topk < 1 || o.lora_rank < 0 ||
       o.teacher_width < 1 || (o.teacher == "hidden" && o.chunk == 0) || o.vocab < o.topk + 1 ||
-      (o.device != "cpu" && o.device != "cuda") || (o.precision != "fp32" && o.precision != "bf16")) {
+      (o.device != "cpu" && o.device != "cuda") ||
+      (o.precision != "fp32" && o.precision != "bf16")) {
     std::fprintf(stderr,
                  "bad flags: --teacher full|topk|hidden (hidden needs --chunk > 0), --chunk >= 0, "
                  "--group-size >= 2 dividing --rows, "
