@@ -128,7 +128,9 @@ void TrainerLoop::InjectNanGradient(int64_t step, int64_t tries) {
   if (nan_fault_.step == 0) {
     step_->optimizer().parameters().front().register_hook(
         [armed = &nan_fault_.armed](const torch::Tensor& grad) {
-          return *armed ? torch::full_like(grad, std::numeric_limits<float>::quiet_NaN()) : grad;
+          // NaN in every value the gradient holds, in its own layout (the token
+          // lookup's is sparse: Decoder::SetSparseEmbeddingGradient).
+          return *armed ? grad * std::numeric_limits<float>::quiet_NaN() : grad;
         });
   }
   nan_fault_ = {step, tries, false};

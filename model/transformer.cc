@@ -572,7 +572,10 @@ ForwardOutput DecoderImpl::Run(const torch::Tensor& tokens_in, const torch::Tens
   // by the forward, so it is never checkpointed.
   const bool checkpoint =
       activation_checkpointing_ && torch::GradMode::is_enabled() && cache == nullptr;
-  auto h = model_->embed_tokens(tokens);
+  auto h = sparse_embedding_gradient_ && torch::GradMode::is_enabled()
+               ? torch::embedding(model_->embed_tokens->weight, tokens, /*padding_idx=*/-1,
+                                  /*scale_grad_by_freq=*/false, /*sparse=*/true)
+               : model_->embed_tokens(tokens);
   for (int64_t i = 0; i < config_.num_hidden_layers; ++i) {
     DecoderLayer& layer = model_->blocks[static_cast<size_t>(i)];
     if (checkpoint) {
@@ -618,6 +621,7 @@ Decoder CloneDecoder(Decoder& source) {
   for (auto& b : src_buffers) dst_buffers[b.key()].copy_(b.value());
   copy->train(source->is_training());
   copy->SetActivationCheckpointing(source->activation_checkpointing());
+  copy->SetSparseEmbeddingGradient(source->sparse_embedding_gradient());
   return copy;
 }
 

@@ -153,6 +153,20 @@ class DecoderImpl : public torch::nn::Module {
   // Forward runs. CloneDecoder copies it.
   void SetActivationCheckpointing(bool on) { activation_checkpointing_ = on; }
 
+  // The token lookup's gradient as a sparse tensor (the T looked-up rows)
+  // instead of a dense [V, d] one of zeros but T rows: backward adds it in
+  // place into embed_tokens' .grad, or, with tied embeddings, into the
+  // output head's dense [V, d] gradient, so no second and third [V, d]
+  // tensor exists (519 MiB each at Qwen2.5-0.5B's shape; libtorch adds two
+  // dense gradients of one leaf out of place). REQUIRES: every backward
+  // through Forward runs with embed_tokens' .grad already defined and dense
+  // (learner::PolicyOptimizer attaches its flat buffers' views before each
+  // one); otherwise .grad becomes the sparse tensor, which AdamW refuses.
+  // torch::autograd::grad returns it sparse for an untied model. Values are
+  // the dense lookup's. Not synchronized: set it while no Forward runs.
+  // CloneDecoder copies it.
+  void SetSparseEmbeddingGradient(bool on) { sparse_embedding_gradient_ = on; }
+
   // Low-rank adapters (model/lora.h) on the projections `config` targets, in
   // every layer, on the model's device in float32; the base weights are
   // left as they are (freezing them is the trainer's choice). Throws
@@ -163,6 +177,7 @@ class DecoderImpl : public torch::nn::Module {
   // The adapters' config. REQUIRES: has_lora().
   const LoraConfig& lora_config() const { return *lora_; }
   bool activation_checkpointing() const { return activation_checkpointing_; }
+  bool sparse_embedding_gradient() const { return sparse_embedding_gradient_; }
 
   // Convenience: logits only.
   torch::Tensor forward(const torch::Tensor& tokens) { return Forward(tokens).logits; }
@@ -185,6 +200,7 @@ class DecoderImpl : public torch::nn::Module {
   torch::Tensor rope_cos_;
   torch::Tensor rope_sin_;
   bool activation_checkpointing_ = false;
+  bool sparse_embedding_gradient_ = false;
   std::optional<LoraConfig> lora_;  // set by EnableLora
 };
 TORCH_MODULE(Decoder);

@@ -65,8 +65,15 @@ std::vector<double> ExactCrossKernel(const std::vector<torch::Tensor>& params,
                                      const torch::Tensor& distill_terms,
                                      const std::vector<std::pair<int64_t, int64_t>>& positions) {
   auto gradient = [&](const torch::Tensor& term) {
-    return torch::autograd::grad({term}, params, /*grad_outputs=*/{}, /*retain_graph=*/true,
-                                 /*create_graph=*/false, /*allow_unused=*/true);
+    std::vector<torch::Tensor> g =
+        torch::autograd::grad({term}, params, /*grad_outputs=*/{}, /*retain_graph=*/true,
+                              /*create_graph=*/false, /*allow_unused=*/true);
+    // An untied model's token lookup gives a sparse gradient
+    // (Decoder::SetSparseEmbeddingGradient).
+    for (torch::Tensor& t : g) {
+      if (t.defined() && t.is_sparse()) t = t.to_dense();
+    }
+    return g;
   };
   if (positions.empty()) return {};
   const auto f64 = torch::TensorOptions(params.front().device()).dtype(torch::kFloat64);

@@ -77,6 +77,10 @@ HybridStep::HybridStep(model::Decoder model, std::unique_ptr<PolicyOptimizer> op
                        HybridStepConfig config)
     : model_(std::move(model)), optimizer_(std::move(optimizer)), config_(std::move(config)) {
   ValidateHybridStepConfig(config_);
+  // Every backward through this step's forward runs into the optimizer's
+  // attached dense .grad views, so the token lookup's gradient may be sparse:
+  // no dense [V, d] copy of it, nor of its sum with the tied head's.
+  model_->SetSparseEmbeddingGradient(true);
   if (config_.balance.adapt) {
     lambda_controller_.emplace(config_.loss.lambda, config_.balance.kappa_target,
                                config_.balance.adapt_config);

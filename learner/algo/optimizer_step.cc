@@ -13,6 +13,8 @@
 #include <utility>
 #include <vector>
 
+#include "learner/algo/adamw_in_slices.h"
+
 namespace kappa::learner {
 namespace {
 
@@ -359,7 +361,7 @@ void PolicyOptimizer::ClipAndApply(double grad_norm, StepStats* stats) {
   for (auto& group : optimizer_.param_groups()) {
     static_cast<torch::optim::AdamWOptions&>(group.options()).lr(stats->lr);
   }
-  optimizer_.step();
+  AdamWStepInSlices(optimizer_);  // optimizer_.step(), without its full-size temporaries
   ++step_;
 }
 

@@ -269,6 +269,33 @@ TEST(DecoderTest, RejectsBadInputs) {
                std::invalid_argument);
 }
 
+// SetSparseEmbeddingGradient: the lookup's gradient is the T looked-up rows
+// (sparse), its values the dense lookup's; added into a dense .grad in place.
+TEST(DecoderTest, ASparseLookupGradientEqualsTheDenseOne) {
+  for (bool tied : {false, true}) {
+    Decoder dense = TinyDecoder(2, tied);
+    Decoder sparse = CloneDecoder(dense);
+    sparse->SetSparseEmbeddingGradient(true);
+    EXPECT_TRUE(CloneDecoder(sparse)->sparse_embedding_gradient());
+    auto tokens = torch::randint(3, 21, {2, 6}, torch::kLong);
+    torch::Tensor w_dense = dense->named_parameters()["model.embed_tokens.weight"];
+    torch::Tensor w_sparse = sparse->named_parameters()["model.embed_tokens.weight"];
+    auto loss = [&](Decoder& m) { return m->Forward(tokens).logits.pow(2).mean(); };
+    // What a caller that holds no .grad gets: untied, the lookup's own rows.
+    const torch::Tensor g = torch::autograd::grad({loss(sparse)}, {w_sparse})[0];
+    EXPECT_EQ(g.is_sparse(), !tied) << "tied " << tied;
+    // The learner's way: .grad defined and dense before backward.
+    w_sparse.mutable_grad() = torch::zeros_like(w_sparse);
+    w_dense.mutable_grad() = torch::zeros_like(w_dense);
+    loss(sparse).backward();
+    loss(dense).backward();
+    EXPECT_FALSE(w_sparse.grad().is_sparse());
+    EXPECT_LT(MaxAbsDiff(w_sparse.grad(), w_dense.grad()).item<float>(), 1e-7) << "tied " << tied;
+    EXPECT_LT(MaxAbsDiff(g.is_sparse() ? g.to_dense() : g, w_dense.grad()).item<float>(), 1e-7)
+        << "tied " << tied;
+  }
+}
+
 TEST(DecoderTest, CloneIsDeepAndIdentical) {
   torch::NoGradGuard no_grad;
   Decoder model = TinyDecoder(2);
