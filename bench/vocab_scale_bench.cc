@@ -51,7 +51,8 @@
 // each step; "phase_peak_rss_mib" gives, per step, the highest reading in
 // each phase's interval (the phases laid end to end from the step's start
 // in the order they run: layers forward, head forward, the backward
-// passes, the update; "rest" is what follows, the step's bookkeeping).
+// passes, the update; "rest" is what follows, the step's bookkeeping);
+// --sample-rss 0 turns the sampler off (the key is then an empty list).
 //
 // --device cuda runs the step on the GPU (bench/gpu/run.sh): the model, the
 // batch and the teacher's head are built on the CPU as above, then moved;
@@ -64,7 +65,7 @@
 //        [--layers 24] [--rows 8] [--group-size 4] [--prompt 64] [--response 448]
 //        [--threads 2] [--steps 2] [--topk 64] [--kappa 0|1] [--kdr 0|1]
 //        [--lora-rank R] [--teacher-width D] [--fused 0|1] [--device cpu|cuda]
-//        [--precision fp32|bf16] [--vocab V]
+//        [--precision fp32|bf16] [--vocab V] [--sample-rss 0|1]
 //
 // --vocab V (151,936 by default) shrinks the vocabulary for the CPU
 // rehearsal of bench/gpu/run.sh (the test command's toy sizes); the
