@@ -9,8 +9,10 @@
 #include <map>
 #include <set>
 #include <sstream>
+#include <string>
 #include <type_traits>
 #include <variant>
+#include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -20,6 +22,7 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/types/span.h"
+#include "base/utf8.h"
 
 namespace kappa::services {
 namespace {
@@ -913,10 +916,33 @@ const char* NodeKind(const YAML::Node& node) {
   return "a scalar";
 }
 
+// YAML is Unicode text: a value holding bytes that are not UTF-8 would not
+// come back the same through ConfigToYaml -> ParseConfig (the emitter
+// escapes them), which `kappa run --resume` relies on. The message gives
+// the byte's offset, not the bytes.
+absl::Status CheckUtf8(const Field& field, const YAML::Node& value, const std::string& where) {
+  std::vector<std::string> scalars;
+  if (value.IsScalar()) scalars.push_back(value.Scalar());
+  if (value.IsSequence()) {
+    for (const YAML::Node& item : value) {
+      if (item.IsScalar()) scalars.push_back(item.Scalar());
+    }
+  }
+  for (const std::string& text : scalars) {
+    const size_t bad = base::FirstInvalidUtf8(text);
+    if (bad != std::string_view::npos) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": key '", field.key, "' is not valid UTF-8 (byte ", bad, " of its value)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 // Assigns a YAML value to a field; `where` prefixes messages ("<file>:<line>"
 // or "override 'k=v'"). A null value means the empty string for strings.
 absl::Status AssignNode(const Field& field, const YAML::Node& value, const std::string& where,
                         Config* config) {
+  if (absl::Status utf8 = CheckUtf8(field, value, where); !utf8.ok()) return utf8;
   const FieldRef ref = field.get(*config);
   std::string problem;
   if (value.IsScalar()) {

@@ -1,5 +1,6 @@
 #include "services/config.h"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -88,6 +89,19 @@ TEST(ConfigTest, WrongTypeNamesFileLineAndPath) {
             "r.yaml:2: key 'trainer.steps' expects an integer, got nothing");
   EXPECT_EQ(Error(ParseConfig("trainer: 5\n", "r.yaml")),
             "r.yaml:1: key 'trainer' is a section and expects a mapping, got a scalar");
+}
+
+// A value that is not UTF-8 could not come back unchanged through
+// ConfigToYaml (found by config_fuzzer): refused, naming the key, in the
+// file and in an override, a scalar or a list item.
+TEST(ConfigTest, AValueThatIsNotUtf8IsRefusedByKey) {
+  EXPECT_EQ(Error(ParseConfig("name: ab\xff\xff" "cd\n", "run.yaml")),
+            "run.yaml:1: key 'name' is not valid UTF-8 (byte 2 of its value)");
+  EXPECT_EQ(Error(ParseConfig("trainer:\n  balance: [m3_mask, \"\xc3\"]\n", "run.yaml")),
+            "run.yaml:2: key 'trainer.balance' is not valid UTF-8 (byte 0 of its value)");
+  EXPECT_THAT(Error(ParseConfig("", "run.yaml", {"name=r\xe9"})),
+              ::testing::HasSubstr("key 'name' is not valid UTF-8 (byte 1 of its value)"));
+  EXPECT_TRUE(ParseConfig("name: r\xc3\xa9sum\xc3\xa9\n", "run.yaml").ok());  // résumé
 }
 
 TEST(ConfigTest, OtherFileErrors) {
