@@ -916,11 +916,13 @@ const char* NodeKind(const YAML::Node& node) {
   return "a scalar";
 }
 
-// YAML is Unicode text: a value holding bytes that are not UTF-8 would not
-// come back the same through ConfigToYaml -> ParseConfig (the emitter
-// escapes them), which `kappa run --resume` relies on. The message gives
-// the byte's offset, not the bytes.
-absl::Status CheckUtf8(const Field& field, const YAML::Node& value, const std::string& where) {
+// Text a value may hold: UTF-8 (YAML is Unicode text) without a carriage
+// return. Either would not come back the same through ConfigToYaml ->
+// ParseConfig, which `kappa run --resume` relies on: the emitter escapes
+// invalid bytes into text that no longer parses, and writes a trailing CR
+// unquoted, where it reads back as a line break. The message gives the
+// byte's offset, not the bytes.
+absl::Status CheckText(const Field& field, const YAML::Node& value, const std::string& where) {
   std::vector<std::string> scalars;
   if (value.IsScalar()) scalars.push_back(value.Scalar());
   if (value.IsSequence()) {
@@ -934,6 +936,11 @@ absl::Status CheckUtf8(const Field& field, const YAML::Node& value, const std::s
       return absl::InvalidArgumentError(absl::StrCat(
           where, ": key '", field.key, "' is not valid UTF-8 (byte ", bad, " of its value)"));
     }
+    const size_t cr = text.find('\r');
+    if (cr != std::string::npos) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": key '", field.key, "' holds a carriage return (byte ", cr, " of its value)"));
+    }
   }
   return absl::OkStatus();
 }
@@ -942,7 +949,7 @@ absl::Status CheckUtf8(const Field& field, const YAML::Node& value, const std::s
 // or "override 'k=v'"). A null value means the empty string for strings.
 absl::Status AssignNode(const Field& field, const YAML::Node& value, const std::string& where,
                         Config* config) {
-  if (absl::Status utf8 = CheckUtf8(field, value, where); !utf8.ok()) return utf8;
+  if (absl::Status text = CheckText(field, value, where); !text.ok()) return text;
   const FieldRef ref = field.get(*config);
   std::string problem;
   if (value.IsScalar()) {

@@ -91,9 +91,9 @@ TEST(ConfigTest, WrongTypeNamesFileLineAndPath) {
             "r.yaml:1: key 'trainer' is a section and expects a mapping, got a scalar");
 }
 
-// A value that is not UTF-8 could not come back unchanged through
-// ConfigToYaml (found by config_fuzzer): refused, naming the key, in the
-// file and in an override, a scalar or a list item.
+// A value that is not UTF-8, or holds a carriage return, could not come
+// back unchanged through ConfigToYaml (found by config_fuzzer): refused,
+// naming the key, in the file and in an override, a scalar or a list item.
 TEST(ConfigTest, AValueThatIsNotUtf8IsRefusedByKey) {
   EXPECT_EQ(Error(ParseConfig("name: ab\xff\xff" "cd\n", "run.yaml")),
             "run.yaml:1: key 'name' is not valid UTF-8 (byte 2 of its value)");
@@ -102,6 +102,13 @@ TEST(ConfigTest, AValueThatIsNotUtf8IsRefusedByKey) {
   EXPECT_THAT(Error(ParseConfig("", "run.yaml", {"name=r\xe9"})),
               ::testing::HasSubstr("key 'name' is not valid UTF-8 (byte 1 of its value)"));
   EXPECT_TRUE(ParseConfig("name: r\xc3\xa9sum\xc3\xa9\n", "run.yaml").ok());  // résumé
+  // A carriage return: yaml-cpp writes a trailing one unquoted, which reads
+  // back as a line break (found by config_fuzzer: "name: C\r").
+  EXPECT_EQ(Error(ParseConfig("name: C\r", "run.yaml")),
+            "run.yaml:1: key 'name' holds a carriage return (byte 1 of its value)");
+  EXPECT_EQ(Error(ParseConfig("name: \"a\\rb\"\n", "run.yaml")),
+            "run.yaml:1: key 'name' holds a carriage return (byte 1 of its value)");
+  EXPECT_TRUE(ParseConfig("name: C\r\n", "run.yaml").ok());  // a Windows line end
 }
 
 TEST(ConfigTest, OtherFileErrors) {
