@@ -95,7 +95,9 @@ TEST(ConfigTest, WrongTypeNamesFileLineAndPath) {
 // back unchanged through ConfigToYaml (found by config_fuzzer): refused,
 // naming the key, in the file and in an override, a scalar or a list item.
 TEST(ConfigTest, AValueThatIsNotUtf8IsRefusedByKey) {
-  EXPECT_EQ(Error(ParseConfig("name: ab\xff\xff" "cd\n", "run.yaml")),
+  EXPECT_EQ(Error(ParseConfig("name: ab\xff\xff"
+                              "cd\n",
+                              "run.yaml")),
             "run.yaml:1: key 'name' is not valid UTF-8 (byte 2 of its value)");
   EXPECT_EQ(Error(ParseConfig("trainer:\n  balance: [m3_mask, \"\xc3\"]\n", "run.yaml")),
             "run.yaml:2: key 'trainer.balance' is not valid UTF-8 (byte 0 of its value)");
