@@ -22,6 +22,7 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/types/span.h"
+#include "base/status.h"
 #include "base/utf8.h"
 
 namespace kappa::services {
@@ -922,37 +923,29 @@ const char* NodeKind(const YAML::Node& node) {
 // invalid bytes into text that no longer parses, and writes a trailing CR
 // unquoted, where it reads back as a line break. The message gives the
 // byte's offset, not the bytes.
-absl::Status CheckText(const Field& field, const YAML::Node& value, const std::string& where) {
-  std::vector<std::string> scalars;
-  if (value.IsScalar()) scalars.push_back(value.Scalar());
-  if (value.IsSequence()) {
-    for (const YAML::Node& item : value) {
-      if (item.IsScalar()) scalars.push_back(item.Scalar());
-    }
+absl::Status CheckText(const Field& field, const std::string& text, const std::string& where) {
+  const size_t bad = base::FirstInvalidUtf8(text);
+  if (bad != std::string_view::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": key '", field.key, "' is not valid UTF-8 (byte ", bad, " of its value)"));
   }
-  for (const std::string& text : scalars) {
-    const size_t bad = base::FirstInvalidUtf8(text);
-    if (bad != std::string_view::npos) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, ": key '", field.key, "' is not valid UTF-8 (byte ", bad, " of its value)"));
-    }
-    const size_t cr = text.find('\r');
-    if (cr != std::string::npos) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, ": key '", field.key, "' holds a carriage return (byte ", cr, " of its value)"));
-    }
+  const size_t cr = text.find('\r');
+  if (cr != std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": key '", field.key, "' holds a carriage return (byte ", cr, " of its value)"));
   }
   return absl::OkStatus();
 }
 
 // Assigns a YAML value to a field; `where` prefixes messages ("<file>:<line>"
 // or "override 'k=v'"). A null value means the empty string for strings.
+// Every scalar read passes CheckText before it is used or quoted back.
 absl::Status AssignNode(const Field& field, const YAML::Node& value, const std::string& where,
                         Config* config) {
-  if (absl::Status text = CheckText(field, value, where); !text.ok()) return text;
   const FieldRef ref = field.get(*config);
   std::string problem;
   if (value.IsScalar()) {
+    KAPPA_RETURN_IF_ERROR(CheckText(field, value.Scalar(), where));
     if (std::visit(Assign{value.Scalar()}, ref)) return absl::OkStatus();
     problem = absl::StrCat("'", value.Scalar(), "'");
   } else if (value.IsNull() && std::holds_alternative<std::string*>(ref)) {
@@ -966,6 +959,7 @@ absl::Status AssignNode(const Field& field, const YAML::Node& value, const std::
         problem = absl::StrCat("a sequence holding ", NodeKind(item));
         break;
       }
+      KAPPA_RETURN_IF_ERROR(CheckText(field, item.Scalar(), where));
       list.push_back(item.Scalar());
     }
     if (problem.empty()) {
