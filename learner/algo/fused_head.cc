@@ -1,8 +1,10 @@
 #include "learner/algo/fused_head.h"
 
+#include <ATen/Parallel.h>
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <functional>
 #include <stdexcept>
 #include <string>
 
@@ -22,19 +24,20 @@ torch::ScalarType ComputeType(torch::ScalarType hidden) {
   return hidden == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
 }
 
-// What one chunk of n positions gives: its terms [n], its shares of L_R and
-// L_D (scalars) and its weighted logit gradients ∂L_R/∂z, ∂L_D/∂z [n, V]
-// (the L_D ones undefined without teacher rows).
+// What a block of n positions gives: its terms [n], its weighted terms
+// w(n) ℓ(n) [n] (L_R and L_D are their sums) and its weighted logit
+// gradients ∂L_R/∂z, ∂L_D/∂z [n, V] (the L_D ones undefined without teacher
+// rows).
 struct ChunkTerms {
   torch::Tensor token_logprobs, reward, distill, entropy, kernel, mask_weights;
-  torch::Tensor reward_loss, distill_loss;
+  torch::Tensor weighted_reward, weighted_distill;
   torch::Tensor reward_logit_grad, distill_logit_grad;
 };
 
-// Σ w ℓ over the positions of nonzero weight (a zero-weight position, e.g.
-// padding, may hold anything, and 0 · ∞ is NaN).
-torch::Tensor WeightedSum(const torch::Tensor& terms, const torch::Tensor& weights) {
-  return (terms.masked_fill(weights == 0, 0) * weights).sum();
+// w ℓ, 0 where w is (a zero-weight position, e.g. padding, may hold
+// anything, and 0 · ∞ is NaN).
+torch::Tensor Weighted(const torch::Tensor& terms, const torch::Tensor& weights) {
+  return terms.masked_fill(weights == 0, 0) * weights;
 }
 
 // Rows [start, start + n) of a per-position input.
@@ -53,9 +56,12 @@ torch::Tensor MaskWeights(const FusedHeadInputs& in, const torch::Tensor& logit_
   return ConflictMaskWeights(kernel, in.mask_temperature);
 }
 
-// Everything of one chunk from its scaled logits s = h Wᵀ / τ (compute type).
-ChunkTerms TermsOfChunk(const FusedHeadInputs& in, const torch::Tensor& s,
-                        const torch::Tensor& hidden, int64_t start, int64_t n) {
+// Everything of the n positions from `start` on from their scaled logits
+// s = h Wᵀ / τ (compute type) and their teacher rows (`teacher`, already
+// narrowed to them; full rows for the hidden form).
+ChunkTerms TermsOfChunk(const FusedHeadInputs& in, const TeacherRows& teacher,
+                        const torch::Tensor& s, const torch::Tensor& hidden, int64_t start,
+                        int64_t n) {
   ChunkTerms out;
   const torch::Tensor lp = s - s.logsumexp(-1, /*keepdim=*/true);
   const torch::Tensor y = Rows(in.targets, start, n);
@@ -72,8 +78,7 @@ ChunkTerms TermsOfChunk(const FusedHeadInputs& in, const torch::Tensor& s,
   torch::Tensor reward_weight = Rows(in.reward_weights, start, n).to(lp.scalar_type());
   torch::Tensor distill_weight;
   torch::Tensor g_d;
-  if (in.teacher.defined()) {
-    const TeacherRows teacher = in.teacher.Narrow(start, n);
+  if (teacher.defined()) {
     out.distill = DistillTermFromLogProbs(lp, out.token_logprobs, teacher, y, in.distill)
                       .to(lp.scalar_type());
     g_d = DistillLogitGradient(lp, teacher, y, in.distill, in.temperature);
@@ -92,13 +97,13 @@ ChunkTerms TermsOfChunk(const FusedHeadInputs& in, const torch::Tensor& s,
     // g_D is ours: weighted in place. Its rows are finite (BuildTrainBatch
     // refuses non-finite teacher rows; the head reads response positions).
     out.distill_logit_grad = g_d.mul_(distill_weight.unsqueeze(-1));
-    out.distill_loss = WeightedSum(out.distill, distill_weight);
+    out.weighted_distill = Weighted(out.distill, distill_weight);
   }
   // a_R m_R g_R = −(a_R m_R c_n / τ) p + the same at y.
   const torch::Tensor reward_scale = reward_weight * reward_coefficient;
   out.reward_logit_grad = (p * -reward_scale.unsqueeze(-1))
                               .scatter_add_(-1, y.unsqueeze(-1), reward_scale.unsqueeze(-1));
-  out.reward_loss = WeightedSum(out.reward, reward_weight);
+  out.weighted_reward = Weighted(out.reward, reward_weight);
   return out;
 }
 
@@ -123,6 +128,50 @@ struct LossGradients {
     }
   }
 };
+
+// Whether a chunk's logits h Wᵀ can be written straight into a buffer of
+// the compute type: h and W already in it and no autocast (whose product
+// is bf16, converted after).
+bool LogitsInPlace(const torch::Tensor& h, const torch::Tensor& w, torch::ScalarType compute) {
+  return h.scalar_type() == compute && w.scalar_type() == compute &&
+         !model::AutocastState::Current(h.device().type()).enabled;
+}
+
+// The chunk's teacher rows as the terms read them: the hidden form's
+// turned into full rows here, once per chunk (one teacher GEMM), the other
+// forms narrowed. Undefined without teacher rows.
+TeacherRows ChunkTeacher(const TeacherRows& teacher, int64_t start, int64_t n) {
+  if (!teacher.defined()) return TeacherRows{};
+  TeacherRows rows = teacher.Narrow(start, n);
+  if (!rows.hidden_form()) return rows;
+  TeacherRows full;
+  full.logprobs = rows.FullLogProbs();
+  return full;
+}
+
+// Positions per block of a chunk's per-position work on the CPU. One row's
+// [V] temporaries (0.6 MB each at V = 151,936) stay in cache and are
+// reused by the allocator, where each pass over [chunk, V] goes to memory
+// and each fresh [chunk, V] tensor is fresh pages the kernel zeroes.
+constexpr int64_t kCpuRowsPerBlock = 1;
+
+// fn(first, m) for blocks [first, first + m) covering [0, n): on the CPU
+// blocks of kCpuRowsPerBlock rows spread over the intra-op threads (fn
+// must write only its own rows), elsewhere one block of n (a GPU wants
+// the whole chunk in each kernel).
+void ForEachBlock(const torch::Device& device, int64_t n,
+                  const std::function<void(int64_t, int64_t)>& fn) {
+  if (!device.is_cpu()) {
+    fn(0, n);
+    return;
+  }
+  at::parallel_for(0, n, /*grain_size=*/1, [&](int64_t begin, int64_t end) {
+    torch::NoGradGuard no_grad;  // grad mode is per thread
+    for (int64_t first = begin; first < end; first += kCpuRowsPerBlock) {
+      fn(first, std::min(kCpuRowsPerBlock, end - first));
+    }
+  });
+}
 
 // The forward's stored gradients in the node's saved_data: ∂/∂h and ∂/∂W of
 // L_R, L_D and the combined loss, in the order of the node's first three
@@ -157,38 +206,66 @@ class FusedHeadFunction : public torch::autograd::Function<FusedHeadFunction> {
                                           : torch::Tensor();
       return g;
     };
-    torch::Tensor reward_loss = torch::zeros({}, options);
-    torch::Tensor distill_loss = torch::zeros({distill ? 1 : 0}, options).sum();
+    torch::Tensor weighted_reward = values(true), weighted_distill = values(distill);
     const bool combine = in->combine;
     LossGradients reward_grads = gradients(!combine),
                   distill_grads = gradients(distill && !combine),
                   combined_grads = gradients(combine);
     const torch::Tensor w = weight.to(hidden.scalar_type());
+    // One chunk's logits, then its ∂/∂z in their place (L_D's beside them
+    // when each loss keeps its own gradient): reused from chunk to chunk.
+    const int64_t chunk = std::min(in->chunk_positions, rows);
+    const int64_t vocab = weight.size(0);
+    const bool logits_in_place = LogitsInPlace(hidden, w, options.dtype().toScalarType());
+    const torch::Tensor logit_buffer =
+        logits_in_place ? torch::empty({chunk, vocab}, options) : torch::Tensor();
+    const torch::Tensor distill_dz_buffer =
+        distill && !combine ? torch::empty({chunk, vocab}, options) : torch::Tensor();
     for (int64_t start = 0; start < rows; start += in->chunk_positions) {
       const int64_t n = std::min(in->chunk_positions, rows - start);
       const torch::Tensor h = hidden.narrow(0, start, n);
-      torch::Tensor s = torch::matmul(h, w.t()).to(options.dtype());
-      if (in->temperature != 1.0) s = s / in->temperature;
-      const ChunkTerms chunk = TermsOfChunk(*in, s, h, start, n);
-      token_logprobs.narrow(0, start, n).copy_(chunk.token_logprobs);
-      reward.narrow(0, start, n).copy_(chunk.reward);
-      entropy.narrow(0, start, n).copy_(chunk.entropy);
-      reward_loss += chunk.reward_loss;
-      if (distill) {
-        distill_terms.narrow(0, start, n).copy_(chunk.distill);
-        kernel.narrow(0, start, n).copy_(chunk.kernel);
-        if (in->mask) mask_weights.narrow(0, start, n).copy_(chunk.mask_weights);
-        distill_loss += chunk.distill_loss;
-      }
+      torch::Tensor s = logits_in_place ? logit_buffer.narrow(0, 0, n)
+                                        : torch::matmul(h, w.t()).to(options.dtype());
+      if (logits_in_place) torch::mm_out(s, h, w.t());
+      if (in->temperature != 1.0) s.div_(in->temperature);
+      const TeacherRows teacher = ChunkTeacher(in->teacher, start, n);
+      const torch::Tensor distill_dz =
+          distill_dz_buffer.defined() ? distill_dz_buffer.narrow(0, 0, n) : torch::Tensor();
+      ForEachBlock(s.device(), n, [&](int64_t first, int64_t m) {
+        const int64_t at = start + first;
+        const TeacherRows block_teacher = distill ? teacher.Narrow(first, m) : TeacherRows{};
+        ChunkTerms block =
+            TermsOfChunk(*in, block_teacher, s.narrow(0, first, m), h.narrow(0, first, m), at, m);
+        token_logprobs.narrow(0, at, m).copy_(block.token_logprobs);
+        reward.narrow(0, at, m).copy_(block.reward);
+        entropy.narrow(0, at, m).copy_(block.entropy);
+        weighted_reward.narrow(0, at, m).copy_(block.weighted_reward);
+        if (distill) {
+          distill_terms.narrow(0, at, m).copy_(block.distill);
+          kernel.narrow(0, at, m).copy_(block.kernel);
+          if (in->mask) mask_weights.narrow(0, at, m).copy_(block.mask_weights);
+          weighted_distill.narrow(0, at, m).copy_(block.weighted_distill);
+        }
+        // The block's logits are read: its rows of s now take its ∂/∂z.
+        torch::Tensor dz_rows = s.narrow(0, first, m);
+        if (combine) {
+          torch::Tensor dz = block.reward_logit_grad.mul_(in->combine_reward);
+          if (distill) dz.add_(block.distill_logit_grad, in->combine_distill);
+          dz_rows.copy_(dz);
+        } else {
+          dz_rows.copy_(block.reward_logit_grad);
+          if (distill) distill_dz.narrow(0, first, m).copy_(block.distill_logit_grad);
+        }
+      });
       if (combine) {
-        torch::Tensor dz = chunk.reward_logit_grad.mul_(in->combine_reward);
-        if (distill) dz.add_(chunk.distill_logit_grad, in->combine_distill);
-        combined_grads.Add(dz, h, w, start, n);
+        combined_grads.Add(s, h, w, start, n);
       } else {
-        reward_grads.Add(chunk.reward_logit_grad, h, w, start, n);
-        if (distill) distill_grads.Add(chunk.distill_logit_grad, h, w, start, n);
+        reward_grads.Add(s, h, w, start, n);
+        if (distill) distill_grads.Add(distill_dz, h, w, start, n);
       }
     }
+    const torch::Tensor reward_loss = weighted_reward.sum();
+    const torch::Tensor distill_loss = weighted_distill.sum();
     const torch::Tensor combined_loss =
         reward_loss * in->combine_reward + distill_loss * in->combine_distill;
     auto or_empty = [&](const torch::Tensor& t) {
