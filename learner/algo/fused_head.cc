@@ -137,17 +137,33 @@ bool LogitsInPlace(const torch::Tensor& h, const torch::Tensor& w, torch::Scalar
          !model::AutocastState::Current(h.device().type()).enabled;
 }
 
-// The chunk's teacher rows as the terms read them: the hidden form's
-// turned into full rows here, once per chunk (one teacher GEMM), the other
-// forms narrowed. Undefined without teacher rows.
-TeacherRows ChunkTeacher(const TeacherRows& teacher, int64_t start, int64_t n) {
-  if (!teacher.defined()) return TeacherRows{};
-  TeacherRows rows = teacher.Narrow(start, n);
-  if (!rows.hidden_form()) return rows;
-  TeacherRows full;
-  full.logprobs = rows.FullLogProbs();
-  return full;
-}
+// The chunk's teacher rows: the top-k, full and sampled forms narrowed to
+// it; the hidden form's as the teacher's logits of the chunk (one teacher
+// GEMM a chunk), which BlockTeacher normalizes a block of rows at a time.
+// Undefined without teacher rows.
+struct ChunkTeacher {
+  TeacherRows rows;      // every form but hidden
+  torch::Tensor logits;  // the hidden form: [n, V] in the teacher head's dtype
+  TeacherHead head;
+
+  ChunkTeacher(const TeacherRows& teacher, int64_t start, int64_t n) {
+    if (!teacher.defined()) return;
+    rows = teacher.Narrow(start, n);
+    if (!rows.hidden_form()) return;
+    head = rows.head;
+    logits = head.Logits(rows.hidden);
+    rows = TeacherRows{};
+  }
+
+  // Rows [first, first + m) as the terms read them (full rows for the
+  // hidden form: log q in float32).
+  TeacherRows Block(int64_t first, int64_t m) const {
+    if (!logits.defined()) return rows.defined() ? rows.Narrow(first, m) : TeacherRows{};
+    TeacherRows full;
+    full.logprobs = head.SoftmaxLogProbs(logits.narrow(0, first, m));
+    return full;
+  }
+};
 
 // Positions per block of a chunk's per-position work on the CPU. One row's
 // [V] temporaries (0.6 MB each at V = 151,936) stay in cache and are
@@ -228,14 +244,13 @@ class FusedHeadFunction : public torch::autograd::Function<FusedHeadFunction> {
                                         : torch::matmul(h, w.t()).to(options.dtype());
       if (logits_in_place) torch::mm_out(s, h, w.t());
       if (in->temperature != 1.0) s.div_(in->temperature);
-      const TeacherRows teacher = ChunkTeacher(in->teacher, start, n);
+      const ChunkTeacher teacher(in->teacher, start, n);
       const torch::Tensor distill_dz =
           distill_dz_buffer.defined() ? distill_dz_buffer.narrow(0, 0, n) : torch::Tensor();
       ForEachBlock(s.device(), n, [&](int64_t first, int64_t m) {
         const int64_t at = start + first;
-        const TeacherRows block_teacher = distill ? teacher.Narrow(first, m) : TeacherRows{};
-        ChunkTerms block =
-            TermsOfChunk(*in, block_teacher, s.narrow(0, first, m), h.narrow(0, first, m), at, m);
+        ChunkTerms block = TermsOfChunk(*in, teacher.Block(first, m), s.narrow(0, first, m),
+                                        h.narrow(0, first, m), at, m);
         token_logprobs.narrow(0, at, m).copy_(block.token_logprobs);
         reward.narrow(0, at, m).copy_(block.reward);
         entropy.narrow(0, at, m).copy_(block.entropy);

@@ -39,6 +39,10 @@ torch::Tensor PerRow(
 }  // namespace
 
 torch::Tensor TeacherHead::LogProbs(const torch::Tensor& hidden) const {
+  return SoftmaxLogProbs(Logits(hidden));
+}
+
+torch::Tensor TeacherHead::Logits(const torch::Tensor& hidden) const {
   if (!defined()) throw std::invalid_argument("TeacherHead: no head weight loaded");
   if (hidden.dim() < 1 || hidden.size(-1) != hidden_size()) {
     throw std::invalid_argument("TeacherHead: hidden rows " + c10::str(hidden.sizes()) +
@@ -47,8 +51,11 @@ torch::Tensor TeacherHead::LogProbs(const torch::Tensor& hidden) const {
   torch::NoGradGuard no_grad;
   // The teacher's product, whatever autocast the learner's forward runs under.
   const model::AutocastScope no_autocast(weight.device().type(), model::AutocastState{});
-  const torch::Tensor logits =
-      torch::matmul(hidden.to(weight.device(), weight.scalar_type()), weight.t());
+  return torch::matmul(hidden.to(weight.device(), weight.scalar_type()), weight.t());
+}
+
+torch::Tensor TeacherHead::SoftmaxLogProbs(const torch::Tensor& logits) const {
+  torch::NoGradGuard no_grad;
   return torch::log_softmax(logits.to(SoftmaxType(weight.scalar_type())), -1);
 }
 

@@ -36,6 +36,13 @@ struct TeacherHead {
   // float64 weight). No graph. REQUIRES: defined(); hidden's last size is
   // D_t (else std::invalid_argument naming both widths).
   torch::Tensor LogProbs(const torch::Tensor& hidden) const;
+  // The logits h W_tᵀ alone, in the weight's dtype (LogProbs is
+  // log_softmax(Logits(hidden)) in float32 at least, which a caller that
+  // normalizes a row at a time does itself with SoftmaxLogProbs). Same
+  // requirements.
+  torch::Tensor Logits(const torch::Tensor& hidden) const;
+  // log_softmax of logits rows [..., V] as LogProbs normalizes them.
+  torch::Tensor SoftmaxLogProbs(const torch::Tensor& logits) const;
 
   // Per-row statistics of log q over hidden rows [..., D_t], a bounded
   // block of rows at a time (never [rows, V] at once): max_v log q [...],
