@@ -49,6 +49,23 @@ class C10dCollectives final : public Collectives {
     }
   }
 
+  void AllGatherInPlace(const torch::Tensor& flat) override {
+    if (size_ == 1) return;
+    if (flat.dim() != 1 || !flat.is_contiguous() || flat.numel() % size_ != 0) {
+      throw std::invalid_argument(
+          "AllGatherInPlace: want a contiguous 1-D tensor whose size is a "
+          "multiple of the " +
+          std::to_string(size_) + " ranks, got " + c10::str(flat.sizes()));
+    }
+    // The list form: Gloo in libtorch 1.13 has no flat all-gather. The
+    // input is a copy of this rank's segment, which is also an output.
+    const int64_t segment = flat.numel() / size_;
+    std::vector<std::vector<torch::Tensor>> outputs(1);
+    for (int r = 0; r < size_; ++r) outputs[0].push_back(flat.narrow(0, r * segment, segment));
+    std::vector<torch::Tensor> input = {outputs[0][rank_].clone()};
+    group_->allgather(outputs, input)->wait();
+  }
+
  private:
   c10::intrusive_ptr<Group> group_;
   const int rank_;

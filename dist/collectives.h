@@ -28,6 +28,11 @@ class Collectives {
   virtual void SumInPlace(const std::vector<torch::Tensor>& tensors) = 0;
   // Copies rank `root`'s tensors into every other rank's, in place.
   virtual void Broadcast(const std::vector<torch::Tensor>& tensors, int root) = 0;
+  // `flat` (1-D, contiguous, on the group's device, numel a multiple of
+  // size()) as size() equal segments: every rank's segment `rank` is copied
+  // into segment `rank` of every other rank's, in place. What a rank holds
+  // outside its own segment beforehand is overwritten.
+  virtual void AllGatherInPlace(const torch::Tensor& flat) = 0;
 };
 
 struct CollectivesOptions {

@@ -72,6 +72,12 @@ absl::Status CheckWorldSize(const services::Config& config, int64_t world_size) 
         absl::StrCat("trainer.groups_per_step (", config.trainer.groups_per_step,
                      ") must be a multiple of the world size (", world_size, ")"));
   }
+  if (config.learner.shard != services::LearnerShard::kNone && world_size == 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "learner.shard: ", std::string(services::ChoiceName(config.learner.shard)),
+        " splits state over the data-parallel ranks, and learner.world_size is 1 (set it above "
+        "1, or learner.shard: none)"));
+  }
   return absl::OkStatus();
 }
 

@@ -42,9 +42,9 @@ absl::StatusOr<DataParallelSetup> ResolveDataParallel(
 int RankCudaIndex(const std::string& device_name, int resolved_index,
                   const DataParallelSetup& setup, int visible);
 
-// INVALID_ARGUMENT unless `world_size` >= 1 divides trainer.groups_per_step:
-// the check `kappa run` makes on learner.world_size before starting anything
-// (it picks the store itself).
+// INVALID_ARGUMENT unless `world_size` >= 1 divides trainer.groups_per_step
+// and learner.shard is none where `world_size` is 1: the check `kappa run` makes on
+// learner.world_size before starting anything (it picks the store itself).
 absl::Status CheckWorldSize(const services::Config& config, int64_t world_size);
 
 // Data parallel: meets the other ranks at setup.store (blocks until all

@@ -318,13 +318,23 @@ struct Serving {
   }
 };
 
-// The optimizer over the student, with the rate schedule, restored from
-// the checkpoint's optimizer state on a resume.
+// The optimizer over the student, with the rate schedule, its state split
+// over the ranks under learner.shard, restored from the checkpoint's
+// optimizer state on a resume.
 absl::StatusOr<std::unique_ptr<PolicyOptimizer>> MakeOptimizer(const services::Config& config,
+                                                               const DataParallelSetup& rank,
                                                                const StartPoint& start) {
   KAPPA_ASSIGN_OR_RETURN(LearningRateSchedule schedule, MakeLearningRateSchedule(config));
   auto optimizer = std::make_unique<PolicyOptimizer>(
       start.student, schedule, config.trainer.weight_decay, config.trainer.max_grad_norm);
+  if (config.learner.shard == services::LearnerShard::kOptimizer) {
+    optimizer->ShardOptimizerState(rank.rank, rank.world_size);
+    const ShardRange shard = *optimizer->optimizer_shard();
+    spdlog::info(
+        "learner.shard: optimizer: rank {} of {} holds AdamW's state of elements {}..{} "
+        "of {}",
+        rank.rank, rank.world_size, shard.begin, shard.end, shard.total);
+  }
   if (!start.optimizer_path.empty()) {
     KAPPA_RETURN_IF_ERROR(base::CaptureExceptions(start.optimizer_path,
                                                   [&] { optimizer->Load(start.optimizer_path); }));
@@ -455,7 +465,8 @@ absl::Status Serve(const services::CommonFlags& flags, bool resume) {
   services::InitLogging("learner", flags.log_file);
   absl::StatusOr<LearnerInputs> in = PrepareInputs(flags, resume);
   if (!in.ok()) return services::ConfigurationError(in.status());
-  absl::StatusOr<std::unique_ptr<PolicyOptimizer>> optimizer = MakeOptimizer(in->config, in->start);
+  absl::StatusOr<std::unique_ptr<PolicyOptimizer>> optimizer =
+      MakeOptimizer(in->config, in->rank, in->start);
   if (!optimizer.ok()) return services::ConfigurationError(optimizer.status());
   // Data parallel: meet the other ranks and start from rank 0's weights. A
   // resumed rank has loaded its own checkpoint (optimizer state included),

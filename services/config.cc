@@ -361,6 +361,11 @@ constexpr Field kFields[] = {
         "their own, else Gloo on CPU tensors) instead of a WatchPolicy stream each; they set "
         "`rollout.weight_transport: c10d`. 0: none. Under `kappa run`, 0 with "
         "`rollout.weight_transport: c10d` means `workers`."),
+    KAPPA_CONFIG_FIELD(learner.shard,
+                       "`none`: every data-parallel rank holds the whole AdamW state; "
+                       "`optimizer`: each rank holds and updates its 1 / `world_size` share of "
+                       "it and the ranks all-gather the updated weights (ZeRO stage 1; needs "
+                       "`world_size` > 1)."),
     KAPPA_CONFIG_FIELD(learner.weight_group_store,
                        "`tcp://HOST:PORT` where the weight group meets (the learner listens; "
                        "port 0: one it binds itself and tells each worker); empty under "

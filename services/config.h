@@ -156,6 +156,9 @@ struct Config {
     // Where the ranks meet: tcp://HOST:PORT (rank 0 listens) or file:///PATH.
     // kappa run picks a loopback port when world_size > 1 and this is empty.
     std::string dist_store;
+    // none: every rank holds the whole AdamW state; optimizer: each holds
+    // its 1 / world_size share of it (learner/algo/sharded_adamw.h).
+    LearnerShard shard = LearnerShard::kNone;
     // Same-host workers that get every policy version in one c10d broadcast
     // (learner/weight_broadcaster.h); 0: none. The group meets at the store
     // (tcp://HOST:PORT, the learner listens; kappa run picks one if empty).

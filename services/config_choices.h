@@ -106,6 +106,11 @@ KAPPA_CONFIG_CHOICE(RstgConfidence, "max_prob", "token_prob");
 enum class RstgTokenSelector { kEntropy, kDivergence, kUnion };  // rstg.token_selector
 KAPPA_CONFIG_CHOICE(RstgTokenSelector, "entropy", "divergence", "union");
 
+// learner.shard: what the data-parallel ranks split instead of each holding
+// it whole (ZeRO's stages; only the first so far).
+enum class LearnerShard { kNone, kOptimizer };
+KAPPA_CONFIG_CHOICE(LearnerShard, "none", "optimizer");
+
 #undef KAPPA_CONFIG_CHOICE
 
 }  // namespace kappa::services

@@ -43,6 +43,49 @@ torch::optim::AdamWParamState& StateFor(torch::optim::AdamW& optimizer, const to
 
 }  // namespace
 
+const torch::optim::AdamWParamState* FindAdamWState(torch::optim::AdamW& optimizer,
+                                                    const torch::Tensor& p) {
+  auto& states = optimizer.state();
+  const auto found = states.find(StateKey(states, p));
+  if (found == states.end()) return nullptr;
+  return &static_cast<const torch::optim::AdamWParamState&>(*found->second);
+}
+
+void AdamWUpdate(torch::Tensor p, const torch::Tensor& g, torch::Tensor m, torch::Tensor v,
+                 const torch::optim::AdamWOptions& options, double lr, int64_t step,
+                 int64_t slice_elements, torch::Tensor* denom_buffer) {
+  const auto [beta1, beta2] = options.betas();
+  if (options.weight_decay() != 0) p.mul_(1 - lr * options.weight_decay());
+  const double bias_correction1 = 1 - std::pow(beta1, step);
+  const double bias_correction2 = 1 - std::pow(beta2, step);
+  m.mul_(beta1).add_(g, 1 - beta1);
+  v.mul_(beta2).addcmul_(g, g, 1 - beta2);
+  const double step_size = lr / bias_correction1;
+  const double sqrt_bias_correction2 = std::sqrt(bias_correction2);
+
+  if (!(p.is_contiguous() && m.is_contiguous() && v.is_contiguous())) {
+    // No flat views: libtorch's expression, whole.
+    p.addcdiv_(m, (v.sqrt() / sqrt_bias_correction2).add_(options.eps()), -step_size);
+    return;
+  }
+  const int64_t n = p.numel();
+  const int64_t width = std::min(n, slice_elements);
+  if (!denom_buffer->defined() || denom_buffer->numel() < width ||
+      denom_buffer->scalar_type() != v.scalar_type() || denom_buffer->device() != v.device()) {
+    *denom_buffer = torch::empty({width}, v.options());
+  }
+  torch::Tensor p_flat = p.view({-1});
+  const torch::Tensor m_flat = m.view({-1});
+  const torch::Tensor v_flat = v.view({-1});
+  for (int64_t start = 0; start < n; start += width) {
+    const int64_t len = std::min(width, n - start);
+    torch::Tensor denom = denom_buffer->narrow(0, 0, len);
+    torch::sqrt_out(denom, v_flat.narrow(0, start, len));
+    denom.div_(sqrt_bias_correction2).add_(options.eps());
+    p_flat.narrow(0, start, len).addcdiv_(m_flat.narrow(0, start, len), denom, -step_size);
+  }
+}
+
 void AdamWStepInSlices(torch::optim::AdamW& optimizer, int64_t slice_elements) {
   if (slice_elements <= 0) {
     throw std::invalid_argument("AdamWStepInSlices: slice_elements must be > 0");
@@ -54,47 +97,16 @@ void AdamWStepInSlices(torch::optim::AdamW& optimizer, int64_t slice_elements) {
     if (options.amsgrad()) {
       throw std::invalid_argument("AdamWStepInSlices: amsgrad is not implemented");
     }
-    const double lr = options.lr();
-    const auto [beta1, beta2] = options.betas();
     for (torch::Tensor& p : group.params()) {
       const torch::Tensor& grad = p.grad();
       if (!grad.defined()) continue;
       if (grad.is_sparse()) {
         throw std::invalid_argument("AdamWStepInSlices: a sparse gradient (AdamW takes dense)");
       }
-      if (options.weight_decay() != 0) p.mul_(1 - lr * options.weight_decay());
       torch::optim::AdamWParamState& state = StateFor(optimizer, p);
       state.step(state.step() + 1);
-      const double bias_correction1 = 1 - std::pow(beta1, state.step());
-      const double bias_correction2 = 1 - std::pow(beta2, state.step());
-      torch::Tensor& m = state.exp_avg();
-      torch::Tensor& v = state.exp_avg_sq();
-      m.mul_(beta1).add_(grad, 1 - beta1);
-      v.mul_(beta2).addcmul_(grad, grad, 1 - beta2);
-      const double step_size = lr / bias_correction1;
-      const double sqrt_bias_correction2 = std::sqrt(bias_correction2);
-
-      if (!(p.is_contiguous() && m.is_contiguous() && v.is_contiguous())) {
-        // No flat views: libtorch's expression, whole.
-        p.addcdiv_(m, (v.sqrt() / sqrt_bias_correction2).add_(options.eps()), -step_size);
-        continue;
-      }
-      const int64_t n = p.numel();
-      const int64_t width = std::min(n, slice_elements);
-      if (!denom_buffer.defined() || denom_buffer.numel() < width ||
-          denom_buffer.scalar_type() != v.scalar_type() || denom_buffer.device() != v.device()) {
-        denom_buffer = torch::empty({width}, v.options());
-      }
-      torch::Tensor p_flat = p.view({-1});
-      const torch::Tensor m_flat = m.view({-1});
-      const torch::Tensor v_flat = v.view({-1});
-      for (int64_t start = 0; start < n; start += width) {
-        const int64_t len = std::min(width, n - start);
-        torch::Tensor denom = denom_buffer.narrow(0, 0, len);
-        torch::sqrt_out(denom, v_flat.narrow(0, start, len));
-        denom.div_(sqrt_bias_correction2).add_(options.eps());
-        p_flat.narrow(0, start, len).addcdiv_(m_flat.narrow(0, start, len), denom, -step_size);
-      }
+      AdamWUpdate(p, grad, state.exp_avg(), state.exp_avg_sq(), options, options.lr(), state.step(),
+                  slice_elements, &denom_buffer);
     }
   }
 }

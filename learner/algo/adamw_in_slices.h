@@ -26,4 +26,20 @@ namespace kappa::learner {
 // std::invalid_argument naming it otherwise: not implemented here).
 void AdamWStepInSlices(torch::optim::AdamW& optimizer, int64_t slice_elements = int64_t{1} << 20);
 
+// `optimizer`'s state of parameter `p`, or null before its first step.
+const torch::optim::AdamWParamState* FindAdamWState(torch::optim::AdamW& optimizer,
+                                                    const torch::Tensor& p);
+
+// The same update of some elements: p (decayed, then stepped), its gradient
+// g and moments m, v, all contiguous and of one shape, at the rate `lr`
+// and the step count `step` (1 at the first update), the other
+// hyperparameters from `options` (its lr is not read). What
+// AdamWStepInSlices does to each parameter, and what a rank that holds the
+// moments of a slice of the parameters only does to that slice
+// (sharded_adamw.h). Mutates p, m and v; `denom_buffer` is scratch, grown
+// to one slice as needed. REQUIRES: no grad mode; slice_elements > 0.
+void AdamWUpdate(torch::Tensor p, const torch::Tensor& g, torch::Tensor m, torch::Tensor v,
+                 const torch::optim::AdamWOptions& options, double lr, int64_t step,
+                 int64_t slice_elements, torch::Tensor* denom_buffer);
+
 }  // namespace kappa::learner

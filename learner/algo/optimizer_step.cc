@@ -113,6 +113,8 @@ PolicyOptimizer::PolicyOptimizer(model::Decoder model, double lr, double weight_
 PolicyOptimizer::FlatGradient PolicyOptimizer::MakeFlatGradient() const {
   int64_t total = 0;
   for (const torch::Tensor& p : params_) total += p.numel();
+  // Sharded: padded to equal shards, which the parameters' all-gather needs.
+  if (sharded_) total = PaddedLength(total, sharded_world_size_);
   FlatGradient buffer;
   buffer.flat = torch::zeros({total}, params_.front().options());
   int64_t offset = 0;
@@ -126,7 +128,9 @@ PolicyOptimizer::FlatGradient PolicyOptimizer::MakeFlatGradient() const {
 void PolicyOptimizer::AttachGradients(FlatGradient& buffer, bool zero) {
   const torch::Tensor& first = params_.front();
   if (!buffer.flat.defined() || buffer.flat.device() != first.device() ||
-      buffer.flat.scalar_type() != first.scalar_type()) {
+      buffer.flat.scalar_type() != first.scalar_type() ||
+      (sharded_ &&
+       buffer.flat.numel() != PaddedLength(sharded_->range().total, sharded_world_size_))) {
     buffer = MakeFlatGradient();
   } else if (zero) {
     buffer.flat.zero_();
@@ -149,6 +153,16 @@ void PolicyOptimizer::set_collectives(dist::Collectives* collectives) {
   std::vector<torch::Tensor> params;
   for (const torch::Tensor& p : params_) params.push_back(p.data());
   collectives_->Broadcast(params, /*root=*/0);
+}
+
+void PolicyOptimizer::ShardOptimizerState(int rank, int world_size) {
+  if (step_ != 0 || !optimizer_.state().empty()) {
+    throw std::logic_error("PolicyOptimizer::ShardOptimizerState: after a step or a Load");
+  }
+  sharded_ = std::make_unique<ShardedAdamW>(params_, rank, world_size);
+  sharded_world_size_ = world_size;
+  sharded_rank_ = rank;
+  reward_grad_ = distill_grad_ = sft_grad_ = FlatGradient{};  // remade padded
 }
 
 StepStats PolicyOptimizer::Step(const LossTerms& terms, const GradientPlan& plan, bool separate) {
@@ -361,13 +375,31 @@ void PolicyOptimizer::ClipAndApply(double grad_norm, StepStats* stats) {
   for (auto& group : optimizer_.param_groups()) {
     static_cast<torch::optim::AdamWOptions&>(group.options()).lr(stats->lr);
   }
-  AdamWStepInSlices(optimizer_);  // optimizer_.step(), without its full-size temporaries
+  if (sharded_) {
+    if (collectives_ == nullptr || collectives_->size() != sharded_world_size_ ||
+        collectives_->rank() != sharded_rank_) {
+      throw std::logic_error("PolicyOptimizer: sharded over " +
+                             std::to_string(sharded_world_size_) +
+                             " ranks without collectives of that size and rank");
+    }
+    const auto& options =
+        static_cast<const torch::optim::AdamWOptions&>(optimizer_.param_groups().front().options());
+    sharded_->Step(reward_grad_.flat, options, stats->lr);
+    // The gradient is spent: its buffer carries the parameters' all-gather.
+    sharded_->GatherParameters(*collectives_, reward_grad_.flat);
+  } else {
+    AdamWStepInSlices(optimizer_);  // optimizer_.step(), without its full-size temporaries
+  }
   ++step_;
 }
 
 void PolicyOptimizer::Save(const std::string& path) const {
   torch::serialize::OutputArchive archive;
-  optimizer_.save(archive);
+  if (sharded_) {
+    sharded_->Write(archive);
+  } else {
+    optimizer_.save(archive);
+  }
   archive.write("kappa_policy_optimizer_step", torch::tensor(step_));
   const std::string tmp = path + ".tmp-" + std::to_string(::getpid());
   archive.save_to(tmp);
@@ -382,14 +414,49 @@ void PolicyOptimizer::Load(const std::string& path) {
   try {
     // Onto the parameters' device: a CPU checkpoint resumes on a GPU and back.
     archive.load_from(path, params_.front().device());
-    optimizer_.load(archive);
+    if (sharded_) {
+      LoadShard(archive);
+    } else if (ShardedAdamW::Holds(archive)) {
+      throw std::runtime_error(
+          "it holds one rank's shard (learner.shard: optimizer) and this "
+          "learner is unsharded: resume with the run's learner.shard and "
+          "learner.world_size");
+    } else {
+      optimizer_.load(archive);
+    }
     torch::Tensor step;
     archive.read("kappa_policy_optimizer_step", step);
     step_ = step.item<int64_t>();
   } catch (const c10::Error& e) {
     throw std::runtime_error("PolicyOptimizer::Load: cannot read optimizer state from " + path +
                              ": " + e.what_without_backtrace());
+  } catch (const std::runtime_error& e) {
+    throw std::runtime_error("PolicyOptimizer::Load: cannot resume from " + path + ": " + e.what());
   }
+}
+
+void PolicyOptimizer::LoadShard(torch::serialize::InputArchive& archive) {
+  if (ShardedAdamW::Holds(archive)) {
+    sharded_->Read(archive);
+    return;
+  }
+  // An unsharded run's state: this rank's share of it, then let it go.
+  optimizer_.load(archive);
+  std::vector<torch::Tensor> exp_avg, exp_avg_sq;
+  int64_t step = 0;
+  for (const torch::Tensor& p : params_) {
+    const torch::optim::AdamWParamState* state = FindAdamWState(optimizer_, p);
+    if (state == nullptr) {  // saved before the first update: zero moments
+      exp_avg.push_back(torch::zeros_like(p));
+      exp_avg_sq.push_back(torch::zeros_like(p));
+      continue;
+    }
+    exp_avg.push_back(state->exp_avg());
+    exp_avg_sq.push_back(state->exp_avg_sq());
+    step = state->step();
+  }
+  sharded_->ReadUnsharded(exp_avg, exp_avg_sq, step);
+  optimizer_.state().clear();
 }
 
 }  // namespace kappa::learner

@@ -8,6 +8,7 @@
 #include <torch/types.h>
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -17,6 +18,7 @@
 #include "learner/algo/balance.h"
 #include "learner/algo/hybrid_loss.h"
 #include "learner/algo/lr_schedule.h"
+#include "learner/algo/sharded_adamw.h"
 #include "model/transformer.h"
 
 namespace kappa::learner {
@@ -77,6 +79,18 @@ class PolicyOptimizer {
   // by broadcasting rank 0's parameters. Not owned; null: one process.
   void set_collectives(dist::Collectives* collectives);
 
+  // learner.shard: optimizer. From now on this rank holds and updates only
+  // its share of AdamW's state (sharded_adamw.h) and, after each update,
+  // all-gathers the parameters over the collectives; everything before the
+  // update (the summed gradient, κ, M3, the clip) is as unsharded.
+  // REQUIRES: before the first step and before Load; set_collectives with
+  // a group of `world_size` ranks, this one `rank`, before the first step.
+  void ShardOptimizerState(int rank, int world_size);
+  // The elements whose AdamW state this rank holds; nullopt unsharded.
+  std::optional<ShardRange> optimizer_shard() const {
+    return sharded_ ? std::optional<ShardRange>(sharded_->range()) : std::nullopt;
+  }
+
   // separate = false with a plan that neither projects nor normalizes takes
   // one backward pass of the weighted sum (no κ); otherwise three.
   StepStats Step(const LossTerms& terms, const GradientPlan& plan, bool separate);
@@ -113,7 +127,10 @@ class PolicyOptimizer {
   StepStats Step(const LossTerms& terms, double lambda);
 
   // Optimizer state (AdamW moments) plus the step counter, for --resume.
-  // Save writes `path` atomically (temporary file, then rename).
+  // Save writes `path` atomically (temporary file, then rename). Sharded,
+  // each rank writes its own shard; Load takes the same shard back, or its
+  // share of an unsharded run's state, and refuses a shard of another
+  // layout, or a shard where this optimizer is unsharded (runtime_error).
   void Save(const std::string& path) const;
   void Load(const std::string& path);
 
@@ -127,6 +144,8 @@ class PolicyOptimizer {
   StepStats CombineAndApply();
   // Clips the gradients in .grad to max_grad_norm_ given their norm, then AdamW.
   void ClipAndApply(double grad_norm, StepStats* stats);
+  // Load's sharded half: this rank's shard, or its share of unsharded state.
+  void LoadShard(torch::serialize::InputArchive& archive);
   // Gradient storage: each parameter's .grad is a view into one flat buffer
   // per signal, so backward accumulates straight into it and the norms, dot
   // products and combinations of the step are single ops on flat vectors.
@@ -156,7 +175,9 @@ class PolicyOptimizer {
   PendingStep pending_;
   dist::Collectives* collectives_ = nullptr;
   FlatGradient reward_grad_, distill_grad_, sft_grad_;
-  torch::optim::AdamW optimizer_;
+  torch::optim::AdamW optimizer_;          // unsharded: its state; sharded: its options only
+  std::unique_ptr<ShardedAdamW> sharded_;  // learner.shard: optimizer
+  int sharded_world_size_ = 1, sharded_rank_ = 0;
   LearningRateSchedule schedule_;
   double max_grad_norm_;
   int64_t step_ = 0;

@@ -274,15 +274,21 @@ TEST(EndToEndLoopTest, TwoDataParallelLearnerRanksTrainInLockstep) {
   EXPECT_EQ(lines, 5);
 
   // Every rank checkpointed (rank 1 under rank-1/), so both resume at step 4
-  // and go on in lockstep.
+  // and go on in lockstep, from here on with AdamW's state sharded
+  // (learner.shard: optimizer): each rank takes its half of its unsharded
+  // state, steps it and all-gathers the weights, which stay bitwise equal.
   EXPECT_TRUE(fs::exists(root / "runs" / "dp" / "rank-1" / "checkpoints" / "latest"));
-  const std::string resume = "KAPPA_CFG_LEARNER__WORLD_SIZE=2 " + std::string(KAPPA_CLI) +
-                             " run " + config.string() + " trainer.steps=6 --resume --no-progress > " +
+  const std::string sharded = "KAPPA_CFG_LEARNER__SHARD=optimizer ";
+  const std::string resume = sharded + "KAPPA_CFG_LEARNER__WORLD_SIZE=2 " + std::string(KAPPA_CLI) +
+                             " run " + config.string() +
+                             " trainer.steps=6 --resume --no-progress > " +
                              (root / "resume.out").string() + " 2>&1";
   ASSERT_EQ(std::system(resume.c_str()), 0) << ReadAll(root / "resume.out");
   const std::string resumed0 = ReadAll(logs / "learner.log");
   const std::string resumed1 = ReadAll(logs / "learner-1.log");
   EXPECT_NE(resumed1.find("step 6:"), std::string::npos) << resumed1;
+  EXPECT_NE(resumed1.find("learner.shard: optimizer: rank 1 of 2 holds"), std::string::npos)
+      << resumed1;
   const size_t second_run = resumed0.rfind("final parameters: ");
   ASSERT_NE(second_run, std::string::npos);
   EXPECT_EQ(Fingerprint(resumed0.substr(second_run)),
@@ -292,8 +298,8 @@ TEST(EndToEndLoopTest, TwoDataParallelLearnerRanksTrainInLockstep) {
   // A rank without its checkpoint would start at step 0 against rank 0's 6:
   // refused, by both ranks, before any step.
   fs::remove_all(root / "runs" / "dp" / "rank-1" / "checkpoints");
-  const std::string mismatched = "KAPPA_CFG_LEARNER__WORLD_SIZE=2 " + std::string(KAPPA_CLI) +
-                                 " run " + config.string() +
+  const std::string mismatched = sharded + "KAPPA_CFG_LEARNER__WORLD_SIZE=2 " +
+                                 std::string(KAPPA_CLI) + " run " + config.string() +
                                  " trainer.steps=8 --resume --no-progress > " +
                                  (root / "mismatch.out").string() + " 2>&1";
   EXPECT_NE(std::system(mismatched.c_str()), 0);

@@ -54,6 +54,12 @@ TEST(DataParallelSetupTest, BadSettingsNameTheFlagOrKey) {
   EXPECT_EQ(Error(ResolveDataParallel(
                 config, {{"world-size", "4"}, {"dist-store", "tcp://h:1"}}, "h")),
             "trainer.groups_per_step (6) must be a multiple of the world size (4)");
+  // A sharded optimizer with nobody to share it with.
+  config.learner.shard = services::LearnerShard::kOptimizer;
+  EXPECT_EQ(Error(CheckWorldSize(config, 1)),
+            "learner.shard: optimizer splits state over the data-parallel ranks, and "
+            "learner.world_size is 1 (set it above 1, or learner.shard: none)");
+  EXPECT_TRUE(CheckWorldSize(config, 2).ok());
 }
 
 TEST(PromptShardsTest, RanksSplitEachEpochBetweenThem) {

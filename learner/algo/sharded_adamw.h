@@ -1,0 +1,90 @@
+// AdamW with its state split over the data-parallel ranks (learner.shard:
+// optimizer, ZeRO stage 1; docs/scaling.md "Sharding the learner").
+//
+// The trainable parameters, flattened and concatenated in their order, are
+// one vector of N elements, padded to R·S with S = ⌈N / R⌉. Rank r owns
+// elements [r·S, min((r + 1)·S, N)): it holds AdamW's two moments for them
+// only (8·N / R bytes in float32 where an unsharded rank holds 8·N) and
+// updates only them. Every rank still has the whole summed and clipped
+// gradient, so every global quantity of the step (κ, the cosine, m3_*, the
+// clip factor) is computed as before; after the update the ranks
+// all-gather the updated elements, and every rank again holds the same
+// parameters, bitwise.
+//
+// The arithmetic is AdamWUpdate's (adamw_in_slices.h), element for
+// element what an unsharded AdamWStepInSlices applies.
+#pragma once
+
+#include <torch/optim/adamw.h>
+#include <torch/serialize/archive.h>
+#include <torch/types.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "dist/collectives.h"
+
+namespace kappa::learner {
+
+// Elements [begin, end) of a flat vector of `total` elements.
+struct ShardRange {
+  int64_t begin = 0, end = 0, total = 0;
+  int64_t size() const { return end - begin; }
+};
+
+// Rank `rank`'s range of a vector of `total` elements over `world_size`
+// ranks, and the padded length R·S every rank's flat buffers take.
+// REQUIRES: 0 <= rank < world_size.
+ShardRange ShardOf(int64_t total, int rank, int world_size);
+int64_t PaddedLength(int64_t total, int world_size);
+
+class ShardedAdamW {
+ public:
+  // `params`: the trainable parameters in the optimizer's order (one dtype
+  // and device, contiguous; std::invalid_argument otherwise). The moments
+  // start at zero, as libtorch's do at the first step.
+  ShardedAdamW(std::vector<torch::Tensor> params, int rank, int world_size);
+
+  const ShardRange& range() const { return range_; }
+  int64_t step() const { return step_; }
+
+  // One AdamW step of this rank's elements from `flat_gradient` (the padded
+  // flat vector, parameter order) at rate `lr`, the other hyperparameters
+  // from `options`. Mutates this rank's elements of the parameters and the
+  // moments. REQUIRES: no grad mode.
+  void Step(const torch::Tensor& flat_gradient, const torch::optim::AdamWOptions& options,
+            double lr);
+
+  // After every rank's Step: writes this rank's elements into `scratch`
+  // (the padded length, e.g. the gradient buffer once it is spent),
+  // all-gathers it and copies every parameter from it. Collective.
+  void GatherParameters(dist::Collectives& collectives, const torch::Tensor& scratch);
+
+  // The moments, the step count and the shard's place (rank, world size,
+  // range). Read refuses a shard of another layout
+  // (std::runtime_error naming both), or an archive without one.
+  void Write(torch::serialize::OutputArchive& archive) const;
+  void Read(torch::serialize::InputArchive& archive);
+  // Takes this rank's range out of unsharded moments (libtorch AdamW state,
+  // one exp_avg / exp_avg_sq per parameter, in order) and their step count:
+  // resuming an unsharded run's optimizer state with learner.shard on.
+  void ReadUnsharded(const std::vector<torch::Tensor>& exp_avg,
+                     const std::vector<torch::Tensor>& exp_avg_sq, int64_t step);
+  // Whether an archive holds a shard (Write's), not unsharded state.
+  static bool Holds(torch::serialize::InputArchive& archive);
+
+ private:
+  // fn(parameter elements, flat offset of their first element) for each
+  // parameter's part inside this rank's range.
+  template <typename Fn>
+  void ForEachOwnedPart(Fn&& fn) const;
+
+  std::vector<torch::Tensor> params_;
+  int rank_, world_size_;
+  ShardRange range_;
+  torch::Tensor exp_avg_, exp_avg_sq_;  // [range_.size()]
+  int64_t step_ = 0;
+  torch::Tensor denom_buffer_;  // AdamWUpdate's scratch
+};
+
+}  // namespace kappa::learner

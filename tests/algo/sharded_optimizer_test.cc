@@ -1,0 +1,295 @@
+// learner.shard: optimizer (ZeRO stage 1, learner/algo/sharded_adamw.h) on
+// real c10d Gloo groups, R ranks in threads: over 20 steps, with κ measured
+// and not, full and LoRA training, the sharded ranks' parameters equal the
+// unsharded ranks' on the same shares (and stay bitwise equal across
+// ranks), κ, the cosine and the clip factor equal to 1e-6, each rank holds
+// only its share of the moments; and a sharded run's checkpoints resume it
+// exactly, an unsharded run's state resumes sharded, and a shard of another
+// layout is refused by name.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "dist/collectives.h"
+#include "learner/algo/hybrid_step.h"
+#include "learner/algo/sharded_adamw.h"
+#include "tests/algo/tiny_model.h"
+
+namespace kappa::learner {
+namespace {
+
+using testing::RandomGroups;
+using testing::TinyModel;
+
+constexpr int kGroupsPerStep = 4;
+
+struct RunSetup {
+  int ranks = 1;
+  bool shard = false;
+  bool lora = false;
+  int64_t kappa_every = 1;
+  int steps = 20;
+  int first_step = 0;    // of the data: a resumed run goes on where it stopped
+  std::string save_dir;  // non-empty: each rank saves its optimizer state here
+  std::string load_dir;  // non-empty: each rank loads from here first
+};
+
+struct RankResult {
+  std::vector<torch::Tensor> parameters;
+  std::vector<double> kappas, cosines, grad_norms;
+  int64_t moment_elements = 0;  // the AdamW moments this rank holds
+  std::string load_error;
+};
+
+model::Decoder Model(bool lora) {
+  model::Decoder m = TinyModel(21);
+  if (!lora) return m;
+  model::LoraConfig config;
+  config.rank = 2;
+  config.target_modules = {"q_proj", "v_proj", "down_proj"};
+  torch::manual_seed(5);
+  m->EnableLora(config);
+  torch::NoGradGuard no_grad;
+  for (auto& p : m->named_parameters()) {
+    const bool adapter = p.key().find(".lora_") != std::string::npos;
+    if (p.key().find(".lora_B.") != std::string::npos) p.value().normal_(0.0, 0.05);
+    p.value().set_requires_grad(adapter);
+  }
+  return m;
+}
+
+std::string StatePath(const std::string& dir, int rank) {
+  return dir + "/optimizer-rank" + std::to_string(rank) + ".pt";
+}
+
+RankResult TrainRank(const RunSetup& run, int rank, dist::Collectives* collectives,
+                     const std::vector<std::vector<ScoredGroup>>& data, model::Decoder model) {
+  HybridStepConfig config;
+  config.loss.lambda = 0.5;
+  config.monitor.kappa_every = run.kappa_every;
+  auto optimizer = std::make_unique<PolicyOptimizer>(model, 1e-2, 0.01, /*max_grad_norm=*/0.5);
+  if (run.shard) optimizer->ShardOptimizerState(rank, run.ranks);
+  RankResult result;
+  if (!run.load_dir.empty()) {
+    try {
+      optimizer->Load(StatePath(run.load_dir, rank));
+    } catch (const std::runtime_error& e) {
+      result.load_error = e.what();
+      return result;
+    }
+  }
+  optimizer->set_collectives(collectives);
+  PolicyOptimizer* raw = optimizer.get();
+  HybridStep step(model, std::move(optimizer), config);
+  const int per_rank = kGroupsPerStep / run.ranks;
+  for (int s = run.first_step; s < run.first_step + run.steps; ++s) {
+    const std::vector<ScoredGroup> share(data[s].begin() + rank * per_rank,
+                                         data[s].begin() + (rank + 1) * per_rank);
+    const HybridStepReport report = step.Run(BuildTrainBatch(share, true, 0));
+    result.kappas.push_back(report.stats.kappa().value_or(-1));
+    result.cosines.push_back(report.stats.grad_cosine);
+    result.grad_norms.push_back(report.stats.grad_norm);  // the clip factor is 0.5 / this
+  }
+  if (!run.save_dir.empty()) raw->Save(StatePath(run.save_dir, rank));
+  for (const auto& state : raw->optimizer().state()) {
+    const auto& adam = static_cast<const torch::optim::AdamWParamState&>(*state.second);
+    result.moment_elements += adam.exp_avg().numel();
+  }
+  for (const torch::Tensor& p : model->parameters())
+    result.parameters.push_back(p.detach().clone());
+  return result;
+}
+
+// Every rank of `run` on its share of each step's groups, one thread each.
+std::vector<RankResult> Train(const RunSetup& run, std::vector<model::Decoder> models = {}) {
+  std::vector<std::vector<ScoredGroup>> data;
+  for (int s = 0; s < run.first_step + run.steps; ++s) {
+    data.push_back(RandomGroups(kGroupsPerStep, 3, true, 300 + s));
+  }
+  // Models come from torch's global generator: made before the threads.
+  for (int r = static_cast<int>(models.size()); r < run.ranks; ++r)
+    models.push_back(Model(run.lora));
+  dist::InProcessRendezvous rendezvous(run.ranks);
+  std::vector<RankResult> results(run.ranks);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < run.ranks; ++r) {
+    threads.emplace_back([&, r] {
+      std::unique_ptr<dist::Collectives> collectives = rendezvous.Join(r);
+      results[r] = TrainRank(run, r, collectives.get(), data, models[r]);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  return results;
+}
+
+double MaxRelativeDifference(const torch::Tensor& a, const torch::Tensor& b) {
+  return ((a - b).abs() / (b.abs() + 1e-6)).max().item<double>();
+}
+
+void ExpectSameRun(const std::vector<RankResult>& sharded, const RankResult& unsharded) {
+  ASSERT_EQ(sharded[0].parameters.size(), unsharded.parameters.size());
+  for (size_t r = 0; r < sharded.size(); ++r) {
+    for (size_t i = 0; i < unsharded.parameters.size(); ++i) {
+      EXPECT_TRUE(torch::equal(sharded[r].parameters[i], sharded[0].parameters[i]))
+          << "rank " << r << " parameter " << i << " differs from rank 0's";
+      EXPECT_LE(MaxRelativeDifference(sharded[r].parameters[i], unsharded.parameters[i]), 1e-5)
+          << "rank " << r << " parameter " << i;
+    }
+  }
+  for (size_t s = 0; s < unsharded.kappas.size(); ++s) {
+    EXPECT_NEAR(sharded[0].kappas[s], unsharded.kappas[s], 1e-6 * std::fabs(unsharded.kappas[s]))
+        << "step " << s;
+    EXPECT_NEAR(sharded[0].cosines[s], unsharded.cosines[s], 1e-6) << "step " << s;
+    EXPECT_NEAR(sharded[0].grad_norms[s], unsharded.grad_norms[s], 1e-6 * unsharded.grad_norms[s])
+        << "step " << s;
+  }
+}
+
+TEST(ShardedOptimizerTest, ShardsCoverTheVectorInEqualPaddedSegments) {
+  EXPECT_EQ(PaddedLength(10, 4), 12);
+  const ShardRange last = ShardOf(10, 3, 4);
+  EXPECT_EQ(last.begin, 9);
+  EXPECT_EQ(last.end, 10);
+  int64_t covered = 0;
+  for (int r = 0; r < 4; ++r) covered += ShardOf(10, r, 4).size();
+  EXPECT_EQ(covered, 10);
+  EXPECT_EQ(ShardOf(2, 3, 4).size(), 0);  // more ranks than elements: empty shards
+}
+
+TEST(ShardedOptimizerTest, EveryStageOfRanksEqualsTheUnshardedRun) {
+  for (int ranks : {1, 2, 4}) {
+    for (bool lora : {false, true}) {
+      for (int64_t kappa_every : {1, 0}) {
+        SCOPED_TRACE("ranks " + std::to_string(ranks) + (lora ? " lora" : " full") +
+                     " kappa_every " + std::to_string(kappa_every));
+        RunSetup run;
+        run.ranks = ranks;
+        run.lora = lora;
+        run.kappa_every = kappa_every;
+        const std::vector<RankResult> unsharded = Train(run);
+        run.shard = true;
+        const std::vector<RankResult> sharded = Train(run);
+        ExpectSameRun(sharded, unsharded[0]);
+        // Each rank holds its share of the moments, in its own tensors: the
+        // unsharded ranks hold all of them, the sharded libtorch state none.
+        EXPECT_GT(unsharded[0].moment_elements, 0);
+        for (const RankResult& r : sharded) EXPECT_EQ(r.moment_elements, 0);
+      }
+    }
+  }
+}
+
+class ShardedCheckpointTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char pattern[] = "/tmp/kappa_sharded_XXXXXX";
+    ASSERT_NE(::mkdtemp(pattern), nullptr);
+    dir_ = pattern;
+  }
+  void TearDown() override { std::system(("rm -rf " + dir_).c_str()); }
+  std::string dir_;
+};
+
+TEST_F(ShardedCheckpointTest, ASavedShardResumesTheRunExactly) {
+  RunSetup straight;
+  straight.ranks = 2;
+  straight.shard = true;
+  straight.steps = 6;
+  const std::vector<RankResult> whole = Train(straight);
+
+  RunSetup first = straight;
+  first.steps = 3;
+  first.save_dir = dir_;
+  std::vector<RankResult> halfway = Train(first);
+  RunSetup second = straight;
+  second.steps = 3;
+  second.first_step = 3;
+  second.load_dir = dir_;
+  // The weights a checkpoint would restore: the first half's.
+  std::vector<model::Decoder> models;
+  for (int r = 0; r < 2; ++r) {
+    models.push_back(Model(false));
+    torch::NoGradGuard no_grad;
+    auto params = models.back()->parameters();
+    for (size_t i = 0; i < params.size(); ++i) params[i].copy_(halfway[r].parameters[i]);
+  }
+  const std::vector<RankResult> resumed = Train(second, models);
+  ASSERT_TRUE(resumed[0].load_error.empty()) << resumed[0].load_error;
+  for (size_t i = 0; i < whole[0].parameters.size(); ++i) {
+    EXPECT_TRUE(torch::equal(resumed[0].parameters[i], whole[0].parameters[i]))
+        << "parameter " << i << ": max |diff| "
+        << (resumed[0].parameters[i] - whole[0].parameters[i]).abs().max().item<double>();
+  }
+}
+
+TEST_F(ShardedCheckpointTest, AnUnshardedRunsStateResumesSharded) {
+  RunSetup straight;
+  straight.ranks = 2;
+  straight.steps = 6;
+  const std::vector<RankResult> whole = Train(straight);  // unsharded throughout
+
+  RunSetup first = straight;
+  first.steps = 3;
+  first.save_dir = dir_;
+  std::vector<RankResult> halfway = Train(first);
+  RunSetup second = straight;
+  second.shard = true;
+  second.steps = 3;
+  second.first_step = 3;
+  second.load_dir = dir_;
+  std::vector<model::Decoder> models;
+  for (int r = 0; r < 2; ++r) {
+    models.push_back(Model(false));
+    torch::NoGradGuard no_grad;
+    auto params = models.back()->parameters();
+    for (size_t i = 0; i < params.size(); ++i) params[i].copy_(halfway[r].parameters[i]);
+  }
+  const std::vector<RankResult> resumed = Train(second, models);
+  ASSERT_TRUE(resumed[0].load_error.empty()) << resumed[0].load_error;
+  for (size_t i = 0; i < whole[0].parameters.size(); ++i) {
+    EXPECT_LE(MaxRelativeDifference(resumed[0].parameters[i], whole[0].parameters[i]), 1e-5)
+        << "parameter " << i;
+  }
+}
+
+TEST_F(ShardedCheckpointTest, AShardOfAnotherLayoutIsRefusedByName) {
+  RunSetup saved;
+  saved.ranks = 2;
+  saved.shard = true;
+  saved.steps = 1;
+  saved.save_dir = dir_;
+  Train(saved);
+
+  RunSetup unsharded = saved;  // the shards, read by an unsharded learner
+  unsharded.shard = false;
+  unsharded.save_dir.clear();
+  unsharded.load_dir = dir_;
+  const std::vector<RankResult> refused = Train(unsharded);
+  EXPECT_NE(refused[0].load_error.find("learner.shard"), std::string::npos)
+      << refused[0].load_error;
+
+  // Rank 0's shard of 2, read as rank 0 of 4 (the files of ranks 2 and 3
+  // are rank 0's and 1's copied).
+  for (int r = 2; r < 4; ++r) {
+    std::system(("cp " + StatePath(dir_, r - 2) + " " + StatePath(dir_, r)).c_str());
+  }
+  RunSetup four = unsharded;
+  four.ranks = 4;
+  four.shard = true;
+  const std::vector<RankResult> other_layout = Train(four);
+  EXPECT_NE(other_layout[0].load_error.find("rank 0 of 2"), std::string::npos)
+      << other_layout[0].load_error;
+  EXPECT_NE(other_layout[0].load_error.find("learner.world_size"), std::string::npos)
+      << other_layout[0].load_error;
+}
+
+}  // namespace
+}  // namespace kappa::learner
