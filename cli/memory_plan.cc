@@ -232,8 +232,19 @@ ProcessPlan PlanLearner(const PlanInputs& in, int64_t rank, int64_t world) {
     terms.Add("gradient of the teacher-SFT term apart", dev, 4 * trained, "rstg.sft_weight",
               lora ? "4·N_a (adapters only, student.lora)" : "4·N");
   }
-  terms.Add("AdamW moments", dev, 8 * trained, "",
-            lora ? "8·N_a (adapters only, student.lora)" : "8·N");
+  // learner.shard: optimizer: this rank's slice of the padded flat vector
+  // (learner/algo/sharded_adamw.h); the key to change is the world size
+  // once sharded, and learner.shard before.
+  const bool sharded = c.learner.shard == services::LearnerShard::kOptimizer && world > 1;
+  const int64_t owned = sharded ? (trained + world - 1) / world : trained;
+  const std::string counted = lora ? "N_a" : "N";
+  terms.Add("AdamW moments", dev, 8 * owned,
+            sharded ? "learner.world_size" : (world > 1 ? "learner.shard" : ""),
+            sharded ? absl::StrCat("8·⌈", counted,
+                                   " / R⌉ (this rank's share: learner.shard: "
+                                   "optimizer, R = learner.world_size",
+                                   lora ? "; adapters only, student.lora)" : ")")
+                    : (lora ? "8·N_a (adapters only, student.lora)" : "8·N"));
   if (bf16) {
     // Autocast's bfloat16 casts of the weights are saved for backward; under
     // checkpointing only the vocabulary head's outlives a layer.
@@ -261,34 +272,49 @@ ProcessPlan PlanLearner(const PlanInputs& in, int64_t rank, int64_t world) {
               "L·m·S·e·(4f + 10d + 2.5·h·S), m sequences of S positions per micro-batch");
   }
 
-  // The vocabulary head: kHeadTensors [rows, V] float32 tensors, rows = one
-  // chunk of response positions or the micro-batch's every position; and
-  // the [V, d] gradient of the output weight before it is accumulated.
+  // The vocabulary head: [rows, V] float32 tensors, rows = one chunk of
+  // response positions or the micro-batch's every position, and the [V, d]
+  // gradient of the output weight. The fused head on the CPU
+  // (learner/algo/fused_head.cc) holds one chunk buffer (logits, then
+  // ∂L/∂z in their place) and a second for ∂L_D/∂z when the two losses
+  // keep their gradients apart, its per-position temporaries being [V]
+  // per thread; and each such loss's [V, d] gradient from the forward to
+  // its backward. The recomputing head, and the fused head on a GPU (one
+  // block per chunk), hold kHeadTensors [rows, V] tensors at once.
   const int64_t chunk = c.trainer.vocab_chunk_positions;
   const int64_t head_rows = chunk > 0 ? std::min(chunk, micro * t) : micro * positions;
+  const bool cuda = absl::StartsWith(c.learner.device, "cuda");
+  const bool row_blocks = chunk > 0 && c.trainer.fused_head && !cuda;
+  const int64_t head_tensors = row_blocks ? (separate && distill ? 2 : 1) : kHeadTensors;
   // With student.lora the output weight is frozen: no [V, d] gradient is
   // made (learner/algo/vocab_head.cc needs_input_grad; autograd unchunked).
   const bool head_grad = !lora;
-  terms.Add(
-      "vocab head", dev, kHeadTensors * head_rows * v * 4 + (head_grad ? 4 * v * d : 0),
-      "trainer.vocab_chunk_positions",
-      absl::StrCat(chunk > 0 ? "6·min(c, m·T)·V·4" : "6·m·S·V·4",
-                   head_grad ? " + 4·V·d" : " (frozen head: no weight gradient, student.lora)",
-                   chunk > 0 ? "" : " (unchunked)"));
+  const int64_t weight_grads =
+      head_grad ? (chunk > 0 && c.trainer.fused_head && separate && distill ? 2 : 1) : 0;
+  terms.Add("vocab head", dev, head_tensors * head_rows * v * 4 + weight_grads * 4 * v * d,
+            "trainer.vocab_chunk_positions",
+            absl::StrCat(head_tensors, chunk > 0 ? "·min(c, m·T)·V·4" : "·m·S·V·4",
+                         head_grad ? absl::StrCat(" + ", weight_grads, "·4·V·d")
+                                   : " (frozen head: no weight gradient, student.lora)",
+                         chunk > 0 ? "" : " (unchunked)",
+                         row_blocks ? " (fused, a position at a time)" : ""));
   if (in.teacher_rows == TeacherRows::kHidden) {
     // learner/teacher_head_loader.h: the teacher's head, frozen, in the
     // teacher's dtype on the learner's device; each chunk rebuilds the
-    // teacher's logits and log q (learner/algo/teacher_head.h).
-    const bool cuda = absl::StartsWith(c.learner.device, "cuda");
+    // teacher's logits, and log q from them (a position at a time in the
+    // fused head on the CPU; learner/algo/teacher_head.h).
     const services::ModelDtype dtype = c.teacher.dtype;
     const int64_t head_bytes =
         dtype == services::ModelDtype::kBFloat16 || (dtype == services::ModelDtype::kAuto && cuda)
             ? 2
             : 4;
     terms.Add("teacher head (teacher.rows: hidden)", dev,
-              in.teacher.vocab * in.teacher.hidden * head_bytes + 2 * head_rows * v * 4,
+              in.teacher.vocab * in.teacher.hidden * head_bytes +
+                  (row_blocks ? head_rows * v * head_bytes : 2 * head_rows * v * 4),
               "teacher.rows",
-              "V·D_t·b (frozen) + 2·min(c, m·T)·V·4 (a chunk's teacher logits, log q)");
+              row_blocks ? "V·D_t·b (frozen) + min(c, m·T)·V·b (a chunk's teacher logits)"
+                         : "V·D_t·b (frozen) + 2·min(c, m·T)·V·4 (a chunk's teacher logits, "
+                           "log q)");
   }
 
   // Teacher rows: the batch's [B, L, row] (learner/algo/train_batch.h), the
