@@ -66,6 +66,12 @@
 //        [--threads 2] [--steps 2] [--topk 64] [--kappa 0|1] [--kdr 0|1]
 //        [--lora-rank R] [--teacher-width D] [--fused 0|1] [--device cpu|cuda]
 //        [--precision fp32|bf16] [--vocab V] [--sample-rss 0|1]
+//        [--world-size R --rank r --dist-store tcp://HOST:PORT [--shard none|optimizer]]
+//
+// --world-size R > 1: this process is one data-parallel rank (start R of
+// them, ranks 0..R-1, at one store; each steps its own --rows), with
+// --shard optimizer AdamW's state split over them (learner.shard;
+// bench/sharded_memory.sh runs the table of issue 54).
 //
 // --vocab V (151,936 by default) shrinks the vocabulary for the CPU
 // rehearsal of bench/gpu/run.sh (the test command's toy sizes); the
@@ -91,6 +97,7 @@
 
 #include "bench/qwen_shapes.h"
 #include "bench/threads.h"
+#include "dist/collectives.h"
 #include "learner/algo/hybrid_step.h"
 #include "learner/algo/train_batch.h"
 #include "model/checkpoint.h"
@@ -123,6 +130,13 @@ struct Options {
   std::string precision = "fp32";
   int64_t vocab = 151936;
   bool sample_rss = true;  // the per-phase peaks (--sample-rss 0: off)
+  // Data parallel (issue 54): this process is rank `rank` of `world_size`,
+  // meeting at `dist_store`, each rank stepping its own --rows; with
+  // `shard`, AdamW's state is split over the ranks (learner.shard: optimizer).
+  int world_size = 1;
+  int rank = 0;
+  std::string dist_store;
+  bool shard = false;
 };
 
 // LoRA rank R, alpha 2R, on every projection a decoder layer has.
@@ -253,14 +267,14 @@ std::string ConfigJson(const Options& o) {
       "\"rows\": %lld, \"group_size\": %lld, \"prompt\": %lld, \"response\": %lld, "
       "\"threads\": %d, \"steps\": %d, \"topk\": %lld, \"kappa_every\": %d, \"kdr_every\": %d, "
       "\"lora_rank\": %lld, \"teacher_width\": %lld, \"fused\": %d, \"device\": \"%s\", "
-      "\"precision\": \"%s\"",
+      "\"precision\": \"%s\", \"world_size\": %d, \"rank\": %d, \"shard\": %d",
       o.teacher.c_str(), static_cast<long long>(o.chunk), o.checkpointing ? 1 : 0,
       static_cast<long long>(o.layers), static_cast<long long>(o.rows),
       static_cast<long long>(o.group_size), static_cast<long long>(o.prompt),
       static_cast<long long>(o.response), o.threads, o.steps, static_cast<long long>(o.topk),
       o.kappa ? 1 : 0, o.kdr ? 1 : 0, static_cast<long long>(o.lora_rank),
       static_cast<long long>(o.teacher_width), o.fused ? 1 : 0, o.device.c_str(),
-      o.precision.c_str());
+      o.precision.c_str(), o.world_size, o.rank, o.shard ? 1 : 0);
   return buffer;
 }
 
@@ -404,8 +418,21 @@ int Run(const Options& o, Progress* progress) {
   step_config.monitor.kappa_every = o.kappa ? 1 : 0;
   step_config.monitor.kdr_every = o.kdr ? 1 : 0;
   // A tiny learning rate: the second step runs on (nearly) the first's weights.
-  learner::HybridStep step(model, std::make_unique<learner::PolicyOptimizer>(model, 1e-7, 0.0, 1.0),
-                           step_config);
+  auto optimizer = std::make_unique<learner::PolicyOptimizer>(model, 1e-7, 0.0, 1.0);
+  std::unique_ptr<dist::Collectives> collectives;
+  if (o.world_size > 1) {
+    *phase = "rendezvous";
+    dist::CollectivesOptions options;
+    options.store = o.dist_store;
+    options.rank = o.rank;
+    options.world_size = o.world_size;
+    options.device = device;
+    collectives = dist::ConnectCollectives(options);
+    if (o.shard) optimizer->ShardOptimizerState(o.rank, o.world_size);
+    optimizer->set_collectives(collectives.get());
+    *phase = "step";
+  }
+  learner::HybridStep step(model, std::move(optimizer), step_config);
   std::vector<double>& seconds = progress->seconds;
   std::vector<double>& cpu_seconds = progress->cpu_seconds;
   std::optional<learner::HybridStepReport> first;
@@ -514,6 +541,14 @@ int main(int argc, char** argv) {
       o.vocab = std::atoll(value);
     else if (flag == "--sample-rss")
       o.sample_rss = std::atoi(value) != 0;
+    else if (flag == "--world-size")
+      o.world_size = std::atoi(value);
+    else if (flag == "--rank")
+      o.rank = std::atoi(value);
+    else if (flag == "--dist-store")
+      o.dist_store = value;
+    else if (flag == "--shard")
+      o.shard = std::string(value) == "optimizer";
     else {
       std::fprintf(stderr, "unknown flag %s\n", flag.c_str());
       return 2;
@@ -528,12 +563,16 @@ int main(int argc, char** argv) {
       o.prompt < 1 || o.response < 1 || o.steps < 1 || o.topk < 1 || o.lora_rank < 0 ||
       o.teacher_width < 1 || (o.teacher == "hidden" && o.chunk == 0) || o.vocab < o.topk + 1 ||
       (o.device != "cpu" && o.device != "cuda") ||
-      (o.precision != "fp32" && o.precision != "bf16")) {
+      (o.precision != "fp32" && o.precision != "bf16") || o.world_size < 1 || o.rank < 0 ||
+      o.rank >= o.world_size || (o.world_size > 1 && o.dist_store.empty()) ||
+      (o.shard && o.world_size == 1)) {
     std::fprintf(stderr,
                  "bad flags: --teacher full|topk|hidden (hidden needs --chunk > 0), --chunk >= 0, "
                  "--group-size >= 2 dividing --rows, "
                  "--layers/--prompt/--response/--steps/--topk/--teacher-width >= 1, "
-                 "--lora-rank >= 0, --device cpu|cuda, --precision fp32|bf16, --vocab > --topk\n");
+                 "--lora-rank >= 0, --device cpu|cuda, --precision fp32|bf16, --vocab > --topk, "
+                 "--rank in [0, --world-size), --dist-store with --world-size > 1, "
+                 "--shard none|optimizer (optimizer needs --world-size > 1)\n");
     return 2;
   }
   if (o.threads > 0) kappa::bench::SetBenchThreads(o.threads);

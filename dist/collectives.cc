@@ -72,9 +72,13 @@ class C10dCollectives final : public Collectives {
   const int size_;
 };
 
+// `gloo_host`: the address Gloo's sockets bind to (loopback where the
+// whole group meets on loopback); empty: Gloo's default, the address this
+// machine's host name resolves to, which the other hosts can reach.
 std::unique_ptr<Collectives> OverStore(const c10::intrusive_ptr<::c10d::Store>& store, int rank,
                                        int size, torch::Device device,
-                                       std::chrono::milliseconds timeout) {
+                                       std::chrono::milliseconds timeout,
+                                       const std::string& gloo_host) {
   if (device.is_cuda()) {
 #ifdef USE_C10D_NCCL
     auto options = ::c10d::ProcessGroupNCCL::Options::create();
@@ -87,7 +91,9 @@ std::unique_ptr<Collectives> OverStore(const c10::intrusive_ptr<::c10d::Store>& 
   }
   auto options = ::c10d::ProcessGroupGloo::Options::create();
   options->timeout = timeout;
-  options->devices.push_back(::c10d::ProcessGroupGloo::createDefaultDevice());
+  options->devices.push_back(gloo_host.empty()
+                                 ? ::c10d::ProcessGroupGloo::createDefaultDevice()
+                                 : ::c10d::ProcessGroupGloo::createDeviceForHostname(gloo_host));
   return std::make_unique<C10dCollectives<::c10d::ProcessGroupGloo>>(
       c10::make_intrusive<::c10d::ProcessGroupGloo>(store, rank, size, options), rank, size);
 }
@@ -172,7 +178,14 @@ std::string BoundStoreUrl(const CollectivesOptions& options,
 
 std::unique_ptr<Collectives> CollectivesOverStore(const c10::intrusive_ptr<::c10d::Store>& store,
                                                   const CollectivesOptions& options) {
-  return OverStore(store, options.rank, options.world_size, options.device, options.timeout);
+  // A store on loopback means every rank is on this host: Gloo listens on
+  // loopback too. Otherwise the store's host is rank 0's, not this rank's.
+  const std::string host =
+      options.store.rfind("tcp://", 0) == 0 ? ParseTcpStore(options.store, true).host : "";
+  const bool loopback =
+      host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1" || host == "[::1]";
+  return OverStore(store, options.rank, options.world_size, options.device, options.timeout,
+                   loopback ? "127.0.0.1" : "");
 }
 
 std::unique_ptr<Collectives> ConnectCollectives(const CollectivesOptions& options) {
@@ -188,7 +201,8 @@ InProcessRendezvous::InProcessRendezvous(int world_size) : impl_(new Impl{world_
 InProcessRendezvous::~InProcessRendezvous() = default;
 
 std::unique_ptr<Collectives> InProcessRendezvous::Join(int rank) {
-  return OverStore(impl_->store, rank, impl_->world_size, torch::kCPU, std::chrono::seconds(60));
+  return OverStore(impl_->store, rank, impl_->world_size, torch::kCPU, std::chrono::seconds(60),
+                   "127.0.0.1");
 }
 
 }  // namespace kappa::dist

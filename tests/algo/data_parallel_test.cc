@@ -10,8 +10,14 @@
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include <filesystem>
+#include <fstream>
 #include <functional>
+#include <set>
+#include <sstream>
+#include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "dist/collectives.h"
@@ -140,6 +146,65 @@ TEST(DataParallelTest, RanksMeetThroughATcpStore) {
     options.timeout = std::chrono::seconds(60);
     return dist::ConnectCollectives(options);
   });
+}
+
+// The TCP sockets this process listens on: {IPv4 address, port}, from
+// /proc/net/tcp (state 0A) for the inodes of this process's descriptors.
+std::vector<std::pair<std::string, int>> ListeningSockets() {
+  std::set<std::string> inodes;
+  for (const auto& fd : std::filesystem::directory_iterator("/proc/self/fd")) {
+    std::error_code error;
+    const std::string target = std::filesystem::read_symlink(fd.path(), error).string();
+    if (!error && target.rfind("socket:[", 0) == 0) {
+      inodes.insert(target.substr(8, target.size() - 9));
+    }
+  }
+  std::vector<std::pair<std::string, int>> listening;
+  std::ifstream table("/proc/net/tcp");
+  std::string line;
+  std::getline(table, line);  // the header
+  while (std::getline(table, line)) {
+    std::istringstream fields(line);
+    std::string slot, local, remote, state, queues, timer, retransmits, uid, timeout, inode;
+    fields >> slot >> local >> remote >> state >> queues >> timer >> retransmits >> uid >>
+        timeout >> inode;
+    if (state != "0A" || inodes.count(inode) == 0) continue;
+    const uint32_t address = static_cast<uint32_t>(std::stoul(local.substr(0, 8), nullptr, 16));
+    in_addr in{};
+    in.s_addr = address;  // /proc prints the address in host order of the bytes as stored
+    listening.emplace_back(inet_ntoa(in), std::stoi(local.substr(9), nullptr, 16));
+  }
+  return listening;
+}
+
+TEST(DataParallelTest, ALoopbackGroupListensOnLoopbackOnly) {
+  const int port = FreePort();
+  std::vector<std::pair<std::string, int>> listening;
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < 2; ++rank) {
+    threads.emplace_back([&, rank] {
+      dist::CollectivesOptions options;
+      options.store = "tcp://127.0.0.1:" + std::to_string(port);
+      options.rank = rank;
+      options.world_size = 2;
+      options.timeout = std::chrono::seconds(60);
+      std::unique_ptr<dist::Collectives> group = dist::ConnectCollectives(options);
+      torch::Tensor sync = torch::zeros({1});
+      group->SumInPlace({sync});  // both ranks' Gloo devices are up
+      if (rank == 0) listening = ListeningSockets();
+      group->SumInPlace({sync});  // rank 1 stays until rank 0 has looked
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  int gloo = 0;
+  for (const auto& [address, socket_port] : listening) {
+    // libtorch 1.13's TCPStore binds every interface (docs/security.md);
+    // Gloo's listeners must be on loopback.
+    if (socket_port == port) continue;
+    EXPECT_EQ(address, "127.0.0.1") << "a listener on port " << socket_port;
+    ++gloo;
+  }
+  EXPECT_GE(gloo, 2) << "each rank's Gloo device listens";
 }
 
 TEST(DataParallelTest, BadStoreAddressesAreRefused) {
