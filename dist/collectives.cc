@@ -147,6 +147,16 @@ c10::intrusive_ptr<::c10d::TCPStore> MakeTcpStore(const TcpAddress& address,
 
 }  // namespace
 
+std::string GlooBindHost(const std::string& store) {
+  // A store on loopback means every rank is on this host. Otherwise the
+  // store's host is rank 0's, not this rank's: Gloo's default then.
+  if (store.rfind("tcp://", 0) != 0) return "";
+  const std::string host = ParseTcpStore(store, true).host;
+  const bool loopback =
+      host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1" || host == "[::1]";
+  return loopback ? "127.0.0.1" : "";
+}
+
 c10::intrusive_ptr<::c10d::Store> ConnectStore(const CollectivesOptions& options) {
   CheckRank(options);
   const std::string& url = options.store;
@@ -178,14 +188,8 @@ std::string BoundStoreUrl(const CollectivesOptions& options,
 
 std::unique_ptr<Collectives> CollectivesOverStore(const c10::intrusive_ptr<::c10d::Store>& store,
                                                   const CollectivesOptions& options) {
-  // A store on loopback means every rank is on this host: Gloo listens on
-  // loopback too. Otherwise the store's host is rank 0's, not this rank's.
-  const std::string host =
-      options.store.rfind("tcp://", 0) == 0 ? ParseTcpStore(options.store, true).host : "";
-  const bool loopback =
-      host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1" || host == "[::1]";
   return OverStore(store, options.rank, options.world_size, options.device, options.timeout,
-                   loopback ? "127.0.0.1" : "");
+                   GlooBindHost(options.store));
 }
 
 std::unique_ptr<Collectives> ConnectCollectives(const CollectivesOptions& options) {

@@ -70,6 +70,13 @@ c10::intrusive_ptr<::c10d::Store> ServeTcpStore(const CollectivesOptions& option
 std::string BoundStoreUrl(const CollectivesOptions& options,
                           const c10::intrusive_ptr<::c10d::Store>& store);
 
+// The address Gloo's sockets bind to for a group meeting at `store`:
+// "127.0.0.1" for a tcp:// store on loopback (127.0.0.0/8, localhost, ::1:
+// every rank on this host), else "" (Gloo's default, the address this
+// host's name resolves to: reachable from the other hosts). Throws as
+// ConnectStore does on a bad tcp:// address.
+std::string GlooBindHost(const std::string& store);
+
 // A process group of options.rank / world_size / device over `store`
 // (options.store is not read). Blocks until every rank has joined.
 std::unique_ptr<Collectives> CollectivesOverStore(const c10::intrusive_ptr<::c10d::Store>& store,

@@ -148,9 +148,33 @@ TEST(DataParallelTest, RanksMeetThroughATcpStore) {
   });
 }
 
-// The TCP sockets this process listens on: {IPv4 address, port}, from
-// /proc/net/tcp (state 0A) for the inodes of this process's descriptors.
-std::vector<std::pair<std::string, int>> ListeningSockets() {
+// The address of a /proc/net/tcp or tcp6 "local_address" (hex, as the
+// kernel stores it): "127.0.0.1", "0.0.0.0", "::", "::1", or the hex of
+// another IPv6 address (a v4-mapped one printed as its IPv4 address).
+std::string ProcAddress(const std::string& hex) {
+  auto ipv4 = [](const std::string& word) {
+    in_addr in{};
+    in.s_addr = static_cast<uint32_t>(std::stoul(word, nullptr, 16));
+    return std::string(inet_ntoa(in));
+  };
+  if (hex.size() == 8) return ipv4(hex);
+  if (hex == std::string(32, '0')) return "::";
+  if (hex == "00000000000000000000000001000000") return "::1";
+  if (hex.substr(0, 24) == "0000000000000000FFFF0000") return ipv4(hex.substr(24));
+  return hex;
+}
+
+// A TCP socket of this process: its local address and port, and whether
+// it listens (else: connected).
+struct ProcSocket {
+  std::string address;
+  int port = 0;
+  bool listening = false;
+};
+
+// This process's TCP sockets, from /proc/net/tcp and tcp6 (listening:
+// state 0A; connected: 01) for the inodes of its descriptors.
+std::vector<ProcSocket> ProcessSockets() {
   std::set<std::string> inodes;
   for (const auto& fd : std::filesystem::directory_iterator("/proc/self/fd")) {
     std::error_code error;
@@ -159,27 +183,41 @@ std::vector<std::pair<std::string, int>> ListeningSockets() {
       inodes.insert(target.substr(8, target.size() - 9));
     }
   }
-  std::vector<std::pair<std::string, int>> listening;
-  std::ifstream table("/proc/net/tcp");
-  std::string line;
-  std::getline(table, line);  // the header
-  while (std::getline(table, line)) {
-    std::istringstream fields(line);
-    std::string slot, local, remote, state, queues, timer, retransmits, uid, timeout, inode;
-    fields >> slot >> local >> remote >> state >> queues >> timer >> retransmits >> uid >>
-        timeout >> inode;
-    if (state != "0A" || inodes.count(inode) == 0) continue;
-    const uint32_t address = static_cast<uint32_t>(std::stoul(local.substr(0, 8), nullptr, 16));
-    in_addr in{};
-    in.s_addr = address;  // /proc prints the address in host order of the bytes as stored
-    listening.emplace_back(inet_ntoa(in), std::stoi(local.substr(9), nullptr, 16));
+  std::vector<ProcSocket> sockets;
+  for (const char* path : {"/proc/self/net/tcp", "/proc/self/net/tcp6"}) {
+    std::ifstream table(path);
+    std::string line;
+    std::getline(table, line);  // the header
+    while (std::getline(table, line)) {
+      std::istringstream fields(line);
+      std::string slot, local, remote, state, queues, timer, retransmits, uid, timeout, inode;
+      fields >> slot >> local >> remote >> state >> queues >> timer >> retransmits >> uid >>
+          timeout >> inode;
+      if ((state != "0A" && state != "01") || inodes.count(inode) == 0) continue;
+      const size_t colon = local.find(':');
+      sockets.push_back({ProcAddress(local.substr(0, colon)),
+                         std::stoi(local.substr(colon + 1), nullptr, 16), state == "0A"});
+    }
   }
-  return listening;
+  return sockets;
 }
 
-TEST(DataParallelTest, ALoopbackGroupListensOnLoopbackOnly) {
+TEST(DataParallelTest, GlooBindsLoopbackForALoopbackStoreOnly) {
+  EXPECT_EQ(dist::GlooBindHost("tcp://127.0.0.1:29500"), "127.0.0.1");
+  EXPECT_EQ(dist::GlooBindHost("tcp://localhost:29500"), "127.0.0.1");
+  EXPECT_EQ(dist::GlooBindHost("tcp://127.1.2.3:0"), "127.0.0.1");
+  // Another host's store: this rank's own address, Gloo's default.
+  EXPECT_EQ(dist::GlooBindHost("tcp://learner-0.learner-peers:29500"), "");
+  EXPECT_EQ(dist::GlooBindHost("tcp://10.0.0.7:29500"), "");
+  EXPECT_EQ(dist::GlooBindHost("file:///tmp/store"), "");
+}
+
+// What a loopback group has open once it met: the TCPStore listens on
+// every interface (libtorch 1.13 has no bind address; docs/security.md),
+// and every connection, Gloo's pairs and the store's, is on loopback.
+TEST(DataParallelTest, ALoopbackGroupConnectsOnLoopbackOnly) {
   const int port = FreePort();
-  std::vector<std::pair<std::string, int>> listening;
+  std::vector<ProcSocket> sockets;
   std::vector<std::thread> threads;
   for (int rank = 0; rank < 2; ++rank) {
     threads.emplace_back([&, rank] {
@@ -190,21 +228,25 @@ TEST(DataParallelTest, ALoopbackGroupListensOnLoopbackOnly) {
       options.timeout = std::chrono::seconds(60);
       std::unique_ptr<dist::Collectives> group = dist::ConnectCollectives(options);
       torch::Tensor sync = torch::zeros({1});
-      group->SumInPlace({sync});  // both ranks' Gloo devices are up
-      if (rank == 0) listening = ListeningSockets();
+      group->SumInPlace({sync});  // both ranks' Gloo pairs are up
+      if (rank == 0) sockets = ProcessSockets();
       group->SumInPlace({sync});  // rank 1 stays until rank 0 has looked
     });
   }
   for (std::thread& t : threads) t.join();
-  int gloo = 0;
-  for (const auto& [address, socket_port] : listening) {
-    // libtorch 1.13's TCPStore binds every interface (docs/security.md);
-    // Gloo's listeners must be on loopback.
-    if (socket_port == port) continue;
-    EXPECT_EQ(address, "127.0.0.1") << "a listener on port " << socket_port;
-    ++gloo;
+  int listening = 0, connected = 0;
+  for (const ProcSocket& socket : sockets) {
+    if (socket.listening) {
+      EXPECT_EQ(socket.port, port) << "a listener other than the store's: " << socket.address;
+      EXPECT_EQ(socket.address, "::") << "the store now binds one address: update docs/security.md";
+      ++listening;
+    } else {
+      EXPECT_EQ(socket.address, "127.0.0.1") << "a connection from port " << socket.port;
+      ++connected;
+    }
   }
-  EXPECT_GE(gloo, 2) << "each rank's Gloo device listens";
+  EXPECT_EQ(listening, 1);
+  EXPECT_GE(connected, 4) << "Gloo's pairs and the store's connections, both ends";
 }
 
 TEST(DataParallelTest, BadStoreAddressesAreRefused) {
