@@ -14,8 +14,8 @@
 # the fused head (which the learner runs on such steps) and once with the
 # head that recomputes each chunk in backward (--fused 0, recompute):
 #   kappa ... --kappa 1 --kdr 1 [--fused 0]   eager vocab_step.py --teacher topk --kappa 1
-# (A plain step with L_D runs the recomputing head either way: there it
-# makes fewer passes over V; learner/algo/hybrid_step.h Fuses.)
+# (The plain steps run the fused head too, which precombines the two losses
+# into one stored gradient; learner/algo/hybrid_step.h Fuses.)
 # A last table gives where each kappa step's time goes (median seconds of
 # the decoder layers' forward, the head's forward, the L_R and L_D backward
 # passes — the second is what κ costs — and the update), and another where
