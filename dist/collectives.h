@@ -31,7 +31,8 @@ class Collectives {
   // `flat` (1-D, contiguous, on the group's device, numel a multiple of
   // size()) as size() equal segments: every rank's segment `rank` is copied
   // into segment `rank` of every other rank's, in place. What a rank holds
-  // outside its own segment beforehand is overwritten.
+  // outside its own segment beforehand is overwritten. No copy of `flat`
+  // is made (size() broadcasts, each segment from its rank).
   virtual void AllGatherInPlace(const torch::Tensor& flat) = 0;
 };
 
