@@ -139,7 +139,7 @@ bool LogitsInPlace(const torch::Tensor& h, const torch::Tensor& w, torch::Scalar
 
 // The chunk's teacher rows: the top-k, full and sampled forms narrowed to
 // it; the hidden form's as the teacher's logits of the chunk (one teacher
-// GEMM a chunk), which BlockTeacher normalizes a block of rows at a time.
+// GEMM a chunk), which Block normalizes a block of rows at a time.
 // Undefined without teacher rows.
 struct ChunkTeacher {
   TeacherRows rows;      // every form but hidden

@@ -187,6 +187,28 @@ TEST(ShardedOptimizerTest, EveryStageOfRanksEqualsTheUnshardedRun) {
   }
 }
 
+// `first` for half its steps, saving each rank's optimizer state in `dir`;
+// then `second` (its other settings as given) resumes from them for the
+// other half, on the weights a checkpoint would restore: the first half's.
+std::vector<RankResult> SaveHalfwayAndResume(RunSetup first, RunSetup second,
+                                             const std::string& dir) {
+  const int half = first.steps / 2;
+  first.steps = half;
+  first.save_dir = dir;
+  const std::vector<RankResult> halfway = Train(first);
+  second.steps = half;
+  second.first_step = half;
+  second.load_dir = dir;
+  std::vector<model::Decoder> models;
+  for (int r = 0; r < second.ranks; ++r) {
+    models.push_back(Model(second.lora));
+    torch::NoGradGuard no_grad;
+    auto params = models.back()->parameters();
+    for (size_t i = 0; i < params.size(); ++i) params[i].copy_(halfway[r].parameters[i]);
+  }
+  return Train(second, models);
+}
+
 class ShardedCheckpointTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -205,23 +227,8 @@ TEST_F(ShardedCheckpointTest, ASavedShardResumesTheRunExactly) {
   straight.steps = 6;
   const std::vector<RankResult> whole = Train(straight);
 
-  RunSetup first = straight;
-  first.steps = 3;
-  first.save_dir = dir_;
-  std::vector<RankResult> halfway = Train(first);
   RunSetup second = straight;
-  second.steps = 3;
-  second.first_step = 3;
-  second.load_dir = dir_;
-  // The weights a checkpoint would restore: the first half's.
-  std::vector<model::Decoder> models;
-  for (int r = 0; r < 2; ++r) {
-    models.push_back(Model(false));
-    torch::NoGradGuard no_grad;
-    auto params = models.back()->parameters();
-    for (size_t i = 0; i < params.size(); ++i) params[i].copy_(halfway[r].parameters[i]);
-  }
-  const std::vector<RankResult> resumed = Train(second, models);
+  const std::vector<RankResult> resumed = SaveHalfwayAndResume(straight, second, dir_);
   ASSERT_TRUE(resumed[0].load_error.empty()) << resumed[0].load_error;
   for (size_t i = 0; i < whole[0].parameters.size(); ++i) {
     EXPECT_TRUE(torch::equal(resumed[0].parameters[i], whole[0].parameters[i]))
@@ -236,23 +243,9 @@ TEST_F(ShardedCheckpointTest, AnUnshardedRunsStateResumesSharded) {
   straight.steps = 6;
   const std::vector<RankResult> whole = Train(straight);  // unsharded throughout
 
-  RunSetup first = straight;
-  first.steps = 3;
-  first.save_dir = dir_;
-  std::vector<RankResult> halfway = Train(first);
   RunSetup second = straight;
   second.shard = true;
-  second.steps = 3;
-  second.first_step = 3;
-  second.load_dir = dir_;
-  std::vector<model::Decoder> models;
-  for (int r = 0; r < 2; ++r) {
-    models.push_back(Model(false));
-    torch::NoGradGuard no_grad;
-    auto params = models.back()->parameters();
-    for (size_t i = 0; i < params.size(); ++i) params[i].copy_(halfway[r].parameters[i]);
-  }
-  const std::vector<RankResult> resumed = Train(second, models);
+  const std::vector<RankResult> resumed = SaveHalfwayAndResume(straight, second, dir_);
   ASSERT_TRUE(resumed[0].load_error.empty()) << resumed[0].load_error;
   for (size_t i = 0; i < whole[0].parameters.size(); ++i) {
     EXPECT_LE(MaxRelativeDifference(resumed[0].parameters[i], whole[0].parameters[i]), 1e-5)
