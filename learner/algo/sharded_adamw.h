@@ -1,5 +1,5 @@
 // AdamW with its state split over the data-parallel ranks (learner.shard:
-// optimizer, ZeRO stage 1; docs/scaling.md "Sharding the learner").
+// optimizer, ZeRO stage 1; docs/scaling.md "Sharding the learner's state").
 //
 // The trainable parameters, flattened and concatenated in their order, are
 // one vector of N elements, padded to R·S with S = ⌈N / R⌉. Rank r owns
