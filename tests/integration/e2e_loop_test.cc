@@ -5,7 +5,10 @@
 // every group was consumed exactly once, and the workers sampled with
 // weights newer than version 0.
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -14,6 +17,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -308,6 +312,77 @@ TEST(EndToEndLoopTest, TwoDataParallelLearnerRanksTrainInLockstep) {
             std::string::npos)
       << refused;
   EXPECT_EQ(refused.find("step 7:"), std::string::npos);
+  fs::remove_all(root);
+}
+
+// The pid of the learner process started with `--rank <rank>`, or 0.
+pid_t LearnerRankPid(int rank) {
+  const std::string wanted = "--rank" + std::string(1, '\0') + std::to_string(rank) + '\0';
+  for (const auto& entry : fs::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    const std::string cmdline = ReadAll(entry.path() / "cmdline");
+    if (cmdline.find("learner") != std::string::npos && cmdline.find(wanted) != std::string::npos) {
+      return static_cast<pid_t>(std::stol(name));
+    }
+  }
+  return 0;
+}
+
+TEST(EndToEndLoopTest, AKilledRankEndsTheRunAndTheShardedSetResumesFromItsCheckpoint) {
+  // Two sharded learner ranks under `kappa run`; rank 1 is SIGKILLed after
+  // step 4 (the step-3 checkpoint written, the step-6 one not begun): the
+  // run ends for every rank, and `--resume` restarts the set from step 3,
+  // each rank from its own shard, to the end in lockstep.
+  const fs::path root =
+      fs::temp_directory_path() / ("kappa-e2e-dpkill-" + std::to_string(getpid()));
+  fs::remove_all(root);
+  fs::create_directories(root);
+  const fs::path config = root / "dpkill.yaml";
+  std::ofstream(config) << kappa::testing::TinyRunConfig(
+      "dpkill", root.string(), 2,
+      "{steps: 9, groups_per_step: 4, group_size: 4, eval_every: 100, eval_examples: 10,\n"
+      "          checkpoint_every: 3}");
+  const std::string env = "KAPPA_CFG_LEARNER__SHARD=optimizer KAPPA_CFG_LEARNER__WORLD_SIZE=2 ";
+  const fs::path logs = root / "runs" / "dpkill" / "logs";
+  int first_status = -1;
+  std::thread run([&] {
+    first_status = std::system((env + KAPPA_CLI + " run " + config.string() + " --no-progress > " +
+                                (root / "kill.out").string() + " 2>&1")
+                                   .c_str());
+  });
+  pid_t killed = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (killed == 0 && std::chrono::steady_clock::now() < deadline) {
+    if (ReadAll(logs / "learner-1.log").find("step 4:") != std::string::npos) {
+      killed = LearnerRankPid(1);
+      if (killed != 0) ::kill(killed, SIGKILL);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  run.join();
+  ASSERT_NE(killed, 0) << ReadAll(root / "kill.out");
+  EXPECT_NE(first_status, 0) << "the run went on without rank 1";
+  EXPECT_NE(ReadAll(root / "kill.out").find("kappa run: learner-1 "), std::string::npos)
+      << ReadAll(root / "kill.out");
+  const std::string rank1 = ReadAll(logs / "learner-1.log");
+  EXPECT_EQ(rank1.find("step 9:"), std::string::npos) << rank1;
+
+  ASSERT_EQ(std::system((env + KAPPA_CLI + " run " + config.string() +
+                         " --resume --no-progress > " + (root / "resume.out").string() + " 2>&1")
+                            .c_str()),
+            0)
+      << ReadAll(root / "resume.out");
+  const std::string rank0 = ReadAll(logs / "learner.log");
+  const std::string resumed1 = ReadAll(logs / "learner-1.log");
+  EXPECT_NE(rank0.find("(step 3)"), std::string::npos) << rank0;
+  EXPECT_NE(resumed1.find("(step 3)"), std::string::npos) << resumed1;
+  EXPECT_NE(resumed1.find("step 9:"), std::string::npos) << resumed1;
+  const size_t end0 = rank0.rfind("final parameters: ");
+  const size_t end1 = resumed1.rfind("final parameters: ");
+  ASSERT_NE(end0, std::string::npos);
+  ASSERT_NE(end1, std::string::npos);
+  EXPECT_EQ(Fingerprint(rank0.substr(end0)), Fingerprint(resumed1.substr(end1)));
   fs::remove_all(root);
 }
 
