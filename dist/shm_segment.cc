@@ -13,7 +13,9 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <optional>
 #include <random>
+#include <sstream>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -407,6 +409,54 @@ absl::StatusOr<std::unique_ptr<OpenShmSegment>> OpenShmSegmentFor(const std::str
                                           std::move(offsets));
 }
 
+std::optional<double> ProcessStartSeconds(int pid) {
+  std::ifstream stat_file("/proc/" + std::to_string(pid) + "/stat");
+  std::string text;
+  if (!std::getline(stat_file, text)) return std::nullopt;
+  // Fields after the command's closing parenthesis start at field 3 (the
+  // state); starttime is field 22, in clock ticks after boot.
+  const size_t close = text.rfind(')');
+  if (close == std::string::npos) return std::nullopt;
+  std::istringstream fields(text.substr(close + 1));
+  std::string field;
+  for (int index = 3; index < 22; ++index) fields >> field;
+  unsigned long long ticks = 0;
+  if (!(fields >> ticks)) return std::nullopt;
+  std::ifstream proc_stat("/proc/stat");
+  std::string key;
+  long long boot = -1;
+  while (proc_stat >> key) {
+    if (key == "btime") {
+      proc_stat >> boot;
+      break;
+    }
+    std::getline(proc_stat, key);
+  }
+  const long hz = sysconf(_SC_CLK_TCK);
+  if (boot < 0 || hz <= 0) return std::nullopt;
+  return static_cast<double>(boot) + static_cast<double>(ticks) / static_cast<double>(hz);
+}
+
+namespace {
+
+// Whether segment `name` in `dir_fd` outlived the learner that wrote it:
+// its pid is not a live process, or it is one that started after the
+// segment was last written (the pid was reused).
+bool OwnerIsGone(int dir_fd, const std::string& name, int pid) {
+  if (kill(pid, 0) != 0 && errno == ESRCH) return true;
+  struct stat segment {};
+  if (fstatat(dir_fd, name.c_str(), &segment, 0) != 0) return false;
+  const std::optional<double> started = ProcessStartSeconds(pid);
+  if (!started) return false;  // not ours to tell
+  const double written = static_cast<double>(segment.st_mtim.tv_sec) +
+                         static_cast<double>(segment.st_mtim.tv_nsec) * 1e-9;
+  // Start times are whole clock ticks (10 ms): a process that started
+  // within a tick after the write is given the benefit of the doubt.
+  return *started > written + 0.02;
+}
+
+}  // namespace
+
 int SweepDeadShmSegments(const std::string& dir) {
   DIR* listing = opendir(dir.c_str());
   if (listing == nullptr) return 0;
@@ -421,7 +471,7 @@ int SweepDeadShmSegments(const std::string& dir) {
         pid <= 0) {
       continue;
     }
-    if (kill(pid, 0) == 0 || errno != ESRCH) continue;  // alive (or not ours to tell)
+    if (!OwnerIsGone(dirfd(listing), name, pid)) continue;  // alive (or not ours to tell)
     if (unlinkat(dirfd(listing), name.c_str(), 0) == 0) ++removed;
   }
   closedir(listing);

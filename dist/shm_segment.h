@@ -32,6 +32,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -155,8 +156,13 @@ absl::StatusOr<std::unique_ptr<OpenShmSegment>> OpenShmSegmentFor(const std::str
                                                                   uint64_t policy_id);
 
 // Unlinks every kappa-<pid>-* file in `dir` whose <pid> is not a live
-// process (kill(pid, 0) fails with ESRCH); returns how many. Files of live
-// processes and other names are left alone.
+// process (kill(pid, 0) fails with ESRCH), or is a process that started
+// after the file was last written (the dead learner's pid, reused);
+// returns how many. Files of live learners and other names are left alone.
 int SweepDeadShmSegments(const std::string& dir = kDefaultShmDir);
+
+// When process `pid` started, in seconds since the epoch (/proc/PID/stat's
+// start time after /proc/stat's boot time); nullopt when unreadable.
+std::optional<double> ProcessStartSeconds(int pid);
 
 }  // namespace kappa::dist

@@ -16,8 +16,10 @@
 
 #include <atomic>
 #include <cstdio>
+#include <ctime>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -176,6 +178,28 @@ TEST(ShmPolicyStoreTest, ANewStoreSweepsDeadLearnersSegmentsOnly) {
   EXPECT_EQ(access(other.c_str(), F_OK), 0);
   unlink(alive.c_str());
   unlink(other.c_str());
+}
+
+// A dead learner's pid, reused by a process that started after its last
+// segment was written: the segment is swept though the pid is alive. Here
+// the "reused" pid is this test's own, and the segment's write time is set
+// to before this process started.
+TEST(ShmPolicyStoreTest, ASegmentOlderThanTheProcessNowHoldingItsPidIsSwept) {
+  const std::optional<double> started = dist::ProcessStartSeconds(getpid());
+  ASSERT_TRUE(started.has_value());
+  EXPECT_LE(*started, static_cast<double>(time(nullptr)) + 1);
+  EXPECT_GT(*started, static_cast<double>(time(nullptr)) - 24 * 3600 * 365);
+  ShmDir dir;
+  const std::string stale = dir.path() + "/kappa-" + std::to_string(getpid()) + "-ab-v1-bf16";
+  const std::string current = dir.path() + "/kappa-" + std::to_string(getpid()) + "-cd-v2-bf16";
+  for (const std::string& path : {stale, current}) std::ofstream(path) << "x";
+  const timespec before_start[2] = {{static_cast<time_t>(*started) - 60, 0},
+                                    {static_cast<time_t>(*started) - 60, 0}};
+  ASSERT_EQ(utimensat(AT_FDCWD, stale.c_str(), before_start, 0), 0);
+  EXPECT_EQ(dist::SweepDeadShmSegments(dir.path()), 1);
+  EXPECT_NE(access(stale.c_str(), F_OK), 0) << "a segment older than its pid's process stayed";
+  EXPECT_EQ(access(current.c_str(), F_OK), 0) << "the live learner's own segment went";
+  unlink(current.c_str());
 }
 
 // ------------------------------------------------------------ one process
