@@ -12,6 +12,9 @@
 #endif
 
 #include <stdexcept>
+#include <string>
+
+#include "base/loopback.h"
 
 namespace kappa::dist {
 namespace {
@@ -156,10 +159,7 @@ std::string GlooBindHost(const std::string& store) {
   // A store on loopback means every rank is on this host. Otherwise the
   // store's host is rank 0's, not this rank's: Gloo's default then.
   if (store.rfind("tcp://", 0) != 0) return "";
-  const std::string host = ParseTcpStore(store, true).host;
-  const bool loopback =
-      host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1" || host == "[::1]";
-  return loopback ? "127.0.0.1" : "";
+  return base::IsLoopbackHost(ParseTcpStore(store, true).host) ? "127.0.0.1" : "";
 }
 
 c10::intrusive_ptr<::c10d::Store> ConnectStore(const CollectivesOptions& options) {

@@ -72,7 +72,7 @@ std::string BoundStoreUrl(const CollectivesOptions& options,
                           const c10::intrusive_ptr<::c10d::Store>& store);
 
 // The address Gloo's sockets bind to for a group meeting at `store`:
-// "127.0.0.1" for a tcp:// store on loopback (127.0.0.0/8, localhost, ::1:
+// "127.0.0.1" for a tcp:// store on loopback (base::IsLoopbackHost:
 // every rank on this host), else "" (Gloo's default, the address this
 // host's name resolves to: reachable from the other hosts). Throws as
 // ConnectStore does on a bad tcp:// address.

@@ -115,22 +115,6 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(
   return server;
 }
 
-bool IsLoopbackAddress(const std::string& address) {
-  if (absl::StartsWith(address, "unix:") || absl::StartsWith(address, "unix-abstract:")) {
-    return true;
-  }
-  std::string host = address.substr(0, address.rfind(':'));
-  if (absl::StartsWith(host, "ipv4:") || absl::StartsWith(host, "ipv6:")) host = host.substr(5);
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
-    host = host.substr(1, host.size() - 2);
-  }
-  in_addr v4{};
-  if (inet_pton(AF_INET, host.c_str(), &v4) == 1) return (ntohl(v4.s_addr) >> 24) == 127;
-  in6_addr v6{};
-  if (inet_pton(AF_INET6, host.c_str(), &v6) == 1) return IN6_IS_ADDR_LOOPBACK(&v6);
-  return host == "localhost";
-}
-
 void GrpcServer::WarnWhileInsecure(const std::string& address, absl::Duration every) {
   absl::MutexLock lock(&warning_mu_);
   do {

@@ -15,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "base/loopback.h"
 #include "services/grpc_util.h"
 #include "services/transport_security.h"
 
@@ -40,8 +41,9 @@ struct ServerOptions {
 };
 
 // Whether `address` ("host:port", "[v6]:port", "unix:...") can only be
-// reached from this machine: 127.0.0.0/8, ::1, localhost, a Unix socket.
-bool IsLoopbackAddress(const std::string& address);
+// reached from this machine: 127.0.0.0/8, ::1, localhost, a Unix socket
+// (base/loopback.h, which the c10d group's binding reads too).
+using base::IsLoopbackAddress;
 
 // The configuration's message size limit, keepalive and transport security
 // (reads the certificate and token files; errors as LoadTransportSecurity,

@@ -114,7 +114,7 @@ PolicyOptimizer::FlatGradient PolicyOptimizer::MakeFlatGradient() const {
   int64_t total = 0;
   for (const torch::Tensor& p : params_) total += p.numel();
   // Sharded: padded to equal shards, which the parameters' all-gather needs.
-  if (sharded_) total = PaddedLength(total, sharded_world_size_);
+  if (sharded_) total = sharded_->padded_length();
   FlatGradient buffer;
   buffer.flat = torch::zeros({total}, params_.front().options());
   int64_t offset = 0;
@@ -129,8 +129,7 @@ void PolicyOptimizer::AttachGradients(FlatGradient& buffer, bool zero) {
   const torch::Tensor& first = params_.front();
   if (!buffer.flat.defined() || buffer.flat.device() != first.device() ||
       buffer.flat.scalar_type() != first.scalar_type() ||
-      (sharded_ &&
-       buffer.flat.numel() != PaddedLength(sharded_->range().total, sharded_world_size_))) {
+      (sharded_ && buffer.flat.numel() != sharded_->padded_length())) {
     buffer = MakeFlatGradient();
   } else if (zero) {
     buffer.flat.zero_();
@@ -160,8 +159,6 @@ void PolicyOptimizer::ShardOptimizerState(int rank, int world_size) {
     throw std::logic_error("PolicyOptimizer::ShardOptimizerState: after a step or a Load");
   }
   sharded_ = std::make_unique<ShardedAdamW>(params_, rank, world_size);
-  sharded_world_size_ = world_size;
-  sharded_rank_ = rank;
   reward_grad_ = distill_grad_ = sft_grad_ = FlatGradient{};  // remade padded
 }
 
@@ -376,10 +373,10 @@ void PolicyOptimizer::ClipAndApply(double grad_norm, StepStats* stats) {
     static_cast<torch::optim::AdamWOptions&>(group.options()).lr(stats->lr);
   }
   if (sharded_) {
-    if (collectives_ == nullptr || collectives_->size() != sharded_world_size_ ||
-        collectives_->rank() != sharded_rank_) {
+    if (collectives_ == nullptr || collectives_->size() != sharded_->world_size() ||
+        collectives_->rank() != sharded_->rank()) {
       throw std::logic_error("PolicyOptimizer: sharded over " +
-                             std::to_string(sharded_world_size_) +
+                             std::to_string(sharded_->world_size()) +
                              " ranks without collectives of that size and rank");
     }
     const auto& options =

@@ -177,7 +177,6 @@ class PolicyOptimizer {
   FlatGradient reward_grad_, distill_grad_, sft_grad_;
   torch::optim::AdamW optimizer_;          // unsharded: its state; sharded: its options only
   std::unique_ptr<ShardedAdamW> sharded_;  // learner.shard: optimizer
-  int sharded_world_size_ = 1, sharded_rank_ = 0;
   LearningRateSchedule schedule_;
   double max_grad_norm_;
   int64_t step_ = 0;

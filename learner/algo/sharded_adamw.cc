@@ -67,11 +67,12 @@ ShardedAdamW::ShardedAdamW(std::vector<torch::Tensor> params, int rank, int worl
 template <typename Fn>
 void ShardedAdamW::ForEachOwnedPart(Fn&& fn) const {
   int64_t offset = 0;
-  for (const torch::Tensor& p : params_) {
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const int64_t numel = params_[i].numel();
     const int64_t begin = std::max(offset, range_.begin);
-    const int64_t end = std::min(offset + p.numel(), range_.end);
-    if (begin < end) fn(p.view({-1}).narrow(0, begin - offset, end - begin), begin);
-    offset += p.numel();
+    const int64_t end = std::min(offset + numel, range_.end);
+    if (begin < end) fn(i, begin - offset, begin, end - begin);
+    offset += numel;
   }
 }
 
@@ -79,23 +80,22 @@ void ShardedAdamW::Step(const torch::Tensor& flat_gradient,
                         const torch::optim::AdamWOptions& options, double lr) {
   if (options.amsgrad()) throw std::invalid_argument("ShardedAdamW: amsgrad is not implemented");
   ++step_;
-  ForEachOwnedPart([&](torch::Tensor part, int64_t first) {
-    const int64_t n = part.numel();
+  ForEachOwnedPart([&](size_t i, int64_t in_param, int64_t first, int64_t n) {
     const int64_t local = first - range_.begin;
-    AdamWUpdate(part, flat_gradient.narrow(0, first, n), exp_avg_.narrow(0, local, n),
-                exp_avg_sq_.narrow(0, local, n), options, lr, step_, kSliceElements,
-                &denom_buffer_);
+    AdamWUpdate(params_[i].view({-1}).narrow(0, in_param, n), flat_gradient.narrow(0, first, n),
+                exp_avg_.narrow(0, local, n), exp_avg_sq_.narrow(0, local, n), options, lr, step_,
+                kSliceElements, &denom_buffer_);
   });
 }
 
 void ShardedAdamW::GatherParameters(dist::Collectives& collectives, const torch::Tensor& scratch) {
-  if (scratch.numel() != PaddedLength(range_.total, world_size_)) {
+  if (scratch.numel() != padded_length()) {
     throw std::invalid_argument("ShardedAdamW::GatherParameters: scratch of " +
                                 std::to_string(scratch.numel()) + " elements, want " +
-                                std::to_string(PaddedLength(range_.total, world_size_)));
+                                std::to_string(padded_length()));
   }
-  ForEachOwnedPart([&](const torch::Tensor& part, int64_t first) {
-    scratch.narrow(0, first, part.numel()).copy_(part);
+  ForEachOwnedPart([&](size_t i, int64_t in_param, int64_t first, int64_t n) {
+    scratch.narrow(0, first, n).copy_(params_[i].view({-1}).narrow(0, in_param, n));
   });
   collectives.AllGatherInPlace(scratch);
   int64_t offset = 0;
@@ -153,7 +153,6 @@ void ShardedAdamW::ReadUnsharded(const std::vector<torch::Tensor>& exp_avg,
                              std::to_string(exp_avg.size()) + " parameters, this learner trains " +
                              std::to_string(params_.size()));
   }
-  int64_t offset = 0;
   for (size_t i = 0; i < params_.size(); ++i) {
     const int64_t n = params_[i].numel();
     if (exp_avg[i].numel() != n || exp_avg_sq[i].numel() != n) {
@@ -161,17 +160,12 @@ void ShardedAdamW::ReadUnsharded(const std::vector<torch::Tensor>& exp_avg,
                                std::to_string(i) + " have " + std::to_string(exp_avg[i].numel()) +
                                " elements, the parameter " + std::to_string(n));
     }
-    const int64_t begin = std::max(offset, range_.begin);
-    const int64_t end = std::min(offset + n, range_.end);
-    if (begin < end) {
-      const int64_t local = begin - range_.begin;
-      exp_avg_.narrow(0, local, end - begin)
-          .copy_(exp_avg[i].reshape({-1}).narrow(0, begin - offset, end - begin));
-      exp_avg_sq_.narrow(0, local, end - begin)
-          .copy_(exp_avg_sq[i].reshape({-1}).narrow(0, begin - offset, end - begin));
-    }
-    offset += n;
   }
+  ForEachOwnedPart([&](size_t i, int64_t in_param, int64_t first, int64_t n) {
+    const int64_t local = first - range_.begin;
+    exp_avg_.narrow(0, local, n).copy_(exp_avg[i].reshape({-1}).narrow(0, in_param, n));
+    exp_avg_sq_.narrow(0, local, n).copy_(exp_avg_sq[i].reshape({-1}).narrow(0, in_param, n));
+  });
   step_ = step;
 }
 

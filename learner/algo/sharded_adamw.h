@@ -46,6 +46,10 @@ class ShardedAdamW {
   ShardedAdamW(std::vector<torch::Tensor> params, int rank, int world_size);
 
   const ShardRange& range() const { return range_; }
+  int rank() const { return rank_; }
+  int world_size() const { return world_size_; }
+  // PaddedLength(range().total, world_size()): the flat buffers' length.
+  int64_t padded_length() const { return PaddedLength(range_.total, world_size_); }
   int64_t step() const { return step_; }
 
   // One AdamW step of this rank's elements from `flat_gradient` (the padded
@@ -74,8 +78,9 @@ class ShardedAdamW {
   static bool Holds(torch::serialize::InputArchive& archive);
 
  private:
-  // fn(parameter elements, flat offset of their first element) for each
-  // parameter's part inside this rank's range.
+  // fn(i, offset in parameter i, flat offset, n) for each parameter's part
+  // inside this rank's range: parameter i's elements [offset, offset + n)
+  // are the flat vector's [flat offset, flat offset + n).
   template <typename Fn>
   void ForEachOwnedPart(Fn&& fn) const;
 

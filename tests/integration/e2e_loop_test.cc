@@ -316,20 +316,6 @@ TEST(EndToEndLoopTest, TwoDataParallelLearnerRanksTrainInLockstep) {
   fs::remove_all(root);
 }
 
-// The pid of the learner process started with `--rank <rank>`, or 0.
-pid_t LearnerRankPid(int rank) {
-  const std::string wanted = "--rank" + std::string(1, '\0') + std::to_string(rank) + '\0';
-  for (const auto& entry : fs::directory_iterator("/proc")) {
-    const std::string name = entry.path().filename().string();
-    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    const std::string cmdline = ReadAll(entry.path() / "cmdline");
-    if (cmdline.find("learner") != std::string::npos && cmdline.find(wanted) != std::string::npos) {
-      return static_cast<pid_t>(std::stol(name));
-    }
-  }
-  return 0;
-}
-
 TEST(EndToEndLoopTest, AKilledRankEndsTheRunAndTheShardedSetResumesFromItsCheckpoint) {
   // Two sharded learner ranks under `kappa run`; rank 1 is SIGKILLed after
   // step 4 (the step-3 checkpoint written, the step-6 one not begun): the
@@ -356,7 +342,7 @@ TEST(EndToEndLoopTest, AKilledRankEndsTheRunAndTheShardedSetResumesFromItsCheckp
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
   while (killed == 0 && std::chrono::steady_clock::now() < deadline) {
     if (ReadAll(logs / "learner-1.log").find("step 4:") != std::string::npos) {
-      killed = LearnerRankPid(1);
+      killed = kappa::testing::FindProcess("--rank 1 --dist-store");
       if (killed != 0) ::kill(killed, SIGKILL);
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
