@@ -66,11 +66,12 @@
 //        [--threads 2] [--steps 2] [--topk 64] [--kappa 0|1] [--kdr 0|1]
 //        [--lora-rank R] [--teacher-width D] [--fused 0|1] [--device cpu|cuda]
 //        [--precision fp32|bf16] [--vocab V] [--sample-rss 0|1]
-//        [--world-size R --rank r --dist-store tcp://HOST:PORT [--shard none|optimizer]]
+//        [--world-size R --rank r --dist-store tcp://HOST:PORT [--shard none|optimizer|gradients]]
 //
 // --world-size R > 1: this process is one data-parallel rank (start R of
 // them, ranks 0..R-1, at one store; each steps its own --rows), with
-// --shard optimizer AdamW's state split over them (learner.shard;
+// --shard optimizer AdamW's state split over them, with --shard gradients
+// the summed gradients too (learner.shard;
 // bench/sharded_memory.sh runs the table of issue 54).
 //
 // --vocab V (151,936 by default) shrinks the vocabulary for the CPU
@@ -132,11 +133,12 @@ struct Options {
   bool sample_rss = true;  // the per-phase peaks (--sample-rss 0: off)
   // Data parallel (issue 54): this process is rank `rank` of `world_size`,
   // meeting at `dist_store`, each rank stepping its own --rows; with
-  // `shard`, AdamW's state is split over the ranks (learner.shard: optimizer).
+  // `shard` (learner.shard) other than "none", AdamW's state, and under
+  // "gradients" the summed gradients, are split over the ranks.
   int world_size = 1;
   int rank = 0;
   std::string dist_store;
-  bool shard = false;
+  std::string shard = "none";
 };
 
 // LoRA rank R, alpha 2R, on every projection a decoder layer has.
@@ -267,14 +269,14 @@ std::string ConfigJson(const Options& o) {
       "\"rows\": %lld, \"group_size\": %lld, \"prompt\": %lld, \"response\": %lld, "
       "\"threads\": %d, \"steps\": %d, \"topk\": %lld, \"kappa_every\": %d, \"kdr_every\": %d, "
       "\"lora_rank\": %lld, \"teacher_width\": %lld, \"fused\": %d, \"device\": \"%s\", "
-      "\"precision\": \"%s\", \"world_size\": %d, \"rank\": %d, \"shard\": %d",
+      "\"precision\": \"%s\", \"world_size\": %d, \"rank\": %d, \"shard\": \"%s\"",
       o.teacher.c_str(), static_cast<long long>(o.chunk), o.checkpointing ? 1 : 0,
       static_cast<long long>(o.layers), static_cast<long long>(o.rows),
       static_cast<long long>(o.group_size), static_cast<long long>(o.prompt),
       static_cast<long long>(o.response), o.threads, o.steps, static_cast<long long>(o.topk),
       o.kappa ? 1 : 0, o.kdr ? 1 : 0, static_cast<long long>(o.lora_rank),
       static_cast<long long>(o.teacher_width), o.fused ? 1 : 0, o.device.c_str(),
-      o.precision.c_str(), o.world_size, o.rank, o.shard ? 1 : 0);
+      o.precision.c_str(), o.world_size, o.rank, o.shard.c_str());
   return buffer;
 }
 
@@ -428,7 +430,11 @@ int Run(const Options& o, Progress* progress) {
     options.world_size = o.world_size;
     options.device = device;
     collectives = dist::ConnectCollectives(options);
-    if (o.shard) optimizer->ShardOptimizerState(o.rank, o.world_size);
+    if (o.shard != "none") {
+      optimizer->ShardState(o.shard == "gradients" ? kappa::learner::ShardStage::kGradients
+                                                   : kappa::learner::ShardStage::kOptimizer,
+                            o.rank, o.world_size);
+    }
     optimizer->set_collectives(collectives.get());
     *phase = "step";
   }
@@ -548,7 +554,7 @@ int main(int argc, char** argv) {
     else if (flag == "--dist-store")
       o.dist_store = value;
     else if (flag == "--shard")
-      o.shard = std::string(value) == "optimizer";
+      o.shard = value;
     else {
       std::fprintf(stderr, "unknown flag %s\n", flag.c_str());
       return 2;
@@ -565,14 +571,15 @@ int main(int argc, char** argv) {
       (o.device != "cpu" && o.device != "cuda") ||
       (o.precision != "fp32" && o.precision != "bf16") || o.world_size < 1 || o.rank < 0 ||
       o.rank >= o.world_size || (o.world_size > 1 && o.dist_store.empty()) ||
-      (o.shard && o.world_size == 1)) {
+      (o.shard != "none" && o.shard != "optimizer" && o.shard != "gradients") ||
+      (o.shard != "none" && o.world_size == 1)) {
     std::fprintf(stderr,
                  "bad flags: --teacher full|topk|hidden (hidden needs --chunk > 0), --chunk >= 0, "
                  "--group-size >= 2 dividing --rows, "
                  "--layers/--prompt/--response/--steps/--topk/--teacher-width >= 1, "
                  "--lora-rank >= 0, --device cpu|cuda, --precision fp32|bf16, --vocab > --topk, "
                  "--rank in [0, --world-size), --dist-store with --world-size > 1, "
-                 "--shard none|optimizer (optimizer needs --world-size > 1)\n");
+                 "--shard none|optimizer|gradients (sharding needs --world-size > 1)\n");
     return 2;
   }
   if (o.threads > 0) kappa::bench::SetBenchThreads(o.threads);

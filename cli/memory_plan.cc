@@ -218,33 +218,50 @@ ProcessPlan PlanLearner(const PlanInputs& in, int64_t rank, int64_t world) {
   } else {
     terms.Add("weights (fp32 master)", dev, 4 * n, "", "4·N");
   }
-  terms.Add("gradient", dev, 4 * trained, "",
-            lora ? "4·N_a (adapters only, student.lora; flat buffer, .grad views it)"
-                 : "4·N (flat buffer; .grad views it)");
-  if (separate && distill) {
-    terms.Add("gradient of L_D apart (kappa, M3)", dev, 4 * trained, "monitor.kappa_every",
-              lora ? "4·N_a (adapters only, student.lora) while κ is measured or a balancer "
-                     "needs ∇L_D apart"
-                   : "4·N while κ is measured or a balancer needs ∇L_D apart");
-  }
-  if (separate && c.trainer.distill_gate == services::DistillGate::kRstg &&
-      c.rstg.teacher_samples > 0 && c.rstg.sft_weight > 0) {
-    terms.Add("gradient of the teacher-SFT term apart", dev, 4 * trained, "rstg.sft_weight",
-              lora ? "4·N_a (adapters only, student.lora)" : "4·N");
-  }
-  // learner.shard: optimizer: this rank's slice of the padded flat vector
-  // (learner/algo/sharded_adamw.h); the key to change is the world size
-  // once sharded, and learner.shard before.
-  const bool sharded = c.learner.shard == services::LearnerShard::kOptimizer && world > 1;
-  const int64_t owned = sharded ? (trained + world - 1) / world : trained;
+  // learner.shard (learner/algo/sharded_adamw.h, optimizer_step.h): each
+  // rank holds AdamW's moments of its slice of the padded flat vector and,
+  // under "gradients", its segment of each signal's summed gradient, while
+  // backward still writes one full buffer. Once sharded the key to change
+  // is the world size; before, learner.shard.
+  const bool shard_moments = c.learner.shard != services::LearnerShard::kNone && world > 1;
+  const bool shard_gradients = c.learner.shard == services::LearnerShard::kGradients && world > 1;
+  const int64_t segment = shard_moments ? (trained + world - 1) / world : trained;
   const std::string counted = lora ? "N_a" : "N";
-  terms.Add("AdamW moments", dev, 8 * owned,
-            sharded ? "learner.world_size" : (world > 1 ? "learner.shard" : ""),
-            sharded ? absl::StrCat("8·⌈", counted,
-                                   " / R⌉ (this rank's share: learner.shard: "
-                                   "optimizer, R = learner.world_size",
-                                   lora ? "; adapters only, student.lora)" : ")")
-                    : (lora ? "8·N_a (adapters only, student.lora)" : "8·N"));
+  const std::string adapters_only = lora ? " (adapters only, student.lora)" : "";
+  terms.Add("gradient", dev, 4 * trained, "",
+            absl::StrCat("4·", counted, " (", lora ? "adapters only, student.lora; " : "",
+                         shard_gradients ? "the buffer each backward pass writes, reduced over "
+                                           "the ranks after it)"
+                                         : "flat buffer; .grad views it)"));
+  const bool distill_apart = separate && distill;
+  const bool sft_apart = separate && c.trainer.distill_gate == services::DistillGate::kRstg &&
+                         c.rstg.teacher_samples > 0 && c.rstg.sft_weight > 0;
+  if (shard_gradients) {
+    const int64_t signals = 1 + (distill_apart ? 1 : 0) + (sft_apart ? 1 : 0);
+    terms.Add("summed gradient segments", dev, signals * 4 * segment, "learner.world_size",
+              absl::StrCat(signals, "·4·⌈", counted,
+                           " / R⌉ (this rank's segment of each signal's sum: learner.shard: "
+                           "gradients, R = learner.world_size",
+                           lora ? "; adapters only, student.lora)" : ")"));
+  } else {
+    if (distill_apart) {
+      terms.Add("gradient of L_D apart (kappa, M3)", dev, 4 * trained, "monitor.kappa_every",
+                absl::StrCat("4·", counted, adapters_only,
+                             " while κ is measured or a balancer needs ∇L_D apart"));
+    }
+    if (sft_apart) {
+      terms.Add("gradient of the teacher-SFT term apart", dev, 4 * trained, "rstg.sft_weight",
+                absl::StrCat("4·", counted, adapters_only));
+    }
+  }
+  terms.Add(
+      "AdamW moments", dev, 8 * segment,
+      shard_moments ? "learner.world_size" : (world > 1 ? "learner.shard" : ""),
+      shard_moments
+          ? absl::StrCat("8·⌈", counted, " / R⌉ (this rank's share: learner.shard: ",
+                         std::string(services::ChoiceName(c.learner.shard)),
+                         ", R = learner.world_size", lora ? "; adapters only, student.lora)" : ")")
+          : absl::StrCat("8·", counted, adapters_only));
   if (bf16) {
     // Autocast's bfloat16 casts of the weights are saved for backward; under
     // checkpointing only the vocabulary head's outlives a layer.

@@ -42,6 +42,16 @@ class C10dCollectives final : public Collectives {
     }
   }
 
+  void MaxInPlace(const std::vector<torch::Tensor>& tensors) override {
+    if (size_ == 1) return;
+    for (const torch::Tensor& tensor : tensors) {
+      std::vector<torch::Tensor> one = {tensor};
+      ::c10d::AllreduceOptions options;
+      options.reduceOp = ::c10d::ReduceOp::MAX;
+      group_->allreduce(one, options)->wait();
+    }
+  }
+
   void Broadcast(const std::vector<torch::Tensor>& tensors, int root) override {
     if (size_ == 1) return;
     for (const torch::Tensor& tensor : tensors) {
@@ -54,18 +64,12 @@ class C10dCollectives final : public Collectives {
 
   void AllGatherInPlace(const torch::Tensor& flat) override {
     if (size_ == 1) return;
-    if (flat.dim() != 1 || !flat.is_contiguous() || flat.numel() % size_ != 0) {
-      throw std::invalid_argument(
-          "AllGatherInPlace: want a contiguous 1-D tensor whose size is a "
-          "multiple of the " +
-          std::to_string(size_) + " ranks, got " + c10::str(flat.sizes()));
-    }
     // One broadcast per segment, from its rank, in place: the same bytes
     // as an all-gather, without a copy of the whole vector. (Gloo in
     // libtorch 1.13 has no flat all-gather; its list form gathers into a
     // flat buffer of all segments and copies out, 1.9 GB at Qwen2.5-0.5B,
     // which is what sharding the optimizer saves.)
-    const int64_t segment = flat.numel() / size_;
+    const int64_t segment = SegmentLength(flat, "AllGatherInPlace");
     for (int r = 0; r < size_; ++r) {
       std::vector<torch::Tensor> one = {flat.narrow(0, r * segment, segment)};
       ::c10d::BroadcastOptions options;
@@ -74,7 +78,35 @@ class C10dCollectives final : public Collectives {
     }
   }
 
+  void ReduceScatterInPlace(const torch::Tensor& flat) override {
+    if (size_ == 1) return;
+    // One reduction per segment, to its rank, in place: what a
+    // reduce-scatter moves, without the output buffer c10d's list form
+    // wants (Gloo in libtorch 1.13 has no reduce_scatter at all).
+    const int64_t segment = SegmentLength(flat, "ReduceScatterInPlace");
+    for (int r = 0; r < size_; ++r) {
+      std::vector<torch::Tensor> one = {flat.narrow(0, r * segment, segment)};
+      ::c10d::ReduceOptions options;
+      options.rootRank = r;
+      options.reduceOp = ::c10d::ReduceOp::SUM;
+      group_->reduce(one, options)->wait();
+    }
+  }
+
  private:
+  // The length of each of `flat`'s size() segments. Throws
+  // std::invalid_argument naming `operation` unless `flat` is contiguous,
+  // 1-D and a multiple of size() long.
+  int64_t SegmentLength(const torch::Tensor& flat, const char* operation) const {
+    if (flat.dim() != 1 || !flat.is_contiguous() || flat.numel() % size_ != 0) {
+      throw std::invalid_argument(
+          std::string(operation) +
+          ": want a contiguous 1-D tensor whose size is a multiple of the " +
+          std::to_string(size_) + " ranks, got " + c10::str(flat.sizes()));
+    }
+    return flat.numel() / size_;
+  }
+
   c10::intrusive_ptr<Group> group_;
   const int rank_;
   const int size_;

@@ -26,6 +26,8 @@ class Collectives {
   // Elementwise sum over ranks of each tensor, in place, one collective per
   // tensor (contiguous, on the group's device).
   virtual void SumInPlace(const std::vector<torch::Tensor>& tensors) = 0;
+  // Elementwise maximum over ranks of each tensor, in place.
+  virtual void MaxInPlace(const std::vector<torch::Tensor>& tensors) = 0;
   // Copies rank `root`'s tensors into every other rank's, in place.
   virtual void Broadcast(const std::vector<torch::Tensor>& tensors, int root) = 0;
   // `flat` (1-D, contiguous, on the group's device, numel a multiple of
@@ -34,6 +36,13 @@ class Collectives {
   // outside its own segment beforehand is overwritten. No copy of `flat`
   // is made (size() broadcasts, each segment from its rank).
   virtual void AllGatherInPlace(const torch::Tensor& flat) = 0;
+  // AllGatherInPlace's converse: `flat` (as there) as size() equal
+  // segments; afterwards segment `rank` of this rank's `flat` holds the
+  // sum over ranks of every rank's segment `rank`. What this rank holds
+  // outside its own segment is unspecified afterwards (it may be a partial
+  // sum). No copy of `flat` is made (size() reductions, each segment to
+  // its rank): the reduce-scatter of a sharded gradient.
+  virtual void ReduceScatterInPlace(const torch::Tensor& flat) = 0;
 };
 
 struct CollectivesOptions {

@@ -26,6 +26,7 @@
 #include "absl/strings/str_split.h"
 #include "base/status.h"
 #include "learner/algo/optimizer_step.h"
+#include "learner/checkpoint_set.h"
 #include "learner/coordinator.h"
 #include "learner/data_parallel_setup.h"
 #include "learner/learner_metrics.h"
@@ -58,8 +59,42 @@ namespace {
 struct StartPoint {
   model::Decoder student{nullptr};
   TrainerState state;
-  std::string optimizer_path;  // empty: fresh optimizer
+  // Empty: a fresh optimizer. One: this rank's own state. More: every rank's
+  // of a set written at another world size, to reshard.
+  std::vector<std::string> optimizer_paths;
 };
+
+// What --resume starts this rank from: its own checkpoint of the newest
+// complete set, or, when another number of ranks wrote the set, rank 0's
+// weights, a trainer state resharded over the new ranks and every old
+// rank's optimizer state (checkpoint_set.h). The checkpoint directory
+// whose weights to load; empty when there is nothing to resume.
+absl::StatusOr<std::string> ResumeFrom(const services::Config& config,
+                                       const std::string& base_run_dir,
+                                       const DataParallelSetup& rank, size_t dataset_size,
+                                       StartPoint* start) {
+  KAPPA_ASSIGN_OR_RETURN(const std::optional<CheckpointSet> set,
+                         FindCheckpointSet(base_run_dir, rank.world_size));
+  if (!set.has_value()) {
+    spdlog::info("--resume: no checkpoint in {}, starting fresh", base_run_dir);
+    return std::string();
+  }
+  if (set->world_size == rank.world_size) {
+    start->state = set->states[rank.rank];
+    start->optimizer_paths = {set->dirs[rank.rank] + "/optimizer.pt"};
+    spdlog::info("resuming from {} (step {})", set->dirs[rank.rank], set->step);
+    return set->dirs[rank.rank];
+  }
+  KAPPA_ASSIGN_OR_RETURN(start->state, ReshardTrainerState(*set, dataset_size, config.seed,
+                                                           rank.rank, rank.world_size));
+  for (const std::string& dir : set->dirs) start->optimizer_paths.push_back(dir + "/optimizer.pt");
+  spdlog::info(
+      "resuming step {} written by {} rank(s) as rank {} of {}: weights from {}, optimizer "
+      "state resharded, prompts from position {} with {} pending",
+      set->step, set->world_size, rank.rank, rank.world_size, set->dirs.front(),
+      start->state.data_position, start->state.pending_prompts.size());
+  return set->dirs.front();
+}
 
 // With student.lora: the student's weights from student.checkpoint, frozen,
 // and its adapters fresh, or from `adapter_dir` (a resumed checkpoint).
@@ -78,23 +113,20 @@ absl::StatusOr<model::Decoder> LoadStudentWithAdapters(const std::string& base_d
 }
 
 absl::StatusOr<StartPoint> LoadStartPoint(const services::Config& config,
-                                          const std::string& run_dir, bool resume) {
+                                          const std::string& base_run_dir,
+                                          const DataParallelSetup& rank, size_t dataset_size,
+                                          bool resume) {
   StartPoint start;
   start.state.seed = services::RlSeed(config);
   KAPPA_ASSIGN_OR_RETURN(const std::optional<model::LoraConfig> lora, StudentLoraConfig(config));
   const std::string base_dir = services::StudentModelDir(config);
   std::string checkpoint = base_dir;
   if (resume) {
-    KAPPA_ASSIGN_OR_RETURN(std::optional<std::string> latest, FindLatest(run_dir));
-    if (latest.has_value()) {
-      checkpoint = *latest;
-      KAPPA_ASSIGN_OR_RETURN(start.state, ReadTrainerState(checkpoint));
-      start.optimizer_path = checkpoint + "/optimizer.pt";
-      spdlog::info("resuming from {} (step {})", checkpoint, start.state.step);
-    } else {
-      spdlog::info("--resume: no checkpoint in {}, starting fresh", run_dir);
-    }
+    KAPPA_ASSIGN_OR_RETURN(const std::string resumed,
+                           ResumeFrom(config, base_run_dir, rank, dataset_size, &start));
+    if (!resumed.empty()) checkpoint = resumed;
   }
+  start.state.world_size = rank.world_size;
   const bool resumes_adapter = checkpoint != base_dir && model::AdapterExists(checkpoint);
   if (checkpoint != base_dir && resumes_adapter != lora.has_value()) {
     return absl::FailedPreconditionError(
@@ -143,7 +175,8 @@ std::string HostName() {
 struct LearnerInputs {
   services::Config config;
   DataParallelSetup rank;
-  std::string run_dir;  // this rank's
+  std::string base_run_dir;  // rank 0's: the run's
+  std::string run_dir;       // this rank's
   std::string address;  // to serve on
   std::unique_ptr<tasks::Dataset> train, heldout;
   StartPoint start;
@@ -154,16 +187,14 @@ struct LearnerInputs {
   TeacherHead teacher_head;  // teacher.rows: hidden only
 };
 
-// Every rank checkpoints (so each resumes from its own state, in step with
-// the others); ranks above 0 keep theirs under rank-N/ so a shared run
+// The run directory: --run-dir, else runs_dir/name. Every rank
+// checkpoints (so each resumes from its own state, in step with the
+// others); ranks above 0 keep theirs under rank-N/ (RankRunDir) so the run
 // directory holds them all. metrics.jsonl is rank 0's alone.
-std::string RankRunDir(const services::Config& config, const services::CommonFlags& flags,
-                       const DataParallelSetup& rank) {
+std::string BaseRunDir(const services::Config& config, const services::CommonFlags& flags) {
   const auto run_dir_flag = flags.extra.find("run-dir");
-  const std::string base = run_dir_flag == flags.extra.end()
-                               ? absl::StrCat(config.runs_dir, "/", config.name)
-                               : run_dir_flag->second;
-  return rank.primary() ? base : absl::StrCat(base, "/rank-", rank.rank);
+  return run_dir_flag == flags.extra.end() ? absl::StrCat(config.runs_dir, "/", config.name)
+                                           : run_dir_flag->second;
 }
 
 // Moves the student to learner.device (this rank's GPU under data parallel).
@@ -239,12 +270,14 @@ absl::StatusOr<LearnerInputs> PrepareInputs(const services::CommonFlags& flags, 
   }
   services::ConfigureTorchThreads(in.config.learner.threads);
   torch::manual_seed(in.config.seed);
-  in.run_dir = RankRunDir(in.config, flags, in.rank);
+  in.base_run_dir = BaseRunDir(in.config, flags);
+  in.run_dir = RankRunDir(in.base_run_dir, in.rank.rank);
   in.address = flags.address.empty() ? in.config.learner.address : flags.address;
   std::filesystem::create_directories(in.run_dir);
   KAPPA_ASSIGN_OR_RETURN(in.train, tasks::MakeDataset(in.config, tasks::Split::kTrain));
   KAPPA_ASSIGN_OR_RETURN(in.heldout, tasks::MakeDataset(in.config, tasks::Split::kHeldOut));
-  KAPPA_ASSIGN_OR_RETURN(in.start, LoadStartPoint(in.config, in.run_dir, resume));
+  KAPPA_ASSIGN_OR_RETURN(
+      in.start, LoadStartPoint(in.config, in.base_run_dir, in.rank, in.train->size(), resume));
   KAPPA_RETURN_IF_ERROR(PlaceStudent(in.config, in.rank, in.start.student));
   KAPPA_RETURN_IF_ERROR(EncodePrompts(in));
   KAPPA_RETURN_IF_ERROR(LoadTeacherHeadFor(in));
@@ -327,17 +360,23 @@ absl::StatusOr<std::unique_ptr<PolicyOptimizer>> MakeOptimizer(const services::C
   KAPPA_ASSIGN_OR_RETURN(LearningRateSchedule schedule, MakeLearningRateSchedule(config));
   auto optimizer = std::make_unique<PolicyOptimizer>(
       start.student, schedule, config.trainer.weight_decay, config.trainer.max_grad_norm);
-  if (config.learner.shard == services::LearnerShard::kOptimizer) {
-    optimizer->ShardOptimizerState(rank.rank, rank.world_size);
+  if (config.learner.shard != services::LearnerShard::kNone) {
+    const bool gradients = config.learner.shard == services::LearnerShard::kGradients;
+    optimizer->ShardState(gradients ? ShardStage::kGradients : ShardStage::kOptimizer, rank.rank,
+                          rank.world_size);
     const ShardRange shard = *optimizer->optimizer_shard();
-    spdlog::info(
-        "learner.shard: optimizer: rank {} of {} holds AdamW's state of elements {}..{} "
-        "of {}",
-        rank.rank, rank.world_size, shard.begin, shard.end, shard.total);
+    spdlog::info("learner.shard: {}: rank {} of {} holds AdamW's state{} of elements {}..{} of {}",
+                 services::ChoiceName(config.learner.shard), rank.rank, rank.world_size,
+                 gradients ? " and the summed gradients" : "", shard.begin, shard.end, shard.total);
   }
-  if (!start.optimizer_path.empty()) {
-    KAPPA_RETURN_IF_ERROR(base::CaptureExceptions(start.optimizer_path,
-                                                  [&] { optimizer->Load(start.optimizer_path); }));
+  const std::vector<std::string>& paths = start.optimizer_paths;
+  if (paths.size() == 1) {
+    KAPPA_RETURN_IF_ERROR(
+        base::CaptureExceptions(paths.front(), [&] { optimizer->Load(paths.front()); }));
+  } else if (paths.size() > 1) {
+    KAPPA_RETURN_IF_ERROR(
+        base::CaptureExceptions(absl::StrCat("the optimizer state of ", paths.size(), " ranks"),
+                                [&] { optimizer->LoadResharded(paths); }));
   }
   return optimizer;
 }

@@ -131,6 +131,7 @@ absl::Status WriteTrainerState(const std::string& checkpoint_dir, const TrainerS
                          {"data_position", state.data_position},
                          {"seed", state.seed},
                          {"pending_prompts", state.pending_prompts}};
+  if (state.world_size > 0) json["world_size"] = state.world_size;
   if (state.lambda_controller) json["lambda_controller"] = LambdaToJson(*state.lambda_controller);
   if (state.alarms) json["alarms"] = AlarmsToJson(*state.alarms);
   return services::WriteFileAtomically(checkpoint_dir + "/trainer_state.json", json.dump(2));
@@ -149,6 +150,7 @@ absl::StatusOr<TrainerState> ReadTrainerState(const std::string& checkpoint_dir)
     state.seed = json.at("seed").get<uint64_t>();
     // Absent in checkpoints written before it was recorded.
     state.pending_prompts = json.value("pending_prompts", std::vector<int64_t>());
+    state.world_size = json.value("world_size", int64_t{0});
     // Absent in checkpoints written before they were recorded (and
     // lambda_controller in runs without m3_adapt): RestoreMonitors says so.
     if (json.contains("lambda_controller")) {

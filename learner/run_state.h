@@ -25,6 +25,10 @@ struct TrainerState {
   // indices, in the order they were due): handed out first on resume.
   std::vector<int64_t> pending_prompts;
   uint64_t seed = 0;
+  // The data-parallel ranks of the run that wrote the checkpoint (each
+  // wrote one: checkpoint_set.h); 0 in a checkpoint written before it was
+  // recorded, read as the resuming run's.
+  int64_t world_size = 0;
   // m3_adapt's λ controller; absent when the run has no m3_adapt, or in a
   // checkpoint written before it was recorded.
   std::optional<LambdaControllerState> lambda_controller;

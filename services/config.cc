@@ -364,8 +364,12 @@ constexpr Field kFields[] = {
     KAPPA_CONFIG_FIELD(learner.shard,
                        "`none`: every data-parallel rank holds the whole AdamW state; "
                        "`optimizer`: each rank holds and updates its 1 / `world_size` share of "
-                       "it and the ranks all-gather the updated weights (ZeRO stage 1; needs "
-                       "`world_size` > 1)."),
+                       "it and the ranks all-gather the updated weights (ZeRO stage 1); "
+                       "`gradients`: each rank also keeps only its share of each summed "
+                       "gradient, reduce-scattered after every backward pass, with κ, the "
+                       "balancers and the clip from partial sums over the ranks (ZeRO stage 2). "
+                       "Both need `world_size` > 1; a resume may change `world_size` (the state "
+                       "is resharded; docs/scaling.md)."),
     KAPPA_CONFIG_FIELD(learner.weight_group_store,
                        "`tcp://HOST:PORT` where the weight group meets (the learner listens; "
                        "port 0: one it binds itself and tells each worker); empty under "

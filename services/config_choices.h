@@ -107,9 +107,9 @@ enum class RstgTokenSelector { kEntropy, kDivergence, kUnion };  // rstg.token_s
 KAPPA_CONFIG_CHOICE(RstgTokenSelector, "entropy", "divergence", "union");
 
 // learner.shard: what the data-parallel ranks split instead of each holding
-// it whole (ZeRO's stages; only the first so far).
-enum class LearnerShard { kNone, kOptimizer };
-KAPPA_CONFIG_CHOICE(LearnerShard, "none", "optimizer");
+// it whole (ZeRO's stages 1 and 2: AdamW's state, then the gradients too).
+enum class LearnerShard { kNone, kOptimizer, kGradients };
+KAPPA_CONFIG_CHOICE(LearnerShard, "none", "optimizer", "gradients");
 
 #undef KAPPA_CONFIG_CHOICE
 

@@ -27,7 +27,10 @@ typename StateMap::key_type StateKey(const StateMap&, const torch::Tensor& p) {
   }
 }
 
-torch::optim::AdamWParamState& StateFor(torch::optim::AdamW& optimizer, const torch::Tensor& p) {
+}  // namespace
+
+torch::optim::AdamWParamState& AdamWStateFor(torch::optim::AdamW& optimizer,
+                                             const torch::Tensor& p) {
   auto& states = optimizer.state();
   const auto key = StateKey(states, p);
   auto found = states.find(key);
@@ -40,8 +43,6 @@ torch::optim::AdamWParamState& StateFor(torch::optim::AdamW& optimizer, const to
   }
   return static_cast<torch::optim::AdamWParamState&>(*found->second);
 }
-
-}  // namespace
 
 const torch::optim::AdamWParamState* FindAdamWState(torch::optim::AdamW& optimizer,
                                                     const torch::Tensor& p) {
@@ -103,7 +104,7 @@ void AdamWStepInSlices(torch::optim::AdamW& optimizer, int64_t slice_elements) {
       if (grad.is_sparse()) {
         throw std::invalid_argument("AdamWStepInSlices: a sparse gradient (AdamW takes dense)");
       }
-      torch::optim::AdamWParamState& state = StateFor(optimizer, p);
+      torch::optim::AdamWParamState& state = AdamWStateFor(optimizer, p);
       state.step(state.step() + 1);
       AdamWUpdate(p, grad, state.exp_avg(), state.exp_avg_sq(), options, options.lr(), state.step(),
                   slice_elements, &denom_buffer);

@@ -29,6 +29,10 @@ void AdamWStepInSlices(torch::optim::AdamW& optimizer, int64_t slice_elements = 
 // `optimizer`'s state of parameter `p`, or null before its first step.
 const torch::optim::AdamWParamState* FindAdamWState(torch::optim::AdamW& optimizer,
                                                     const torch::Tensor& p);
+// The same, made first (step 0, zero moments shaped like `p`) when absent,
+// as libtorch makes it at a parameter's first step.
+torch::optim::AdamWParamState& AdamWStateFor(torch::optim::AdamW& optimizer,
+                                             const torch::Tensor& p);
 
 // The same update of some elements: p (decayed, then stepped), its gradient
 // g and moments m, v, all contiguous and of one shape, at the rate `lr`

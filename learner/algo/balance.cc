@@ -145,7 +145,13 @@ torch::Tensor ConflictMaskWeights(const torch::Tensor& kernel, double temperatur
 }
 
 CombinedGradient CombineGradients(GradientList reward, GradientList distill, GradientList sft,
-                                  const GradientPlan& plan, const torch::Device& device) {
+                                  const GradientPlan& plan, const torch::Device& device,
+                                  const PartialSumReducer& sum_over_shards) {
+  // A partial sum over this rank's elements, made the whole gradient's.
+  auto whole = [&](torch::Tensor partial) {
+    if (sum_over_shards) sum_over_shards(partial);
+    return partial;
+  };
   CombinedGradient out;
   const auto f64 = torch::TensorOptions(device).dtype(torch::kFloat64);
   if (plan.reward_weight != 1.0) {
@@ -153,7 +159,7 @@ CombinedGradient CombineGradients(GradientList reward, GradientList distill, Gra
       if (g.defined()) g.mul_(plan.reward_weight);
     }
   }
-  const torch::Tensor gram = GramOf(reward, distill, device);
+  const torch::Tensor gram = whole(GramOf(reward, distill, device));
   out.reward_sq = gram[0];
   out.distill_sq = gram[1];
   out.dot = gram[2];
@@ -165,7 +171,7 @@ CombinedGradient CombineGradients(GradientList reward, GradientList distill, Gra
         torch::where(out.distill_sq > 0, out.dot.clamp_max(0) / out.distill_sq.clamp_min(kNormEpsilon),
                      torch::zeros({}, f64));
     AddScaled(reward, distill, -coefficient);
-    out.balanced_reward_sq = SquaredNorm(reward, device);
+    out.balanced_reward_sq = whole(SquaredNorm(reward, device));
   } else {
     out.balanced_reward_sq = out.reward_sq;
   }
@@ -188,7 +194,7 @@ CombinedGradient CombineGradients(GradientList reward, GradientList distill, Gra
   out.total = std::move(reward);
   AddScaled(out.total, distill, out.distill_scale);
   if (plan.sft_weight != 0.0) AddScaled(out.total, sft, torch::full({}, plan.sft_weight, f64));
-  out.total_sq = SquaredNorm(out.total, device);
+  out.total_sq = whole(SquaredNorm(out.total, device));
   return out;
 }
 

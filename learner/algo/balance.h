@@ -9,6 +9,7 @@
 
 #include <torch/types.h>
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -96,8 +97,18 @@ struct CombinedGradient {
 // ‖g_R′‖ / ‖s g_D‖ = κ_target / λ; when ‖g_R′‖ = 0 (all advantages 0, or
 // w_R = 0) there is nothing to match and s = λ (plan.distill_weight), so such
 // a step still distils. Stays on the gradients' device.
+//
+// Sharded (learner.shard: gradients): the lists hold this rank's shard of
+// each gradient, and `sum_over_shards`, given every float64 partial sum
+// (the Gram [‖g_R‖², ‖g_D‖², ⟨g_R, g_D⟩], ‖g_R′‖², ‖g‖²) before anything
+// reads it, sums it over the ranks in place; every global quantity is then
+// the whole gradient's, and each rank combines its shard. Empty: one
+// process holding whole gradients. REQUIRES (sharded): every rank calls
+// with the same plan (the sums are collectives, three at most).
+using PartialSumReducer = std::function<void(torch::Tensor&)>;
 CombinedGradient CombineGradients(GradientList reward, GradientList distill, GradientList sft,
-                                  const GradientPlan& plan, const torch::Device& device);
+                                  const GradientPlan& plan, const torch::Device& device,
+                                  const PartialSumReducer& sum_over_shards = {});
 
 // What LambdaController carries from step to step: what a checkpoint saves
 // so a resumed run continues with the same λ.

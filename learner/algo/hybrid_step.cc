@@ -167,7 +167,8 @@ HybridStep::Gate HybridStep::DecideGate(const TrainBatch& batch,
   return gate;
 }
 
-void HybridStep::BeginStep(const TrainBatch& batch, const Gate& gate, int64_t step, double lambda) {
+void HybridStep::BeginStep(const TrainBatch& batch, const Gate& gate, int64_t step, double lambda,
+                           int64_t micro_batches) {
   const torch::Tensor& mask = batch.response_mask;
   TermWeights whole;
   whole.no_distill = !gate.trains();
@@ -176,7 +177,8 @@ void HybridStep::BeginStep(const TrainBatch& batch, const Gate& gate, int64_t st
   const torch::Tensor sft_count =
       batch.sft_mask.defined() ? batch.sft_mask.sum() : torch::zeros({}, mask.options());
   optimizer_->BeginStep(config_.balance.Plan(config_.reward_weight, lambda, config_.sft_weight),
-                        SeparateGradients(step), reward_count, distill_count, sft_count);
+                        SeparateGradients(step), reward_count, distill_count, sft_count,
+                        micro_batches);
 }
 
 bool HybridStep::SeparateGradients(int64_t step) const {
@@ -290,7 +292,7 @@ HybridStepReport HybridStep::Run(const TrainBatch& batch_in, const torch::Tensor
   report.gated_groups = gate.selection.gated_groups;
 
   // g = w_R g_R′ + s g_D + μ g_SFT, each term a mean over the whole batch.
-  BeginStep(batch, gate, step, report.lambda);
+  BeginStep(batch, gate, step, report.lambda, static_cast<int64_t>(micro.size()));
 
   // Each micro-batch: forward → cheap K_DR → m3_mask → aggregate → backward.
   KdrMonitor kdr(config_.monitor, config_.loss, step, gate.scored, config_.balance.mask,

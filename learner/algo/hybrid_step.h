@@ -137,8 +137,10 @@ class HybridStep {
   Gate DecideGate(const TrainBatch& batch, const std::vector<MicroBatch>& micro,
                   std::optional<TokenTerms>* first_forward);
   // Opens the optimizer step: the plan and what the whole batch's means are
-  // taken over (reward, distill and SFT counts).
-  void BeginStep(const TrainBatch& batch, const Gate& gate, int64_t step, double lambda);
+  // taken over (reward, distill and SFT counts), and how many micro-batches
+  // will accumulate into it.
+  void BeginStep(const TrainBatch& batch, const Gate& gate, int64_t step, double lambda,
+                 int64_t micro_batches);
   // One micro-batch from its forward: K_DR, m3_mask, aggregate, backward.
   // Adds its token means to *means, its mismatch over the positions where
   // `mismatch_mask` (the whole batch's [B, L]) is 1 to *mismatch and its

@@ -154,12 +154,30 @@ void PolicyOptimizer::set_collectives(dist::Collectives* collectives) {
   collectives_->Broadcast(params, /*root=*/0);
 }
 
-void PolicyOptimizer::ShardOptimizerState(int rank, int world_size) {
+void PolicyOptimizer::ShardState(ShardStage stage, int rank, int world_size) {
   if (step_ != 0 || !optimizer_.state().empty()) {
-    throw std::logic_error("PolicyOptimizer::ShardOptimizerState: after a step or a Load");
+    throw std::logic_error("PolicyOptimizer::ShardState: after a step or a Load");
   }
   sharded_ = std::make_unique<ShardedAdamW>(params_, rank, world_size);
-  reward_grad_ = distill_grad_ = sft_grad_ = FlatGradient{};  // remade padded
+  shard_stage_ = stage;
+  reward_grad_ = distill_grad_ = sft_grad_ = backward_buffer_ = FlatGradient{};  // remade padded
+  if (stage == ShardStage::kGradients) {
+    const int64_t segment = sharded_->padded_length() / world_size;
+    for (torch::Tensor& s : segments_) s = torch::zeros({segment}, params_.front().options());
+  }
+}
+
+void PolicyOptimizer::CheckShardCollectives() const {
+  if (collectives_ == nullptr || collectives_->size() != sharded_->world_size() ||
+      collectives_->rank() != sharded_->rank()) {
+    throw std::logic_error("PolicyOptimizer: sharded over " +
+                           std::to_string(sharded_->world_size()) +
+                           " ranks without collectives of that size and rank");
+  }
+}
+
+torch::Tensor& PolicyOptimizer::UpdateGradient() {
+  return gradients_sharded() ? segments_[0] : reward_grad_.flat;
 }
 
 StepStats PolicyOptimizer::Step(const LossTerms& terms, const GradientPlan& plan, bool separate) {
@@ -170,8 +188,8 @@ StepStats PolicyOptimizer::Step(const LossTerms& terms, const GradientPlan& plan
 
 void PolicyOptimizer::BeginStep(const GradientPlan& plan, bool separate,
                                 const torch::Tensor& reward_count,
-                                const torch::Tensor& distill_count,
-                                const torch::Tensor& sft_count) {
+                                const torch::Tensor& distill_count, const torch::Tensor& sft_count,
+                                int64_t micro_batches) {
   const torch::Device device = params_.front().device();
   pending_ = PendingStep{};
   pending_.open = true;
@@ -185,6 +203,58 @@ void PolicyOptimizer::BeginStep(const GradientPlan& plan, bool separate,
     collectives_->SumInPlace({pending_.totals});
   }
   pending_.loss_sums = torch::zeros({3}, pending_.totals.options());
+  if (gradients_sharded()) {
+    CheckShardCollectives();
+    // Every rank reduces the same signals the same number of times: those
+    // some rank has (the summed counts say which), as often as the rank
+    // with the most micro-batches.
+    const torch::Tensor totals = pending_.totals.to(torch::kCPU);
+    pending_.reduced[0] = true;
+    pending_.reduced[1] = pending_.measured && totals[1].item<double>() > 0;
+    pending_.reduced[2] =
+        pending_.measured && totals[2].item<double>() > 0 && plan.sft_weight != 0.0;
+    torch::Tensor rounds = torch::full({1}, static_cast<double>(micro_batches),
+                                       torch::TensorOptions(device).dtype(torch::kFloat64));
+    collectives_->MaxInPlace({rounds});
+    pending_.rounds_total = static_cast<int64_t>(rounds.item<double>());
+    torch::NoGradGuard no_grad;
+    for (torch::Tensor& segment : segments_) segment.zero_();
+  }
+}
+
+void PolicyOptimizer::BackwardSignal(int k, const torch::Tensor& loss, bool retain_graph) {
+  const bool sharded = gradients_sharded();
+  if (sharded ? !pending_.reduced[k] : !loss.defined()) return;
+  FlatGradient* buffers[3] = {&reward_grad_, &distill_grad_, &sft_grad_};
+  AttachGradients(sharded ? backward_buffer_ : *buffers[k],
+                  /*zero=*/sharded || !pending_.started[k]);
+  pending_.started[k] = true;
+  if (loss.defined()) {
+    const auto start = std::chrono::steady_clock::now();
+    loss.backward({}, retain_graph);
+    pending_.backward_seconds[k] +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+  if (sharded) ReduceIntoSegment(k);
+}
+
+void PolicyOptimizer::ReduceIntoSegment(int k) {
+  torch::NoGradGuard no_grad;
+  const torch::Tensor& flat = backward_buffer_.flat;
+  collectives_->ReduceScatterInPlace(flat);
+  const int64_t segment = segments_[k].numel();
+  segments_[k].add_(flat.narrow(0, sharded_->rank() * segment, segment));
+}
+
+void PolicyOptimizer::PadReductions() {
+  torch::NoGradGuard no_grad;
+  for (; pending_.rounds_done < pending_.rounds_total; ++pending_.rounds_done) {
+    for (int k = 0; k < 3; ++k) {
+      if (!pending_.reduced[k]) continue;
+      AttachGradients(backward_buffer_, /*zero=*/true);
+      ReduceIntoSegment(k);
+    }
+  }
 }
 
 void PolicyOptimizer::AccumulateStep(const LossTerms& terms) {
@@ -223,32 +293,15 @@ void PolicyOptimizer::AccumulateStep(const LossTerms& terms) {
   pending_.any_distill |= has_distill || (terms.combined_loss.defined() && terms.combined_distill);
   pending_.any_sft |= has_sft;
 
-  // backward() of `loss`, its host seconds added to term i's.
-  auto timed_backward = [&](const torch::Tensor& loss, int64_t i, bool retain_graph) {
-    const auto start = std::chrono::steady_clock::now();
-    loss.backward({}, retain_graph);
-    pending_.backward_seconds[i] +=
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  };
   if (pending_.measured) {
-    // One backward per signal, each accumulating into its own buffer; the
+    // One backward per signal, each into its own buffer (or segment); the
     // shared graph (the logits) is kept until the last one.
-    AttachGradients(reward_grad_, /*zero=*/!pending_.reward_started);
-    pending_.reward_started = true;
-    timed_backward(scaled(terms.reward_loss, 0), 0, /*retain_graph=*/has_distill || has_sft);
-    if (has_distill) {
-      AttachGradients(distill_grad_, /*zero=*/!pending_.distill_started);
-      pending_.distill_started = true;
-      timed_backward(scaled(terms.distill_loss, 1), 1, /*retain_graph=*/has_sft);
-    }
-    if (has_sft) {
-      AttachGradients(sft_grad_, /*zero=*/!pending_.sft_started);
-      pending_.sft_started = true;
-      timed_backward(scaled(terms.sft_loss, 2), 2, /*retain_graph=*/false);
-    }
+    BackwardSignal(0, scaled(terms.reward_loss, 0), /*retain_graph=*/has_distill || has_sft);
+    BackwardSignal(1, has_distill ? scaled(terms.distill_loss, 1) : torch::Tensor(),
+                   /*retain_graph=*/has_sft);
+    BackwardSignal(2, has_sft ? scaled(terms.sft_loss, 2) : torch::Tensor(),
+                   /*retain_graph=*/false);
   } else {
-    AttachGradients(reward_grad_, /*zero=*/!pending_.reward_started);
-    pending_.reward_started = true;
     // PlainWeights already scaled a precombined loss's two terms.
     torch::Tensor total = terms.combined_loss;
     if (!total.defined()) {
@@ -256,8 +309,9 @@ void PolicyOptimizer::AccumulateStep(const LossTerms& terms) {
       if (has_distill) total = total + plan.distill_weight * scaled(terms.distill_loss, 1);
     }
     if (has_sft) total = total + plan.sft_weight * scaled(terms.sft_loss, 2);
-    timed_backward(total, 0, /*retain_graph=*/false);
+    BackwardSignal(0, total, /*retain_graph=*/false);
   }
+  ++pending_.rounds_done;
 }
 
 std::pair<double, double> PolicyOptimizer::PlainWeights(const torch::Tensor& reward_count,
@@ -289,7 +343,11 @@ StepStats PolicyOptimizer::CombineAndApply() {
   const GradientPlan& plan = pending_.plan;
   const torch::Device device = params_.front().device();
   torch::NoGradGuard no_grad;
-  if (!pending_.reward_started) AttachGradients(reward_grad_, /*zero=*/true);
+  if (gradients_sharded()) {
+    PadReductions();
+  } else if (!pending_.started[0]) {
+    AttachGradients(reward_grad_, /*zero=*/true);
+  }
   // Data parallel: a rank without some term still sums a zero gradient for
   // it, so the collectives match up; whether any rank has one is in the
   // summed counts. The reported losses are then the whole batch's.
@@ -310,14 +368,34 @@ StepStats PolicyOptimizer::CombineAndApply() {
 
   StepStats stats;
   stats.measured = pending_.measured;
-  if (stats.measured) {
+  // Sharded gradients: each rank holds its segment of the summed
+  // gradients, and every norm and dot product is a partial sum, summed.
+  const PartialSumReducer sum_over_shards = gradients_sharded()
+                                                ? PartialSumReducer([this](torch::Tensor& partial) {
+                                                    collectives_->SumInPlace({partial.view({-1})});
+                                                  })
+                                                : PartialSumReducer();
+  if (stats.measured && gradients_sharded()) {
+    GradientList distill(1), sft(1);
+    if (pending_.reduced[1]) distill[0] = segments_[1];
+    if (pending_.reduced[2]) sft[0] = segments_[2];
+    // Combines in place into the reward segment.
+    const CombinedGradient combined = CombineGradients(
+        {segments_[0]}, std::move(distill), std::move(sft), plan, device, sum_over_shards);
+    on_device.grad_norm_sq = combined.total_sq;
+    on_device.rr = combined.reward_sq;
+    on_device.dd = combined.distill_sq;
+    on_device.rd = combined.dot;
+    on_device.balanced_rr = combined.balanced_reward_sq;
+    on_device.distill_scale = combined.distill_scale;
+  } else if (stats.measured) {
     GradientList distill(1), sft(1);
     if (any_distill) {
-      AttachGradients(distill_grad_, /*zero=*/!pending_.distill_started);
+      AttachGradients(distill_grad_, /*zero=*/!pending_.started[1]);
       distill[0] = distill_grad_.flat;
     }
     if (any_sft) {
-      AttachGradients(sft_grad_, /*zero=*/!pending_.sft_started);
+      AttachGradients(sft_grad_, /*zero=*/!pending_.started[2]);
       sft[0] = sft_grad_.flat;
     }
     if (parallel) {
@@ -336,6 +414,9 @@ StepStats PolicyOptimizer::CombineAndApply() {
     on_device.rd = combined.dot;
     on_device.balanced_rr = combined.balanced_reward_sq;
     on_device.distill_scale = combined.distill_scale;
+  } else if (gradients_sharded()) {
+    on_device.grad_norm_sq = DotInFloat64(segments_[0], segments_[0]);
+    sum_over_shards(on_device.grad_norm_sq);
   } else {
     if (parallel) collectives_->SumInPlace({reward_grad_.flat});
     on_device.grad_norm_sq = DotInFloat64(reward_grad_.flat, reward_grad_.flat);
@@ -364,26 +445,26 @@ StepStats PolicyOptimizer::CombineAndApply() {
 }
 
 void PolicyOptimizer::ClipAndApply(double grad_norm, StepStats* stats) {
+  torch::Tensor& gradient = UpdateGradient();
   if (max_grad_norm_ > 0 && grad_norm > max_grad_norm_) {
-    // .grad is a view of reward_grad_ (see AttachGradients).
-    reward_grad_.flat.mul_(max_grad_norm_ / (grad_norm + 1e-6));
+    gradient.mul_(max_grad_norm_ / (grad_norm + 1e-6));
   }
   stats->lr = schedule_.At(step_);
   for (auto& group : optimizer_.param_groups()) {
     static_cast<torch::optim::AdamWOptions&>(group.options()).lr(stats->lr);
   }
   if (sharded_) {
-    if (collectives_ == nullptr || collectives_->size() != sharded_->world_size() ||
-        collectives_->rank() != sharded_->rank()) {
-      throw std::logic_error("PolicyOptimizer: sharded over " +
-                             std::to_string(sharded_->world_size()) +
-                             " ranks without collectives of that size and rank");
-    }
+    CheckShardCollectives();
     const auto& options =
         static_cast<const torch::optim::AdamWOptions&>(optimizer_.param_groups().front().options());
-    sharded_->Step(reward_grad_.flat, options, stats->lr);
-    // The gradient is spent: its buffer carries the parameters' all-gather.
-    sharded_->GatherParameters(*collectives_, reward_grad_.flat);
+    // The update's gradient: the whole summed vector, or this rank's
+    // segment of it, which begins at rank · segment length.
+    const int64_t gradient_begin = gradients_sharded() ? sharded_->rank() * gradient.numel() : 0;
+    sharded_->Step(gradient, gradient_begin, options, stats->lr);
+    // The gradients are spent: a full-size buffer carries the parameters'
+    // all-gather.
+    sharded_->GatherParameters(*collectives_,
+                               gradients_sharded() ? backward_buffer_.flat : reward_grad_.flat);
   } else {
     AdamWStepInSlices(optimizer_);  // optimizer_.step(), without its full-size temporaries
   }
@@ -429,6 +510,63 @@ void PolicyOptimizer::Load(const std::string& path) {
                              ": " + e.what_without_backtrace());
   } catch (const std::runtime_error& e) {
     throw std::runtime_error("PolicyOptimizer::Load: cannot resume from " + path + ": " + e.what());
+  }
+}
+
+void PolicyOptimizer::LoadResharded(const std::vector<std::string>& paths) {
+  if (paths.empty()) throw std::runtime_error("PolicyOptimizer::LoadResharded: no files");
+  std::vector<ShardedAdamW::Saved> set;
+  int64_t step = 0;
+  for (const std::string& path : paths) {
+    try {
+      torch::serialize::InputArchive archive;
+      archive.load_from(path, params_.front().device());
+      if (!ShardedAdamW::Holds(archive)) {
+        if (!set.empty()) throw std::runtime_error("it is unsharded, the others are shards");
+        Load(path);  // an unsharded run's whole state, as its rank 0 held it
+        return;
+      }
+      set.push_back(ShardedAdamW::ReadSaved(archive));
+      torch::Tensor counter;
+      archive.read("kappa_policy_optimizer_step", counter);
+      step = counter.item<int64_t>();
+    } catch (const c10::Error& e) {
+      throw std::runtime_error("PolicyOptimizer::LoadResharded: cannot read optimizer state from " +
+                               path + ": " + e.what_without_backtrace());
+    } catch (const std::runtime_error& e) {
+      throw std::runtime_error("PolicyOptimizer::LoadResharded: " + path + ": " + e.what());
+    }
+  }
+  try {
+    if (sharded_) {
+      sharded_->ReadResharded(set);
+    } else {
+      int64_t total = 0;
+      for (const torch::Tensor& p : params_) total += p.numel();
+      torch::Tensor exp_avg, exp_avg_sq;
+      int64_t adam_step = 0;
+      ShardedAdamW::Assemble(set, total, &exp_avg, &exp_avg_sq, &adam_step);
+      SetUnshardedMoments(exp_avg, exp_avg_sq, adam_step);
+    }
+  } catch (const std::runtime_error& e) {
+    throw std::runtime_error("PolicyOptimizer::LoadResharded: cannot reshard " +
+                             std::to_string(paths.size()) + " files (first " + paths.front() +
+                             "): " + e.what());
+  }
+  step_ = step;
+}
+
+void PolicyOptimizer::SetUnshardedMoments(const torch::Tensor& exp_avg,
+                                          const torch::Tensor& exp_avg_sq, int64_t adam_step) {
+  optimizer_.state().clear();
+  if (adam_step == 0) return;  // saved before the first update: no state yet
+  int64_t offset = 0;
+  for (const torch::Tensor& p : params_) {
+    torch::optim::AdamWParamState& state = AdamWStateFor(optimizer_, p);
+    state.exp_avg(exp_avg.narrow(0, offset, p.numel()).view(p.sizes()).clone());
+    state.exp_avg_sq(exp_avg_sq.narrow(0, offset, p.numel()).view(p.sizes()).clone());
+    state.step(adam_step);
+    offset += p.numel();
   }
 }
 

@@ -79,17 +79,26 @@ class PolicyOptimizer {
   // by broadcasting rank 0's parameters. Not owned; null: one process.
   void set_collectives(dist::Collectives* collectives);
 
-  // learner.shard: optimizer. From now on this rank holds and updates only
-  // its share of AdamW's state (sharded_adamw.h) and, after each update,
-  // all-gathers the parameters over the collectives; everything before the
-  // update (the summed gradient, κ, M3, the clip) is as unsharded.
+  // learner.shard. From now on this rank holds and updates only its share
+  // of AdamW's state (sharded_adamw.h) and, after each update, all-gathers
+  // the parameters over the collectives.
+  //  kOptimizer: everything before the update (the summed gradient, κ, M3,
+  //    the clip) is as unsharded.
+  //  kGradients: after each backward pass (each signal, each micro-batch)
+  //    the gradient is reduce-scattered, and the rank keeps only its
+  //    segment of each signal's sum; backward writes into one full-size
+  //    buffer however many signals the step measures. Every global
+  //    quantity (norms, cosine, κ, m3_project, m3_norm, the clip, the
+  //    non-finite check) comes from per-segment float64 partial sums summed
+  //    over the ranks (CombineGradients' sum_over_shards).
   // REQUIRES: before the first step and before Load; set_collectives with
   // a group of `world_size` ranks, this one `rank`, before the first step.
-  void ShardOptimizerState(int rank, int world_size);
+  void ShardState(ShardStage stage, int rank, int world_size);
   // The elements whose AdamW state this rank holds; nullopt unsharded.
   std::optional<ShardRange> optimizer_shard() const {
     return sharded_ ? std::optional<ShardRange>(sharded_->range()) : std::nullopt;
   }
+  bool gradients_sharded() const { return sharded_ && shard_stage_ == ShardStage::kGradients; }
 
   // separate = false with a plan that neither projects nor normalizes takes
   // one backward pass of the weighted sum (no κ); otherwise three.
@@ -103,8 +112,13 @@ class PolicyOptimizer {
   // its count over the total, so the update is that of one Step on the whole
   // batch. Step(terms, …) is exactly these three calls.
   // A BeginStep abandons any step left open (one whose micro-batch threw).
+  // `micro_batches`: how many AccumulateStep calls this rank will make.
+  // Under sharded gradients each one reduces over the ranks, so the ranks
+  // agree here on the most any of them makes, and FinishStep pads this
+  // rank's with empty reductions (collective: every rank calls BeginStep).
   void BeginStep(const GradientPlan& plan, bool separate, const torch::Tensor& reward_count,
-                 const torch::Tensor& distill_count, const torch::Tensor& sft_count);
+                 const torch::Tensor& distill_count, const torch::Tensor& sft_count,
+                 int64_t micro_batches = 1);
   // REQUIRES: a step open (BeginStep). Runs the backward pass(es) now.
   void AccumulateStep(const LossTerms& micro_batch);
   // REQUIRES: a step open. Combines, clips and applies the update; closes the step.
@@ -133,6 +147,15 @@ class PolicyOptimizer {
   // layout, or a shard where this optimizer is unsharded (runtime_error).
   void Save(const std::string& path) const;
   void Load(const std::string& path);
+  // Resuming at another world size: `paths` are every rank's optimizer
+  // state of one checkpoint of the earlier run, in any order. A sharded
+  // set is resharded: this rank takes its share of it (or, unsharded, the
+  // whole state assembled from it); an unsharded run's state (each of its
+  // ranks held all of it) is read from the first file as Load reads it.
+  // Then the step counter is the set's. Throws std::runtime_error naming
+  // the file, or what the set lacks (a rank's shard, one layout).
+  // REQUIRES: as Load.
+  void LoadResharded(const std::vector<std::string>& paths);
 
   torch::optim::AdamW& optimizer() { return optimizer_; }
   // The trainable parameters this optimizer steps (requires_grad, one dtype and device).
@@ -146,6 +169,10 @@ class PolicyOptimizer {
   void ClipAndApply(double grad_norm, StepStats* stats);
   // Load's sharded half: this rank's shard, or its share of unsharded state.
   void LoadShard(torch::serialize::InputArchive& archive);
+  // LoadResharded's unsharded end: every parameter's AdamW state cut out of
+  // the whole flat moments (parameter order).
+  void SetUnshardedMoments(const torch::Tensor& exp_avg, const torch::Tensor& exp_avg_sq,
+                           int64_t adam_step);
   // Gradient storage: each parameter's .grad is a view into one flat buffer
   // per signal, so backward accumulates straight into it and the norms, dot
   // products and combinations of the step are single ops on flat vectors.
@@ -156,6 +183,25 @@ class PolicyOptimizer {
   FlatGradient MakeFlatGradient() const;
   // Points every parameter's .grad at `buffer` (zeroed first if `zero`).
   void AttachGradients(FlatGradient& buffer, bool zero);
+  // Signal k's (0 L_R, 1 L_D, 2 L_SFT; the plain step's one weighted sum
+  // is 0's) backward of `loss` (undefined: none on this micro-batch),
+  // keeping the graph if `retain_graph`. Unsharded: accumulates into the
+  // signal's buffer. Sharded gradients: into the zeroed backward buffer,
+  // reduced over the ranks into the signal's segment (ReduceIntoSegment)
+  // when some rank has the signal this step, even where `loss` is absent.
+  void BackwardSignal(int k, const torch::Tensor& loss, bool retain_graph);
+  // Sharded gradients: reduce-scatters the backward buffer and adds this
+  // rank's segment of the sum to signal k's. Collective.
+  void ReduceIntoSegment(int k);
+  // Sharded gradients: the empty reductions that bring this rank's count
+  // up to the step's most (BeginStep's micro_batches). Collective.
+  void PadReductions();
+  // REQUIRES: sharded; throws std::logic_error unless the collectives are
+  // the shard's group (its size, this rank).
+  void CheckShardCollectives() const;
+  // The summed gradient the update applies, once combined: the reward
+  // buffer, or (sharded gradients) this rank's segment of it.
+  torch::Tensor& UpdateGradient();
 
   // The step between BeginStep and FinishStep.
   struct PendingStep {
@@ -166,17 +212,26 @@ class PolicyOptimizer {
     torch::Tensor loss_sums;     // [s_R, s_D, s_S]: Σ mean · count over micro-batches
     bool any_distill = false;    // a distillation graph on some micro-batch of this rank
     bool any_sft = false;
-    bool reward_started = false, distill_started = false, sft_started = false;
+    bool started[3] = {false, false, false};       // signal k's buffer holds this step's sum
     double backward_seconds[3] = {0.0, 0.0, 0.0};  // StepStats::backward_seconds
+    // Sharded gradients: which signals some rank has (so every rank
+    // reduces them), and the reductions made and to make, per signal.
+    bool reduced[3] = {false, false, false};
+    int64_t rounds_done = 0, rounds_total = 0;
   };
 
   model::Decoder model_;
   std::vector<torch::Tensor> params_;
   PendingStep pending_;
   dist::Collectives* collectives_ = nullptr;
-  FlatGradient reward_grad_, distill_grad_, sft_grad_;
+  FlatGradient reward_grad_, distill_grad_, sft_grad_;  // unsharded gradients, per signal
+  // Sharded gradients: what every backward pass writes into (full size,
+  // padded), and this rank's segment of each signal's sum over the ranks.
+  FlatGradient backward_buffer_;
+  torch::Tensor segments_[3];
   torch::optim::AdamW optimizer_;          // unsharded: its state; sharded: its options only
-  std::unique_ptr<ShardedAdamW> sharded_;  // learner.shard: optimizer
+  std::unique_ptr<ShardedAdamW> sharded_;  // learner.shard: optimizer or gradients
+  ShardStage shard_stage_ = ShardStage::kOptimizer;
   LearningRateSchedule schedule_;
   double max_grad_norm_;
   int64_t step_ = 0;

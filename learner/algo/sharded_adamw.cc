@@ -76,15 +76,23 @@ void ShardedAdamW::ForEachOwnedPart(Fn&& fn) const {
   }
 }
 
-void ShardedAdamW::Step(const torch::Tensor& flat_gradient,
+void ShardedAdamW::Step(const torch::Tensor& gradient, int64_t gradient_begin,
                         const torch::optim::AdamWOptions& options, double lr) {
   if (options.amsgrad()) throw std::invalid_argument("ShardedAdamW: amsgrad is not implemented");
+  if (range_.size() > 0 &&
+      (gradient_begin > range_.begin || gradient_begin + gradient.numel() < range_.end)) {
+    throw std::invalid_argument(
+        "ShardedAdamW::Step: the gradient's elements " + std::to_string(gradient_begin) + ".." +
+        std::to_string(gradient_begin + gradient.numel()) + " do not cover this rank's " +
+        std::to_string(range_.begin) + ".." + std::to_string(range_.end));
+  }
   ++step_;
   ForEachOwnedPart([&](size_t i, int64_t in_param, int64_t first, int64_t n) {
     const int64_t local = first - range_.begin;
-    AdamWUpdate(params_[i].view({-1}).narrow(0, in_param, n), flat_gradient.narrow(0, first, n),
-                exp_avg_.narrow(0, local, n), exp_avg_sq_.narrow(0, local, n), options, lr, step_,
-                kSliceElements, &denom_buffer_);
+    AdamWUpdate(params_[i].view({-1}).narrow(0, in_param, n),
+                gradient.narrow(0, first - gradient_begin, n), exp_avg_.narrow(0, local, n),
+                exp_avg_sq_.narrow(0, local, n), options, lr, step_, kSliceElements,
+                &denom_buffer_);
   });
 }
 
@@ -118,32 +126,114 @@ bool ShardedAdamW::Holds(torch::serialize::InputArchive& archive) {
   return archive.try_read(kLayoutKey, layout);
 }
 
-void ShardedAdamW::Read(torch::serialize::InputArchive& archive) {
+ShardedAdamW::Saved ShardedAdamW::ReadSaved(torch::serialize::InputArchive& archive) {
   torch::Tensor layout;
   if (!archive.try_read(kLayoutKey, layout) || layout.numel() != 5) {
     throw std::runtime_error(
-        "the optimizer state holds no shard (learner.shard: optimizer wants "
-        "one per rank)");
+        "the optimizer state holds no shard (learner.shard wants one per rank)");
   }
   const auto l = layout.to(torch::kInt64);
-  const int64_t rank = l[0].item<int64_t>(), world = l[1].item<int64_t>();
-  const int64_t begin = l[2].item<int64_t>(), end = l[3].item<int64_t>();
-  const int64_t total = l[4].item<int64_t>();
-  if (rank != rank_ || world != world_size_ || begin != range_.begin || end != range_.end ||
-      total != range_.total) {
-    throw std::runtime_error(
-        "the optimizer state is the shard of " + Describe(rank, world, begin, end, total) +
-        ", this learner is " +
-        Describe(rank_, world_size_, range_.begin, range_.end, range_.total) +
-        " (resuming sharded optimizer state needs the same learner.world_size and model)");
-  }
-  torch::Tensor exp_avg, exp_avg_sq, step;
-  archive.read(kExpAvgKey, exp_avg);
-  archive.read(kExpAvgSqKey, exp_avg_sq);
+  Saved saved;
+  saved.rank = l[0].item<int64_t>();
+  saved.world_size = l[1].item<int64_t>();
+  saved.range.begin = l[2].item<int64_t>();
+  saved.range.end = l[3].item<int64_t>();
+  saved.range.total = l[4].item<int64_t>();
+  torch::Tensor step;
+  archive.read(kExpAvgKey, saved.exp_avg);
+  archive.read(kExpAvgSqKey, saved.exp_avg_sq);
   archive.read(kStepKey, step);
-  exp_avg_.copy_(exp_avg);
-  exp_avg_sq_.copy_(exp_avg_sq);
-  step_ = step.item<int64_t>();
+  saved.step = step.item<int64_t>();
+  if (saved.exp_avg.numel() != saved.range.size() ||
+      saved.exp_avg_sq.numel() != saved.range.size()) {
+    throw std::runtime_error("the shard of " +
+                             Describe(saved.rank, saved.world_size, saved.range.begin,
+                                      saved.range.end, saved.range.total) +
+                             " holds " + std::to_string(saved.exp_avg.numel()) + " moments");
+  }
+  return saved;
+}
+
+void ShardedAdamW::Read(torch::serialize::InputArchive& archive) {
+  const Saved saved = ReadSaved(archive);
+  const ShardRange& r = saved.range;
+  if (saved.rank != rank_ || saved.world_size != world_size_ || r.begin != range_.begin ||
+      r.end != range_.end || r.total != range_.total) {
+    throw std::runtime_error(
+        "the optimizer state is the shard of " +
+        Describe(saved.rank, saved.world_size, r.begin, r.end, r.total) + ", this learner is " +
+        Describe(rank_, world_size_, range_.begin, range_.end, range_.total) +
+        " (resuming sharded optimizer state needs the same learner.world_size and model, or "
+        "the whole set of the run's shards to reshard)");
+  }
+  exp_avg_.copy_(saved.exp_avg);
+  exp_avg_sq_.copy_(saved.exp_avg_sq);
+  step_ = saved.step;
+}
+
+namespace {
+
+// Throws unless `set` is every rank's shard of one layout of `total`
+// elements, each exactly once, at one step count.
+void CheckCompleteSet(const std::vector<ShardedAdamW::Saved>& set, int64_t total) {
+  if (set.empty()) throw std::runtime_error("no shards to reshard from");
+  const int64_t world = set.front().world_size;
+  std::vector<bool> seen(static_cast<size_t>(std::max<int64_t>(world, 0)), false);
+  for (const ShardedAdamW::Saved& saved : set) {
+    const std::string which = Describe(saved.rank, saved.world_size, saved.range.begin,
+                                       saved.range.end, saved.range.total);
+    if (saved.world_size != world || saved.rank < 0 || saved.rank >= world ||
+        seen[static_cast<size_t>(saved.rank)]) {
+      throw std::runtime_error("the shards are not one set: " + which + " among shards of " +
+                               std::to_string(world) + " ranks");
+    }
+    seen[static_cast<size_t>(saved.rank)] = true;
+    const ShardRange expected =
+        ShardOf(total, static_cast<int>(saved.rank), static_cast<int>(world));
+    if (saved.range.total != total || saved.range.begin != expected.begin ||
+        saved.range.end != expected.end) {
+      throw std::runtime_error("the shard of " + which + " is not a shard of this learner's " +
+                               std::to_string(total) + " trainable elements over " +
+                               std::to_string(world) + " ranks (another model or LoRA?)");
+    }
+    if (saved.step != set.front().step) {
+      throw std::runtime_error("the shards' step counts differ: " + std::to_string(saved.step) +
+                               " and " + std::to_string(set.front().step));
+    }
+  }
+  if (static_cast<int64_t>(set.size()) != world) {
+    throw std::runtime_error("the set of shards is incomplete: " + std::to_string(set.size()) +
+                             " of " + std::to_string(world) + " ranks' shards");
+  }
+}
+
+}  // namespace
+
+void ShardedAdamW::ReadResharded(const std::vector<Saved>& set) {
+  CheckCompleteSet(set, range_.total);
+  // Each saved shard's overlap with this rank's range, copied in place.
+  for (const Saved& saved : set) {
+    const int64_t begin = std::max(saved.range.begin, range_.begin);
+    const int64_t end = std::min(saved.range.end, range_.end);
+    if (begin >= end) continue;
+    exp_avg_.narrow(0, begin - range_.begin, end - begin)
+        .copy_(saved.exp_avg.narrow(0, begin - saved.range.begin, end - begin));
+    exp_avg_sq_.narrow(0, begin - range_.begin, end - begin)
+        .copy_(saved.exp_avg_sq.narrow(0, begin - saved.range.begin, end - begin));
+  }
+  step_ = set.front().step;
+}
+
+void ShardedAdamW::Assemble(const std::vector<Saved>& set, int64_t total, torch::Tensor* exp_avg,
+                            torch::Tensor* exp_avg_sq, int64_t* step) {
+  CheckCompleteSet(set, total);
+  *exp_avg = torch::zeros({total}, set.front().exp_avg.options());
+  *exp_avg_sq = torch::zeros({total}, set.front().exp_avg_sq.options());
+  for (const Saved& saved : set) {
+    exp_avg->narrow(0, saved.range.begin, saved.range.size()).copy_(saved.exp_avg);
+    exp_avg_sq->narrow(0, saved.range.begin, saved.range.size()).copy_(saved.exp_avg_sq);
+  }
+  *step = set.front().step;
 }
 
 void ShardedAdamW::ReadUnsharded(const std::vector<torch::Tensor>& exp_avg,

@@ -26,6 +26,12 @@
 
 namespace kappa::learner {
 
+// What learner.shard splits over the ranks beyond the parameters' copies:
+// AdamW's moments (ZeRO stage 1), or the moments and the summed gradients
+// (stage 2: each rank keeps its segment of each signal's gradient, reduced
+// after every backward pass; optimizer_step.h).
+enum class ShardStage { kOptimizer, kGradients };
+
 // Elements [begin, end) of a flat vector of `total` elements.
 struct ShardRange {
   int64_t begin = 0, end = 0, total = 0;
@@ -52,12 +58,15 @@ class ShardedAdamW {
   int64_t padded_length() const { return PaddedLength(range_.total, world_size_); }
   int64_t step() const { return step_; }
 
-  // One AdamW step of this rank's elements from `flat_gradient` (the padded
-  // flat vector, parameter order) at rate `lr`, the other hyperparameters
-  // from `options`. Mutates this rank's elements of the parameters and the
-  // moments. REQUIRES: no grad mode.
-  void Step(const torch::Tensor& flat_gradient, const torch::optim::AdamWOptions& options,
-            double lr);
+  // One AdamW step of this rank's elements at rate `lr`, the other
+  // hyperparameters from `options`. `gradient` holds the flat vector's
+  // (parameter order) elements from `gradient_begin` on: the whole padded
+  // vector from 0 (learner.shard: optimizer), or this rank's segment from
+  // range().begin (learner.shard: gradients). Mutates this rank's elements
+  // of the parameters and the moments. REQUIRES: no grad mode; `gradient`
+  // covers range().
+  void Step(const torch::Tensor& gradient, int64_t gradient_begin,
+            const torch::optim::AdamWOptions& options, double lr);
 
   // After every rank's Step: writes this rank's elements into `scratch`
   // (the padded length, e.g. the gradient buffer once it is spent),
@@ -76,6 +85,28 @@ class ShardedAdamW {
                      const std::vector<torch::Tensor>& exp_avg_sq, int64_t step);
   // Whether an archive holds a shard (Write's), not unsharded state.
   static bool Holds(torch::serialize::InputArchive& archive);
+
+  // One rank's shard as Write saved it: its place in its layout, its
+  // moments and its step count.
+  struct Saved {
+    int64_t rank = 0, world_size = 0;
+    ShardRange range;
+    torch::Tensor exp_avg, exp_avg_sq;  // [range.size()]
+    int64_t step = 0;
+  };
+  // Throws std::runtime_error when the archive holds no shard.
+  static Saved ReadSaved(torch::serialize::InputArchive& archive);
+  // Resharding: this rank's range taken out of `set`, every rank's shard of
+  // one earlier layout (another world size), in any order. Throws
+  // std::runtime_error naming what is wrong: shards of different layouts,
+  // sizes or step counts, a rank missing or twice, or another vector
+  // length than this learner's.
+  void ReadResharded(const std::vector<Saved>& set);
+  // The whole flat moments [total] and the step count of such a set: what
+  // an unsharded learner resumes from a sharded run (throws as
+  // ReadResharded). Holds 8·N bytes: the unsharded state's size.
+  static void Assemble(const std::vector<Saved>& set, int64_t total, torch::Tensor* exp_avg,
+                       torch::Tensor* exp_avg_sq, int64_t* step);
 
  private:
   // fn(i, offset in parameter i, flat offset, n) for each parameter's part
