@@ -237,11 +237,16 @@ ProcessPlan PlanLearner(const PlanInputs& in, int64_t rank, int64_t world) {
   const bool sft_apart = separate && c.trainer.distill_gate == services::DistillGate::kRstg &&
                          c.rstg.teacher_samples > 0 && c.rstg.sft_weight > 0;
   if (shard_gradients) {
+    // This rank's segment of each signal's sum, but for the step's last
+    // reduction with one micro-batch: that one is the buffer's own.
     const int64_t signals = 1 + (distill_apart ? 1 : 0) + (sft_apart ? 1 : 0);
-    terms.Add("summed gradient segments", dev, signals * 4 * segment, "learner.world_size",
-              absl::StrCat(signals, "·4·⌈", counted,
-                           " / R⌉ (this rank's segment of each signal's sum: learner.shard: "
-                           "gradients, R = learner.world_size",
+    const bool one_round = micro >= batch;
+    const int64_t owned = signals - (one_round ? 1 : 0);
+    terms.Add("summed gradient segments", dev, owned * 4 * segment, "learner.world_size",
+              absl::StrCat(owned, "·4·⌈", counted,
+                           " / R⌉ (this rank's segment of each signal's sum",
+                           one_round ? " but the last, the buffer's own" : "",
+                           ": learner.shard: gradients, R = learner.world_size",
                            lora ? "; adapters only, student.lora)" : ")"));
   } else {
     if (distill_apart) {

@@ -161,10 +161,6 @@ void PolicyOptimizer::ShardState(ShardStage stage, int rank, int world_size) {
   sharded_ = std::make_unique<ShardedAdamW>(params_, rank, world_size);
   shard_stage_ = stage;
   reward_grad_ = distill_grad_ = sft_grad_ = backward_buffer_ = FlatGradient{};  // remade padded
-  if (stage == ShardStage::kGradients) {
-    const int64_t segment = sharded_->padded_length() / world_size;
-    for (torch::Tensor& s : segments_) s = torch::zeros({segment}, params_.front().options());
-  }
 }
 
 void PolicyOptimizer::CheckShardCollectives() const {
@@ -217,8 +213,18 @@ void PolicyOptimizer::BeginStep(const GradientPlan& plan, bool separate,
                                        torch::TensorOptions(device).dtype(torch::kFloat64));
     collectives_->MaxInPlace({rounds});
     pending_.rounds_total = static_cast<int64_t>(rounds.item<double>());
-    torch::NoGradGuard no_grad;
-    for (torch::Tensor& segment : segments_) segment.zero_();
+    // A signal's segment accumulates its reductions, except the step's last
+    // reduction's: with one round, nothing writes the backward buffer after
+    // it before the update, so that segment is the buffer's own
+    // (ReduceIntoSegment), and a plain one-micro-batch step holds no more
+    // than the buffer.
+    const int last = pending_.reduced[2] ? 2 : (pending_.reduced[1] ? 1 : 0);
+    const int64_t length = sharded_->padded_length() / sharded_->world_size();
+    for (int k = 0; k < 3; ++k) {
+      const bool owned = pending_.reduced[k] && !(pending_.rounds_total == 1 && k == last);
+      segments_[k] =
+          owned ? torch::zeros({length}, params_.front().options()) : torch::Tensor();
+    }
   }
 }
 
@@ -242,8 +248,13 @@ void PolicyOptimizer::ReduceIntoSegment(int k) {
   torch::NoGradGuard no_grad;
   const torch::Tensor& flat = backward_buffer_.flat;
   collectives_->ReduceScatterInPlace(flat);
-  const int64_t segment = segments_[k].numel();
-  segments_[k].add_(flat.narrow(0, sharded_->rank() * segment, segment));
+  const int64_t length = flat.numel() / sharded_->world_size();
+  const torch::Tensor mine = flat.narrow(0, sharded_->rank() * length, length);
+  if (segments_[k].defined()) {
+    segments_[k].add_(mine);
+  } else {
+    segments_[k] = mine;  // the step's last reduction (BeginStep)
+  }
 }
 
 void PolicyOptimizer::PadReductions() {
@@ -441,6 +452,7 @@ StepStats PolicyOptimizer::CombineAndApply() {
   // Neither clipping nor AdamW repairs a NaN: skip, leave everything as it was.
   stats.nonfinite_term = FirstNonFiniteTerm(stats);
   if (!stats.skipped()) ClipAndApply(stats.grad_norm, &stats);
+  for (torch::Tensor& segment : segments_) segment = torch::Tensor();  // held for a step only
   return stats;
 }
 

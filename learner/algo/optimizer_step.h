@@ -226,7 +226,8 @@ class PolicyOptimizer {
   dist::Collectives* collectives_ = nullptr;
   FlatGradient reward_grad_, distill_grad_, sft_grad_;  // unsharded gradients, per signal
   // Sharded gradients: what every backward pass writes into (full size,
-  // padded), and this rank's segment of each signal's sum over the ranks.
+  // padded), and, during a step, this rank's segment of each signal's sum
+  // over the ranks (the last one reduced may be the buffer's own segment).
   FlatGradient backward_buffer_;
   torch::Tensor segments_[3];
   torch::optim::AdamW optimizer_;          // unsharded: its state; sharded: its options only
