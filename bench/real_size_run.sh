@@ -24,35 +24,9 @@ W=${1:-/tmp/kappa-real-size}
 STEPS=${KAPPA_REAL_STEPS:-8}
 KILL_AFTER=${KAPPA_REAL_KILL_AFTER:-5}   # the checkpoint the learner is killed after
 read -r -a RUN_FLAGS <<<"${KAPPA_REAL_RUN_FLAGS:-}"  # e.g. --ignore-plan
-PY=/usr/bin/python3
-KAPPA=$ROOT/build/cli/kappa
-TOK=$ROOT/build/tests/hf_tokenizers/qwen2_5
-FIX=$ROOT/tests/integration/fixtures
-mkdir -p "$W"
-
-if [[ ! -f $W/models/student/model.safetensors ]]; then
-  $PY "$ROOT/bench/gpu/write_qwen_checkpoints.py" "$W/models" --device cpu --tokenizer "$TOK" \
-    --shapes student=qwen2.5-0.5b,teacher=qwen2.5-0.5b --guesser
-fi
-
-RUN=$W/runs/qwen-real
-ARGS=(
-  "$ROOT/configs/qwen2.5-gsm8k.yaml" name=qwen-real "runs_dir=$W/runs" "data_dir=$W/cache"
-  "student.checkpoint=$W/models/student" "teacher.checkpoint=$W/models/teacher"
-  "task.train_path=$FIX/gsm8k_tiny_train.jsonl" "task.heldout_path=$FIX/gsm8k_tiny_heldout.jsonl"
-  # this machine: CPU, bf16 sampling/scoring copies (fp32 ones do not fit beside the learner)
-  learner.device=cpu teacher.device=cpu rollout.device=cpu
-  student.dtype=bfloat16 teacher.dtype=bfloat16
-  # 2 cores
-  workers=2 threads_per_process=1 teacher.threads=1 rollout.threads=1 learner.threads=2
-  teacher.max_batch_sequences=4
-  # time: 2 groups of 4 per step, short responses, few steps, a small evaluation
-  learner.buffer_groups=4 rollout.max_outstanding=1 rollout.max_new_tokens=64
-  "trainer.steps=$STEPS" trainer.groups_per_step=2 trainer.group_size=4
-  trainer.micro_batch_sequences=8 trainer.eval_every=4 trainer.eval_examples=4
-  "trainer.checkpoint_every=$KILL_AFTER"
-  monitor.kappa_every=1 monitor.kdr_every=1
-)
+CHECKPOINT_EVERY=$KILL_AFTER
+# shellcheck source=bench/real_size_common.sh
+source "$ROOT/bench/real_size_common.sh"
 
 # VmHWM (peak RSS) of every child of `kappa run`, every 2 s, by process name.
 sample_peaks() {

@@ -38,8 +38,10 @@ inline model::Decoder TinyModel(uint64_t seed) {
 
 // Groups of G samples with random responses (ids 3..15), rewards mixing 0
 // and 1, behaviour log-probs near zero and, optionally, full teacher rows.
+// `vocab`: the teacher rows' width (the model's vocabulary).
 inline std::vector<ScoredGroup> RandomGroups(int64_t num_groups, int64_t group_size,
-                                             bool with_teacher, uint64_t seed) {
+                                             bool with_teacher, uint64_t seed,
+                                             int64_t vocab = 16) {
   torch::manual_seed(seed);
   std::vector<ScoredGroup> groups(num_groups);
   for (int64_t g = 0; g < num_groups; ++g) {
@@ -50,7 +52,7 @@ inline std::vector<ScoredGroup> RandomGroups(int64_t num_groups, int64_t group_s
       for (int64_t k = 0; k < len; ++k) s.response_tokens.push_back(3 + (5 * g + 3 * i + k) % 13);
       s.behavior_logprobs.assign(len, -2.5f + 0.1f * static_cast<float>(i));
       s.reward = static_cast<float>((g + i) % 2);
-      if (with_teacher) s.teacher_logprobs = torch::log_softmax(2 * torch::randn({len, 16}), -1);
+      if (with_teacher) s.teacher_logprobs = torch::log_softmax(2 * torch::randn({len, vocab}), -1);
       groups[g].samples.push_back(std::move(s));
     }
   }

@@ -70,7 +70,7 @@ int64_t StepBytes(const PlanInputs& in, bool with_moments) {
   const std::set<std::string> step_terms = {
       "weights (fp32 master)", "gradient",    "gradient of L_D apart (kappa, M3)",
       "AdamW moments",         "activations", "vocab head",
-      "teacher rows (batch)"};
+      "teacher rows (batch)",  "summed gradient segments"};
   const MemoryPlan plan = PlanMemory(in);
   int64_t bytes = 152 * kMiB;
   for (const PlanTerm& term : plan.processes.front().terms) {
@@ -367,6 +367,52 @@ TEST(MemoryPlanTest, ShardedOptimizerStateIsEachRanksShare) {
     EXPECT_GT(ratio, 0.75);
     EXPECT_LT(ratio, 1.25);
   }
+
+  // The same ranks with κ measured every step (SHARDED_KAPPA=1, bench/README.md
+  // "Sharding the gradients", 2026-12-08): the larger peak of each pair,
+  // 11,488 MiB unsharded, 9,676 under learner.shard: optimizer, 8,565 under
+  // learner.shard: gradients (∇L_D's buffer replaced by this rank's half of
+  // ∇L_R's sum; ∇L_D's half is the backward buffer's own).
+  for (const auto& [shard, measured_mib] :
+       {std::pair{services::LearnerShard::kNone, 11488.0},
+        std::pair{services::LearnerShard::kOptimizer, 9676.0},
+        std::pair{services::LearnerShard::kGradients, 8565.0}}) {
+    PlanInputs bench = VocabScaleBench(24, 8, /*full=*/false, 256, /*ckpt=*/true);
+    bench.config.trainer.group_size = 2;
+    bench.config.trainer.groups_per_step = 2;  // 2 rows on each of 2 ranks
+    bench.config.learner.world_size = 2;
+    bench.config.learner.shard = shard;
+    bench.config.monitor.kappa_every = 1;
+    const double ratio = StepBytes(bench, true) / static_cast<double>(kMiB) / measured_mib;
+    std::cout << "kappa measured, shard " << static_cast<int>(shard) << ": planned/measured "
+              << ratio << "\n";
+    EXPECT_GT(ratio, 0.75);
+    EXPECT_LT(ratio, 1.25);
+  }
+}
+
+// learner.shard: gradients keeps this rank's segment of each signal's sum
+// but the step's last (the backward buffer's own with one micro-batch).
+TEST(MemoryPlanTest, ShardedGradientsAreEachRanksSegments) {
+  const int64_t n = Qwen05(24).Parameters();
+  PlanInputs in = QwenRun(0);
+  in.config.learner.world_size = 2;
+  in.config.trainer.groups_per_step = 8;
+  in.config.learner.shard = services::LearnerShard::kGradients;
+  in.config.monitor.kappa_every = 1;
+  const MemoryPlan plan = PlanMemory(in);
+  const PlanTerm* segments = LearnerTerm(plan, "summed gradient segments");
+  ASSERT_NE(segments, nullptr);
+  EXPECT_EQ(LearnerTerm(plan, "gradient of L_D apart (kappa, M3)"), nullptr);
+  EXPECT_EQ(LearnerTerm(plan, "AdamW moments")->bytes, 8 * ((n + 1) / 2));
+  EXPECT_EQ(segments->key, "learner.world_size");
+  // One micro-batch: ∇L_R's segment only; more: ∇L_D's too.
+  const bool one_round = in.config.trainer.micro_batch_sequences == 0 ||
+                         in.config.trainer.micro_batch_sequences >=
+                             in.config.trainer.groups_per_step / 2 * in.config.trainer.group_size;
+  EXPECT_EQ(segments->bytes, (one_round ? 1 : 2) * 4 * ((n + 1) / 2)) << segments->formula;
+  in.config.trainer.micro_batch_sequences = 1;
+  EXPECT_EQ(LearnerTerm(PlanMemory(in), "summed gradient segments")->bytes, 2 * 4 * ((n + 1) / 2));
 }
 
 // Rank 0 (the default) is full training: the plan of every process is what
