@@ -400,7 +400,13 @@ int Run(const Options& o, Progress* progress) {
     torch::manual_seed(8);
     batch.teacher_head.weight = 0.05 * torch::randn({config.vocab_size, o.teacher_width});
   }
-  const torch::Device device(o.device == "cuda" ? torch::kCUDA : torch::kCPU);
+  // Data parallel on CUDA: rank r computes on GPU r (bench/gpu/run.sh
+  // starts two ranks only where there are two GPUs).
+  const torch::Device device =
+      o.device == "cuda"
+          ? torch::Device(torch::kCUDA,
+                          static_cast<c10::DeviceIndex>(o.world_size > 1 ? o.rank : 0))
+          : torch::Device(torch::kCPU);
   if (device.is_cuda()) {
     model->to(device);
     batch = batch.To(device);
@@ -450,7 +456,7 @@ int Run(const Options& o, Progress* progress) {
     std::optional<RssSampler> sampler;
     if (o.sample_rss) sampler.emplace();
     learner::HybridStepReport report = step.Run(batch);
-    if (device.is_cuda()) torch::cuda::synchronize();
+    if (device.is_cuda()) torch::cuda::synchronize(device.index());
     seconds.push_back(
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     cpu_seconds.push_back(CpuSeconds() - start_cpu);

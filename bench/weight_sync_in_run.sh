@@ -27,7 +27,10 @@ CHECKPOINT_EVERY=0
 SHARD=${KAPPA_SYNC_SHARD:-none}
 # shellcheck source=bench/real_size_common.sh
 source "$ROOT/bench/real_size_common.sh"
-ARGS+=(rollout.weights_dtype=bfloat16 trainer.eval_every=0)
+# κ and K_DR off: the sync does not depend on them, and the second
+# gradient buffer would not fit beside two shm segments (kappa plan).
+ARGS+=(rollout.weights_dtype=bfloat16 trainer.eval_every=0 monitor.kappa_every=0
+       monitor.kdr_every=0)
 if [[ $SHARD != none ]]; then
   ARGS+=(learner.world_size=2 "learner.shard=$SHARD" trainer.groups_per_step=2)
 fi

@@ -564,6 +564,11 @@ std::string CurrentValue(const services::Config& c, const std::string& key) {
   if (key == "teacher.max_batch_sequences") return absl::StrCat(c.teacher.max_batch_sequences);
   if (key == "rstg.sft_weight") return absl::StrCat(c.rstg.sft_weight);
   if (key == "student.lora.rank") return absl::StrCat(c.student.lora.rank);
+  if (key == "rollout.weight_transport") {
+    return std::string(services::ChoiceName(c.rollout.weight_transport));
+  }
+  if (key == "learner.shard") return std::string(services::ChoiceName(c.learner.shard));
+  if (key == "learner.world_size") return absl::StrCat(c.learner.world_size);
   return "";
 }
 
@@ -589,7 +594,26 @@ std::string Suggestion(const services::Config& c, const std::string& key) {
   if (key == "rollout.weights_dtype") return "try bfloat16";
   if (key == "monitor.kappa_every") return "0 does not measure κ";
   if (key == "rollout.weight_delta") return "try false";
+  if (key == "rollout.weight_transport") return "try grpc (no /dev/shm segments)";
+  if (key == "learner.shard") {
+    return c.learner.shard == services::LearnerShard::kNone ? "try optimizer or gradients"
+                                                            : "try gradients";
+  }
+  if (key == "learner.world_size") return "try more ranks: each holds a smaller share";
   return "try a smaller value";
+}
+
+// A learner that does not fit can also split its state over more ranks.
+std::string ShardingHint(const services::Config& c) {
+  if (c.learner.shard == services::LearnerShard::kNone) {
+    return absl::StrCat(
+        "; or split the learner's state over ranks (learner.shard=none now: optimizer or "
+        "gradients, with learner.world_size=",
+        c.learner.world_size, " now, > 1)");
+  }
+  return absl::StrCat(
+      "; or more ranks for smaller shares (learner.world_size=", c.learner.world_size,
+      ", learner.shard=", std::string(services::ChoiceName(c.learner.shard)), " now)");
 }
 
 std::string GiB(int64_t bytes) { return absl::StrFormat("%.2f GiB", bytes / double(1 << 30)); }
@@ -754,8 +778,9 @@ absl::Status CheckPlanFits(const MemoryPlan& plan, const services::Config& confi
                                CurrentValue(config, term->key), Suggestion(config, term->key));
     }
     return absl::FailedPreconditionError(absl::StrFormat(
-        "%s needs %s of %s memory (the run %s, %.1f × %s available): %s", largest->name,
-        GiB(largest->Bytes(device)), device, GiB(total), kPlanFitShare, GiB(it->second), change));
+        "%s needs %s of %s memory (the run %s, %.1f × %s available): %s%s", largest->name,
+        GiB(largest->Bytes(device)), device, GiB(total), kPlanFitShare, GiB(it->second), change,
+        absl::StartsWith(largest->name, "learner") ? ShardingHint(config) : ""));
   }
   return absl::OkStatus();
 }

@@ -28,7 +28,9 @@
 #      step that measures κ with the fused head and with the head that
 #      recomputes each chunk (trainer.fused_head: false); GPU peak memory
 #      (nvidia-smi, sampled) and median step time; $OUT/vocab_head.txt;
-#   7. loads a Qwen2.5-0.5B-shaped random HF checkpoint (bf16, ~1 GB) onto the
+#   7. with two GPUs, two data-parallel ranks of that step under
+#      learner.shard: gradients (NCCL; with one GPU it says so and skips);
+#      then loads a Qwen2.5-0.5B-shaped random HF checkpoint (bf16, ~1 GB) onto the
 #      device in bf16 and runs one 512-token forward (load time against
 #      reading the file, memory). The tests of stage 2 include the HF logit
 #      parity test, which there also compares SDPA with the explicit path.
@@ -385,6 +387,32 @@ KAPPA_COMPARE_ROWS=$vocab_rows KAPPA_COMPARE_CHUNK=$vocab_chunk KAPPA_COMPARE_ST
   timeout 240 bash bench/eager_reference/vocab_compare.sh "$build" "${vocab_flags[@]}" \
   > "$out/vocab_head.txt" 2> "$out/vocab_head.log" || { tail -20 "$out/vocab_head.log"; die "vocab_compare.sh ($out/vocab_head.log)"; }
 cat "$out/vocab_head.txt"
+
+stage "sharded learner step: 2 ranks, learner.shard: gradients"
+# Two data-parallel ranks of the vocabulary-head step (NCCL, GPU r for rank
+# r; Gloo in the rehearsal), AdamW's state and the summed gradients split
+# between them (issue 54). Needs two GPUs: with one it says so and goes on.
+sharded_step() {
+  local port r pids=() failed=0
+  port=$("$python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  for r in 0 1; do
+    timeout 240 "$build"/bench/kappa_bench_vocab_scale "${vocab_flags[@]}" --teacher topk \
+      --rows "$vocab_rows" --chunk "$vocab_chunk" --steps "$vocab_steps" --kappa 1 --kdr 0 \
+      --world-size 2 --rank "$r" --dist-store "tcp://127.0.0.1:$port" --shard gradients \
+      > "$out/sharded_step_rank$r.json" 2> "$out/sharded_step_rank$r.log" &
+    pids+=($!)
+  done
+  for r in 0 1; do wait "${pids[$r]}" || failed=1; done
+  (( failed == 0 )) || { tail -5 "$out"/sharded_step_rank*.log; return 1; }
+  cat "$out/sharded_step_rank0.json" "$out/sharded_step_rank1.json"
+}
+gpus=$( (( rehearsal )) && echo 2 || nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+if (( gpus >= 2 )); then
+  sharded_step || die "2-rank sharded step ($out/sharded_step_rank*.log)"
+else
+  echo "this machine has $gpus GPU(s): the 2-rank sharded step needs two; skipped" \
+    | tee "$out/sharded_step.txt"
+fi
 
 stage "HF checkpoint load"
 if [[ ! -d $checkpoint_dir ]]; then

@@ -391,6 +391,31 @@ TEST(MemoryPlanTest, ShardedOptimizerStateIsEachRanksShare) {
   }
 }
 
+// A learner rank that does not fit: the refusal names learner.shard while
+// the ranks hold the whole state (here AdamW's moments are its largest
+// keyed term too), and learner.world_size once they shard it.
+TEST(MemoryPlanTest, ARankThatDoesNotFitNamesTheShardingKeys) {
+  PlanInputs in = VocabScaleBench(24, 8, /*full=*/false, 256, /*ckpt=*/true);
+  in.config.trainer.groups_per_step = 4;
+  in.config.learner.world_size = 2;
+  in.config.monitor.kappa_every = 0;
+  in.config.rollout.weights_dtype = services::ModelDtype::kBFloat16;
+  for (const auto& [shard, expected] :
+       {std::pair{services::LearnerShard::kNone,
+                  "'AdamW moments' 3.68 GiB (learner.shard=none; try optimizer or gradients); "
+                  "or split the learner's state over ranks"},
+        std::pair{services::LearnerShard::kGradients,
+                  "; or more ranks for smaller shares (learner.world_size=2, "
+                  "learner.shard=gradients now)"}}) {
+    in.config.learner.shard = shard;
+    const MemoryPlan plan = PlanMemory(in);
+    const absl::Status refused =
+        CheckPlanFits(plan, in.config, {{"host", plan.DeviceBytes("host")}});
+    ASSERT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_NE(refused.message().find(expected), std::string::npos) << refused.message();
+  }
+}
+
 // learner.shard: gradients keeps this rank's segment of each signal's sum
 // but the step's last (the backward buffer's own with one micro-batch).
 TEST(MemoryPlanTest, ShardedGradientsAreEachRanksSegments) {
