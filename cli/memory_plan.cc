@@ -242,12 +242,12 @@ ProcessPlan PlanLearner(const PlanInputs& in, int64_t rank, int64_t world) {
     const int64_t signals = 1 + (distill_apart ? 1 : 0) + (sft_apart ? 1 : 0);
     const bool one_round = micro >= batch;
     const int64_t owned = signals - (one_round ? 1 : 0);
-    terms.Add("summed gradient segments", dev, owned * 4 * segment, "learner.world_size",
-              absl::StrCat(owned, "·4·⌈", counted,
-                           " / R⌉ (this rank's segment of each signal's sum",
-                           one_round ? " but the last, the buffer's own" : "",
-                           ": learner.shard: gradients, R = learner.world_size",
-                           lora ? "; adapters only, student.lora)" : ")"));
+    terms.Add(
+        "summed gradient segments", dev, owned * 4 * segment, "learner.world_size",
+        absl::StrCat(owned, "·4·⌈", counted, " / R⌉ (this rank's segment of each signal's sum",
+                     one_round ? " but the last, the buffer's own" : "",
+                     ": learner.shard: gradients, R = learner.world_size",
+                     lora ? "; adapters only, student.lora)" : ")"));
   } else {
     if (distill_apart) {
       terms.Add("gradient of L_D apart (kappa, M3)", dev, 4 * trained, "monitor.kappa_every",

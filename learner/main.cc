@@ -177,7 +177,7 @@ struct LearnerInputs {
   DataParallelSetup rank;
   std::string base_run_dir;  // rank 0's: the run's
   std::string run_dir;       // this rank's
-  std::string address;  // to serve on
+  std::string address;       // to serve on
   std::unique_ptr<tasks::Dataset> train, heldout;
   StartPoint start;
   std::optional<PromptEncoder> prompts;

@@ -222,8 +222,7 @@ void PolicyOptimizer::BeginStep(const GradientPlan& plan, bool separate,
     const int64_t length = sharded_->padded_length() / sharded_->world_size();
     for (int k = 0; k < 3; ++k) {
       const bool owned = pending_.reduced[k] && !(pending_.rounds_total == 1 && k == last);
-      segments_[k] =
-          owned ? torch::zeros({length}, params_.front().options()) : torch::Tensor();
+      segments_[k] = owned ? torch::zeros({length}, params_.front().options()) : torch::Tensor();
     }
   }
 }

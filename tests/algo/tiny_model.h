@@ -40,8 +40,7 @@ inline model::Decoder TinyModel(uint64_t seed) {
 // and 1, behaviour log-probs near zero and, optionally, full teacher rows.
 // `vocab`: the teacher rows' width (the model's vocabulary).
 inline std::vector<ScoredGroup> RandomGroups(int64_t num_groups, int64_t group_size,
-                                             bool with_teacher, uint64_t seed,
-                                             int64_t vocab = 16) {
+                                             bool with_teacher, uint64_t seed, int64_t vocab = 16) {
   torch::manual_seed(seed);
   std::vector<ScoredGroup> groups(num_groups);
   for (int64_t g = 0; g < num_groups; ++g) {

@@ -67,10 +67,14 @@ PlanInputs VocabScaleBench(int64_t layers, int64_t rows, bool full, int64_t chun
 // Hugging Face checkpoint"); without AdamW's moments for a one-step run
 // (they appear after the first step).
 int64_t StepBytes(const PlanInputs& in, bool with_moments) {
-  const std::set<std::string> step_terms = {
-      "weights (fp32 master)", "gradient",    "gradient of L_D apart (kappa, M3)",
-      "AdamW moments",         "activations", "vocab head",
-      "teacher rows (batch)",  "summed gradient segments"};
+  const std::set<std::string> step_terms = {"weights (fp32 master)",
+                                            "gradient",
+                                            "gradient of L_D apart (kappa, M3)",
+                                            "AdamW moments",
+                                            "activations",
+                                            "vocab head",
+                                            "teacher rows (batch)",
+                                            "summed gradient segments"};
   const MemoryPlan plan = PlanMemory(in);
   int64_t bytes = 152 * kMiB;
   for (const PlanTerm& term : plan.processes.front().terms) {
