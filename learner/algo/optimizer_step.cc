@@ -74,6 +74,16 @@ struct StepNumbers {
       &StepNumbers::rd,           &StepNumbers::balanced_rr,  &StepNumbers::distill_scale};
 };
 
+// What CombineGradients measured, into the step's numbers.
+void TakeCombinedNumbers(const CombinedGradient& combined, StepNumbers<torch::Tensor>* numbers) {
+  numbers->grad_norm_sq = combined.total_sq;
+  numbers->rr = combined.reward_sq;
+  numbers->dd = combined.distill_sq;
+  numbers->rd = combined.dot;
+  numbers->balanced_rr = combined.balanced_reward_sq;
+  numbers->distill_scale = combined.distill_scale;
+}
+
 // The device numbers on the host: packed into one tensor, one transfer.
 StepNumbers<double> ToHost(const StepNumbers<torch::Tensor>& device_numbers,
                            const torch::Device& device) {
@@ -392,12 +402,7 @@ StepStats PolicyOptimizer::CombineAndApply() {
     // Combines in place into the reward segment.
     const CombinedGradient combined = CombineGradients(
         {segments_[0]}, std::move(distill), std::move(sft), plan, device, sum_over_shards);
-    on_device.grad_norm_sq = combined.total_sq;
-    on_device.rr = combined.reward_sq;
-    on_device.dd = combined.distill_sq;
-    on_device.rd = combined.dot;
-    on_device.balanced_rr = combined.balanced_reward_sq;
-    on_device.distill_scale = combined.distill_scale;
+    TakeCombinedNumbers(combined, &on_device);
   } else if (stats.measured) {
     GradientList distill(1), sft(1);
     if (any_distill) {
@@ -418,12 +423,7 @@ StepStats PolicyOptimizer::CombineAndApply() {
     const CombinedGradient combined =
         CombineGradients({reward_grad_.flat}, std::move(distill), std::move(sft), plan, device);
     AttachGradients(reward_grad_, /*zero=*/false);
-    on_device.grad_norm_sq = combined.total_sq;
-    on_device.rr = combined.reward_sq;
-    on_device.dd = combined.distill_sq;
-    on_device.rd = combined.dot;
-    on_device.balanced_rr = combined.balanced_reward_sq;
-    on_device.distill_scale = combined.distill_scale;
+    TakeCombinedNumbers(combined, &on_device);
   } else if (gradients_sharded()) {
     on_device.grad_norm_sq = DotInFloat64(segments_[0], segments_[0]);
     sum_over_shards(on_device.grad_norm_sq);
