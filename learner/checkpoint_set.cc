@@ -65,6 +65,24 @@ std::optional<CheckpointSet> CompleteSetAt(const std::string& base_run_dir, int6
 
 }  // namespace
 
+absl::Status CheckOneRun(const CheckpointSet& set) {
+  const TrainerState& first = set.states.front();
+  for (size_t rank = 1; rank < set.states.size(); ++rank) {
+    const TrainerState& state = set.states[rank];
+    if (state.step != first.step || state.policy_version != first.policy_version ||
+        state.seed != first.seed || state.world_size != first.world_size) {
+      const std::string where =
+          rank < set.dirs.size() ? set.dirs[rank] : absl::StrCat("rank ", rank);
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--resume: the ranks' checkpoints of step ", set.step, " are not of one run: ", where,
+          " has step, policy_version, seed, world_size ", state.step, ", ", state.policy_version,
+          ", ", state.seed, ", ", state.world_size, " against rank 0's ", first.step, ", ",
+          first.policy_version, ", ", first.seed, ", ", first.world_size));
+    }
+  }
+  return absl::OkStatus();
+}
+
 std::string RankRunDir(const std::string& base_run_dir, int64_t rank) {
   return rank == 0 ? base_run_dir : absl::StrCat(base_run_dir, "/rank-", rank);
 }
@@ -79,6 +97,7 @@ absl::StatusOr<std::optional<CheckpointSet>> FindCheckpointSet(const std::string
     std::string missing;
     std::optional<CheckpointSet> set = CompleteSetAt(base_run_dir, step, world_size_now, &missing);
     if (set.has_value()) {
+      KAPPA_RETURN_IF_ERROR(CheckOneRun(*set));
       if (step != newest.step) {
         spdlog::warn(
             "resume: the checkpoint of step {} is not complete on every rank ({}); resuming "
@@ -98,18 +117,9 @@ absl::StatusOr<std::optional<CheckpointSet>> FindCheckpointSet(const std::string
 absl::StatusOr<TrainerState> ReshardTrainerState(const CheckpointSet& set, size_t dataset_size,
                                                  uint64_t prompt_seed, int64_t rank,
                                                  int64_t world_size) {
+  KAPPA_RETURN_IF_ERROR(CheckOneRun(set));
   const int64_t old_world = set.world_size;
   const TrainerState& first = set.states.front();
-  for (const TrainerState& state : set.states) {
-    if (state.step != first.step || state.policy_version != first.policy_version ||
-        state.seed != first.seed) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--resume: the ranks' checkpoints of step ", set.step,
-                       " disagree (step, policy_version, seed: ", state.step, ", ",
-                       state.policy_version, ", ", state.seed, " against rank 0's ", first.step,
-                       ", ", first.policy_version, ", ", first.seed, ")"));
-    }
-  }
   // Old rank k drew global indices k + j·R_old for j < its position.
   auto drawn = [&](int64_t index) {
     return index / old_world < set.states[index % old_world].data_position;

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "learner/run_state.h"
 
@@ -35,9 +36,16 @@ struct CheckpointSet {
 // complete on every rank (a rank died while the set was being written),
 // falls back to the newest complete step and logs a warning naming both.
 // DATA_LOSS when no step is complete on every rank, naming rank 0's latest
-// and the rank that lacks it.
+// and the rank that lacks it; INVALID_ARGUMENT when the newest complete set
+// is not of one run (CheckOneRun).
 absl::StatusOr<std::optional<CheckpointSet>> FindCheckpointSet(const std::string& base_run_dir,
                                                                int64_t world_size_now);
+
+// OK when every rank's state in `set` agrees with rank 0's on the step,
+// policy version, seed and world size; else INVALID_ARGUMENT naming the
+// first rank's checkpoint that does not (a checkpoint of another run
+// copied in, or a rank directory left from an earlier run).
+absl::Status CheckOneRun(const CheckpointSet& set);
 
 // Rank `rank` of `world_size`'s trainer state from a set written by
 // another number of ranks. The step, version, seed, m3_adapt's λ and the
@@ -49,8 +57,8 @@ absl::StatusOr<std::optional<CheckpointSet>> FindCheckpointSet(const std::string
 // p · world_size at or past the highest index any old rank drew, and
 // every index below that which no old rank drew becomes a pending prompt,
 // after the old ranks' own pending ones; the pending prompts are dealt to
-// the new ranks in turn. INVALID_ARGUMENT when the set's states disagree
-// on the step, version or seed.
+// the new ranks in turn. INVALID_ARGUMENT when the set is not of one run
+// (CheckOneRun).
 // `dataset_size` and `prompt_seed` are the PromptSource's (the train
 // split's size and the run's seed).
 absl::StatusOr<TrainerState> ReshardTrainerState(const CheckpointSet& set, size_t dataset_size,

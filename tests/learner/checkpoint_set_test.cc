@@ -93,6 +93,25 @@ TEST_F(CheckpointSetTest, NoCompleteStepIsRefusedNamingTheRank) {
       << set.status();
 }
 
+// Rank 1's directory holds a checkpoint of another run (another seed) at
+// the same step: refused, naming it, not mixed in.
+TEST_F(CheckpointSetTest, ACheckpointOfAnotherRunIsRefusedByName) {
+  Write(0, 3, 2);
+  Write(1, 3, 2);
+  const std::string other = CheckpointDir(RankRunDir(base_, 1), 3);
+  TrainerState state;
+  state.step = 3;
+  state.policy_version = 3;
+  state.world_size = 2;
+  state.seed = 99;
+  ASSERT_TRUE(WriteTrainerState(other, state).ok());
+  const auto set = FindCheckpointSet(base_, 2);
+  ASSERT_FALSE(set.ok());
+  EXPECT_EQ(set.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(set.status().message().find("not of one run: " + other), std::string::npos)
+      << set.status();
+}
+
 // The set is the ranks that wrote it, whatever the resuming run's number.
 TEST_F(CheckpointSetTest, TheSetIsAsManyAsTheRanksThatWroteIt) {
   for (int64_t rank : {0, 1, 2}) Write(rank, 4, 3);
@@ -182,7 +201,7 @@ TEST(ReshardTrainerStateTest, RanksThatDisagreeOnTheStepAreRefused) {
   const auto state = ReshardTrainerState(set, 100, 1, 0, 1);
   ASSERT_FALSE(state.ok());
   EXPECT_EQ(state.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(state.status().message().find("disagree"), std::string::npos) << state.status();
+  EXPECT_NE(state.status().message().find("not of one run"), std::string::npos) << state.status();
 }
 
 }  // namespace
