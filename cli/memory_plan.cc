@@ -179,38 +179,62 @@ class Terms {
   ProcessPlan& process_;
 };
 
-ProcessPlan PlanLearner(const PlanInputs& in, int64_t rank, int64_t world) {
-  const services::Config& c = in.config;
-  const ModelDims& s = in.student;
-  ProcessPlan plan;
-  plan.name = world > 1 ? absl::StrCat("learner-", rank) : "learner";
-  plan.device = RankDevice(c.learner.device, rank, world);
-  const std::string& dev = plan.device;
-  Terms terms(plan);
+// What every term of a learner rank's plan is computed from: the run's
+// config and models, and the step's shape on this rank.
+struct LearnerShape {
+  LearnerShape(const PlanInputs& in, int64_t world) : in(in), c(in.config), s(in.student) {
+    n = s.Parameters();
+    v = s.vocab;
+    d = s.hidden;
+    f = s.intermediate;
+    layers = s.layers;
+    batch = std::max<int64_t>(
+        1, c.trainer.groups_per_step * c.trainer.group_size / std::max<int64_t>(world, 1));
+    micro = c.trainer.micro_batch_sequences > 0 ? std::min(c.trainer.micro_batch_sequences, batch)
+                                                : batch;
+    t = c.rollout.max_new_tokens;
+    positions = in.prompt_tokens + t - 1;  // a row: prompt + response − 1
+    ckpt = c.trainer.activation_checkpointing;
+    bf16 = c.trainer.precision == services::Precision::kBFloat16;
+    distill = in.teacher_rows != TeacherRows::kNone;
+    separate = NeedsSeparateGradients(c);
+    // With student.lora the trained parameters are the adapters' N_a
+    // (learner/student_lora.h); every student weight stays float32 and frozen.
+    lora = TrainsAdapters(c);
+    adapters = s.AdapterParameters(c.student.lora);
+    trained = lora ? adapters : n;
+    chunk = c.trainer.vocab_chunk_positions;
+    head_rows = chunk > 0 ? std::min(chunk, micro * t) : micro * positions;
+    cuda = absl::StartsWith(c.learner.device, "cuda");
+    row_blocks = chunk > 0 && c.trainer.fused_head && !cuda;
+  }
 
-  const int64_t n = s.Parameters();
-  const int64_t v = s.vocab, d = s.hidden, f = s.intermediate, layers = s.layers;
-  const int64_t batch = std::max<int64_t>(
-      1, c.trainer.groups_per_step * c.trainer.group_size / std::max<int64_t>(world, 1));
-  const int64_t micro = c.trainer.micro_batch_sequences > 0
-                            ? std::min(c.trainer.micro_batch_sequences, batch)
-                            : batch;
-  const int64_t t = c.rollout.max_new_tokens;
-  const int64_t positions = in.prompt_tokens + t - 1;  // a row: prompt + response − 1
-  const bool ckpt = c.trainer.activation_checkpointing;
-  const bool bf16 = c.trainer.precision == services::Precision::kBFloat16;
-  const bool distill = in.teacher_rows != TeacherRows::kNone;
-  const bool separate = NeedsSeparateGradients(c);
+  const PlanInputs& in;
+  const services::Config& c;
+  const ModelDims& s;
+  int64_t n, v, d, f, layers;
+  int64_t batch, micro;  // sequences on this rank per step, per micro-batch
+  int64_t t, positions;  // response tokens, positions per row
+  bool ckpt, bf16, distill, separate;
+  bool lora;
+  int64_t adapters, trained;
+  int64_t chunk, head_rows;
+  bool cuda, row_blocks;
+};
 
+// The trained parameters' state: weights, gradients, AdamW's moments.
+void AddTrainedState(const LearnerShape& x, int64_t world, const std::string& dev, Terms& terms) {
+  const services::Config& c = x.c;
+  const int64_t n = x.n, v = x.v, d = x.d, adapters = x.adapters, trained = x.trained;
+  const int64_t micro = x.micro, batch = x.batch;
+  const bool lora = x.lora, separate = x.separate, distill = x.distill, bf16 = x.bf16,
+             ckpt = x.ckpt;
   // learner/algo/optimizer_step.cc: fp32 parameters, the flat gradient that
   // .grad views, one more flat buffer per separately measured signal
   // (AttachGradients, kept once made), AdamW's two moments, all over the
   // parameters that require gradients. With student.lora those are the
   // adapters' N_a (learner/student_lora.h); every student weight stays
   // float32 and frozen.
-  const bool lora = TrainsAdapters(c);
-  const int64_t adapters = s.AdapterParameters(c.student.lora);
-  const int64_t trained = lora ? adapters : n;
   if (lora) {
     terms.Add("frozen weights (fp32)", dev, 4 * n, "", "4·N (every student weight: student.lora)");
     terms.Add("adapters (fp32 master)", dev, 4 * adapters, "student.lora.rank",
@@ -274,7 +298,13 @@ ProcessPlan PlanLearner(const PlanInputs& in, int64_t rank, int64_t world) {
               ckpt ? "" : "trainer.activation_checkpointing",
               ckpt ? "2·V·d (the head's; layers recompute theirs)" : "2·N");
   }
+}
 
+// The layers' activations of one micro-batch.
+void AddActivations(const LearnerShape& x, const std::string& dev, Terms& terms) {
+  const ModelDims& s = x.s;
+  const int64_t d = x.d, f = x.f, layers = x.layers, micro = x.micro, positions = x.positions;
+  const bool bf16 = x.bf16, ckpt = x.ckpt;
   // Activations of one micro-batch: per layer and token the SwiGLU
   // intermediates (4 × f), the d-wide tensors (≈ 10 × d) and the explicit
   // attention scores and probabilities (≈ 2.5 × heads × positions), at 4
@@ -293,7 +323,15 @@ ProcessPlan PlanLearner(const PlanInputs& in, int64_t rank, int64_t world) {
     terms.Add("activations", dev, layers * one_layer, "trainer.activation_checkpointing",
               "L·m·S·e·(4f + 10d + 2.5·h·S), m sequences of S positions per micro-batch");
   }
+}
 
+// The vocabulary head's tensors, and the teacher's head on the learner.
+void AddVocabularyHead(const LearnerShape& x, const std::string& dev, Terms& terms) {
+  const PlanInputs& in = x.in;
+  const services::Config& c = x.c;
+  const int64_t v = x.v, d = x.d, chunk = x.chunk, head_rows = x.head_rows;
+  const bool separate = x.separate, distill = x.distill, lora = x.lora, cuda = x.cuda,
+             row_blocks = x.row_blocks;
   // The vocabulary head: [rows, V] float32 tensors, rows = one chunk of
   // response positions or the micro-batch's every position, and the [V, d]
   // gradient of the output weight. The fused head on the CPU
@@ -303,10 +341,6 @@ ProcessPlan PlanLearner(const PlanInputs& in, int64_t rank, int64_t world) {
   // per thread; and each such loss's [V, d] gradient from the forward to
   // its backward. The recomputing head, and the fused head on a GPU (one
   // block per chunk), hold kHeadTensors [rows, V] tensors at once.
-  const int64_t chunk = c.trainer.vocab_chunk_positions;
-  const int64_t head_rows = chunk > 0 ? std::min(chunk, micro * t) : micro * positions;
-  const bool cuda = absl::StartsWith(c.learner.device, "cuda");
-  const bool row_blocks = chunk > 0 && c.trainer.fused_head && !cuda;
   const int64_t head_tensors = row_blocks ? (separate && distill ? 2 : 1) : kHeadTensors;
   // With student.lora the output weight is frozen: no [V, d] gradient is
   // made (learner/algo/vocab_head.cc needs_input_grad; autograd unchunked).
@@ -338,7 +372,15 @@ ProcessPlan PlanLearner(const PlanInputs& in, int64_t rank, int64_t world) {
                          : "V·D_t·b (frozen) + 2·min(c, m·T)·V·4 (a chunk's teacher logits, "
                            "log q)");
   }
+}
 
+// The teacher rows of the batch and the groups waiting for the next step.
+void AddBatchAndBuffer(const LearnerShape& x, const std::string& dev, Terms& terms) {
+  const PlanInputs& in = x.in;
+  const services::Config& c = x.c;
+  const int64_t v = x.v, t = x.t, batch = x.batch, micro = x.micro, positions = x.positions,
+                chunk = x.chunk;
+  const bool distill = x.distill;
   // Teacher rows: the batch's [B, L, row] (learner/algo/train_batch.h), the
   // decoded groups' [T, row] per sample, and with full rows and the chunked
   // head the [m·T, V] index_select of the micro-batch's response rows
@@ -356,7 +398,14 @@ ProcessPlan PlanLearner(const PlanInputs& in, int64_t rank, int64_t world) {
   terms.Add("scored groups buffered", "host",
             (c.learner.buffer_groups + c.trainer.groups_per_step) * ScoredGroupBytes(in),
             "learner.buffer_groups", "(buffer_groups + groups_per_step) · ScoredGroup bytes");
+}
 
+// What publishing each version to the workers holds (host memory).
+void AddPolicySync(const LearnerShape& x, Terms& terms) {
+  const PlanInputs& in = x.in;
+  const services::Config& c = x.c;
+  const int64_t n = x.n, adapters = x.adapters, trained = x.trained;
+  const bool lora = x.lora;
   // learner/trainer_loop.cc PublishPolicy: a deep copy per version in the
   // snapshot dtype (learner/policy_snapshot_dtype.h), taken while the
   // publisher still holds the previous one (and, keeping delta bases, the
@@ -406,17 +455,39 @@ ProcessPlan PlanLearner(const PlanInputs& in, int64_t rank, int64_t world) {
               c.rollout.weight_delta ? "rollout.weight_delta" : "rollout.weights_dtype",
               "the versions in the wire dtype when it differs, + N·wire of XOR data with deltas");
   }
+}
 
+// Held-out evaluation (rank 0 only).
+void AddEvaluation(const LearnerShape& x, const std::string& dev, Terms& terms) {
+  const PlanInputs& in = x.in;
+  const services::Config& c = x.c;
+  const ModelDims& s = x.s;
+  const int64_t v = x.v, t = x.t;
   // Held-out greedy decoding on the training thread (learner/dataset_
   // accuracy.cc, model::Sample): an fp32 KV cache of the prompts and
   // responses, and the prefill's [E, P, V] float32 logits.
-  if (rank == 0 && c.trainer.eval_examples > 0) {
+  if (c.trainer.eval_examples > 0) {
     const int64_t e = std::min({c.trainer.eval_examples, in.heldout_examples, kEvalBatch});
     terms.Add("eval KV cache", dev, e * (in.prompt_tokens + t) * s.KvBytesPerToken(4),
               "trainer.eval_examples", "E·(P + T)·2·L·kv·hd·4, E = min(eval_examples, 256)");
     terms.Add("eval prefill logits", dev, e * in.prompt_tokens * v * 4, "trainer.eval_examples",
               "E·P·V·4");
   }
+}
+
+ProcessPlan PlanLearner(const PlanInputs& in, int64_t rank, int64_t world) {
+  const services::Config& c = in.config;
+  ProcessPlan plan;
+  plan.name = world > 1 ? absl::StrCat("learner-", rank) : "learner";
+  plan.device = RankDevice(c.learner.device, rank, world);
+  Terms terms(plan);
+  const LearnerShape shape(in, world);
+  AddTrainedState(shape, world, plan.device, terms);
+  AddActivations(shape, plan.device, terms);
+  AddVocabularyHead(shape, plan.device, terms);
+  AddBatchAndBuffer(shape, plan.device, terms);
+  AddPolicySync(shape, terms);
+  if (rank == 0) AddEvaluation(shape, plan.device, terms);
   terms.Add("process base", "host", kBaseLearner, "", "measured: empty kappa-learner");
   return plan;
 }
