@@ -32,24 +32,11 @@ class C10dCollectives final : public Collectives {
   int size() const override { return size_; }
 
   void SumInPlace(const std::vector<torch::Tensor>& tensors) override {
-    if (size_ == 1) return;
-    for (const torch::Tensor& tensor : tensors) {
-      // One tensor per call: given several, c10d sums them all into one.
-      std::vector<torch::Tensor> one = {tensor};
-      ::c10d::AllreduceOptions options;
-      options.reduceOp = ::c10d::ReduceOp::SUM;
-      group_->allreduce(one, options)->wait();
-    }
+    AllReduceEach(tensors, ::c10d::ReduceOp::SUM);
   }
 
   void MaxInPlace(const std::vector<torch::Tensor>& tensors) override {
-    if (size_ == 1) return;
-    for (const torch::Tensor& tensor : tensors) {
-      std::vector<torch::Tensor> one = {tensor};
-      ::c10d::AllreduceOptions options;
-      options.reduceOp = ::c10d::ReduceOp::MAX;
-      group_->allreduce(one, options)->wait();
-    }
+    AllReduceEach(tensors, ::c10d::ReduceOp::MAX);
   }
 
   void Broadcast(const std::vector<torch::Tensor>& tensors, int root) override {
@@ -94,6 +81,18 @@ class C10dCollectives final : public Collectives {
   }
 
  private:
+  // `op` over the ranks of each tensor, in place, one collective per tensor
+  // (given several, c10d would reduce them all into one).
+  void AllReduceEach(const std::vector<torch::Tensor>& tensors, const ::c10d::ReduceOp& op) {
+    if (size_ == 1) return;
+    for (const torch::Tensor& tensor : tensors) {
+      std::vector<torch::Tensor> one = {tensor};
+      ::c10d::AllreduceOptions options;
+      options.reduceOp = op;
+      group_->allreduce(one, options)->wait();
+    }
+  }
+
   // The length of each of `flat`'s size() segments. Throws
   // std::invalid_argument naming `operation` unless `flat` is contiguous,
   // 1-D and a multiple of size() long.

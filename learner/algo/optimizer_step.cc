@@ -204,21 +204,20 @@ void PolicyOptimizer::BeginStep(const GradientPlan& plan, bool separate,
   pending_.totals = torch::stack({Float64Scalar(reward_count, device),
                                   Float64Scalar(distill_count, device),
                                   Float64Scalar(sft_count, device)});
-  // Data parallel: the means are over every rank's batch.
-  if (collectives_ != nullptr && collectives_->size() > 1) {
-    collectives_->SumInPlace({pending_.totals});
+  // Data parallel (a group of any size): the means are over every rank's
+  // batch, and the summed counts say which terms some rank has.
+  if (collectives_ != nullptr) {
+    collectives_->SumInPlace({pending_.totals});  // a no-op for one rank
+    const torch::Tensor totals = pending_.totals.to(torch::kCPU);
+    pending_.anywhere[0] = true;
+    pending_.anywhere[1] = totals[1].item<double>() > 0;
+    pending_.anywhere[2] = totals[2].item<double>() > 0 && plan.sft_weight != 0.0;
   }
   pending_.loss_sums = torch::zeros({3}, pending_.totals.options());
   if (gradients_sharded()) {
     CheckShardCollectives();
-    // Every rank reduces the same signals the same number of times: those
-    // some rank has (the summed counts say which), as often as the rank
-    // with the most micro-batches.
-    const torch::Tensor totals = pending_.totals.to(torch::kCPU);
-    pending_.reduced[0] = true;
-    pending_.reduced[1] = pending_.measured && totals[1].item<double>() > 0;
-    pending_.reduced[2] =
-        pending_.measured && totals[2].item<double>() > 0 && plan.sft_weight != 0.0;
+    // Every rank reduces the same signals (Reduces) the same number of
+    // times: as often as the rank with the most micro-batches.
     torch::Tensor rounds = torch::full({1}, static_cast<double>(micro_batches),
                                        torch::TensorOptions(device).dtype(torch::kFloat64));
     collectives_->MaxInPlace({rounds});
@@ -228,10 +227,10 @@ void PolicyOptimizer::BeginStep(const GradientPlan& plan, bool separate,
     // it before the update, so that segment is the buffer's own
     // (ReduceIntoSegment), and a plain one-micro-batch step holds no more
     // than the buffer.
-    const int last = pending_.reduced[2] ? 2 : (pending_.reduced[1] ? 1 : 0);
+    const int last = Reduces(2) ? 2 : (Reduces(1) ? 1 : 0);
     const int64_t length = sharded_->padded_length() / sharded_->world_size();
     for (int k = 0; k < 3; ++k) {
-      const bool owned = pending_.reduced[k] && !(pending_.rounds_total == 1 && k == last);
+      const bool owned = Reduces(k) && !(pending_.rounds_total == 1 && k == last);
       segments_[k] = owned ? torch::zeros({length}, params_.front().options()) : torch::Tensor();
     }
   }
@@ -239,7 +238,7 @@ void PolicyOptimizer::BeginStep(const GradientPlan& plan, bool separate,
 
 void PolicyOptimizer::BackwardSignal(int k, const torch::Tensor& loss, bool retain_graph) {
   const bool sharded = gradients_sharded();
-  if (sharded ? !pending_.reduced[k] : !loss.defined()) return;
+  if (sharded ? !Reduces(k) : !loss.defined()) return;
   FlatGradient* buffers[3] = {&reward_grad_, &distill_grad_, &sft_grad_};
   AttachGradients(sharded ? backward_buffer_ : *buffers[k],
                   /*zero=*/sharded || !pending_.started[k]);
@@ -270,7 +269,7 @@ void PolicyOptimizer::PadReductions() {
   torch::NoGradGuard no_grad;
   for (; pending_.rounds_done < pending_.rounds_total; ++pending_.rounds_done) {
     for (int k = 0; k < 3; ++k) {
-      if (!pending_.reduced[k]) continue;
+      if (!Reduces(k)) continue;
       AttachGradients(backward_buffer_, /*zero=*/true);
       ReduceIntoSegment(k);
     }
@@ -376,9 +375,8 @@ StepStats PolicyOptimizer::CombineAndApply() {
   torch::Tensor loss_sums = pending_.loss_sums;
   if (parallel) {
     collectives_->SumInPlace({loss_sums});
-    const torch::Tensor totals = pending_.totals.to(torch::kCPU);
-    any_distill = totals[1].item<double>() > 0;
-    any_sft = totals[2].item<double>() > 0 && plan.sft_weight != 0.0;
+    any_distill = pending_.anywhere[1];
+    any_sft = pending_.anywhere[2];
   }
   const torch::Tensor losses = loss_sums / pending_.totals.clamp_min(1.0);
   StepNumbers<torch::Tensor> on_device;
@@ -397,8 +395,8 @@ StepStats PolicyOptimizer::CombineAndApply() {
                                                 : PartialSumReducer();
   if (stats.measured && gradients_sharded()) {
     GradientList distill(1), sft(1);
-    if (pending_.reduced[1]) distill[0] = segments_[1];
-    if (pending_.reduced[2]) sft[0] = segments_[2];
+    if (Reduces(1)) distill[0] = segments_[1];
+    if (Reduces(2)) sft[0] = segments_[2];
     // Combines in place into the reward segment.
     const CombinedGradient combined = CombineGradients(
         {segments_[0]}, std::move(distill), std::move(sft), plan, device, sum_over_shards);

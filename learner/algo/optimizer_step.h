@@ -214,11 +214,16 @@ class PolicyOptimizer {
     bool any_sft = false;
     bool started[3] = {false, false, false};       // signal k's buffer holds this step's sum
     double backward_seconds[3] = {0.0, 0.0, 0.0};  // StepStats::backward_seconds
-    // Sharded gradients: which signals some rank has (so every rank
-    // reduces them), and the reductions made and to make, per signal.
-    bool reduced[3] = {false, false, false};
+    // Data parallel: whether some rank has term k (L_R, L_D, L_SFT) this
+    // step, from the summed counts: what every rank sums or reduces.
+    bool anywhere[3] = {false, false, false};
+    // Sharded gradients: the reductions made and to make, per signal.
     int64_t rounds_done = 0, rounds_total = 0;
   };
+  // Sharded gradients: whether signal k is reduce-scattered this step (the
+  // same on every rank): L_R's always, the others when measured apart and
+  // some rank has them.
+  bool Reduces(int k) const { return k == 0 || (pending_.measured && pending_.anywhere[k]); }
 
   model::Decoder model_;
   std::vector<torch::Tensor> params_;

@@ -299,6 +299,16 @@ std::vector<RankResult> SaveHalfwayAndResume(RunSetup first, RunSetup second,
   return Train(second, models);
 }
 
+// A resumed run loaded its state and ended within 1e-5 (‖Δ‖ / ‖p‖) of
+// `reference`'s parameters.
+void ExpectResumedNear(const std::vector<RankResult>& resumed, const RankResult& reference) {
+  ASSERT_TRUE(resumed[0].load_error.empty()) << resumed[0].load_error;
+  for (size_t i = 0; i < reference.parameters.size(); ++i) {
+    EXPECT_LE(RelativeDifference(resumed[0].parameters[i], reference.parameters[i]), 1e-5)
+        << "parameter " << i;
+  }
+}
+
 class ShardedCheckpointTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -340,11 +350,7 @@ TEST_F(ShardedCheckpointTest, AnUnshardedRunsStateResumesSharded) {
   RunSetup second = straight;
   second.shard = true;
   const std::vector<RankResult> resumed = SaveHalfwayAndResume(straight, second, dir_);
-  ASSERT_TRUE(resumed[0].load_error.empty()) << resumed[0].load_error;
-  for (size_t i = 0; i < whole[0].parameters.size(); ++i) {
-    EXPECT_LE(RelativeDifference(resumed[0].parameters[i], whole[0].parameters[i]), 1e-5)
-        << "parameter " << i;
-  }
+  ExpectResumedNear(resumed, whole[0]);
 }
 
 // Resuming at another world size reshards the optimizer state: 2 sharded
@@ -375,11 +381,7 @@ TEST_F(ShardedCheckpointTest, AnotherWorldSizeReshardsTheOptimizerState) {
     second.stage = change.stage;
     second.load_ranks = change.from;
     const std::vector<RankResult> resumed = SaveHalfwayAndResume(first, second, dir_);
-    ASSERT_TRUE(resumed[0].load_error.empty()) << resumed[0].load_error;
-    for (size_t i = 0; i < straight[0].parameters.size(); ++i) {
-      EXPECT_LE(RelativeDifference(resumed[0].parameters[i], straight[0].parameters[i]), 1e-5)
-          << "parameter " << i;
-    }
+    ExpectResumedNear(resumed, straight[0]);
   }
 }
 
