@@ -268,6 +268,8 @@ TEST_F(ShmSyncTest, SameHostWorkersShareOneSegmentPerVersionAndDtype) {
   // Two segments (float32, bfloat16) for three workers; one conversion each.
   EXPECT_EQ(publisher_->shm_store()->segments_written(), 2);
   EXPECT_EQ(publisher_->encodings_made(), 2);
+  // Counted after each Write returns, which a worker may outrun.
+  EXPECT_TRUE(Eventually([&] { return service_->counters().policy_versions_shm.load() == 3; }));
   EXPECT_EQ(service_->counters().policy_versions_shm.load(), 3);
   EXPECT_EQ(service_->counters().policy_bytes_full.load(), 0);
 
